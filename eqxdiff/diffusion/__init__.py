@@ -1,0 +1,51 @@
+"""The σ-space diffusion core: schedules, parameterizations, loss, σ grids, samplers, guidance.
+
+Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022); see DESIGN.md.
+"""
+
+from .denoiser import Denoiser
+from .grids import karras_sigmas, logsnr_sigmas, vp_sigmas, vp_timesteps
+from .guidance import ClassifierFreeGuidance, drop_labels
+from .loss import denoising_loss, denoising_loss_at
+from .parameterization import (
+    PARAMETERIZATIONS,
+    DataPrediction,
+    EDMPreconditioning,
+    EpsilonPrediction,
+    FlowVelocity,
+    Parameterization,
+    VPrediction,
+    loss_weight,
+    parameterization_by_name,
+)
+from .samplers import METHODS, sample
+from .schedules import SCHEDULES, EDMSchedule, FlowSchedule, Schedule, VPSchedule, schedule_by_name
+
+__all__ = [
+    "Denoiser",
+    "karras_sigmas",
+    "logsnr_sigmas",
+    "vp_sigmas",
+    "vp_timesteps",
+    "ClassifierFreeGuidance",
+    "drop_labels",
+    "denoising_loss",
+    "denoising_loss_at",
+    "PARAMETERIZATIONS",
+    "DataPrediction",
+    "EDMPreconditioning",
+    "EpsilonPrediction",
+    "FlowVelocity",
+    "Parameterization",
+    "VPrediction",
+    "loss_weight",
+    "parameterization_by_name",
+    "METHODS",
+    "sample",
+    "SCHEDULES",
+    "EDMSchedule",
+    "FlowSchedule",
+    "Schedule",
+    "VPSchedule",
+    "schedule_by_name",
+]

@@ -1,0 +1,61 @@
+"""Decreasing σ grids for samplers: n steps give n+1 levels, the last one 0.
+
+Grids are host constants (float64 numpy); `sample` casts them to the data's dtype.
+"""
+
+import numpy as np
+from jaxtyping import Float
+
+from .schedules import VPSchedule
+
+SPACINGS = ("leading", "trailing", "linspace")
+
+
+def _check_steps(n: int) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"A σ grid needs n >= 1 steps, got {n!r}.")
+
+
+def karras_sigmas(
+    n: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0
+) -> Float[np.ndarray, " n_plus_1"]:
+    """σ_i = (σ_max^(1/ρ) + i/(n-1)·(σ_min^(1/ρ) - σ_max^(1/ρ)))^ρ for i < n, then σ_n = 0
+    (Karras et al. 2022, eq. 5). Shape (n+1,), decreasing."""
+    _check_steps(n)
+    if not 0 < sigma_min < sigma_max:
+        raise ValueError(f"Need 0 < sigma_min < sigma_max, got {sigma_min}, {sigma_max}.")
+    ramp = np.linspace(0.0, 1.0, n)
+    inv_rho_min, inv_rho_max = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+    sigmas = (inv_rho_max + ramp * (inv_rho_min - inv_rho_max)) ** rho
+    return np.append(sigmas, 0.0)
+
+
+def logsnr_sigmas(n: int, sigma_min: float = 0.002, sigma_max: float = 80.0) -> Float[np.ndarray, " n_plus_1"]:
+    """Uniform in log-SNR λ = -2 ln σ between σ_max and σ_min, then 0. Shape (n+1,)."""
+    _check_steps(n)
+    if not 0 < sigma_min < sigma_max:
+        raise ValueError(f"Need 0 < sigma_min < sigma_max, got {sigma_min}, {sigma_max}.")
+    return np.append(np.exp(np.linspace(np.log(sigma_max), np.log(sigma_min), n)), 0.0)
+
+
+def vp_timesteps(num_train_timesteps: int, n: int, spacing: str = "leading") -> np.ndarray:
+    """The n timesteps a VP sampler visits, decreasing, as diffusers' schedulers define them
+    (`timestep_spacing`, steps_offset 0; Lin et al. 2023, Table 2)."""
+    _check_steps(n)
+    T = num_train_timesteps
+    if n > T:
+        raise ValueError(f"Cannot take {n} steps on a schedule of {T} timesteps.")
+    if spacing == "linspace":
+        t = np.linspace(0, T - 1, n).round()[::-1]
+    elif spacing == "leading":
+        t = (np.arange(0, n) * (T // n)).round()[::-1]
+    elif spacing == "trailing":
+        t = np.round(np.arange(T, 0, -T / n)) - 1
+    else:
+        raise ValueError(f"Unknown spacing {spacing!r}; choose one of {SPACINGS}.")
+    return t.astype(np.int64)
+
+
+def vp_sigmas(schedule: VPSchedule, n: int, spacing: str = "leading") -> Float[np.ndarray, " n_plus_1"]:
+    """σ at the schedule's own timesteps (see `vp_timesteps`), then 0. Shape (n+1,)."""
+    return np.append(schedule.sigmas[vp_timesteps(schedule.num_timesteps, n, spacing)], 0.0)

@@ -1,0 +1,17 @@
+"""Test setup: 8 simulated CPU devices and runtime shape checking of all of eqxdiff.
+
+Both must happen before JAX initialises its backend and before eqxdiff is imported,
+which is why they live at the top of conftest.py.
+"""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+from jaxtyping import install_import_hook  # noqa: E402
+
+# Every jaxtyping annotation in eqxdiff is checked by beartype in every test.
+with install_import_hook("eqxdiff", "beartype.beartype"):
+    import eqxdiff  # noqa: F401
+    import eqxdiff.diffusion  # noqa: F401
+    import eqxdiff.nn  # noqa: F401

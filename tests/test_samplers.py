@@ -1,0 +1,186 @@
+"""Samplers against closed forms: Gaussian data has an exact denoiser and an exact PF-ODE flow.
+
+For x0 ~ N(μ, diag(v)), x = x0 + σ·ε has D(x; σ) = μ + v/(v + σ²)·(x - μ), and the
+probability-flow ODE dx/dσ = (x - D)/σ keeps (x - μ)/sqrt(v + σ²) constant.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eqxdiff.diffusion import METHODS, VPSchedule, karras_sigmas, sample, vp_sigmas
+from eqxdiff.diffusion import samplers as samplers_module
+
+MU = np.array([0.3, -1.0, 0.0])
+VAR = np.array([0.25, 0.04, 1.0])
+
+
+def gaussian_denoiser(x, sigma):
+    mu, var = (jnp.asarray(a, x.dtype) if isinstance(x, jax.Array) else a for a in (MU, VAR))
+    return mu + var / (var + sigma**2) * (x - mu)
+
+
+def exact_flow(x, sigma_from, sigma_to):
+    return MU + (x - MU) * np.sqrt(VAR + sigma_to**2) / np.sqrt(VAR + sigma_from**2)
+
+
+def unit_noise(n, dtype=jnp.float32, seed=0):
+    return jax.random.normal(jax.random.key(seed), (n, MU.size), dtype)
+
+
+def fitted_order(method):
+    """Slope of log(error) against log(1/steps) on Karras grids that stop at σ_min."""
+    steps = np.array([16, 32, 64, 128])
+    errors = []
+    with jax.enable_x64(True):
+        x = 80.0 * unit_noise(16, jnp.float64)
+        for n in steps:
+            grid = karras_sigmas(int(n))[:-1]  # end at σ_min > 0: every step is a full step
+            out = np.asarray(sample(gaussian_denoiser, x, grid, method))
+            errors.append(np.abs(out - exact_flow(np.asarray(x), grid[0], grid[-1])).max())
+    return -np.polyfit(np.log(steps), np.log(errors), 1)[0], errors
+
+
+@pytest.mark.parametrize("method, order", [("euler", 1.0), ("heun", 2.0), ("dpmpp_2m", 2.0)])
+def test_ode_solvers_converge_at_their_order(method, order):
+    slope, errors = fitted_order(method)
+    assert abs(slope - order) < 0.25, (slope, errors)
+    assert errors[-1] < errors[0] / 2 ** (3 * order - 1)
+
+
+def test_euler_matches_its_closed_form_product_in_float64():
+    # Euler on the Gaussian ODE: x_{i+1} - μ = (x_i - μ)·(1 + (σ_{i+1} - σ_i)·σ_i/(v + σ_i²)).
+    with jax.enable_x64(True):
+        grid = karras_sigmas(12)
+        x = 80.0 * unit_noise(4, jnp.float64)
+        out = sample(gaussian_denoiser, x, grid, "euler")
+        assert out.dtype == jnp.float64
+        factor = np.ones_like(VAR)
+        for s, sn in zip(grid[:-1], grid[1:]):
+            factor = factor * (1 + (sn - s) * s / (VAR + s**2))
+        np.testing.assert_allclose(np.asarray(out), MU + (np.asarray(x) - MU) * factor, rtol=0, atol=1e-10)
+
+
+def test_heun_one_step_is_edm_algorithm_1_in_float64():
+    with jax.enable_x64(True):
+        s0, s1 = 2.0, 0.7
+        x = 2.0 * unit_noise(3, jnp.float64)
+        out = sample(gaussian_denoiser, x, np.array([s0, s1]), "heun")
+        x = np.asarray(x)
+        d = (x - gaussian_denoiser(x, s0)) / s0
+        x_e = x + (s1 - s0) * d
+        d2 = (x_e - gaussian_denoiser(x_e, s1)) / s1
+        np.testing.assert_allclose(np.asarray(out), x + (s1 - s0) * (d + d2) / 2, atol=1e-12)
+
+
+def test_dpmpp_2m_two_steps_follow_lu_et_al_in_float64():
+    # DPM-Solver++(2M) in λ = -ln σ (Lu et al. 2022, Alg. 2, VE form α_t = 1).
+    with jax.enable_x64(True):
+        grid = np.array([3.0, 1.2, 0.4])
+        x = 3.0 * unit_noise(3, jnp.float64)
+        out = sample(gaussian_denoiser, x, grid, "dpmpp_2m")
+        lam = -np.log(grid)
+        x = np.asarray(x)
+        d0 = gaussian_denoiser(x, grid[0])
+        h1 = lam[1] - lam[0]
+        x1 = grid[1] / grid[0] * x - np.expm1(-h1) * d0
+        d1 = gaussian_denoiser(x1, grid[1])
+        h2 = lam[2] - lam[1]
+        r = h1 / h2
+        dd = (1 + 1 / (2 * r)) * d1 - 1 / (2 * r) * d0
+        expected = grid[2] / grid[1] * x1 - np.expm1(-h2) * dd
+        np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
+
+
+def test_last_step_to_zero_returns_the_denoised_sample():
+    # Every method's step to σ = 0 lands on D(x; σ_last) (no noise, no second-order term).
+    with jax.enable_x64(True):
+        x = 0.5 * unit_noise(4, jnp.float64)
+        grid = np.array([0.5, 0.0])
+        for method in METHODS:
+            out = sample(gaussian_denoiser, x, grid, method, key=jax.random.key(1))
+            np.testing.assert_allclose(np.asarray(out), gaussian_denoiser(np.asarray(x), 0.5), atol=1e-12)
+
+
+def test_ddim_eta0_on_a_vp_grid_equals_euler_in_float64():
+    with jax.enable_x64(True):
+        for spacing in ("leading", "trailing", "linspace"):
+            grid = vp_sigmas(VPSchedule.cosine(), 25, spacing)
+            x = grid[0] * unit_noise(8, jnp.float64)
+            ddim = sample(gaussian_denoiser, x, grid, "ddim")
+            euler = sample(gaussian_denoiser, x, grid, "euler")
+            np.testing.assert_allclose(np.asarray(ddim), np.asarray(euler), rtol=0, atol=1e-10)
+
+
+def test_ddpm_ddim_eta1_and_euler_ancestral_are_one_process():
+    # Ho et al.'s posterior, Song et al.'s η = 1 and k-diffusion's ancestral step, written
+    # independently, draw the same sample from the same noise.
+    with jax.enable_x64(True):
+        grid = vp_sigmas(VPSchedule.linear(), 20, "trailing")
+        x = grid[0] * unit_noise(8, jnp.float64)
+        key = jax.random.key(7)
+        ddpm = sample(gaussian_denoiser, x, grid, "ddpm", key)
+        ddim = sample(gaussian_denoiser, x, grid, "ddim", key, eta=1.0)
+        anc = sample(gaussian_denoiser, x, grid, "euler_ancestral", key)
+        np.testing.assert_allclose(np.asarray(ddpm), np.asarray(ddim), atol=1e-10)
+        np.testing.assert_allclose(np.asarray(ddpm), np.asarray(anc), atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "method, options, grid",
+    [
+        ("ddpm", {}, vp_sigmas(VPSchedule.linear(), 1000, "leading")),
+        ("euler_ancestral", {}, karras_sigmas(800)),
+        ("dpmpp_2m_sde", {}, karras_sigmas(400)),
+        ("heun", dict(s_churn=40.0, s_tmin=0.05, s_tmax=50.0), karras_sigmas(200)),
+    ],
+)
+def test_stochastic_samplers_reproduce_the_data_distribution(method, options, grid):
+    n = 20_000
+    x = float(grid[0]) * unit_noise(n)
+    out = np.asarray(sample(gaussian_denoiser, x, grid, method, jax.random.key(3), **options))
+    std = np.sqrt(VAR)
+    # Monte-Carlo standard errors of the mean and of the std, with a 4-sigma band.
+    np.testing.assert_array_less(np.abs(out.mean(0) - MU), 4 * std / np.sqrt(n))
+    np.testing.assert_array_less(np.abs(out.std(0) - std), 4 * std / np.sqrt(2 * n) + 0.005 * std)
+
+
+def test_dtype_is_kept():
+    grid = karras_sigmas(4)
+    x = 80.0 * unit_noise(2)
+    for method in METHODS:
+        assert sample(gaussian_denoiser, x, grid, method, key=jax.random.key(0)).dtype == jnp.float32
+    with jax.enable_x64(True):
+        out = sample(gaussian_denoiser, x.astype(jnp.float64), grid, "dpmpp_2m_sde", key=jax.random.key(0))
+        assert out.dtype == jnp.float64
+
+
+def test_sample_compiles_once_for_repeated_calls():
+    class Scaled(eqx.Module):
+        gain: jax.Array
+
+        def __call__(self, x, sigma):
+            return self.gain * gaussian_denoiser(x, sigma)
+
+    traced = samplers_module._sample_traced
+    before = eqx.debug.get_num_traces(traced)
+    for seed in range(3):
+        grid = karras_sigmas(10, sigma_max=80.0 - seed)  # new values, same shape
+        out = sample(Scaled(jnp.array(1.0 + seed)), 80.0 * unit_noise(5, seed=seed), grid, "heun")
+        out.block_until_ready()
+    assert eqx.debug.get_num_traces(traced) - before == 1
+
+
+def test_bad_arguments_raise_clear_errors():
+    x = unit_noise(2)
+    grid = karras_sigmas(3)
+    with pytest.raises(ValueError, match="choose one of .*'euler'"):
+        sample(gaussian_denoiser, x, grid, "rk45")
+    with pytest.raises(ValueError, match="pass key="):
+        sample(gaussian_denoiser, x, grid, "ddpm")
+    with pytest.raises(ValueError, match="1-D grid"):
+        sample(gaussian_denoiser, x, grid[:1], "euler")
+    with pytest.raises(ValueError, match="eta applies"):
+        sample(gaussian_denoiser, x, grid, "heun", eta=0.5)
