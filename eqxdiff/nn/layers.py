@@ -1,0 +1,274 @@
+"""Shared NHWC layers for the UNet and the DiT.
+
+Conventions: batch first, channels last; every layer computes in the dtype of its own
+parameters (inputs are cast to it), so casting the whole model to bf16 makes it run in bf16;
+normalisation statistics and the attention softmax are always computed in float32.
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+# Policy for `remat=True`: keep matmul/conv outputs without batch dims, recompute the rest.
+REMAT_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+# Eager init would compile every random primitive per parameter shape (XLA:CPU takes ~2 s for a
+# 4-D threefry draw). So every draw is one flat jitted program whose length is rounded up to a
+# power of 4 (a handful of compiles per model), cut to shape on the host when not tracing.
+@functools.partial(jax.jit, static_argnums=1)
+def _flat(key: PRNGKeyArray, length: int, normal: Array, scale: Array) -> Array:
+    # jax.random.normal's own recipe (sqrt(2)·erfinv of U(-1, 1)), so one program serves both.
+    u = jax.random.uniform(key, (length,), minval=np.nextafter(np.float32(-1), np.float32(0)), maxval=1.0)
+    return scale * jnp.where(normal, np.sqrt(2) * jax.lax.erf_inv(u), u)
+
+
+def _draw(key: PRNGKeyArray, shape: tuple[int, ...], normal: bool, scale: float) -> Array:
+    size, length = math.prod(shape), 4
+    while length < size:
+        length *= 4
+    flat = _flat(key, length, jnp.bool_(normal), jnp.float32(scale))
+    if isinstance(flat, jax.core.Tracer):  # under jit / eval_shape
+        return flat[:size].reshape(shape)
+    return jnp.asarray(np.asarray(flat)[:size].reshape(shape))
+
+
+def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], bound: float) -> Array:
+    """U(-bound, bound) of `shape`."""
+    return _draw(key, shape, False, bound)
+
+
+def _normal(key: PRNGKeyArray, shape: tuple[int, ...], std: float) -> Array:
+    """N(0, std²) of `shape`."""
+    return _draw(key, shape, True, std)
+
+
+def torch_uniform(key: PRNGKeyArray, shape: tuple[int, ...], fan_in: int) -> Array:
+    """PyTorch/Equinox default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    return _uniform(key, shape, 1.0 / math.sqrt(fan_in))
+
+
+def normal(std: float) -> Callable[[PRNGKeyArray, tuple[int, ...]], Array]:
+    """Initialiser drawing from N(0, std²)."""
+    return lambda key, shape: _normal(key, shape, std)
+
+
+class Dense(eqx.Module):
+    """Linear map over the last axis, `[..., in] -> [..., out]`, as one matmul.
+
+    Weight is stored `[in, out]`; init is PyTorch's U(±1/sqrt(in)) for weight and bias.
+    """
+
+    weight: Float[Array, "i o"]
+    bias: Float[Array, " o"] | None
+    in_features: int = eqx.field(static=True)
+    out_features: int = eqx.field(static=True)
+
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True, key: PRNGKeyArray):
+        wkey, bkey = jax.random.split(key)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = torch_uniform(wkey, (in_features, out_features), in_features)
+        self.bias = torch_uniform(bkey, (out_features,), in_features) if use_bias else None
+
+    def __call__(self, x: Float[Array, "*batch i"]) -> Float[Array, "*batch o"]:
+        y = x.astype(self.weight.dtype) @ self.weight
+        return y if self.bias is None else y + self.bias
+
+
+class Conv2d(eqx.Module):
+    """NHWC 2-D convolution, `[b, h, w, cin] -> [b, h/stride, w/stride, cout]`.
+
+    Kernel is HWIO; padding defaults to `kernel_size // 2` on each side (PyTorch style, so a
+    3x3 stride-2 conv halves even sizes). Init is PyTorch's U(±1/sqrt(k*k*cin)).
+    """
+
+    weight: Float[Array, "kh kw i o"]
+    bias: Float[Array, " o"]
+    stride: int = eqx.field(static=True)
+    padding: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 3,
+        *,
+        stride: int = 1,
+        padding: int | None = None,
+        key: PRNGKeyArray,
+    ):
+        wkey, bkey = jax.random.split(key)
+        fan_in = kernel_size * kernel_size * in_channels
+        self.weight = torch_uniform(wkey, (kernel_size, kernel_size, in_channels, out_channels), fan_in)
+        self.bias = torch_uniform(bkey, (out_channels,), fan_in)
+        self.stride = stride
+        self.padding = kernel_size // 2 if padding is None else padding
+
+    def __call__(self, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.weight.dtype),
+            self.weight,
+            window_strides=(self.stride, self.stride),
+            padding=[(self.padding, self.padding)] * 2,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        return y + self.bias
+
+
+class Embedding(eqx.Module):
+    """Lookup table `[n, d]`; rows drawn from N(0, std²)."""
+
+    weight: Float[Array, "n d"]
+
+    def __init__(self, num: int, dim: int, *, std: float = 1.0, key: PRNGKeyArray):
+        self.weight = _normal(key, (num, dim), std)
+
+    def __call__(self, ids: Int[Array, " b"]) -> Float[Array, "b d"]:
+        return self.weight[ids]
+
+
+class GroupNorm(eqx.Module):
+    """GroupNorm (Wu & He 2018) on NHWC with a per-channel affine; statistics in float32."""
+
+    weight: Float[Array, " c"]
+    bias: Float[Array, " c"]
+    groups: int = eqx.field(static=True)
+    eps: float = eqx.field(static=True)
+
+    def __init__(self, groups: int, channels: int, *, eps: float = 1e-5):
+        if channels % groups:
+            raise ValueError(f"GroupNorm: {channels} channels do not split into {groups} groups")
+        self.groups, self.eps = groups, eps
+        self.weight, self.bias = jnp.asarray(np.ones(channels, np.float32)), jnp.asarray(np.zeros(channels, np.float32))
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
+        b, h, w, c = x.shape
+        xg = x.astype(jnp.float32).reshape(b, h, w, self.groups, c // self.groups)
+        mean = xg.mean(axis=(1, 2, 4), keepdims=True)
+        var = jnp.square(xg - mean).mean(axis=(1, 2, 4), keepdims=True)
+        y = ((xg - mean) * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
+        return (y * self.weight.astype(jnp.float32) + self.bias.astype(jnp.float32)).astype(x.dtype)
+
+
+def layer_norm(x: Float[Array, "*batch d"], eps: float = 1e-6) -> Float[Array, "*batch d"]:
+    """LayerNorm without affine (DiT's adaLN blocks supply scale/shift); float32 statistics."""
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+    return ((x32 - mean) * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+
+
+class SelfAttention(eqx.Module):
+    """Multi-head self-attention (Vaswani et al. 2017) on tokens `[b, n, d]`.
+
+    softmax(Q Kᵀ / sqrt(d_head)) V via `jax.nn.dot_product_attention`, whose XLA path forms
+    the logits and the softmax in float32 even for bf16 inputs.
+    """
+
+    qkv: Dense
+    proj: Dense
+    num_heads: int = eqx.field(static=True)
+
+    def __init__(self, dim: int, num_heads: int, *, key: PRNGKeyArray):
+        if dim % num_heads:
+            raise ValueError(f"SelfAttention: dim {dim} is not divisible by num_heads {num_heads}")
+        k1, k2 = jax.random.split(key)
+        self.qkv, self.proj = Dense(dim, 3 * dim, key=k1), Dense(dim, dim, key=k2)
+        self.num_heads = num_heads
+
+    def __call__(self, x: Float[Array, "b n d"]) -> Float[Array, "b n d"]:
+        b, n, d = x.shape
+        q, k, v = jnp.split(self.qkv(x).reshape(b, n, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
+        return self.proj(jax.nn.dot_product_attention(q, k, v).reshape(b, n, d))
+
+
+def timestep_embedding(t: Float[Array, " b"], dim: int, max_period: float = 10000.0) -> Float[Array, "b d"]:
+    """Sinusoidal embedding of ADM (Dhariwal & Nichol 2021, `timestep_embedding`), float32.
+
+    freqs_i = exp(-ln(max_period) * i / (dim // 2)), emb = [cos(t * freqs), sin(t * freqs)]
+    (zero-padded to `dim` when odd). Works for any real t: indices, c_noise, flow time.
+    """
+    half = dim // 2
+    freqs = jnp.asarray(np.exp(-math.log(max_period) * np.arange(half, dtype=np.float32) / half))
+    args = t.astype(jnp.float32)[:, None] * freqs[None]
+    emb = jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+    return jnp.pad(emb, ((0, 0), (0, dim % 2)))
+
+
+class TimestepEmbedding(eqx.Module):
+    """t -> sinusoidal(freq_dim) -> Dense -> SiLU -> Dense, `[b] -> [b, features]` (ADM/DiT)."""
+
+    fc1: Dense
+    fc2: Dense
+    freq_dim: int = eqx.field(static=True)
+
+    def __init__(self, freq_dim: int, features: int, *, key: PRNGKeyArray):
+        k1, k2 = jax.random.split(key)
+        self.fc1, self.fc2 = Dense(freq_dim, features, key=k1), Dense(features, features, key=k2)
+        self.freq_dim = freq_dim
+
+    def __call__(self, t: Float[Array, " b"]) -> Float[Array, "b e"]:
+        return self.fc2(jax.nn.silu(self.fc1(timestep_embedding(t, self.freq_dim))))
+
+
+def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
+    """Fixed 2-D sin-cos position embedding of MAE (He et al. 2022), `[grid*grid, dim]` numpy.
+
+    Half the channels encode the row, half the column, each as [sin(p*ω), cos(p*ω)] with
+    ω_i = 1 / 10000^(i / (dim/4)). Returned as numpy so it is a compile-time constant.
+    """
+    if dim % 4:
+        raise ValueError(f"sincos_pos_embed_2d: dim {dim} must be divisible by 4")
+    omega = 1.0 / 10000 ** (np.arange(dim // 4, dtype=np.float64) / (dim / 4))
+    gw, gh = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64))
+
+    def one_axis(pos: np.ndarray) -> np.ndarray:
+        out = pos.reshape(-1)[:, None] * omega[None]
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    # MAE order: first half from the column index (w), second from the row index (h).
+    return np.concatenate([one_axis(gw), one_axis(gh)], axis=1).astype(np.float32)
+
+
+def zero_init(module: eqx.Module) -> eqx.Module:
+    """Return `module` with every floating-point array leaf set to zero (adaLN-Zero, ADM)."""
+    # numpy zeros + transfer: no per-shape compile.
+    return jax.tree.map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)) if eqx.is_inexact_array(a) else a, module)
+
+
+def reinit(
+    module: eqx.Module, init: Callable[[PRNGKeyArray, tuple[int, ...]], Array], *, key: PRNGKeyArray
+) -> eqx.Module:
+    """Return a `Dense`/`Conv2d`/`Embedding` with its weight redrawn by `init` and bias zeroed.
+
+    Used for DiT's init (xavier-uniform linears, N(0, 0.02²) embeddings). The weight's fan-in
+    and fan-out are taken over all but the last axis / the last axis.
+    """
+    module = eqx.tree_at(lambda m: m.weight, module, init(key, module.weight.shape))
+    if getattr(module, "bias", None) is not None:
+        module = eqx.tree_at(lambda m: m.bias, module, jnp.asarray(np.zeros(module.bias.shape, module.bias.dtype)))
+    return module
+
+
+def xavier_uniform(key: PRNGKeyArray, shape: tuple[int, ...]) -> Array:
+    """Glorot & Bengio 2010: U(±sqrt(6 / (fan_in + fan_out))), fan_in = prod(shape[:-1])."""
+    fan_in, fan_out = math.prod(shape[:-1]), shape[-1]
+    return _uniform(key, shape, math.sqrt(6.0 / (fan_in + fan_out)))
+
+
+def checkpointed(block: Callable, remat: bool) -> Callable:
+    """`block(*args)` with the block's parameters passed as arguments to `filter_checkpoint`.
+
+    Passing the block as an argument (not a closure) keeps its parameters visible to the policy.
+    """
+    if not remat:
+        return block
+    return lambda *args, **kwargs: eqx.filter_checkpoint(
+        lambda blk, *a, **kw: blk(*a, **kw), policy=REMAT_POLICY
+    )(block, *args, **kwargs)
