@@ -18,7 +18,8 @@ def test_main_trains_and_writes_a_sample_grid(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     grid = tmp_path / "samples" / "step_000004.png"
     # 10×10 tiles of 8×8 pixels with 1-pixel gaps, upscaled 4×.
-    assert Image.open(grid).size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
+    with Image.open(grid) as image:
+        assert image.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
 
 
 def test_bad_flag_value_is_a_clear_error():

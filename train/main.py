@@ -84,7 +84,7 @@ def main(cfg: Config) -> None:
     key_model, key_train, key_data = jax.random.split(jax.random.key(cfg.seed), 3)
 
     model = UNet(1, channels=(32, 64), num_res_blocks=2, emb_features=128, num_classes=10, key=key_model)
-    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, cfg.lr, 100, cfg.steps), weight_decay=1e-4)
+    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, cfg.lr, min(100, cfg.steps // 10), max(cfg.steps, 2)), weight_decay=1e-4)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
     ema = jax.tree.map(jnp.copy, model)  # its own buffers: both are donated to the step
     null = model.null_label
