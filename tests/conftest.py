@@ -15,3 +15,7 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff  # noqa: F401
     import eqxdiff.diffusion  # noqa: F401
     import eqxdiff.nn  # noqa: F401
+    import eqxdiff.data  # noqa: F401
+    import eqxdiff.images  # noqa: F401
+    import eqxdiff.sharding  # noqa: F401
+    import eqxdiff.training  # noqa: F401

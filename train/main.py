@@ -1,124 +1,263 @@
-"""Train a class-conditional diffusion model on scikit-learn's 8×8 digits and write sample grids.
+"""Train a diffusion model; by default a class-conditional UNet on scikit-learn's 8×8 digits.
 
-    python train/main.py                       # a few minutes on a 2-core CPU
-    python train/main.py --steps 3000 --lr 1e-3
+    python train/main.py                                   # a few minutes on a 2-core CPU
+    python train/main.py --cpu_devices 8 --fsdp_size 4     # FSDP over 8 simulated devices
+    python train/main.py --precision bf16 --remat --grad_accum_steps 2
 
-Edit freely: the Config, the model, the loss and the loop are all below. This is the first
-version of the script (one device, in-memory data); sharding, checkpoints, prefetch and
-logging arrive with the training engine.
+Everything a researcher changes is in this file: the Config, the model table, the loss and
+the loop. The step itself (sharding, donation, NaN guard, accumulation) is
+`eqxdiff.training.make_train_step`; the loss is `denoising_loss_at` below.
 """
 
-import argparse
-import dataclasses
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from sklearn.datasets import load_digits
-from tqdm import tqdm
+PROCESS_START = time.perf_counter()  # startup/time_to_first_step_s counts the imports too
 
-from eqxdiff.diffusion import (
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from eqxdiff.data import Prefetch, load_digits, shuffled_batches  # noqa: E402
+from eqxdiff.diffusion import (  # noqa: E402
     PARAMETERIZATIONS,
     SCHEDULES,
     ClassifierFreeGuidance,
     Denoiser,
-    denoising_loss,
+    denoising_loss_at,
     drop_labels,
     karras_sigmas,
     parameterization_by_name,
     sample,
     schedule_by_name,
 )
-from eqxdiff.images import save_image_grid
-from eqxdiff.nn import UNet
+from eqxdiff.images import save_image_grid  # noqa: E402
+from eqxdiff.nn import DiT, UNet  # noqa: E402
+from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary  # noqa: E402
+from eqxdiff.training import (  # noqa: E402
+    PRECISIONS,
+    MetricsLogger,
+    adamw_cosine,
+    create_train_state,
+    make_train_step,
+    mfu,
+    peak_flops_per_device,
+    step_flops,
+)
+from eqxdiff.training.logging import WANDB_MODES  # noqa: E402
 
 
 @dataclass
 class Config:
     run_dir: str = "runs/digits"
     steps: int = 600
-    batch_size: int = 64
+    batch_size: int = 64  # global, per optimizer update
     lr: float = 2e-3
+    warmup_steps: int = 60
+    weight_decay: float = 1e-4
     seed: int = 0
+    dataset: str = "digits"
+    model: str = "unet"
     schedule: str = "edm"
     parameterization: str = "edm"
     label_dropout: float = 0.1  # classifier-free guidance training
+    fsdp_size: int = 1
+    fsdp_min_param_size: int = 2**14  # leaves with fewer elements are replicated
+    cpu_devices: int = 0  # >0: simulate this many CPU devices
+    grad_accum_steps: int = 1
+    remat: bool = False
+    precision: str = "fp32"
     ema_decay: float = 0.995
-    log_every: int = 100
+    max_bad_steps: int = 5
+    log_every: int = 50
     sample_every: int = 200
     sample_steps: int = 18
     cfg_scale: float = 1.5
+    profile_steps: str = ""  # "A:B" traces steps A..B-1 to run_dir/profile
+    compilation_cache_dir: str = ""
+    wandb: str = "offline"
 
 
-CHOICES = {"schedule": sorted(SCHEDULES), "parameterization": sorted(PARAMETERIZATIONS)}
+# name -> (image shape, num_classes, remat, key) -> model. Add yours here.
+MODELS = {
+    "unet": lambda shape, n, remat, key: UNet(shape[-1], (32, 64), 2, num_classes=n, remat=remat, key=key),
+    "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
+    "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
+}
+DATASETS = {"digits": load_digits}
+CHOICES = {
+    "dataset": sorted(DATASETS),
+    "model": sorted(MODELS),
+    "schedule": sorted(SCHEDULES),
+    "parameterization": sorted(PARAMETERIZATIONS),
+    "precision": sorted(PRECISIONS),
+    "wandb": list(WANDB_MODES),
+}
 
 
-def parse_config() -> Config:
+def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for field in dataclasses.fields(Config):
         if field.type is bool:
             parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
         else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=field.default, choices=CHOICES.get(field.name))
-    return Config(**vars(parser.parse_args()))
+            parser.add_argument(
+                f"--{field.name}", type=field.type, default=field.default, choices=CHOICES.get(field.name)
+            )
+    cfg = Config(**vars(parser.parse_args(argv)))
+    if cfg.profile_steps and not _profile_range(cfg.profile_steps):
+        parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
+    return cfg
 
 
-def load_digit_images() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 1,797 handwritten digits as [-1, 1] float32 NHWC (8×8×1), and their labels."""
-    digits = load_digits()
-    images = (digits.images.astype(np.float32) / 16.0 * 2 - 1)[..., None]
-    return images, digits.target.astype(np.int32)
+def _profile_range(text: str) -> tuple[int, int] | None:
+    try:
+        a, b = (int(v) for v in text.split(":"))
+    except ValueError:
+        return None
+    return (a, b) if 1 <= a < b else None
+
+
+def check_batch(cfg: Config, num_devices: int) -> None:
+    """The global batch must split into micro-batches that split over every device."""
+    per_update = num_devices * cfg.grad_accum_steps
+    if cfg.batch_size % per_update:
+        raise SystemExit(
+            f"--batch_size {cfg.batch_size} must be a multiple of devices ({num_devices}) x "
+            f"--grad_accum_steps ({cfg.grad_accum_steps}) = {per_update}."
+        )
 
 
 def main(cfg: Config) -> None:
+    if cfg.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)  # before any JAX op
+    if cfg.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     run_dir = Path(cfg.run_dir)
-    images, labels = load_digit_images()
+    is_main = jax.process_index() == 0
+
+    images, labels = DATASETS[cfg.dataset]()
+    num_classes = int(labels.max()) + 1
+    mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
+    check_batch(cfg, mesh.size)
     schedule = schedule_by_name(cfg.schedule)
     parameterization = parameterization_by_name(cfg.parameterization)
-    key_model, key_train, key_data = jax.random.split(jax.random.key(cfg.seed), 3)
 
-    model = UNet(1, channels=(32, 64), num_res_blocks=2, emb_features=128, num_classes=10, key=key_model)
-    optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, cfg.lr, min(100, cfg.steps // 10), max(cfg.steps, 2)), weight_decay=1e-4)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    ema = jax.tree.map(jnp.copy, model)  # its own buffers: both are donated to the step
-    null = model.null_label
+    def make_model(key):
+        return MODELS[cfg.model](images.shape[1:], num_classes, cfg.remat, key)
 
-    @eqx.filter_jit(donate="all")
-    def train_step(model, ema, opt_state, x0, y, key):
-        key_drop, key_loss = jax.random.split(key)
-        y = drop_labels(key_drop, y, cfg.label_dropout, null)
-        loss_fn = lambda m: denoising_loss(m, schedule, parameterization, x0, key_loss, y)  # noqa: E731
-        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
-        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
-        model = eqx.apply_updates(model, updates)
-        ema = jax.tree.map(lambda e, p: cfg.ema_decay * e + (1 - cfg.ema_decay) * p, ema, model)
-        return model, ema, opt_state, loss
+    warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
+    if warmup != cfg.warmup_steps:
+        tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
+    optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
+    state, shardings = create_train_state(make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size)
+    null_label = state.model.null_label
+    tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
+
+    # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
+    def prepare(batch, key):
+        key_sigma, key_noise, key_drop = jax.random.split(key, 3)
+        x0 = batch["images"]
+        return dict(
+            batch,
+            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
+            noise=jax.random.normal(key_noise, x0.shape),
+            labels=drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label),
+        )
+
+    def loss_fn(model, batch, key):
+        return denoising_loss_at(
+            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
+        )
+
+    data_sharding = batch_sharding(mesh)
+    train_step = make_train_step(
+        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
+        state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
+        grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision,
+    )  # fmt: skip
 
     def write_samples(step: int) -> Path:
-        classes = jnp.repeat(jnp.arange(10), 10)  # one row per digit
-        denoise = ClassifierFreeGuidance(Denoiser(ema, schedule, parameterization), classes, cfg.cfg_scale, null)
+        classes = jnp.repeat(jnp.arange(num_classes), 10)  # one row per class
+        denoise = ClassifierFreeGuidance(Denoiser(state.ema, schedule, parameterization), classes, cfg.cfg_scale, null_label)
         sigmas = karras_sigmas(cfg.sample_steps, schedule.sigma_min, schedule.sigma_max)
-        x = sigmas[0] * jax.random.normal(jax.random.key(step), (100, 8, 8, 1))
-        out = sample(denoise, x, sigmas, "heun")
-        return save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", np.asarray(out), ncols=10, upscale=4)
+        x = sigmas[0] * jax.random.normal(jax.random.key(step), (len(classes), *images.shape[1:]))
+        out = np.asarray(sample(denoise, x, sigmas, "heun"))  # host read: this cadence only
+        return save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
 
-    rng = np.random.default_rng(cfg.seed)
-    start = time.perf_counter()
-    bar = tqdm(range(1, cfg.steps + 1), desc="train", mininterval=2.0)
-    for step in bar:
-        idx = rng.choice(len(images), cfg.batch_size, replace=False)
-        key = jax.random.fold_in(key_train, step)
-        model, ema, opt_state, loss = train_step(model, ema, opt_state, images[idx], labels[idx], key)
-        if step % cfg.log_every == 0:  # the only host read of the loss
-            bar.set_postfix(loss=f"{float(loss):.4f}", img_s=f"{step * cfg.batch_size / (time.perf_counter() - start):.0f}")
-        if step % cfg.sample_every == 0 or step == cfg.steps:
-            bar.write(f"step {step}: samples -> {write_samples(step)}")
+    host_batches = shuffled_batches(
+        {"images": images, "labels": labels}, cfg.batch_size // jax.process_count(), cfg.seed,
+        jax.process_index(), jax.process_count(),
+    )  # fmt: skip
+    to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
+    peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
+    profile = _profile_range(cfg.profile_steps)
+    flops_per_device = float("nan")
+
+    with Prefetch(host_batches, to_global, depth=2) as batches, MetricsLogger(
+        run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
+    ) as logger:
+        window, previous = [], None
+        bar = tqdm(range(1, cfg.steps + 1), desc="train", mininterval=2.0, disable=not is_main)
+        for step in bar:
+            if profile and step == profile[0]:
+                jax.profiler.start_trace(str(run_dir / "profile"))
+            batch = next(batches)
+            if step == 1:  # lowering only (no compile): FLOPs from XLA's cost analysis
+                flops_per_device = step_flops(train_step.jitted, batch, state) / mesh.size
+            state, metrics = train_step(state, batch)
+            if previous is not None:  # at most 2 steps in flight (JAX_NOTES.md: CPU rendezvous hang)
+                jax.block_until_ready(previous["loss"])
+            previous = metrics
+            window.append(metrics)
+            if step == 1:
+                jax.block_until_ready(metrics)
+                logger.log_once(
+                    {
+                        "startup/time_to_first_step_s": time.perf_counter() - PROCESS_START,
+                        "startup/step_flops_per_device": flops_per_device,
+                        "startup/peak_flops_per_device": peak,
+                        "startup/peak_source": peak_source,
+                    }
+                )
+                window, window_start = [], time.perf_counter()  # the compile is not a step time
+            if profile and step == profile[1] - 1:
+                jax.block_until_ready(metrics)
+                jax.profiler.stop_trace()
+            if window and (step % cfg.log_every == 0 or step == cfg.steps):
+                rows = jax.device_get(window)  # the one host read per log interval
+                elapsed = time.perf_counter() - window_start
+                step_time = elapsed / len(rows)
+                logged = {
+                    "train/loss": float(np.mean([r["loss"] for r in rows if r["finite"]] or [np.nan])),
+                    "train/grad_norm": float(rows[-1]["grad_norm"]),
+                    "train/lr": float(rows[-1]["lr"]),
+                    "train/bad_steps": int(rows[-1]["bad_steps"]),
+                    "train/step_time_ms": 1000 * step_time,
+                    "train/samples_per_sec": cfg.batch_size / step_time,
+                    "train/mfu": mfu(flops_per_device, step_time, peak),
+                }
+                logger.log(step, logged)
+                bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
+                worst = max(int(r["bad_steps"]) for r in rows)
+                if worst >= cfg.max_bad_steps:
+                    raise RuntimeError(
+                        f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
+                        f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
+                    )
+                window, window_start = [], time.perf_counter()
+            if is_main and (step % cfg.sample_every == 0 or step == cfg.steps):
+                sampling_start = time.perf_counter()
+                bar.write(f"step {step}: samples -> {write_samples(step)}")
+                window_start += time.perf_counter() - sampling_start  # not training time
 
 
 if __name__ == "__main__":

@@ -1,0 +1,24 @@
+"""Training: the sharded TrainState, the donated NaN-guarded step, precision, optimizer, MFU, logging."""
+
+from eqxdiff.training.logging import MetricsLogger
+from eqxdiff.training.metrics import PEAK_FLOPS_PER_DEVICE, mfu, peak_flops_per_device, step_flops
+from eqxdiff.training.optimizer import adamw_cosine
+from eqxdiff.training.precision import PRECISIONS, cast_for_compute, compute_dtype
+from eqxdiff.training.state import TrainState, create_train_state, init_train_state
+from eqxdiff.training.step import make_train_step
+
+__all__ = [
+    "PEAK_FLOPS_PER_DEVICE",
+    "MetricsLogger",
+    "mfu",
+    "peak_flops_per_device",
+    "step_flops",
+    "adamw_cosine",
+    "PRECISIONS",
+    "cast_for_compute",
+    "compute_dtype",
+    "TrainState",
+    "create_train_state",
+    "init_train_state",
+    "make_train_step",
+]

@@ -1,0 +1,129 @@
+"""The training step: (state, batch) -> (state, metrics), pure, sharded, donated, NaN-guarded.
+
+GSPMD derives every collective from the pinned shardings (no shard_map, no pmean): the batch
+is split over ('data', 'fsdp'), the state laid out by `eqxdiff.sharding.fsdp_spec`.
+"""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from .precision import cast_for_compute
+from .state import TrainState
+
+# prepare(batch, key) -> batch: draws the per-example randomness (σ, noise, label dropout) for
+# the whole global batch, so splitting it into micro-batches does not change what is drawn.
+PrepareFn = Callable[[dict, jax.Array], dict]
+# loss_fn(model, micro_batch, key) -> scalar mean loss over the micro-batch.
+LossFn = Callable[[eqx.Module, dict, jax.Array], jax.Array]
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))]
+    return jnp.stack(leaves).all()
+
+
+def _select(pred, new, old):
+    """`new` where pred else `old`, leaf by leaf (arrays only; the static parts are shared)."""
+    new_arrays, static = eqx.partition(new, eqx.is_array)
+    old_arrays = eqx.filter(old, eqx.is_array)
+    return eqx.combine(jax.tree.map(lambda a, b: jnp.where(pred, a, b), new_arrays, old_arrays), static)
+
+
+def _micro_batches(batch: dict, k: int) -> dict:
+    """(B, ...) -> (k, B/k, ...), micro-batch i = examples i, i+k, ...: each one still spans
+    every device of the batch sharding, so all devices work on every micro-step."""
+    return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
+
+
+def make_train_step(
+    *,
+    prepare: PrepareFn,
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    lr_schedule: optax.Schedule,
+    ema_decay: float,
+    state_shardings,
+    batch_sharding,
+    seed: int,
+    grad_accum_steps: int = 1,
+    precision: str = "fp32",
+) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+    """Build `train_step(state, batch) -> (state, metrics)`; `state` is donated.
+
+    metrics (device scalars, read by the host only at the logging cadence): loss, grad_norm,
+    lr, finite (this step's loss and gradients), bad_steps (consecutive non-finite steps).
+    A non-finite step leaves model, EMA and optimizer state bitwise unchanged.
+    """
+    k = grad_accum_steps
+
+    def loss_of(model, micro_batch, key):
+        return loss_fn(cast_for_compute(model, precision), micro_batch, key)
+
+    grad_fn = eqx.filter_value_and_grad(loss_of)
+
+    def gradients(model, batch, key):
+        if k == 1:
+            return grad_fn(model, batch, key)
+        # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
+        # A scan keeps them sequential; on XLA:CPU a conv backward inside a rolled loop runs
+        # ~50x slower (JAX_NOTES.md), so there the loop is unrolled.
+        params = eqx.filter(model, eqx.is_inexact_array)
+
+        def micro(carry, xs):
+            loss_sum, grad_sum = carry
+            i, mb = xs
+            loss, grads = grad_fn(model, mb, jax.random.fold_in(key, i))
+            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+        init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        unroll = jax.default_backend() == "cpu"
+        (loss_sum, grad_sum), _ = jax.lax.scan(micro, init, (jnp.arange(k), _micro_batches(batch, k)), unroll=unroll)
+        return loss_sum / k, jax.tree.map(lambda g: g / k, grad_sum)
+
+    def step(batch: dict, state: TrainState) -> tuple[TrainState, dict]:
+        state = eqx.filter_shard(state, state_shardings)
+        batch = eqx.filter_shard(batch, batch_sharding)
+        key = jax.random.fold_in(jax.random.key(seed), state.step)
+        key_prepare, key_loss = jax.random.split(key)
+        batch = eqx.filter_shard(prepare(batch, key_prepare), batch_sharding)
+
+        loss, grads = gradients(state.model, batch, key_loss)
+        finite = jnp.isfinite(loss) & _all_finite(grads)
+
+        params = eqx.filter(state.model, eqx.is_inexact_array)
+        updates, opt_state = optimizer.update(grads, state.opt_state, params)
+        model = eqx.apply_updates(state.model, updates)
+        ema_params = jax.tree.map(
+            lambda e, p: e + (1 - ema_decay) * (p - e),
+            eqx.filter(state.ema, eqx.is_inexact_array),
+            eqx.filter(model, eqx.is_inexact_array),
+        )
+        updated = TrainState(model, eqx.combine(ema_params, state.ema), opt_state, state.step, state.bad_steps)
+        new_state = _select(finite, updated, state)
+        new_state = eqx.tree_at(
+            lambda s: (s.step, s.bad_steps),
+            new_state,
+            (state.step + 1, jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype)),
+        )
+        metrics = dict(
+            loss=loss,
+            grad_norm=optax.global_norm(grads),
+            lr=jnp.asarray(lr_schedule(state.step), jnp.float32),
+            finite=finite,
+            bad_steps=new_state.bad_steps,
+        )
+        return eqx.filter_shard(new_state, state_shardings), metrics
+
+    # "all-except-first" donates the state but not the batch (a donated batch has no output
+    # to alias and only triggers "donated buffers were not usable").
+    jitted = eqx.filter_jit(step, donate="all-except-first")
+
+    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        return jitted(batch, state)
+
+    train_step.jitted = jitted  # for .lower(batch, state): cost analysis, memory analysis
+    return train_step
