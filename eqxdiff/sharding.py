@@ -42,7 +42,7 @@ def fsdp_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int) -> P:
     if not candidates:
         return P()
     axis = -max(candidates)[1]
-    return P(*(["fsdp" if i == axis else None for i in range(len(shape))]))
+    return P(*([None] * axis), "fsdp")  # no trailing Nones: the form JAX reports back
 
 
 def _is_array_like(x) -> bool:

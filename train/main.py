@@ -212,7 +212,7 @@ def main(cfg: Config) -> None:
                 jax.profiler.start_trace(str(run_dir / "profile"))
             batch = next(batches)
             if step == 1:  # lowering only (no compile): FLOPs from XLA's cost analysis
-                flops_per_device = step_flops(train_step.jitted, batch, state) / mesh.size
+                flops_per_device = step_flops(train_step, state, batch) / mesh.size
             state, metrics = train_step(state, batch)
             if previous is not None:  # at most 2 steps in flight (JAX_NOTES.md: CPU rendezvous hang)
                 jax.block_until_ready(previous["loss"])

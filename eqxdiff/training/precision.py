@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-PRECISIONS = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+PRECISIONS = {"fp32": jnp.dtype(jnp.float32), "bf16": jnp.dtype(jnp.bfloat16)}
 
 
 def compute_dtype(precision: str) -> jnp.dtype:

@@ -10,6 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .precision import cast_for_compute
 from .state import TrainState
@@ -51,7 +52,7 @@ def make_train_step(
     seed: int,
     grad_accum_steps: int = 1,
     precision: str = "fp32",
-) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+) -> "TrainStep":
     """Build `train_step(state, batch) -> (state, metrics)`; `state` is donated.
 
     metrics (device scalars, read by the host only at the logging cadence): loss, grad_norm,
@@ -84,9 +85,8 @@ def make_train_step(
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, init, (jnp.arange(k), _micro_batches(batch, k)), unroll=unroll)
         return loss_sum / k, jax.tree.map(lambda g: g / k, grad_sum)
 
-    def step(batch: dict, state: TrainState) -> tuple[TrainState, dict]:
-        state = eqx.filter_shard(state, state_shardings)
-        batch = eqx.filter_shard(batch, batch_sharding)
+    def step(state_arrays, static, batch: dict) -> tuple[TrainState, dict]:
+        state = eqx.combine(state_arrays, static)
         key = jax.random.fold_in(jax.random.key(seed), state.step)
         key_prepare, key_loss = jax.random.split(key)
         batch = eqx.filter_shard(prepare(batch, key_prepare), batch_sharding)
@@ -111,19 +111,52 @@ def make_train_step(
         )
         metrics = dict(
             loss=loss,
-            grad_norm=optax.global_norm(grads),
+            grad_norm=optax.tree.norm(grads),
             lr=jnp.asarray(lr_schedule(state.step), jnp.float32),
             finite=finite,
             bad_steps=new_state.bad_steps,
         )
-        return eqx.filter_shard(new_state, state_shardings), metrics
+        return eqx.filter(new_state, eqx.is_array), metrics
 
-    # "all-except-first" donates the state but not the batch (a donated batch has no output
-    # to alias and only triggers "donated buffers were not usable").
-    jitted = eqx.filter_jit(step, donate="all-except-first")
+    # jax.jit on the array half of the state, not eqx.filter_jit: equinox 0.13.8's filter_jit
+    # blocks on a marker after every call, which would sync the host on every step.
+    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+    return TrainStep(step, state_shardings, batch_sharding, replicated)
 
-    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        return jitted(batch, state)
 
-    train_step.jitted = jitted  # for .lower(batch, state): cost analysis, memory analysis
-    return train_step
+class TrainStep:
+    """`train_step(state, batch) -> (state, metrics)`; the state's arrays are donated.
+
+    The non-array half of the state (module structure, static config) is fixed by the first
+    call and closed over, so the jitted function sees only arrays (the static half holds lists,
+    which jit's static arguments cannot hash).
+    """
+
+    def __init__(self, step, state_shardings, batch_sharding, metrics_sharding):
+        self._step = step
+        self._shardings = (state_shardings, batch_sharding), (state_shardings, metrics_sharding)
+        self._static = None
+        self.jitted = None
+
+    def _split(self, state: TrainState):
+        arrays, static = eqx.partition(state, eqx.is_array)
+        if self.jitted is None:
+            self._static = static
+            in_shardings, out_shardings = self._shardings
+            self.jitted = jax.jit(
+                lambda arrays, batch: self._step(arrays, self._static, batch),
+                donate_argnums=0,
+                in_shardings=in_shardings,
+                out_shardings=out_shardings,
+            )
+        return arrays
+
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        arrays = self._split(state)  # first: it builds self.jitted on the first call
+        new_arrays, metrics = self.jitted(arrays, batch)
+        return eqx.combine(new_arrays, self._static), metrics
+
+    def lower(self, state: TrainState, batch: dict):
+        """jax's Lowered for these arguments (cost and memory analysis without running)."""
+        arrays = self._split(state)
+        return self.jitted.lower(arrays, batch)
