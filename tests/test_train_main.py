@@ -1,5 +1,6 @@
-"""`python train/main.py` runs end to end and writes a sample grid (tiny step count)."""
+"""`python train/main.py` end to end: flags, outputs, the persistent compile cache, the NaN stop."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,24 +9,62 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).parent.parent
+SMALL = ["--model", "unet_tiny", "--batch_size", "16", "--sample_steps", "2", "--wandb", "disabled"]
+
+
+def run_main(*args, timeout=600):
+    return subprocess.run([sys.executable, "train/main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
-def test_main_trains_and_writes_a_sample_grid(tmp_path):
-    cmd = [sys.executable, "train/main.py", "--run_dir", str(tmp_path), "--steps", "4", "--log_every", "2",
-           "--sample_every", "4", "--sample_steps", "3"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    args = [*SMALL, "--steps", "6", "--log_every", "3", "--sample_every", "6", "--cpu_devices", "4",
+            "--fsdp_size", "2", "--profile_steps", "2:4", "--compilation_cache_dir", str(cache), "--wandb", "offline"]  # fmt: skip
+    result = run_main("--run_dir", str(run_dir), *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    grid = tmp_path / "samples" / "step_000004.png"
-    # 10×10 tiles of 8×8 pixels with 1-pixel gaps, upscaled 4×.
-    with Image.open(grid) as image:
-        assert image.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
+    assert "mesh {'data': 2, 'fsdp': 2}" in result.stderr + result.stdout
+
+    logged = rows(run_dir)
+    assert [r["step"] for r in logged] == [3, 6]
+    for key in ("train/loss", "train/step_time_ms", "train/samples_per_sec", "train/mfu", "train/bad_steps",
+                "train/grad_norm", "train/lr"):  # fmt: skip
+        assert key in logged[-1], key
+    assert logged[-1]["train/bad_steps"] == 0 and 0 < logged[-1]["train/mfu"] < 1
+    startup = json.loads((run_dir / "run.json").read_text())
+    assert startup["startup/step_flops_per_device"] > 0
+    with Image.open(run_dir / "samples" / "step_000006.png") as grid:
+        assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)  # 10×10 tiles of 8×8, upscaled 4×
+    assert list((run_dir / "profile").rglob("*.xplane.pb")), "no profiler trace"
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run"
+
+    # The same run again: compiles come from the persistent cache.
+    again = tmp_path / "again"
+    result = run_main("--run_dir", str(again), *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    second = json.loads((again / "run.json").read_text())
+    first_s, second_s = startup["startup/time_to_first_step_s"], second["startup/time_to_first_step_s"]
+    assert second_s < 0.6 * first_s, (first_s, second_s)
 
 
-def test_bad_flag_value_is_a_clear_error():
-    result = subprocess.run(
-        [sys.executable, "train/main.py", "--schedule", "cosine", "--steps", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+@pytest.mark.slow
+def test_consecutive_nonfinite_steps_stop_with_the_documented_error(tmp_path):
+    # lr = 1e38 sends the weights to inf after one update; every later step is non-finite.
+    result = run_main("--run_dir", str(tmp_path), *SMALL, "--steps", "12", "--log_every", "6", "--lr", "1e38",
+                      "--max_bad_steps", "3", "--sample_every", "1000")  # fmt: skip
     assert result.returncode != 0
-    assert "invalid choice: 'cosine'" in result.stderr and "'vp_cosine'" in result.stderr
+    assert "consecutive non-finite steps" in result.stderr and "--max_bad_steps" in result.stderr
+    assert rows(tmp_path)[-1]["train/bad_steps"] >= 3
+
+
+def test_bad_flag_values_are_clear_errors():
+    result = run_main("--schedule", "cosine", "--steps", "1")
+    assert result.returncode != 0 and "invalid choice: 'cosine'" in result.stderr and "'vp_cosine'" in result.stderr
+    result = run_main("--profile_steps", "5", "--steps", "1")
+    assert result.returncode != 0 and "--profile_steps must look like A:B" in result.stderr
+    result = run_main("--batch_size", "10", "--cpu_devices", "4", "--steps", "1", "--wandb", "disabled")
+    assert result.returncode != 0 and "must be a multiple of devices (4)" in result.stderr

@@ -1,0 +1,184 @@
+"""Training speed: the eqxdiff step on FlaxDiff's simple UNet (2,141,379 params), 32×32×3, batch 32.
+
+One device, fp32, EDM schedule + EDMPreconditioning, AdamW (`adamw_cosine`), the same
+`prepare`/`loss_fn` shape as train/main.py, random images (the data does not change the speed).
+Measures, in this process:
+
+- `process_start_to_first_step_s`: from the top of this file (before `import jax`) to the first
+  step's loss being ready, as train/main.py's `startup/time_to_first_step_s`;
+- `first_step_s`: compile + first step (dispatch to loss ready);
+- `samples_per_sec` / `step_time_ms`: steady state, after 2 warm-up steps, `--steps` steps with
+  at most 2 in flight (after dispatching step i, block on step i-1's loss), plus a final block.
+
+The FlaxDiff 0.2.11 figures in the output are constants recorded on another day on this
+project's 2-core CPU machine class, NOT measured side by side; their ratios are labelled so
+and given only when this run uses the peer's configuration. Prints one JSON line.
+
+    python benchmarks/bench_train.py [--image_size 32 --channels 3 --batch 32 --steps 50]
+    python benchmarks/bench_train.py --quick      # smoke run: 8×8, batch 4, 3 steps
+"""
+
+import time
+
+PROCESS_START = time.perf_counter()  # before importing jax, as train/main.py
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at  # noqa: E402
+from eqxdiff.nn import UNet  # noqa: E402
+from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
+from eqxdiff.training import PRECISIONS, adamw_cosine, create_train_state, make_train_step  # noqa: E402
+
+IMPORTS_DONE = time.perf_counter()
+
+# FlaxDiff 0.2.11's own trainer, same model/shape/batch/fp32, on this project's 2-core CPU
+# machine class. Recorded on another day, in another process: not a side-by-side measurement.
+PEER = {
+    "name": "FlaxDiff 0.2.11 trainer (simple UNet, 32x32x3, batch 32, fp32, 1 device)",
+    "machine_class": "this project's 2-core CPU machine",
+    "samples_per_sec": 55.0,
+    "trainer_setup_s": 11.0,
+    "first_step_s": 6.7,
+    "process_start_to_first_step_s": 17.7,
+}
+PEER_CONFIG = {"image_size": 32, "channels": 3, "batch": 32, "precision": "fp32"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--image_size", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32, help="global batch (one device)")
+    parser.add_argument("--steps", type=int, default=50, help="timed steady-state steps")
+    parser.add_argument("--num_batches", type=int, default=4, help="distinct device batches, cycled")
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 8x8 images, batch 4, 3 timed steps")
+    args = parser.parse_args()
+    if args.quick:
+        args.image_size, args.batch, args.steps, args.num_batches = 8, 4, 3, 2
+
+    warmup_steps = 2  # the first (compile) step + one more
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
+    optimizer, lr_schedule = adamw_cosine(2e-4, max(1000, warmup_steps + args.steps + 1), 10, 1e-4)
+
+    def make_model(key):
+        return UNet.flaxdiff_simple(args.channels, key=key)
+
+    state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
+    params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
+
+    # ---- prepare / loss_fn as in train/main.py (unconditional model: no labels to drop) ----
+    def prepare(batch, key):
+        key_sigma, key_noise = jax.random.split(key)
+        x0 = batch["images"]
+        return dict(
+            batch,
+            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
+            noise=jax.random.normal(key_noise, x0.shape),
+        )
+
+    def loss_fn(model, batch, key):
+        return denoising_loss_at(
+            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], None, key=key
+        )
+
+    data_sharding = batch_sharding(mesh)
+    train_step = make_train_step(
+        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
+        state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed, precision=args.precision,
+    )  # fmt: skip
+
+    shape = (args.batch, args.image_size, args.image_size, args.channels)
+    batches = [
+        {"images": jax.device_put(jax.random.uniform(jax.random.key(100 + i), shape, minval=-1, maxval=1), data_sharding)}
+        for i in range(args.num_batches)
+    ]
+    jax.block_until_ready(batches)
+    setup_done = time.perf_counter()
+
+    # ---- first step: compile + run ----
+    start = time.perf_counter()
+    state, metrics = train_step(state, batches[0])
+    jax.block_until_ready(metrics["loss"])
+    first_step_done = time.perf_counter()
+    first_step_s = first_step_done - start
+    process_start_to_first_step_s = first_step_done - PROCESS_START
+
+    for i in range(1, warmup_steps):
+        state, metrics = train_step(state, batches[i % len(batches)])
+        jax.block_until_ready(metrics["loss"])
+
+    # ---- steady state: at most 2 steps in flight ----
+    previous = None
+    start = time.perf_counter()
+    for i in range(args.steps):
+        state, metrics = train_step(state, batches[i % len(batches)])
+        if previous is not None:
+            jax.block_until_ready(previous["loss"])
+        previous = metrics
+    jax.block_until_ready((state, metrics))
+    elapsed = time.perf_counter() - start
+
+    last = jax.device_get(metrics)
+    assert bool(last["finite"]) and int(state.step) == warmup_steps + args.steps, "a step was not finite"
+    samples_per_sec = args.batch * args.steps / elapsed
+    config = {
+        "model": "UNet.flaxdiff_simple",
+        "params": params,
+        "image_size": args.image_size,
+        "channels": args.channels,
+        "batch": args.batch,
+        "precision": args.precision,
+        "devices": 1,
+        "schedule": "edm",
+        "parameterization": "edm",
+        "optimizer": "adamw_cosine",
+        "warmup_steps": warmup_steps,
+        "timed_steps": args.steps,
+        "max_in_flight": 2,
+        "quick": args.quick,
+    }
+    same_as_peer = all(config[k] == v for k, v in PEER_CONFIG.items()) and not args.quick
+    print(
+        json.dumps(
+            {
+                "bench": "train",
+                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
+                "backend": jax.default_backend(),
+                "cpu_count": os.cpu_count(),
+                **config,
+                "samples_per_sec": round(samples_per_sec, 2),
+                "step_time_ms": round(1000 * elapsed / args.steps, 2),
+                "first_step_s": round(first_step_s, 3),
+                "process_start_to_first_step_s": round(process_start_to_first_step_s, 3),
+                "imports_s": round(IMPORTS_DONE - PROCESS_START, 3),
+                "setup_s": round(setup_done - IMPORTS_DONE, 3),
+                "final_loss": round(float(last["loss"]), 5),
+                "peer_not_measured_side_by_side": PEER,
+                "vs_peer_recorded_on_another_day_not_side_by_side": {
+                    "samples_per_sec_ratio": round(samples_per_sec / PEER["samples_per_sec"], 3) if same_as_peer else None,
+                    "process_start_to_first_step_ratio": (
+                        round(process_start_to_first_step_s / PEER["process_start_to_first_step_s"], 3)
+                        if same_as_peer else None
+                    ),  # fmt: skip
+                    "note": "ratios only when this run's config equals the peer's (else null); "
+                    "the peer ran in another process on another day",
+                },
+                "date": str(datetime.date.today()),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
