@@ -30,7 +30,7 @@ import platform  # noqa: E402
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
@@ -99,9 +99,10 @@ def main() -> None:
     )  # fmt: skip
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
+    rng = np.random.default_rng(args.seed)  # host data, as a loader gives; no JAX work in the set-up
     batches = [
-        {"images": jax.device_put(jax.random.uniform(jax.random.key(100 + i), shape, minval=-1, maxval=1), data_sharding)}
-        for i in range(args.num_batches)
+        {"images": jax.device_put(rng.uniform(-1, 1, shape).astype(np.float32), data_sharding)}
+        for _ in range(args.num_batches)
     ]
     jax.block_until_ready(batches)
     setup_done = time.perf_counter()

@@ -67,7 +67,7 @@ class Config:
     parameterization: str = "edm"
     label_dropout: float = 0.1  # classifier-free guidance training
     fsdp_size: int = 1
-    fsdp_min_param_size: int = 2**14  # leaves with fewer elements are replicated
+    fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
     cpu_devices: int = 0  # >0: simulate this many CPU devices
     grad_accum_steps: int = 1
     remat: bool = False

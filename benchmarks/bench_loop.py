@@ -1,0 +1,215 @@
+"""Loop overhead: train/main.py's full loop against a bare loop over the same jitted step.
+
+Both drive the same `train_step` (the digits job: `UNet(1, (32, 64), 2, num_classes=10)` on
+8×8×1 digits, batch 64, one device, EDM, label dropout 0.1) on the same data stream:
+
+- bare: `for b in device_batches: state, m = step(state, b)` over batches transferred to the
+  device before timing, at most 2 steps in flight;
+- full: as train/main.py — host batches from `shuffled_batches` through
+  `Prefetch(..., to_device=make_array_from_process_local_data, depth=2)`, the metrics window
+  kept and read with one `jax.device_get` every `--log_every` steps, a `MetricsLogger` row
+  (wandb disabled) and a tqdm bar `set_postfix` at those steps, at most 2 steps in flight.
+
+One Prefetch, logger and log directory serve every full round (as one run has one); each full
+round opens its own tqdm bar, as the loop does. After warm-up, rounds alternate bare, full,
+bare, full, ... so drift hits both alike. Prints one JSON line with samples/s of each and
+full/bare (target >= 0.95).
+
+    python benchmarks/bench_loop.py [--batch 64 --steps 100 --rounds 2 --log_every 50]
+    python benchmarks/bench_loop.py --quick      # smoke run: 10-step rounds, batch 16
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from eqxdiff.data import Prefetch, load_digits, shuffled_batches
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels
+from eqxdiff.nn import UNet
+from eqxdiff.sharding import batch_sharding, make_mesh
+from eqxdiff.training import (
+    MetricsLogger,
+    adamw_cosine,
+    create_train_state,
+    make_train_step,
+    mfu,
+    peak_flops_per_device,
+    step_flops,
+)
+
+TARGET = 0.95
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=2, help="timed (bare, full) pairs")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps of each loop first")
+    parser.add_argument("--log_every", type=int, default=50)
+    parser.add_argument("--label_dropout", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: batch 16, 2 rounds of 10 steps, log every 5")
+    args = parser.parse_args()
+    if args.quick:
+        args.batch, args.steps, args.rounds, args.warmup, args.log_every = 16, 10, 2, 2, 5
+
+    images, labels = load_digits()
+    num_classes = int(labels.max()) + 1
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
+    total_steps = 2 * (args.warmup + args.rounds * args.steps)
+    optimizer, lr_schedule = adamw_cosine(2e-3, max(600, total_steps + 1), 60, 1e-4)
+
+    def make_model(key):
+        return UNet(1, (32, 64), 2, num_classes=num_classes, key=key)
+
+    state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
+    null_label = state.model.null_label
+    params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
+
+    # ---- prepare / loss_fn as in train/main.py ----
+    def prepare(batch, key):
+        key_sigma, key_noise, key_drop = jax.random.split(key, 3)
+        x0 = batch["images"]
+        return dict(
+            batch,
+            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
+            noise=jax.random.normal(key_noise, x0.shape),
+            labels=drop_labels(key_drop, batch["labels"], args.label_dropout, null_label),
+        )
+
+    def loss_fn(model, batch, key):
+        return denoising_loss_at(
+            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
+        )
+
+    data_sharding = batch_sharding(mesh)
+    train_step = make_train_step(
+        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
+        state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed,
+    )  # fmt: skip
+    to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
+
+    def host_stream():
+        return shuffled_batches({"images": images, "labels": labels}, args.batch, args.seed)
+
+    # bare loop's data: the same stream's first `steps` batches, on the device before timing
+    stream = host_stream()
+    device_batches = [to_global(next(stream)) for _ in range(args.steps)]
+    jax.block_until_ready(device_batches)
+
+    def bare(state, batches):
+        previous = None
+        for b in batches:
+            state, metrics = train_step(state, b)
+            if previous is not None:
+                jax.block_until_ready(previous["loss"])
+            previous = metrics
+        jax.block_until_ready((state, metrics))
+        return state
+
+    flops_per_device = step_flops(train_step, state, device_batches[0]) / mesh.size  # lowering only
+    peak, _ = peak_flops_per_device(dtype="fp32")
+
+    def full(state, batches, logger, steps):
+        """train/main.py's loop body, minus profiling, sampling and the step-1 start-up facts."""
+        window, previous, window_start = [], None, time.perf_counter()
+        bar = tqdm(range(1, steps + 1), desc="train", mininterval=2.0)
+        for step in bar:
+            batch = next(batches)
+            state, metrics = train_step(state, batch)
+            if previous is not None:  # at most 2 steps in flight
+                jax.block_until_ready(previous["loss"])
+            previous = metrics
+            window.append(metrics)
+            if window and (step % args.log_every == 0 or step == steps):
+                rows = jax.device_get(window)  # the one host read per log interval
+                elapsed = time.perf_counter() - window_start
+                step_time = elapsed / len(rows)
+                logged = {
+                    "train/loss": float(np.mean([r["loss"] for r in rows if r["finite"]] or [np.nan])),
+                    "train/grad_norm": float(rows[-1]["grad_norm"]),
+                    "train/lr": float(rows[-1]["lr"]),
+                    "train/bad_steps": int(rows[-1]["bad_steps"]),
+                    "train/step_time_ms": 1000 * step_time,
+                    "train/samples_per_sec": args.batch / step_time,
+                    "train/mfu": mfu(flops_per_device, step_time, peak),
+                }
+                logger.log(step, logged)
+                bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
+                worst = max(int(r["bad_steps"]) for r in rows)
+                if worst >= 5:
+                    raise RuntimeError(f"{worst} consecutive non-finite steps by step {step}")
+                window, window_start = [], time.perf_counter()
+        jax.block_until_ready((state, metrics))
+        return state
+
+    times = {"bare": [], "full": []}
+    with tempfile.TemporaryDirectory() as run_dir, Prefetch(host_stream(), to_global, depth=2) as batches, MetricsLogger(
+        run_dir, wandb_mode="disabled"
+    ) as logger:
+        state = bare(state, device_batches[: args.warmup])  # compiles the step
+        state = full(state, batches, logger, args.warmup)
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            state = bare(state, device_batches)
+            times["bare"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            state = full(state, batches, logger, args.steps)
+            times["full"].append(time.perf_counter() - start)
+        logged_rows = len((Path(run_dir) / "metrics.jsonl").read_text().splitlines())
+
+    expected_steps = 2 * (args.warmup + args.rounds * args.steps)
+    assert int(state.step) == expected_steps, (int(state.step), expected_steps)
+    assert int(state.bad_steps) == 0
+    samples = args.batch * args.steps * args.rounds
+    bare_sps = samples / sum(times["bare"])
+    full_sps = samples / sum(times["full"])
+    print(
+        json.dumps(
+            {
+                "bench": "loop",
+                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
+                "backend": jax.default_backend(),
+                "cpu_count": os.cpu_count(),
+                "model": "UNet(1, (32, 64), 2, num_classes=10)",
+                "params": params,
+                "data": "digits 8x8x1",
+                "batch": args.batch,
+                "devices": 1,
+                "precision": "fp32",
+                "steps_per_round": args.steps,
+                "rounds": args.rounds,
+                "order": "after warm-up: " + " ".join(["bare full"] * args.rounds),
+                "warmup_steps_each": args.warmup,
+                "log_every": args.log_every,
+                "prefetch_depth": 2,
+                "max_in_flight": 2,
+                "metrics_rows_written": logged_rows,
+                "quick": args.quick,
+                "bare_samples_per_sec": round(bare_sps, 2),
+                "full_samples_per_sec": round(full_sps, 2),
+                "bare_round_s": [round(t, 4) for t in times["bare"]],
+                "full_round_s": [round(t, 4) for t in times["full"]],
+                "ratio_full_vs_bare": round(full_sps / bare_sps, 4),
+                "target_ratio": TARGET,
+                "meets_target": full_sps / bare_sps >= TARGET,
+                "date": str(datetime.date.today()),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
