@@ -14,6 +14,10 @@ The FlaxDiff 0.2.11 figures in the output are constants recorded on another day 
 project's 2-core CPU machine class, NOT measured side by side; their ratios are labelled so
 and given only when this run uses the peer's configuration. Prints one JSON line.
 
+The side-by-side measurement (FlaxDiff 0.2.11's own trainer step and this step alternated in one
+process, same config) is benchmarks/bench_train_vs_flaxdiff.py; it needs `flaxdiff==0.2.11`
+installed (in a separate venv: see its docstring).
+
     python benchmarks/bench_train.py [--image_size 32 --channels 3 --batch 32 --steps 50]
     python benchmarks/bench_train.py --quick      # smoke run: 8×8, batch 4, 3 steps
 """

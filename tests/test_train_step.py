@@ -74,6 +74,7 @@ def run(mesh, steps, **kw):
     for batch in digit_batches(steps):
         state, metrics = step(state, put(batch, mesh))
         losses.append(float(metrics["loss"]))
+    assert step.traces == 1  # one compile for the whole run
     return state, np.array(losses)
 
 
