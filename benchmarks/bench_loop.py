@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eqxdiff.data import Prefetch, load_digits, shuffled_batches
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels, draw_sigma_and_noise
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import (
@@ -80,14 +80,10 @@ def main() -> None:
 
     # ---- prepare / loss_fn as in train/main.py ----
     def prepare(batch, key):
-        key_sigma, key_noise, key_drop = jax.random.split(key, 3)
-        x0 = batch["images"]
-        return dict(
-            batch,
-            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
-            noise=jax.random.normal(key_noise, x0.shape),
-            labels=drop_labels(key_drop, batch["labels"], args.label_dropout, null_label),
-        )
+        key_draw, key_drop = jax.random.split(key)
+        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
+        labels = drop_labels(key_drop, batch["labels"], args.label_dropout, null_label)
+        return dict(batch, sigma=sigma, noise=noise, labels=labels)
 
     def loss_fn(model, batch, key):
         return denoising_loss_at(

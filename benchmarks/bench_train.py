@@ -36,7 +36,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at  # noqa: E402
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import PRECISIONS, adamw_cosine, create_train_state, make_train_step  # noqa: E402
@@ -83,13 +83,8 @@ def main() -> None:
 
     # ---- prepare / loss_fn as in train/main.py (unconditional model: no labels to drop) ----
     def prepare(batch, key):
-        key_sigma, key_noise = jax.random.split(key)
-        x0 = batch["images"]
-        return dict(
-            batch,
-            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
-            noise=jax.random.normal(key_noise, x0.shape),
-        )
+        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key)
+        return dict(batch, sigma=sigma, noise=noise)
 
     def loss_fn(model, batch, key):
         return denoising_loss_at(

@@ -14,7 +14,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from eqxdiff.data import load_digits
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
@@ -24,14 +24,9 @@ BATCH = 16
 
 
 def prepare(batch, key):
-    key_sigma, key_noise, key_drop = jax.random.split(key, 3)
-    x0 = batch["images"]
-    return dict(
-        batch,
-        sigma=SCHEDULE.sample_sigma(key_sigma, x0.shape[:1]),
-        noise=jax.random.normal(key_noise, x0.shape),
-        labels=drop_labels(key_drop, batch["labels"], 0.1, 10),
-    )
+    key_draw, key_drop = jax.random.split(key)
+    sigma, noise = draw_sigma_and_noise(SCHEDULE, batch["images"], key_draw)
+    return dict(batch, sigma=sigma, noise=noise, labels=drop_labels(key_drop, batch["labels"], 0.1, 10))
 
 
 def loss_fn(model, batch, key):

@@ -25,6 +25,7 @@ from tqdm import tqdm  # noqa: E402
 
 from eqxdiff.data import Prefetch, load_digits, shuffled_batches  # noqa: E402
 from eqxdiff.diffusion import (  # noqa: E402
+    draw_sigma_and_noise,
     PARAMETERIZATIONS,
     SCHEDULES,
     ClassifierFreeGuidance,
@@ -165,14 +166,10 @@ def main(cfg: Config) -> None:
 
     # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
     def prepare(batch, key):
-        key_sigma, key_noise, key_drop = jax.random.split(key, 3)
-        x0 = batch["images"]
-        return dict(
-            batch,
-            sigma=schedule.sample_sigma(key_sigma, x0.shape[:1]),
-            noise=jax.random.normal(key_noise, x0.shape),
-            labels=drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label),
-        )
+        key_draw, key_drop = jax.random.split(key)
+        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
+        labels = drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label)
+        return dict(batch, sigma=sigma, noise=noise, labels=labels)
 
     def loss_fn(model, batch, key):
         return denoising_loss_at(

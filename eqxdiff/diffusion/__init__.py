@@ -6,7 +6,7 @@ Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022); see DESIGN
 from .denoiser import Denoiser
 from .grids import karras_sigmas, logsnr_sigmas, vp_sigmas, vp_timesteps
 from .guidance import ClassifierFreeGuidance, drop_labels
-from .loss import denoising_loss, denoising_loss_at
+from .loss import denoising_loss, denoising_loss_at, draw_sigma_and_noise
 from .parameterization import (
     PARAMETERIZATIONS,
     DataPrediction,
@@ -31,6 +31,7 @@ __all__ = [
     "drop_labels",
     "denoising_loss",
     "denoising_loss_at",
+    "draw_sigma_and_noise",
     "PARAMETERIZATIONS",
     "DataPrediction",
     "EDMPreconditioning",

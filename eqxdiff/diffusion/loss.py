@@ -21,10 +21,18 @@ def denoising_loss(
 ) -> Float[Array, ""]:
     """The loss at σ drawn from the schedule and ε ~ N(0, I); see `denoising_loss_at`.
     `key` also drives the model's dropout."""
-    key_sigma, key_noise, key_model = jax.random.split(key, 3)
-    sigma = schedule.sample_sigma(key_sigma, x0.shape[:1], jnp.float32)
-    noise = jax.random.normal(key_noise, x0.shape, jnp.float32)
+    key_draw, key_model = jax.random.split(key)
+    sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
     return denoising_loss_at(model, schedule, parameterization, x0, sigma, noise, labels, key=key_model)
+
+
+def draw_sigma_and_noise(
+    schedule: Schedule, x0: Float[Array, "b *dims"], key: PRNGKeyArray
+) -> tuple[Float[Array, " b"], Float[Array, "b *dims"]]:
+    """A training draw for a batch: σ per example from the schedule and ε ~ N(0, I), float32.
+    Drawn for the whole global batch at once, so micro-batching does not change it."""
+    key_sigma, key_noise = jax.random.split(key)
+    return schedule.sample_sigma(key_sigma, x0.shape[:1], jnp.float32), jax.random.normal(key_noise, x0.shape, jnp.float32)
 
 
 def denoising_loss_at(
