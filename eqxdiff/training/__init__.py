@@ -4,7 +4,7 @@ from eqxdiff.training.logging import MetricsLogger
 from eqxdiff.training.metrics import PEAK_FLOPS_PER_DEVICE, mfu, peak_flops_per_device, step_flops
 from eqxdiff.training.optimizer import adamw_cosine
 from eqxdiff.training.precision import PRECISIONS, cast_for_compute, compute_dtype
-from eqxdiff.training.state import TrainState, create_train_state, init_train_state
+from eqxdiff.training.state import TrainState, abstract_train_state, create_train_state, init_train_state
 from eqxdiff.training.step import make_train_step
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "cast_for_compute",
     "compute_dtype",
     "TrainState",
+    "abstract_train_state",
     "create_train_state",
     "init_train_state",
     "make_train_step",

@@ -40,12 +40,19 @@ def init_train_state(make_model: Callable[[PRNGKeyArray], eqx.Module], optimizer
     )
 
 
+def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int):
+    """(abstract state, shardings) without allocating anything: the state's structure as
+    ShapeDtypeStructs (eqx.filter_eval_shape) and the FSDP NamedSharding of every array leaf
+    (None at the non-array leaves). Restoring a checkpoint needs exactly these two."""
+    abstract = eqx.filter_eval_shape(init_train_state, make_model, optimizer, jax.random.key(0))
+    return abstract, state_shardings(abstract, mesh, min_size)
+
+
 def create_train_state(make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int):
     """Build the state inside one jit whose outputs carry the FSDP shardings, so no leaf is ever
     materialised whole on one device. Returns (state, shardings); shardings has None at the
     non-array leaves and comes from the abstract state (eqx.filter_eval_shape), not from data."""
-    abstract = eqx.filter_eval_shape(init_train_state, make_model, optimizer, key)
-    shardings = state_shardings(abstract, mesh, min_size)
+    _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
 
     @eqx.filter_jit
     def init(key):

@@ -1,0 +1,152 @@
+"""Sharded, asynchronous checkpoints of a TrainState that restore onto any mesh.
+
+`run_dir/checkpoints/<step>/` holds three orbax items:
+  state   the array leaves of the TrainState, each process writing its own shards (no gather);
+  data    the data position, JSON (`examples_consumed`, seed, dataset size: see eqxdiff.data);
+  config  the run's Config as JSON, so `train/sample.py` can rebuild the model.
+
+Restore targets come from the *restoring* run's mesh (`state_shardings` of its abstract state),
+so a checkpoint written on (data=2, fsdp=4) restores onto (1, 2), one device or two processes.
+"""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be used; the message names the step and the reason."""
+
+
+def _is_abstract_array(x) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _leaf_table(tree) -> dict[str, tuple]:
+    """'model.blocks.0.weight' -> (shape, dtype) for every leaf; module attributes, dict keys and
+    list indices all become plain names, so orbax's saved metadata and a module tree compare."""
+
+    def name(k) -> str:
+        return str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))))
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(name(k) for k in path): (tuple(v.shape), str(v.dtype)) for path, v in flat}
+
+
+def _differences(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
+    out = [f"{k}: not in the checkpoint" for k in wanted.keys() - saved.keys()]
+    out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
+    out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
+    return sorted(out)[:limit]
+
+
+@eqx.filter_jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))]
+    return jnp.all(jnp.stack(leaves))
+
+
+class Checkpoints:
+    """orbax CheckpointManager under `directory`, keeping the newest `keep` steps.
+
+    Saves are asynchronous: `save` returns once the state is copied off the devices; the files
+    are written in the background. `wait()` (also called by `close()`) blocks until they are.
+    """
+
+    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+        if keep < 1:
+            raise ValueError(f"--keep_checkpoints must be >= 1, got {keep}.")
+        self.directory = Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(),
+            "config": ocp.JsonCheckpointHandler(),
+        }
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps with a complete (committed) checkpoint, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def latest(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state, data: dict, config: dict) -> bool:
+        """Start saving `state` (a TrainState) with the data position and config; False (and
+        nothing written) if the step is already saved or the state holds a non-finite value,
+        so a bad state never replaces a good checkpoint."""
+        if step in self._manager.all_steps():
+            return False
+        if not bool(_all_finite(state)):  # one host read, at the checkpoint cadence only
+            return False
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(eqx.filter(state, eqx.is_array)),
+            data=ocp.args.JsonSave(data),
+            config=ocp.args.JsonSave(config),
+        )
+        return self._manager.save(step, args=args)
+
+    def restore(self, step: int, abstract_state, shardings) -> tuple:
+        """(state, data, config) of `step`, the state laid out by `shardings` (the restoring
+        run's `state_shardings(abstract_state, mesh, ...)`). `abstract_state` is the
+        eqx.filter_eval_shape of the state's init: it supplies the structure and the static parts.
+        """
+        self._require(step)
+        arrays, static = eqx.partition(abstract_state, _is_abstract_array)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
+        # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
+        try:
+            saved = _leaf_table(self._manager.item_metadata(step)["state"].tree)
+        except Exception as e:
+            raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
+        mismatch = _differences(saved, _leaf_table(target))
+        if mismatch:
+            raise CheckpointError(
+                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
+                f"which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags changed "
+                f"since it was written, use the original flags or a new --run_dir; --resume_step picks another step."
+            )
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()
+        )
+        try:
+            restored = self._manager.restore(step, args=args)
+        except Exception as e:  # orbax/tensorstore raise many kinds; the user needs the step and why
+            raise CheckpointError(
+                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
+                f"{type(e).__name__}: {e}. If the model or optimizer flags changed since it was written, "
+                f"use the original flags or a new --run_dir; --resume_step picks another step."
+            ) from e
+        return eqx.combine(restored.state, static), restored.data, restored.config
+
+    def restore_config(self, step: int) -> dict:
+        """Only the config item of `step` (e.g. to rebuild the model before restoring it)."""
+        self._require(step)
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+        except Exception as e:
+            raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its config: {e}") from e
+
+    def _require(self, step: int) -> None:
+        if step not in self._manager.all_steps():
+            raise CheckpointError(
+                f"No checkpoint for step {step} in {self.directory}; complete ones: {self.steps or 'none'}."
+            )
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpoints":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
