@@ -15,7 +15,9 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff  # noqa: F401
     import eqxdiff.diffusion  # noqa: F401
     import eqxdiff.nn  # noqa: F401
+    import eqxdiff.checkpoint  # noqa: F401
     import eqxdiff.data  # noqa: F401
+    import eqxdiff.eval  # noqa: F401
     import eqxdiff.images  # noqa: F401
     import eqxdiff.sharding  # noqa: F401
     import eqxdiff.training  # noqa: F401
