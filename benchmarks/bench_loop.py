@@ -5,7 +5,7 @@ Both drive the same `train_step` (the digits job: `UNet(1, (32, 64), 2, num_clas
 
 - bare: `for b in device_batches: state, m = step(state, b)` over batches transferred to the
   device before timing, at most 2 steps in flight;
-- full: as train/main.py — host batches from `shuffled_batches` through
+- full: as train/main.py — host batches from the grain `batch_stream` through
   `Prefetch(..., to_device=make_array_from_process_local_data, depth=2)`, the metrics window
   kept and read with one `jax.device_get` every `--log_every` steps, a `MetricsLogger` row
   (wandb disabled) and a tqdm bar `set_postfix` at those steps, at most 2 steps in flight.
@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from eqxdiff.data import Prefetch, load_digits, shuffled_batches
+from eqxdiff.data import Prefetch, batch_stream, open_source
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels, draw_sigma_and_noise
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -64,8 +64,8 @@ def main() -> None:
     if args.quick:
         args.batch, args.steps, args.rounds, args.warmup, args.log_every = 16, 10, 2, 2, 5
 
-    images, labels = load_digits()
-    num_classes = int(labels.max()) + 1
+    digits = open_source("digits")
+    num_classes = digits.num_classes
     mesh = make_mesh(1, 1, jax.devices()[:1])
     schedule, parameterization = EDMSchedule(), EDMPreconditioning()
     total_steps = 2 * (args.warmup + args.rounds * args.steps)
@@ -98,7 +98,7 @@ def main() -> None:
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
 
     def host_stream():
-        return shuffled_batches({"images": images, "labels": labels}, args.batch, args.seed)
+        return batch_stream(digits, args.batch, args.seed)
 
     # bare loop's data: the same stream's first `steps` batches, on the device before timing
     stream = host_stream()

@@ -15,6 +15,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
+
+# orbax splits every replicated array into per-replica slices before writing ("replica
+# parallel"): ~3,000 slice dispatches for a small UNet's state, 1.0 s of each save's blocking
+# time (measured here; 0.17 s without). Kept for arrays whose slices exceed 1 MiB, where it pays.
+_REGISTRY = ocp.type_handlers.create_type_handler_registry(
+    (jax.Array, ocp.type_handlers.ArrayHandler(
+        array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
+    )),
+)  # fmt: skip
 
 
 class CheckpointError(RuntimeError):
@@ -62,7 +72,7 @@ class Checkpoints:
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
         handlers = {
-            "state": ocp.StandardCheckpointHandler(),
+            "state": ocp.PyTreeCheckpointHandler(type_handler_registry=_REGISTRY),
             "data": ocp.JsonCheckpointHandler(),
             "config": ocp.JsonCheckpointHandler(),
         }
@@ -85,7 +95,7 @@ class Checkpoints:
         if not bool(_all_finite(state)):  # one host read, at the checkpoint cadence only
             return False
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(eqx.filter(state, eqx.is_array)),
+            state=ocp.args.PyTreeSave(eqx.filter(state, eqx.is_array)),
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config),
         )
@@ -112,7 +122,9 @@ class Checkpoints:
                 f"since it was written, use the original flags or a new --run_dir; --resume_step picks another step."
             )
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()
+            state=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
+            data=ocp.args.JsonRestore(),
+            config=ocp.args.JsonRestore(),
         )
         try:
             restored = self._manager.restore(step, args=args)

@@ -21,3 +21,13 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff.images  # noqa: F401
     import eqxdiff.sharding  # noqa: F401
     import eqxdiff.training  # noqa: F401
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """One persistent XLA cache for every `train/main.py` subprocess of the session: runs with
+    the same shapes and mesh load the step instead of compiling it again."""
+    return tmp_path_factory.mktemp("xla_cache")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from eqxdiff.data import load_digits
+from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -50,7 +50,8 @@ def build(mesh, *, k=1, precision="fp32", make_model=tiny_unet, lr=3e-3, min_siz
 
 @functools.cache
 def digit_batches(n, batch=BATCH):
-    images, labels = load_digits()
+    digits = open_source("digits")
+    images, labels = digits.images.astype(np.float32) / 127.5 - 1, digits.labels
     rng = np.random.default_rng(0)
     out = []
     for _ in range(n):

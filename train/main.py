@@ -3,6 +3,10 @@
     python train/main.py                                   # a few minutes on a 2-core CPU
     python train/main.py --cpu_devices 8 --fsdp_size 4     # FSDP over 8 simulated devices
     python train/main.py --precision bf16 --remat --grad_accum_steps 2
+    python train/launch_local.py --num_processes 2 -- --cpu_devices 4   # multi-host on one machine
+
+A run resumes by itself from the newest checkpoint in --run_dir (same command again); SIGTERM or
+Ctrl-C finishes the current step, saves and exits 0.
 
 Everything a researcher changes is in this file: the Config, the model table, the loss and
 the loop. The step itself (sharding, donation, NaN guard, accumulation) is
@@ -21,9 +25,12 @@ from pathlib import Path  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from eqxdiff.data import Prefetch, load_digits, shuffled_batches  # noqa: E402
+from eqxdiff.checkpoint import Checkpoints  # noqa: E402
+from eqxdiff.data import Prefetch, batch_stream, check_position, data_position, open_source  # noqa: E402
 from eqxdiff.diffusion import (  # noqa: E402
     draw_sigma_and_noise,
     PARAMETERIZATIONS,
@@ -43,6 +50,7 @@ from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary  # noqa
 from eqxdiff.training import (  # noqa: E402
     PRECISIONS,
     MetricsLogger,
+    abstract_train_state,
     adamw_cosine,
     create_train_state,
     make_train_step,
@@ -51,6 +59,7 @@ from eqxdiff.training import (  # noqa: E402
     step_flops,
 )
 from eqxdiff.training.logging import WANDB_MODES  # noqa: E402
+from eqxdiff.training.preemption import StopRequest  # noqa: E402
 
 
 @dataclass
@@ -62,7 +71,9 @@ class Config:
     warmup_steps: int = 60
     weight_decay: float = 1e-4
     seed: int = 0
-    dataset: str = "digits"
+    dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB
+    image_size: int = 32  # folder: and arrayrecord: images are resized to this; digits stay 8×8
+    hflip: bool = False  # random horizontal flips (not for digits)
     model: str = "unet"
     schedule: str = "edm"
     parameterization: str = "edm"
@@ -76,12 +87,18 @@ class Config:
     ema_decay: float = 0.995
     max_bad_steps: int = 5
     log_every: int = 50
-    sample_every: int = 200
+    sample_every: int = 200  # 0: no sample grids
     sample_steps: int = 18
     cfg_scale: float = 1.5
+    ckpt_every: int = 500  # and always at the end (or on SIGTERM/SIGINT)
+    keep_checkpoints: int = 3
+    resume_step: int = -1  # -1: the newest checkpoint in run_dir, if any
     profile_steps: str = ""  # "A:B" traces steps A..B-1 to run_dir/profile
     compilation_cache_dir: str = ""
     wandb: str = "offline"
+    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
+    num_processes: int = 1
+    process_id: int = 0
 
 
 # name -> (image shape, num_classes, remat, key) -> model. Add yours here.
@@ -91,9 +108,7 @@ MODELS = {
     "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
     "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
 }
-DATASETS = {"digits": load_digits}
 CHOICES = {
-    "dataset": sorted(DATASETS),
     "model": sorted(MODELS),
     "schedule": sorted(SCHEDULES),
     "parameterization": sorted(PARAMETERIZATIONS),
@@ -128,6 +143,8 @@ def _profile_range(text: str) -> tuple[int, int] | None:
 
 def check_batch(cfg: Config, num_devices: int) -> None:
     """The global batch must split into micro-batches that split over every device."""
+    if cfg.ckpt_every < 1:
+        raise SystemExit(f"--ckpt_every must be >= 1, got {cfg.ckpt_every}.")
     per_update = num_devices * cfg.grad_accum_steps
     if cfg.batch_size % per_update:
         raise SystemExit(
@@ -136,31 +153,75 @@ def check_batch(cfg: Config, num_devices: int) -> None:
         )
 
 
-def main(cfg: Config) -> None:
+def generate(
+    model, schedule, parameterization, labels: np.ndarray | None, num: int, image_shape, *,
+    mesh, steps: int, method: str = "heun", cfg_scale: float = 1.0, seed: int = 0,
+) -> np.ndarray:  # fmt: skip
+    """`num` images (host float32 NHWC in about [-1, 1]) from `model`, e.g. the EMA, on a Karras
+    grid of `steps` steps; `labels` (num,) ask for classes (None: unconditional), with
+    classifier-free guidance at `cfg_scale` (1: none). Every process must call it (the model may
+    be sharded over all of them) and every process gets all the images."""
+    # Inputs as global arrays, split over the devices when the batch divides, built from the same
+    # host values on every process (so the call is the same in 1 or N processes).
+    split = batch_sharding(mesh) if num % mesh.size == 0 else NamedSharding(mesh, PartitionSpec())
+    to_global = lambda a: jax.make_array_from_callback(a.shape, split, lambda index: a[index])  # noqa: E731
+    denoise = Denoiser(model, schedule, parameterization)
+    if labels is not None:
+        denoise = ClassifierFreeGuidance(denoise, to_global(np.asarray(labels, np.int32)), cfg_scale, model.null_label)
+    sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
+    noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
+    out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
+    return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+
+
+def start_jax(cfg: Config) -> None:
+    """Device simulation, the compile cache and jax.distributed: all before the backend starts."""
     if cfg.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)  # before any JAX op
+        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
     if cfg.compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if cfg.coordinator == "auto":  # SLURM, Open MPI, TPU pods, ...: jax reads the cluster's env
+        jax.distributed.initialize()
+    elif cfg.coordinator:
+        jax.distributed.initialize(cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
+
+
+def main(cfg: Config) -> None:
+    start_jax(cfg)
     run_dir = Path(cfg.run_dir)
     is_main = jax.process_index() == 0
 
-    images, labels = DATASETS[cfg.dataset]()
-    num_classes = int(labels.max()) + 1
+    source = open_source(cfg.dataset, cfg.image_size)
+    image_shape, num_classes = source.image_shape, source.num_classes
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
     schedule = schedule_by_name(cfg.schedule)
     parameterization = parameterization_by_name(cfg.parameterization)
 
     def make_model(key):
-        return MODELS[cfg.model](images.shape[1:], num_classes, cfg.remat, key)
+        return MODELS[cfg.model](image_shape, num_classes, cfg.remat, key)
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
-    state, shardings = create_train_state(make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size)
+
+    # ---- a fresh state, or the newest checkpoint restored onto this run's mesh ----
+    checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
+    if resume is None:
+        state, shardings = create_train_state(
+            make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size
+        )
+        start_step, start_example = 0, 0
+    else:
+        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, cfg.fsdp_min_param_size)
+        state, position, _ = checkpoints.restore(resume, abstract, shardings)
+        check_position(position, cfg.seed, source)
+        start_step, start_example = resume, position["examples_consumed"]
+        tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
     null_label = state.model.null_label
     tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
 
@@ -168,7 +229,7 @@ def main(cfg: Config) -> None:
     def prepare(batch, key):
         key_draw, key_drop = jax.random.split(key)
         sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
-        labels = drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label)
+        labels = drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label) if num_classes else None
         return dict(batch, sigma=sigma, noise=noise, labels=labels)
 
     def loss_fn(model, batch, key):
@@ -183,40 +244,57 @@ def main(cfg: Config) -> None:
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision,
     )  # fmt: skip
 
-    def write_samples(step: int) -> Path:
-        classes = jnp.repeat(jnp.arange(num_classes), 10)  # one row per class
-        denoise = ClassifierFreeGuidance(Denoiser(state.ema, schedule, parameterization), classes, cfg.cfg_scale, null_label)
-        sigmas = karras_sigmas(cfg.sample_steps, schedule.sigma_min, schedule.sigma_max)
-        x = sigmas[0] * jax.random.normal(jax.random.key(step), (len(classes), *images.shape[1:]))
-        out = np.asarray(sample(denoise, x, sigmas, "heun"))  # host read: this cadence only
-        return save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
+    def write_samples(step: int) -> Path | None:
+        """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
+        rows = num_classes or 10
+        labels = np.repeat(np.arange(rows), 10) if num_classes else None  # one row per class
+        out = generate(
+            state.ema, schedule, parameterization, labels, rows * 10, image_shape, mesh=mesh,
+            steps=cfg.sample_steps, method="heun", cfg_scale=cfg.cfg_scale, seed=cfg.seed + step,
+        )  # fmt: skip
+        if is_main:
+            return save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
+        return None
 
-    host_batches = shuffled_batches(
-        {"images": images, "labels": labels}, cfg.batch_size // jax.process_count(), cfg.seed,
-        jax.process_index(), jax.process_count(),
+    def save_checkpoint(step: int) -> None:
+        examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
+        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes)
+        if not checkpoints.save(step, state, data_position(examples, cfg.seed, source), config):
+            if step not in checkpoints.steps:
+                tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
+
+    stream = batch_stream(
+        source, cfg.batch_size, cfg.seed, start_example=start_example, hflip=cfg.hflip,
+        process_index=jax.process_index(), process_count=jax.process_count(),
     )  # fmt: skip
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
     peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
     profile = _profile_range(cfg.profile_steps)
     flops_per_device = float("nan")
+    if start_step >= cfg.steps:
+        tqdm.write(f"the checkpoint at step {start_step} already reaches --steps {cfg.steps}; nothing to train")
 
-    with Prefetch(host_batches, to_global, depth=2) as batches, MetricsLogger(
+    with Prefetch(stream, to_global, depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
-    ) as logger:
-        window, previous = [], None
-        bar = tqdm(range(1, cfg.steps + 1), desc="train", mininterval=2.0, disable=not is_main)
+    ) as logger, checkpoints, StopRequest() as stop:
+        logger.truncate_after(start_step)  # a resumed run logs each step once
+        window, previous, step, timed = [], None, start_step, 0
+        first = start_step + 1
+        steps = range(first, cfg.steps + 1)
+        bar = tqdm(steps, desc="train", total=cfg.steps, initial=start_step, mininterval=2.0, disable=not is_main)
         for step in bar:
             if profile and step == profile[0]:
                 jax.profiler.start_trace(str(run_dir / "profile"))
             batch = next(batches)
-            if step == 1:  # lowering only (no compile): FLOPs from XLA's cost analysis
+            if step == first:  # lowering only (no compile): FLOPs from XLA's cost analysis
                 flops_per_device = step_flops(train_step, state, batch) / mesh.size
             state, metrics = train_step(state, batch)
             if previous is not None:  # at most 2 steps in flight (JAX_NOTES.md: CPU rendezvous hang)
                 jax.block_until_ready(previous["loss"])
             previous = metrics
             window.append(metrics)
-            if step == 1:
+            timed += 1
+            if step == first:
                 jax.block_until_ready(metrics)
                 logger.log_once(
                     {
@@ -226,14 +304,13 @@ def main(cfg: Config) -> None:
                         "startup/peak_source": peak_source,
                     }
                 )
-                window, window_start = [], time.perf_counter()  # the compile is not a step time
+                timed, window_start = 0, time.perf_counter()  # the compile is not a step time
             if profile and step == profile[1] - 1:
                 jax.block_until_ready(metrics)
                 jax.profiler.stop_trace()
-            if window and (step % cfg.log_every == 0 or step == cfg.steps):
+            if step % cfg.log_every == 0 or step == cfg.steps:
                 rows = jax.device_get(window)  # the one host read per log interval
-                elapsed = time.perf_counter() - window_start
-                step_time = elapsed / len(rows)
+                step_time = (time.perf_counter() - window_start) / timed if timed else float("nan")
                 logged = {
                     "train/loss": float(np.mean([r["loss"] for r in rows if r["finite"]] or [np.nan])),
                     "train/grad_norm": float(rows[-1]["grad_norm"]),
@@ -251,11 +328,20 @@ def main(cfg: Config) -> None:
                         f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
                         f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
                     )
-                window, window_start = [], time.perf_counter()
-            if is_main and (step % cfg.sample_every == 0 or step == cfg.steps):
-                sampling_start = time.perf_counter()
-                bar.write(f"step {step}: samples -> {write_samples(step)}")
-                window_start += time.perf_counter() - sampling_start  # not training time
+                window, timed, window_start = [], 0, time.perf_counter()
+            paused = time.perf_counter()
+            if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
+                path = write_samples(step)
+                if path:
+                    bar.write(f"step {step}: samples -> {path}")
+            stopping = stop.should_stop(step, cfg.log_every)
+            if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
+                save_checkpoint(step)
+            window_start += time.perf_counter() - paused  # sampling and saving are not training time
+            if stopping:
+                bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
+                break
+        checkpoints.wait()  # the final save is on disk before the process exits
 
 
 if __name__ == "__main__":

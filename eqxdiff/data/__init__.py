@@ -1,6 +1,15 @@
-"""Data for eqxdiff: per-process host pipelines and the device prefetch thread."""
+"""Data for eqxdiff: image sources, per-process grain pipelines and the device prefetch thread."""
 
-from eqxdiff.data.arrays import load_digits, shuffled_batches
+from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch
+from eqxdiff.data.sources import ImageSource, open_source, write_arrayrecord
 
-__all__ = ["Prefetch", "load_digits", "shuffled_batches"]
+__all__ = [
+    "ImageSource",
+    "Prefetch",
+    "batch_stream",
+    "check_position",
+    "data_position",
+    "open_source",
+    "write_arrayrecord",
+]

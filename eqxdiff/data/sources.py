@@ -1,0 +1,248 @@
+"""Image datasets as grain random-access sources, chosen by a `--dataset` spec string.
+
+Every source yields `{"image": uint8 (H, W, C), "label": int}` and carries `image_shape`
+(H, W, C), `num_classes` (0 when unlabeled; labels are then all 0) and `spec` (its string).
+Specs (`open_source`):
+
+- `digits`: scikit-learn's bundled 1,797 handwritten digits, 10 classes, kept at their native
+  8×8×1 (the models handle 8×8; chosen for speed). Levels 0..16 are stretched to 0..255.
+- `npz:PATH`: arrays `images` (N, H, W, C) uint8 and optional `labels` (N,) int; stored size kept.
+- `folder:PATH`: image files decoded with pillow. Class sub-folders (sorted names -> labels
+  0..K-1), or images directly in PATH (unlabeled). Opening reads every file's header, so a
+  non-image file fails at once, naming it; the folder is L (1 channel) when every file is
+  grayscale, else RGB. Images are center-cropped to a square and resized to `image_size`.
+- `arrayrecord:GLOB`: grain ArrayRecord files in the record format below (`write_arrayrecord`
+  writes it). Channels come from the first record (L stays 1 channel, anything else is RGB);
+  crop/resize as for folders.
+
+ArrayRecord record format (no pickle, safe for untrusted files): a little-endian uint32 header
+length n, then n bytes of UTF-8 JSON `{"label": int, "num_classes": int}`, then the encoded image
+(PNG, JPEG, or anything pillow reads). `num_classes` is read from the first record.
+"""
+
+import glob
+import io
+import json
+import struct
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import grain
+import numpy as np
+from jaxtyping import Int, UInt8
+from PIL import Image
+
+SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB"
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+GRAYSCALE_MODES = {"1", "L", "LA"}
+_HEADER_LEN = struct.Struct("<I")
+
+
+@runtime_checkable
+class ImageSource(Protocol):
+    """A grain-compatible random-access source of `{"image": uint8 (H, W, C), "label": int}`."""
+
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    spec: str
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> dict: ...
+
+
+class ArraySource:
+    """Images held in memory: (N, H, W, C) uint8 and (N,) labels."""
+
+    def __init__(
+        self, images: UInt8[np.ndarray, "n h w c"], labels: Int[np.ndarray, " n"] | None, spec: str
+    ):
+        if len(images) == 0:
+            raise ValueError(f"Dataset {spec} has no images.")
+        self.images = images
+        self.labels = np.zeros(len(images), np.int32) if labels is None else labels.astype(np.int32)
+        self.num_classes = 0 if labels is None else int(labels.max()) + 1
+        self.image_shape = tuple(int(d) for d in images.shape[1:])
+        self.spec = spec
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": int(self.labels[i])}
+
+
+def decode_image(data: bytes, channels: int, size: int, name: str) -> UInt8[np.ndarray, "s s c"]:
+    """Encoded bytes -> (size, size, channels) uint8: convert, center-crop to a square, resize."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image = image.convert("L" if channels == 1 else "RGB")  # decodes; corrupt data raises here
+    except Exception as e:  # noqa: BLE001 — pillow raises many types; re-raised with the name
+        raise ValueError(f"Could not decode image {name}: {e}") from e
+    w, h = image.size
+    if (w, h) != (size, size):
+        side = min(w, h)
+        left, top = (w - side) // 2, (h - side) // 2
+        image = image.crop((left, top, left + side, top + side)).resize((size, size), Image.Resampling.BICUBIC)
+    return np.asarray(image, np.uint8).reshape(size, size, channels)
+
+
+class FolderSource:
+    """Image files on disk, decoded (and resized) when an element is read."""
+
+    def __init__(self, root: Path, image_size: int, spec: str):
+        if not root.is_dir():
+            raise FileNotFoundError(f"Dataset folder not found: {root} (from --dataset {spec}).")
+        class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        loose = _image_files(root)
+        if class_dirs and loose:
+            raise ValueError(f"{root} has both class sub-folders and loose images ({loose[0]}); use one layout.")
+        if class_dirs:
+            self.files = [(f, k) for k, d in enumerate(class_dirs) for f in _image_files(d)]
+        else:
+            self.files = [(f, 0) for f in loose]
+        if not self.files:
+            raise ValueError(f"No images ({', '.join(sorted(IMAGE_SUFFIXES))}) found in {root}.")
+        self.num_classes = len(class_dirs)
+        channels = 1 if all(_image_mode(f) in GRAYSCALE_MODES for f, _ in self.files) else 3
+        self.image_shape = (image_size, image_size, channels)
+        self.spec = spec
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        path, label = self.files[i]
+        size, _, channels = self.image_shape
+        return {"image": decode_image(path.read_bytes(), channels, size, str(path)), "label": label}
+
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _image_mode(path: Path) -> str:
+    """Pillow mode from the file header (cheap: no pixel decode)."""
+    try:
+        with Image.open(path) as image:
+            return image.mode
+    except Exception as e:  # noqa: BLE001 — re-raised with the file name
+        raise ValueError(f"Could not read image {path}: {e}") from e
+
+
+def encode_record(image: UInt8[np.ndarray, "h w c"], label: int, num_classes: int) -> bytes:
+    """One ArrayRecord record: header length, JSON header, PNG bytes (lossless)."""
+    if image.shape[-1] not in (1, 3):
+        raise ValueError(f"Images must have 1 or 3 channels, got shape {image.shape}.")
+    png = io.BytesIO()
+    Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(png, format="PNG")
+    header = json.dumps({"label": int(label), "num_classes": int(num_classes)}).encode()
+    return _HEADER_LEN.pack(len(header)) + header + png.getvalue()
+
+
+def decode_record(record: bytes, name: str) -> tuple[dict, bytes]:
+    """An ArrayRecord record -> (JSON header, encoded image bytes)."""
+    try:
+        (n,) = _HEADER_LEN.unpack_from(record)
+        header = json.loads(record[_HEADER_LEN.size : _HEADER_LEN.size + n])
+        return header, record[_HEADER_LEN.size + n :]
+    except (struct.error, ValueError) as e:
+        raise ValueError(f"{name} is not an eqxdiff image record ({e}); see write_arrayrecord.") from e
+
+
+def write_arrayrecord(
+    path: str | Path,
+    images: UInt8[np.ndarray, "n h w c"],
+    labels: Int[np.ndarray, " n"] | None = None,
+    num_classes: int | None = None,
+) -> None:
+    """Write images (PNG-encoded) and labels as one ArrayRecord file readable by `arrayrecord:`.
+    Unlabeled data (labels None) is stored with label 0 and num_classes 0; `num_classes`
+    defaults to max(labels) + 1."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    if labels is None:
+        labels, num_classes = np.zeros(len(images), np.int64), 0
+    elif num_classes is None:
+        num_classes = int(labels.max()) + 1
+    if num_classes and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"Labels must lie in [0, {num_classes}), got [{labels.min()}, {labels.max()}].")
+    writer = ArrayRecordWriter(str(path), "group_size:1")  # group size 1: fast random access (grain)
+    try:
+        for image, label in zip(images, labels):
+            writer.write(encode_record(image, int(label), num_classes))
+    finally:
+        writer.close()
+
+
+class ArrayRecordSource:
+    """Encoded image records in ArrayRecord files, decoded (and resized) when an element is read."""
+
+    def __init__(self, pattern: str, image_size: int, spec: str):
+        paths = sorted(glob.glob(str(Path(pattern).expanduser())))
+        if not paths:
+            raise FileNotFoundError(f"No ArrayRecord files match {pattern} (from --dataset {spec}).")
+        try:
+            self.records = grain.sources.ArrayRecordDataSource(paths)
+        except RuntimeError as e:  # array_record's message does not name the file
+            raise ValueError(f"Could not open the ArrayRecord files matching {pattern}: {e}") from e
+        if len(self.records) == 0:
+            raise ValueError(f"The ArrayRecord files matching {pattern} hold no records.")
+        self.spec = spec
+        header, data = decode_record(self.records[0], f"record 0 of {pattern}")
+        with Image.open(io.BytesIO(data)) as first:
+            channels = 1 if first.mode in GRAYSCALE_MODES else 3
+        self.num_classes = int(header["num_classes"])
+        self.image_shape = (image_size, image_size, channels)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict:
+        name = f"record {i} of {self.spec}"
+        header, data = decode_record(self.records[i], name)
+        size, _, channels = self.image_shape
+        return {"image": decode_image(data, channels, size, name), "label": int(header["label"])}
+
+
+def load_npz(path: Path, spec: str) -> ArraySource:
+    """`images` (N, H, W, C) uint8 and optional `labels` (N,) from an .npz file (no pickle)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"Dataset file not found: {path} (from --dataset {spec}).")
+    with np.load(path) as arrays:
+        if "images" not in arrays:
+            raise ValueError(f"{path} has no 'images' array (found: {', '.join(arrays.files)}).")
+        images = arrays["images"]
+        labels = arrays["labels"] if "labels" in arrays else None
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError(f"{path}: 'images' must be (N, H, W, C) uint8, got {images.shape} {images.dtype}.")
+    if labels is not None and (labels.shape != images.shape[:1] or labels.dtype.kind not in "iu" or (labels < 0).any()):
+        raise ValueError(f"{path}: 'labels' must be ({len(images)},) integers >= 0, got {labels.shape} {labels.dtype}.")
+    return ArraySource(images, labels, spec)
+
+
+def load_digits_source() -> ArraySource:
+    """scikit-learn's digits as an 8×8×1 uint8 source (levels 0..16 -> 0..255, rounded)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.round(digits.images * (255 / 16)).astype(np.uint8)[..., None]
+    return ArraySource(images, digits.target, "digits")
+
+
+def open_source(spec: str, image_size: int = 32) -> ImageSource:
+    """Open the dataset named by `spec` (see the module docstring). `image_size` applies to
+    `folder:` and `arrayrecord:` (resize); digits stay 8×8 and npz keeps its stored size.
+    Missing paths raise FileNotFoundError and bad specs ValueError, here, before any compile."""
+    kind, _, arg = spec.partition(":")
+    if image_size < 1:
+        raise ValueError(f"image_size must be >= 1, got {image_size}.")
+    if spec == "digits":
+        return load_digits_source()
+    if kind == "npz" and arg:
+        return load_npz(Path(arg).expanduser(), spec)
+    if kind == "folder" and arg:
+        return FolderSource(Path(arg).expanduser(), image_size, spec)
+    if kind == "arrayrecord" and arg:
+        return ArrayRecordSource(arg, image_size, spec)
+    raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")

@@ -1,0 +1,74 @@
+"""Helpers for tests that run `train/main.py` (and friends) as subprocesses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+ROOT = Path(__file__).parent.parent
+# A tiny conditional UNet on digits: compiles in seconds, ~3 steps past each checkpoint per second.
+TINY = ["--model", "unet_tiny", "--batch_size", "16", "--warmup_steps", "4", "--sample_every", "0",
+        "--log_every", "1", "--wandb", "disabled"]  # fmt: skip
+
+
+def command(script: str, *args) -> list[str]:
+    return [sys.executable, "-u", str(ROOT / "train" / script), *map(str, args)]
+
+
+def run(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(command(script, *args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def start(script: str, *args) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(command(script, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Poll `condition()` until true; fail if `proc` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"exited {proc.returncode} first:\n" + proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+def committed(run_dir: Path) -> list[int]:
+    root = run_dir / "checkpoints"
+    return sorted(int(p.parent.name) for p in root.glob("*/commit_success.txt") if p.parent.name.isdigit())
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def saved_arrays(run_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every array of the checkpointed state, by path, as host numpy (no target: plain dicts)."""
+    import jax
+
+    path = run_dir / "checkpoints" / str(step) / "state"
+    checkpointer = ocp.PyTreeCheckpointer()
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree)
+    tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
+
+
+def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if a[k].tobytes() != b[k].tobytes()]
+    assert not different, f"{len(different)} of {len(a)} arrays differ, e.g. {different[:3]}"

@@ -1,0 +1,246 @@
+"""Dataset sources and the per-process grain pipeline: order, sharding, resume, flips, formats."""
+
+import functools
+import json
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jaxtyping import Bool, Int
+from PIL import Image
+
+from eqxdiff.data import batch_stream as threaded_batch_stream
+from eqxdiff.data import check_position, data_position, open_source, write_arrayrecord
+
+N = 13  # odd, so batches straddle epoch boundaries
+# Read in the test thread (tiny in-memory data); test_stream_does_not_depend_on_num_threads covers threads.
+batch_stream = functools.partial(threaded_batch_stream, num_threads=0)
+
+
+class IndexedSource:
+    """Example i is the 1×2×1 image [i, 200] (so its index survives and a flip shows), label i % 3."""
+
+    def __init__(self, n: int = N):
+        self.n, self.image_shape, self.num_classes, self.spec = n, (1, 2, 1), 3, f"indexed:{n}"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": np.array([[[i], [200]]], np.uint8), "label": i % 3}
+
+
+def decode(images: np.ndarray) -> tuple[Int[np.ndarray, " b"], Bool[np.ndarray, " b"]]:
+    """Dataset indices and whether each image was mirrored, from IndexedSource batches."""
+    pixels = np.round((images[:, 0, :, 0] + 1) * 127.5).astype(int)
+    flipped = pixels[:, 0] == 200
+    return np.where(flipped, pixels[:, 1], pixels[:, 0]), flipped
+
+
+def take(stream, n_batches: int) -> list[dict]:
+    return list(islice(stream, n_batches))
+
+
+def global_batches(source, batch_size: int, n_batches: int, process_count: int, **kw) -> list[dict]:
+    """Each global batch, rebuilt by concatenating processes 0..n-1 (the layout JAX gives them)."""
+    shares = [
+        take(batch_stream(source, batch_size, 0, process_index=p, process_count=process_count, **kw), n_batches)
+        for p in range(process_count)
+    ]
+    return [{k: np.concatenate([s[b][k] for s in shares]) for k in ("images", "labels")} for b in range(n_batches)]
+
+
+def example_ids(batches: list[dict]) -> np.ndarray:
+    return decode(np.concatenate([b["images"] for b in batches]))[0]
+
+
+def test_order_is_fixed_by_the_seed():
+    source = IndexedSource()
+    first, again = (example_ids(take(batch_stream(source, 4, seed=7), 10)) for _ in range(2))
+    other = example_ids(take(batch_stream(source, 4, seed=8), 10))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+def test_every_epoch_is_a_new_permutation_of_every_example():
+    ids = example_ids(take(batch_stream(IndexedSource(), 5, seed=0), 8))[: 3 * N]  # batches straddle epochs
+    epochs = ids.reshape(3, N)
+    for epoch in epochs:
+        np.testing.assert_array_equal(np.sort(epoch), np.arange(N))
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+
+
+def test_processes_take_contiguous_disjoint_blocks_of_the_same_global_batch():
+    source = IndexedSource()
+    single = take(batch_stream(source, 6, 0), 5)
+    shares = [take(batch_stream(source, 6, 0, process_index=p, process_count=2), 5) for p in range(2)]
+    for b in range(5):
+        ids = [decode(s[b]["images"])[0] for s in shares]
+        assert len(ids[0]) == len(ids[1]) == 3
+        np.testing.assert_array_equal(np.concatenate(ids), decode(single[b]["images"])[0])
+        for key in ("images", "labels"):
+            np.testing.assert_array_equal(np.concatenate([s[b][key] for s in shares]), single[b][key])
+    for processes in (2, 3):
+        rebuilt = global_batches(source, 6, 5, processes)
+        for b in range(5):
+            np.testing.assert_array_equal(rebuilt[b]["images"], single[b]["images"])
+
+
+def test_resume_on_another_process_count_and_global_batch_size():
+    source = IndexedSource()
+    uninterrupted = example_ids(take(batch_stream(source, 4, 0), 15))
+    k = 11  # mid-epoch, not a multiple of either batch size
+    resumed = global_batches(source, 6, 7, 2, start_example=k)
+    np.testing.assert_array_equal(example_ids(resumed), uninterrupted[k : k + 42])
+    labels = np.concatenate([b["labels"] for b in resumed])
+    np.testing.assert_array_equal(labels, uninterrupted[k : k + 42] % 3)
+
+
+def test_resume_across_an_epoch_boundary():
+    source = IndexedSource()
+    uninterrupted = example_ids(take(batch_stream(source, 4, 3), 12))
+    k = N - 2  # the first resumed batch holds the last 2 examples of epoch 0 and 2 of epoch 1
+    resumed = example_ids(take(batch_stream(source, 4, 3, start_example=k), 9))
+    np.testing.assert_array_equal(resumed, uninterrupted[k : k + 36])
+
+
+def test_stream_does_not_depend_on_num_threads():
+    streams = [take(threaded_batch_stream(IndexedSource(), 4, 1, hflip=True, num_threads=t), 8) for t in (0, 1, 3)]
+    for stream in streams[1:]:
+        for a, b in zip(streams[0], stream):
+            np.testing.assert_array_equal(a["images"], b["images"])
+
+
+def test_hflip_is_deterministic_and_process_count_independent():
+    source = IndexedSource()
+    flipped_1 = global_batches(source, 6, 10, 1, hflip=True)
+    flipped_2 = global_batches(source, 6, 10, 2, hflip=True)
+    plain = global_batches(source, 6, 10, 1)
+    for a, b in zip(flipped_1, flipped_2):
+        np.testing.assert_array_equal(a["images"], b["images"])
+    ids, flipped = decode(np.concatenate([b["images"] for b in flipped_1]))
+    np.testing.assert_array_equal(ids, example_ids(plain))  # flips change pixels, never the order
+    assert 0.25 < flipped.mean() < 0.75
+    again = decode(np.concatenate([b["images"] for b in global_batches(source, 6, 10, 1, hflip=True)]))[1]
+    np.testing.assert_array_equal(flipped, again)
+    resumed = global_batches(source, 4, 6, 2, hflip=True, start_example=17)  # flips follow g, not the batch
+    uninterrupted = np.concatenate([b["images"] for b in flipped_1])
+    np.testing.assert_array_equal(np.concatenate([b["images"] for b in resumed]), uninterrupted[17:41])
+
+
+def test_no_flip_by_default():
+    _, flipped = decode(np.concatenate([b["images"] for b in take(batch_stream(IndexedSource(), 6, 0), 10)]))
+    assert not flipped.any()
+
+
+def test_global_batch_must_divide_over_processes():
+    with pytest.raises(ValueError, match="multiple of the process count 4"):
+        batch_stream(IndexedSource(), 6, 0, process_count=4)
+
+
+def test_digits_source():
+    source = open_source("digits")
+    assert (len(source), source.image_shape, source.num_classes) == (1797, (8, 8, 1), 10)
+    (batch,) = take(batch_stream(source, 200, 0), 1)
+    assert batch["images"].shape == (200, 8, 8, 1) and batch["images"].dtype == np.float32
+    assert batch["images"].min() == -1.0 and batch["images"].max() == 1.0  # levels 0 and 16 both occur
+    assert set(batch["labels"].tolist()) == set(range(10))
+
+
+def test_npz_source_with_and_without_labels(tmp_path: Path):
+    images = np.random.default_rng(0).integers(0, 256, (5, 4, 6, 3), dtype=np.uint8)
+    np.savez(tmp_path / "labeled.npz", images=images, labels=np.array([0, 2, 1, 2, 0]))
+    np.savez(tmp_path / "unlabeled.npz", images=images)
+    labeled = open_source(f"npz:{tmp_path / 'labeled.npz'}", image_size=99)  # npz keeps its stored size
+    assert (len(labeled), labeled.image_shape, labeled.num_classes) == (5, (4, 6, 3), 3)
+    np.testing.assert_array_equal(labeled[1]["image"], images[1])
+    assert labeled[1]["label"] == 2
+    unlabeled = open_source(f"npz:{tmp_path / 'unlabeled.npz'}")
+    assert unlabeled.num_classes == 0 and unlabeled[3]["label"] == 0
+    (batch,) = take(batch_stream(unlabeled, 5, 0), 1)
+    np.testing.assert_allclose(np.sort(batch["images"].ravel()), np.sort(images.ravel() / 127.5 - 1), atol=1e-6)
+
+
+def write_png(path: Path, color, size=(12, 10), mode="RGB") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, color).save(path)
+
+
+def test_folder_source_with_class_subfolders(tmp_path: Path):
+    write_png(tmp_path / "dogs" / "b.png", (0, 0, 255))
+    write_png(tmp_path / "cats" / "a.png", (255, 0, 0))
+    write_png(tmp_path / "dogs" / "c.png", 128, mode="L")  # one grayscale file: the folder is still RGB
+    (tmp_path / "cats" / "notes.txt").write_text("not an image, ignored")
+    source = open_source(f"folder:{tmp_path}", image_size=8)
+    assert (len(source), source.image_shape, source.num_classes) == (3, (8, 8, 3), 2)
+    assert [source[i]["label"] for i in range(3)] == [0, 1, 1]  # sorted class names: cats, dogs
+    np.testing.assert_array_equal(source[0]["image"], np.broadcast_to(np.uint8([255, 0, 0]), (8, 8, 3)))
+    np.testing.assert_array_equal(source[2]["image"], np.full((8, 8, 3), 128, np.uint8))
+
+
+def test_folder_source_unlabeled_grayscale(tmp_path: Path):
+    for i in range(3):
+        write_png(tmp_path / f"{i}.png", 40 * i, size=(6, 6), mode="L")
+    source = open_source(f"folder:{tmp_path}", image_size=4)
+    assert (len(source), source.image_shape, source.num_classes) == (3, (4, 4, 1), 0)
+    np.testing.assert_array_equal(source[2]["image"], np.full((4, 4, 1), 80, np.uint8))
+
+
+def test_folder_corrupt_files_are_named(tmp_path: Path):
+    write_png(tmp_path / "ok.png", (1, 2, 3))
+    (tmp_path / "bad.png").write_bytes(b"definitely not a png")
+    with pytest.raises(ValueError, match="bad.png"):
+        open_source(f"folder:{tmp_path}")
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "bad.png")
+    (tmp_path / "bad.png").write_bytes((tmp_path / "bad.png").read_bytes()[:300])  # header fine, pixels cut
+    source = open_source(f"folder:{tmp_path}")  # headers are read at open; pixels when the element is read
+    with pytest.raises(ValueError, match="bad.png"):
+        source[0]
+
+
+def test_missing_paths_raise_file_not_found(tmp_path: Path):
+    for spec in ("npz:{}/x.npz", "folder:{}/images", "arrayrecord:{}/*.array_record"):
+        spec = spec.format(tmp_path / "missing")
+        with pytest.raises(FileNotFoundError, match=str(tmp_path / "missing")):
+            open_source(spec)
+
+
+def test_arrayrecord_round_trip(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (7, 5, 5, 3), dtype=np.uint8)
+    labels = np.array([3, 0, 1, 2, 3, 1, 0])
+    write_arrayrecord(tmp_path / "train-0.array_record", images[:4], labels[:4], num_classes=4)
+    write_arrayrecord(tmp_path / "train-1.array_record", images[4:], labels[4:], num_classes=4)
+    source = open_source(f"arrayrecord:{tmp_path}/train-*.array_record", image_size=5)
+    assert (len(source), source.image_shape, source.num_classes) == (7, (5, 5, 3), 4)
+    np.testing.assert_array_equal(np.stack([source[i]["image"] for i in range(7)]), images)  # PNG: lossless
+    assert [source[i]["label"] for i in range(7)] == labels.tolist()
+    assert open_source(source.spec, image_size=3)[0]["image"].shape == (3, 3, 3)
+
+    gray = images[..., :1]
+    write_arrayrecord(tmp_path / "gray.array_record", gray)
+    unlabeled = open_source(f"arrayrecord:{tmp_path}/gray.array_record", image_size=5)
+    assert (unlabeled.image_shape, unlabeled.num_classes, unlabeled[6]["label"]) == ((5, 5, 1), 0, 0)
+    np.testing.assert_array_equal(unlabeled[6]["image"], gray[6])
+
+    (tmp_path / "junk.array_record").write_bytes(b"not an array record")
+    with pytest.raises(ValueError, match="junk.array_record"):
+        open_source(f"arrayrecord:{tmp_path}/junk.array_record")
+
+
+def test_unknown_spec_lists_the_accepted_forms():
+    for spec in ("mnist", "npz:", "csv:data.csv"):
+        with pytest.raises(ValueError, match=r"digits, npz:PATH, folder:PATH, arrayrecord:GLOB"):
+            open_source(spec)
+
+
+def test_data_position_round_trip_and_mismatch():
+    source = IndexedSource()
+    position = json.loads(json.dumps(data_position(1234, 5, source)))
+    assert check_position(position, 5, source) == 1234
+    with pytest.raises(ValueError, match="written for a dataset of 13 examples.*seed differ"):
+        check_position(position, 6, source)
+    with pytest.raises(ValueError, match="this run has 14.*dataset_size differ"):
+        check_position(position, 5, IndexedSource(14))

@@ -1,0 +1,55 @@
+"""A run survives SIGKILL and SIGTERM: restarted with the same command it ends bitwise equal to an
+uninterrupted run, its data continuing mid-epoch and metrics.jsonl holding every step once."""
+
+import signal
+import time
+
+import pytest
+
+from runs import TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays, start, wait_for
+
+STEPS = 24
+ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 6, "--cpu_devices", 8, "--fsdp_size", 2]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, compile_cache):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    run("main.py", "--run_dir", run_dir, *ARGS, "--compilation_cache_dir", compile_cache)
+    assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3
+    return run_dir
+
+
+def assert_each_step_logged_once(run_dir):
+    assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_sigkill_after_a_checkpoint_then_the_same_command_resumes_exactly(tmp_path, uninterrupted, compile_cache):
+    args = ["--run_dir", tmp_path, *ARGS, "--compilation_cache_dir", compile_cache]
+    proc = start("main.py", *args)
+    wait_for(lambda: committed(tmp_path), proc)
+    kill(proc)
+    killed_at = committed(tmp_path)[-1]
+    assert killed_at < STEPS, "the run finished before the kill; nothing was resumed"
+    result = run("main.py", *args)
+    assert f"resumed from {tmp_path / 'checkpoints' / str(killed_at)} ({killed_at * 16} examples consumed)" in result.stdout + result.stderr
+    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(uninterrupted, STEPS))
+    assert_each_step_logged_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_zero_and_the_run_continues_from_there(tmp_path, uninterrupted, compile_cache):
+    args = ["--run_dir", tmp_path, *ARGS, "--compilation_cache_dir", compile_cache]
+    proc = start("main.py", *args)
+    wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and len(metric_rows(tmp_path)) >= 8, proc)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and time.monotonic() - sent < 30, output[-3000:]
+    stopped_at = committed(tmp_path)[-1]
+    assert f"SIGTERM received: saved step {stopped_at}, exiting" in output
+    assert 8 <= stopped_at < STEPS
+    run("main.py", *args)
+    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(uninterrupted, STEPS))
+    assert_each_step_logged_once(tmp_path)

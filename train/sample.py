@@ -1,0 +1,102 @@
+"""Samples from a trained run's EMA model: a PNG grid or an .npz, and (digits) quality numbers.
+
+    python train/sample.py --run_dir runs/digits --out samples.png
+    python train/sample.py --run_dir runs/digits --num 1000 --out samples.npz --eval
+
+The model is rebuilt from the config stored with the checkpoint and restored onto whatever
+devices are present (the run may have trained on another mesh or on several processes).
+`.npz` holds `images` (uint8 NHWC, the dataset's resolution and channels) and `labels`.
+"""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from main import MODELS, Config, generate, start_jax  # train/ is on sys.path when run as a script
+
+from eqxdiff.checkpoint import CheckpointError, Checkpoints
+from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
+from eqxdiff.images import save_image_grid, to_uint8
+from eqxdiff.sharding import make_mesh
+from eqxdiff.training import abstract_train_state, adamw_cosine
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run_dir", required=True)
+    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
+    parser.add_argument("--num", type=int, default=100, help="number of images")
+    parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
+    parser.add_argument("--method", default="heun", choices=sorted(METHODS))
+    parser.add_argument("--steps", type=int, default=18, help="sampler steps")
+    parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
+    parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
+    parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
+    args = parser.parse_args(argv)
+    if Path(args.out).suffix not in (".png", ".npz"):
+        parser.error(f"--out must end in .png or .npz, got {args.out!r}")
+    if args.num < 1 or args.steps < 1:
+        parser.error("--num and --steps must be >= 1")
+    return args
+
+
+def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
+    """`num` labels cycling through `classes`, sorted so a grid shows one class per block."""
+    return np.sort(np.resize(np.asarray(classes, np.int32), num), kind="stable")
+
+
+def main(args: argparse.Namespace) -> None:
+    start_jax(Config(cpu_devices=args.cpu_devices))
+    checkpoints = Checkpoints(Path(args.run_dir) / "checkpoints")
+    step = checkpoints.latest() if args.step < 0 else args.step
+    if step is None:
+        raise SystemExit(f"No checkpoint under {checkpoints.directory}: train first (train/main.py --run_dir ...).")
+    stored = checkpoints.restore_config(step)
+    cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+    image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
+
+    def make_model(key):
+        return MODELS[cfg.model](image_shape, num_classes, False, key)
+
+    # Replicated on every device present: the optimizer only gives the state its structure.
+    mesh = make_mesh(data=-1, fsdp=1)
+    abstract, shardings = abstract_train_state(make_model, adamw_cosine(cfg.lr, cfg.steps)[0], mesh, 2**62)
+    state, _, _ = checkpoints.restore(step, abstract, shardings)
+    checkpoints.close()
+
+    classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
+    if any(not 0 <= c < num_classes for c in classes):
+        raise SystemExit(f"--classes must lie in 0..{num_classes - 1} for this run, got {args.classes!r}.")
+    labels = balanced_labels(args.num, classes) if num_classes else None
+    images = generate(
+        state.ema, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization), labels,
+        args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method, cfg_scale=args.cfg, seed=args.seed,
+    )  # fmt: skip
+    if jax.process_index() == 0:
+        out = Path(args.out)
+        if out.suffix == ".png":
+            per_class = args.num // len(classes) if labels is not None and args.num % len(classes) == 0 else 10
+            save_image_grid(out, images, ncols=min(per_class, 20), upscale=4)  # labels sorted: a row per class
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(out, images=to_uint8(images), labels=labels if labels is not None else np.zeros(0, np.int32))
+        print(f"step {step}: {args.num} samples -> {out}")
+        if args.eval:
+            if cfg.dataset != "digits" or labels is None:
+                raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + cfg.dataset)
+            from eqxdiff.eval import digits_sample_metrics, format_metrics
+
+            print(format_metrics(digits_sample_metrics(images, labels)))
+
+
+if __name__ == "__main__":
+    try:
+        main(parse_args())
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
