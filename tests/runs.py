@@ -72,3 +72,15 @@ def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> 
     assert a.keys() == b.keys()
     different = [k for k in a if a[k].tobytes() != b[k].tobytes()]
     assert not different, f"{len(different)} of {len(a)} arrays differ, e.g. {different[:3]}"
+
+
+def start_launcher(*args) -> subprocess.Popen:
+    """`train/launch_local.py` in its own session, so a SIGKILL can take its whole process group."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(command("launch_local.py", *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every training process, like a lost node
+    proc.communicate(timeout=30)

@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> None:
 
     # Replicated on every device present: the optimizer only gives the state its structure.
     mesh = make_mesh(data=-1, fsdp=1)
-    abstract, shardings = abstract_train_state(make_model, adamw_cosine(cfg.lr, cfg.steps)[0], mesh, 2**62)
+    abstract, shardings = abstract_train_state(make_model, adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0], mesh, 2**62)
     state, _, _ = checkpoints.restore(step, abstract, shardings)
     checkpoints.close()
 
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> None:
                 raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + cfg.dataset)
             from eqxdiff.eval import digits_sample_metrics, format_metrics
 
-            print(format_metrics(digits_sample_metrics(images, labels)))
+            print(format_metrics(digits_sample_metrics(to_uint8(images), labels)))  # scored as saved: clipped
 
 
 if __name__ == "__main__":

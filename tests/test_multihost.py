@@ -1,0 +1,57 @@
+"""Multi-host on one machine: 2 processes x 4 CPU devices through train/launch_local.py train like
+1 process x 8 devices, resume bitwise after a SIGKILL, and their checkpoint restores in 1 process."""
+
+import numpy as np
+import pytest
+
+from runs import TINY, assert_bitwise_equal, committed, kill_group, metric_rows, run, saved_arrays, start_launcher, wait_for
+
+STEPS = 8
+ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 4, "--fsdp_size", 2]
+
+
+def two_processes(run_dir, cache):
+    return ["--num_processes", 2, "--", "--run_dir", run_dir, *ARGS, "--cpu_devices", 4, "--compilation_cache_dir", cache]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, compile_cache):
+    run_dir = tmp_path_factory.mktemp("two_processes")
+    result = run("launch_local.py", *two_processes(run_dir, compile_cache))
+    assert "[p0]" in result.stdout and "[p1]" in result.stdout
+    assert committed(run_dir) == [4, 8]
+    return run_dir
+
+
+def losses(run_dir):
+    rows = metric_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # only process 0 writes, each step once
+    return np.array([r["train/loss"] for r in rows])
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path, two_process_run, compile_cache):
+    run("main.py", "--run_dir", tmp_path, *ARGS, "--cpu_devices", 8, "--compilation_cache_dir", compile_cache)
+    np.testing.assert_allclose(losses(two_process_run), losses(tmp_path), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_process_run_killed_after_a_checkpoint_resumes_bitwise(tmp_path, two_process_run, compile_cache):
+    launcher = start_launcher(*two_processes(tmp_path, compile_cache))
+    wait_for(lambda: committed(tmp_path), launcher)
+    kill_group(launcher)
+    assert committed(tmp_path)[-1] < STEPS, "the run finished before the kill; nothing was resumed"
+    run("launch_local.py", *two_processes(tmp_path, compile_cache))
+    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(two_process_run, STEPS))
+    losses(tmp_path)
+
+
+@pytest.mark.slow
+def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_run):
+    out = tmp_path / "samples.npz"
+    result = run("sample.py", "--run_dir", two_process_run, "--num", 20, "--steps", 4, "--out", out, "--eval")
+    with np.load(out) as saved:
+        images, labels = saved["images"], saved["labels"]
+    assert images.dtype == np.uint8 and images.shape == (20, 8, 8, 1)
+    np.testing.assert_array_equal(labels, np.repeat(np.arange(10), 2))  # balanced by default
+    assert f"step {STEPS}: 20 samples -> {out}" in result.stdout and "class_accuracy" in result.stdout
