@@ -103,7 +103,7 @@ class Config:
 
 # name -> (image shape, num_classes, remat, key) -> model. Add yours here.
 MODELS = {
-    "unet": lambda shape, n, remat, key: UNet(shape[-1], (32, 64), 2, num_classes=n, remat=remat, key=key),
+    "unet": lambda shape, n, remat, key: UNet(shape[-1], (32, 64), 1, num_classes=n, remat=remat, key=key),
     "unet_tiny": lambda shape, n, remat, key: UNet(shape[-1], (16, 32), 1, num_classes=n, norm_groups=4, remat=remat, key=key),
     "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
     "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
