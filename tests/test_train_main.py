@@ -68,3 +68,17 @@ def test_bad_flag_values_are_clear_errors():
     assert result.returncode != 0 and "--profile_steps must look like A:B" in result.stderr
     result = run_main("--batch_size", "10", "--cpu_devices", "4", "--steps", "1", "--wandb", "disabled")
     assert result.returncode != 0 and "must be a multiple of devices (4)" in result.stderr
+
+
+@pytest.mark.slow
+def test_default_job_end_to_end_at_reduced_steps(tmp_path):
+    """`python train/main.py` as shipped (model, data, schedule, sampler), only shorter."""
+    result = run_main("--run_dir", str(tmp_path), "--steps", "20", "--sample_every", "10", "--wandb", "disabled")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in rows(tmp_path)] == [20]  # --log_every 50: the last step only
+    for step in (10, 20):
+        with Image.open(tmp_path / "samples" / f"step_{step:06d}.png") as grid:
+            assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
+    assert (tmp_path / "checkpoints" / "20" / "commit_success.txt").exists()  # the final checkpoint
+    saved = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
+    assert saved["model"] == "unet" and saved["num_classes"] == 10 and saved["image_shape"] == [8, 8, 1]
