@@ -1,6 +1,6 @@
 """Loop overhead: train/main.py's full loop against a bare loop over the same jitted step.
 
-Both drive the same `train_step` (the digits job: `UNet(1, (32, 64), 2, num_classes=10)` on
+Both drive the same `train_step` (the digits job: `UNet(1, (32, 64), 1, num_classes=10)` on
 8×8×1 digits, batch 64, one device, EDM, label dropout 0.1) on the same data stream:
 
 - bare: `for b in device_batches: state, m = step(state, b)` over batches transferred to the
@@ -72,7 +72,7 @@ def main() -> None:
     optimizer, lr_schedule = adamw_cosine(2e-3, max(600, total_steps + 1), 60, 1e-4)
 
     def make_model(key):
-        return UNet(1, (32, 64), 2, num_classes=num_classes, key=key)
+        return UNet(1, (32, 64), 1, num_classes=num_classes, key=key)
 
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
     null_label = state.model.null_label
@@ -179,7 +179,7 @@ def main() -> None:
                 "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
                 "backend": jax.default_backend(),
                 "cpu_count": os.cpu_count(),
-                "model": "UNet(1, (32, 64), 2, num_classes=10)",
+                "model": "UNet(1, (32, 64), 1, num_classes=10)",
                 "params": params,
                 "data": "digits 8x8x1",
                 "batch": args.batch,

@@ -6,8 +6,8 @@ import pytest
 
 from runs import TINY, assert_bitwise_equal, committed, kill_group, metric_rows, run, saved_arrays, start_launcher, wait_for
 
-STEPS = 8
-ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 4, "--fsdp_size", 2]
+STEPS = 6
+ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 3, "--fsdp_size", 2]
 
 
 def two_processes(run_dir, cache):
@@ -19,7 +19,7 @@ def two_process_run(tmp_path_factory, compile_cache):
     run_dir = tmp_path_factory.mktemp("two_processes")
     result = run("launch_local.py", *two_processes(run_dir, compile_cache))
     assert "[p0]" in result.stdout and "[p1]" in result.stdout
-    assert committed(run_dir) == [4, 8]
+    assert committed(run_dir) == [3, 6]
     return run_dir
 
 

@@ -1,12 +1,26 @@
 """A run survives SIGKILL and SIGTERM: restarted with the same command it ends bitwise equal to an
 uninterrupted run, its data continuing mid-epoch and metrics.jsonl holding every step once."""
 
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from runs import TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays, start, wait_for
+from runs import (
+    ROOT,
+    TINY,
+    assert_bitwise_equal,
+    command,
+    committed,
+    kill,
+    metric_rows,
+    run,
+    saved_arrays,
+    start,
+    wait_for,
+)
 
 STEPS = 24
 ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 6, "--cpu_devices", 8, "--fsdp_size", 2]
@@ -53,3 +67,19 @@ def test_sigterm_saves_exits_zero_and_the_run_continues_from_there(tmp_path, uni
     run("main.py", *args)
     assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(uninterrupted, STEPS))
     assert_each_step_logged_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_an_unreadable_checkpoint_stops_the_run_and_is_kept(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    files = [p for p in (run_dir / "checkpoints" / str(STEPS) / "state").rglob("*") if p.is_file()]
+    data = max(files, key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    result = subprocess.run(command("main.py", "--run_dir", run_dir, *ARGS, "--steps", STEPS + 6), cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode != 0
+    assert f"Checkpoint step {STEPS} in {run_dir / 'checkpoints'} cannot be restored" in result.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before  # nothing new, nothing removed
+    assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, STEPS + 1))  # the log is untouched
