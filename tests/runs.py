@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,24 +28,47 @@ def run(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess
     return result
 
 
-def start(script: str, *args) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(command(script, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+class Started(subprocess.Popen):
+    """A Popen whose merged stdout/stderr is read as it comes (tqdm writes no newlines), into
+    `output()`; `finish(timeout)` waits and returns (returncode, all output)."""
+
+    def __init__(self, cmd, **kwargs):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        super().__init__(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.stdout.fileno(), 65536):
+            self._chunks.append(chunk)
+
+    def output(self) -> str:
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        self.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        self.stdout.close()
+        return self.returncode, self.output()
 
 
-def wait_for(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
+def start(script: str, *args) -> Started:
+    return Started(command(script, *args))
+
+
+def wait_for(condition, proc: Started, timeout: float = 300) -> None:
     """Poll `condition()` until true; fail if `proc` exits first or time runs out."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert proc.poll() is None, f"exited {proc.returncode} first:\n" + proc.stdout.read()[-4000:]
+        assert proc.poll() is None, f"exited {proc.returncode} first:\n" + proc.output()[-4000:]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
 
 
-def kill(proc: subprocess.Popen) -> None:
+def kill(proc: Started) -> None:
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
+    proc.finish(timeout=30)
 
 
 def committed(run_dir: Path) -> list[int]:
@@ -54,6 +78,17 @@ def committed(run_dir: Path) -> list[int]:
 
 def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The newest step in metrics.jsonl while a run may be writing it (a torn line is skipped)."""
+    path, steps = run_dir / "metrics.jsonl", [0]
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            steps.append(json.loads(line)["step"])
+        except json.JSONDecodeError:
+            continue
+    return steps[-1]
 
 
 def saved_arrays(run_dir: Path, step: int) -> dict[str, np.ndarray]:
@@ -74,13 +109,11 @@ def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> 
     assert not different, f"{len(different)} of {len(a)} arrays differ, e.g. {different[:3]}"
 
 
-def start_launcher(*args) -> subprocess.Popen:
+def start_launcher(*args) -> Started:
     """`train/launch_local.py` in its own session, so a SIGKILL can take its whole process group."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(command("launch_local.py", *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    return Started(command("launch_local.py", *args), start_new_session=True)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: Started) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every training process, like a lost node
-    proc.communicate(timeout=30)
+    proc.finish(timeout=30)

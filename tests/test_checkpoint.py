@@ -1,8 +1,8 @@
-"""Checkpoints: byte-equal roundtrip, restore onto other meshes, and every failure a clear error."""
+"""Checkpoints: byte-equal roundtrip, restore onto other meshes, and every failure a clear error.
 
-import gc
-import time
-from pathlib import Path
+A truncated checkpoint file is tested through train/main.py in test_resume.py, in its own
+process: orbax leaves tensorstore callbacks behind after a failed read, which would surface
+as unraisable-exception warnings in whichever test runs next."""
 
 import equinox as eqx
 import jax
@@ -79,24 +79,6 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path):
             restore_on(checkpoints, 3, mesh, make=lambda key: make_model(key, width=32))
         with pytest.raises(CheckpointError, match=r"No checkpoint for step 5 .* complete ones: \[3\]"):
             restore_on(checkpoints, 5, mesh)
-
-
-# When tensorstore fails a read, orbax closes its event loop while the other reads are still
-# running; their completion callbacks then raise "Event loop is closed" from tensorstore's
-# threads. Waited for and collected inside this test, so they are not reported in a later one.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_truncated_checkpoint_file_is_a_checkpoint_error(tmp_path):
-    mesh = make_mesh(data=8)
-    with Checkpoints(tmp_path) as checkpoints:
-        checkpoints.save(3, trained_state(mesh), {}, {})
-        checkpoints.wait()
-    files = sorted((p for p in (tmp_path / "3" / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    largest: Path = files[-1]  # the array data
-    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
-    with Checkpoints(tmp_path) as checkpoints, pytest.raises(CheckpointError, match=r"step 3 in .*cannot be restored"):
-        restore_on(checkpoints, 3, mesh)
-    time.sleep(1.0)
-    gc.collect()
 
 
 def test_a_non_finite_state_never_replaces_a_good_checkpoint(tmp_path):
