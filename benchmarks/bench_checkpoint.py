@@ -43,41 +43,17 @@ def main() -> None:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
 
     import equinox as eqx
-    import numpy as np
 
+    from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
     from eqxdiff.checkpoint import Checkpoints
-    from eqxdiff.data import batch_stream, open_source
-    from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
-    from eqxdiff.nn import UNet
+    from eqxdiff.data import batch_stream
     from eqxdiff.sharding import batch_sharding, make_mesh
-    from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
+    from eqxdiff.training import abstract_train_state
 
-    digits = open_source("digits")
     mesh = make_mesh(data=-1, fsdp=args.fsdp_size)
-    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
-    optimizer, lr_schedule = adamw_cosine(2e-3, 10_000, 60, 1e-4)
-
-    def make_model(key):
-        return UNet(1, (32, 64), 1, num_classes=digits.num_classes, key=key)
-
-    state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 2**12)
-    null_label = state.model.null_label
-
-    def prepare(batch, key):  # as train/main.py
-        key_draw, key_drop = jax.random.split(key)
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
-        return dict(batch, sigma=sigma, noise=noise, labels=drop_labels(key_drop, batch["labels"], 0.1, null_label))
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
-        )
-
+    job = digits_job(mesh, total_steps=10_000)
+    digits, make_model, optimizer, state, train_step = job.digits, job.make_model, job.optimizer, job.state, job.train_step
     data_sharding = batch_sharding(mesh)
-    train_step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=data_sharding, seed=0,
-    )  # fmt: skip
     stream = batch_stream(digits, args.batch, 0)
     batches = [
         jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), next(stream))
@@ -135,7 +111,7 @@ def main() -> None:
                 "bench": "checkpoint",
                 "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
                 "cpu_count": os.cpu_count(),
-                "model": "UNet(1, (32, 64), 1, num_classes=10)",
+                "model": MODEL,
                 "state_mib": round(state_bytes / 2**20, 2),
                 "mesh": dict(mesh.shape),
                 "batch": args.batch,

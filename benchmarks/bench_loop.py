@@ -33,19 +33,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from eqxdiff.data import Prefetch, batch_stream, open_source
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, drop_labels, draw_sigma_and_noise
-from eqxdiff.nn import UNet
+from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
+from eqxdiff.data import Prefetch, batch_stream
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.training import (
-    MetricsLogger,
-    adamw_cosine,
-    create_train_state,
-    make_train_step,
-    mfu,
-    peak_flops_per_device,
-    step_flops,
-)
+from eqxdiff.training import MetricsLogger, mfu, peak_flops_per_device, step_flops
 
 TARGET = 0.95
 
@@ -64,37 +55,12 @@ def main() -> None:
     if args.quick:
         args.batch, args.steps, args.rounds, args.warmup, args.log_every = 16, 10, 2, 2, 5
 
-    digits = open_source("digits")
-    num_classes = digits.num_classes
     mesh = make_mesh(1, 1, jax.devices()[:1])
-    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
     total_steps = 2 * (args.warmup + args.rounds * args.steps)
-    optimizer, lr_schedule = adamw_cosine(2e-3, max(600, total_steps + 1), 60, 1e-4)
-
-    def make_model(key):
-        return UNet(1, (32, 64), 1, num_classes=num_classes, key=key)
-
-    state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
-    null_label = state.model.null_label
+    job = digits_job(mesh, total_steps=total_steps, seed=args.seed, label_dropout=args.label_dropout, min_size=2**14)
+    digits, state, train_step = job.digits, job.state, job.train_step
     params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
-
-    # ---- prepare / loss_fn as in train/main.py ----
-    def prepare(batch, key):
-        key_draw, key_drop = jax.random.split(key)
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
-        labels = drop_labels(key_drop, batch["labels"], args.label_dropout, null_label)
-        return dict(batch, sigma=sigma, noise=noise, labels=labels)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
-        )
-
     data_sharding = batch_sharding(mesh)
-    train_step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed,
-    )  # fmt: skip
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
 
     def host_stream():
@@ -179,7 +145,7 @@ def main() -> None:
                 "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
                 "backend": jax.default_backend(),
                 "cpu_count": os.cpu_count(),
-                "model": "UNet(1, (32, 64), 1, num_classes=10)",
+                "model": MODEL,
                 "params": params,
                 "data": "digits 8x8x1",
                 "batch": args.batch,
