@@ -11,7 +11,7 @@ from jaxtyping import Bool, Int
 from PIL import Image
 
 from eqxdiff.data import batch_stream as threaded_batch_stream
-from eqxdiff.data import check_position, data_position, open_source, write_arrayrecord
+from eqxdiff.data import batch_spec, check_position, data_position, open_source, write_arrayrecord
 
 N = 13  # odd, so batches straddle epoch boundaries
 # Read in the test thread (tiny in-memory data); test_stream_does_not_depend_on_num_threads covers threads.
@@ -85,6 +85,17 @@ def test_processes_take_contiguous_disjoint_blocks_of_the_same_global_batch():
         rebuilt = global_batches(source, 6, 5, processes)
         for b in range(5):
             np.testing.assert_array_equal(rebuilt[b]["images"], single[b]["images"])
+
+
+def test_batch_spec_describes_the_global_batch():
+    # The train step compiles from batch_spec before the first batch exists; a mismatch would
+    # cost a second compile at the first step.
+    source = IndexedSource()
+    spec = batch_spec(source, 6)
+    (batch,) = global_batches(source, 6, 1, 3)
+    assert batch.keys() == spec.keys()
+    for key, want in spec.items():
+        assert (batch[key].shape, batch[key].dtype) == (want.shape, want.dtype), key
 
 
 def test_resume_on_another_process_count_and_global_batch_size():

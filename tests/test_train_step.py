@@ -5,6 +5,7 @@ import contextlib
 import functools
 import io
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import equinox as eqx
 import jax
@@ -17,7 +18,7 @@ from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
+from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
 SCHEDULE, PARAM = EDMSchedule(), EDMPreconditioning()
 BATCH = 16
@@ -37,14 +38,23 @@ def tiny_unet(key, remat=False, channels=(16, 32), blocks=1):
     return UNet(1, channels, blocks, num_classes=10, norm_groups=4, remat=remat, key=key)
 
 
-def build(mesh, *, k=1, precision="fp32", make_model=tiny_unet, lr=3e-3, min_size=256):
+def build(mesh, *, k=1, precision="fp32", make_model=tiny_unet, lr=3e-3, min_size=256, compile_for=None):
+    """(state, step). With `compile_for` (a batch), the step compiles in a thread from the
+    abstract state while the real state is built, as in train/main.py."""
     optimizer, schedule = adamw_cosine(lr, 100, 2)
-    state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, min_size)
+    abstract, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
     step = make_train_step(
         prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=schedule, ema_decay=0.9,
         state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0, grad_accum_steps=k,
         precision=precision,
     )  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        if compile_for is not None:
+            spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), compile_for)
+            compiling = pool.submit(step.compile, abstract, spec)
+        state, _ = create_train_state(make_model, optimizer, jax.random.key(0), mesh, min_size)
+        if compile_for is not None:
+            compiling.result()
     return state, step
 
 
@@ -69,12 +79,12 @@ def one_level_unet(key):
 
 
 def run(mesh, steps, **kw):
-    state, step = build(mesh, **{"make_model": one_level_unet, **kw})
+    state, step = build(mesh, **{"make_model": one_level_unet, "compile_for": digit_batches(1)[0], **kw})
     losses = []
     for batch in digit_batches(steps):
         state, metrics = step(state, put(batch, mesh))
         losses.append(float(metrics["loss"]))
-    assert step.traces == 1  # one compile for the whole run
+    assert step.traces == 1  # the ahead-of-time compile served the whole run
     return state, np.array(losses)
 
 

@@ -19,6 +19,7 @@ PROCESS_START = time.perf_counter()  # startup/time_to_first_step_s counts the i
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from eqxdiff.checkpoint import Checkpoints  # noqa: E402
-from eqxdiff.data import Prefetch, batch_stream, check_position, data_position, open_source  # noqa: E402
+from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position, open_source  # noqa: E402
 from eqxdiff.diffusion import (  # noqa: E402
     draw_sigma_and_noise,
     PARAMETERIZATIONS,
@@ -207,24 +208,10 @@ def main(cfg: Config) -> None:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
-    # ---- a fresh state, or the newest checkpoint restored onto this run's mesh ----
-    checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
-    if resume is None:
-        state, shardings = create_train_state(
-            make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size
-        )
-        start_step, start_example = 0, 0
-    else:
-        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, cfg.fsdp_min_param_size)
-        state, position, _ = checkpoints.restore(resume, abstract, shardings)
-        check_position(position, cfg.seed, source)
-        start_step, start_example = resume, position["examples_consumed"]
-        tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
-    null_label = state.model.null_label
-    tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
-
     # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
+    abstract, shardings = abstract_train_state(make_model, optimizer, mesh, cfg.fsdp_min_param_size)
+    null_label = abstract.model.null_label
+
     def prepare(batch, key):
         key_draw, key_drop = jax.random.split(key)
         sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
@@ -242,6 +229,23 @@ def main(cfg: Config) -> None:
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision,
     )  # fmt: skip
+
+    # ---- a fresh state, or the newest checkpoint restored onto this run's mesh, while the step
+    # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL) ----
+    checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
+    with ThreadPoolExecutor(1) as pool:
+        compiling = pool.submit(train_step.compile, abstract, batch_spec(source, cfg.batch_size))
+        if resume is None:
+            state, _ = create_train_state(make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size)
+            start_step, start_example = 0, 0
+        else:
+            state, position, _ = checkpoints.restore(resume, abstract, shardings)
+            check_position(position, cfg.seed, source)
+            start_step, start_example = resume, position["examples_consumed"]
+            tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
+        tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
+        compiling.result()  # a compile error surfaces here
 
     def write_samples(step: int) -> Path | None:
         """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
@@ -285,7 +289,7 @@ def main(cfg: Config) -> None:
             if profile and step == profile[0]:
                 jax.profiler.start_trace(str(run_dir / "profile"))
             batch = next(batches)
-            if step == first:  # lowering only (no compile): FLOPs from XLA's cost analysis
+            if step == first:  # the step's lowering (already compiled): FLOPs from XLA's cost analysis
                 flops_per_device = step_flops(train_step, state, batch) / mesh.size
             state, metrics = train_step(state, batch)
             if previous is not None:  # at most 2 steps in flight (JAX_NOTES.md: CPU rendezvous hang)

@@ -13,6 +13,7 @@ drawn from (seed, g), so they do not depend on the process count or on `num_thre
 from collections.abc import Iterator, Sequence
 
 import grain
+import jax
 import numpy as np
 from jaxtyping import Float32, Int32
 
@@ -45,6 +46,15 @@ def stack_examples(examples: Sequence[dict]) -> dict:
     images: Float32[np.ndarray, "l h w c"] = np.stack([e["image"] for e in examples])
     labels: Int32[np.ndarray, " l"] = np.array([e["label"] for e in examples], np.int32)
     return {"images": images, "labels": labels}
+
+
+def batch_spec(source: ImageSource, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch (all processes' rows) that `batch_stream` feeds the step, as
+    ShapeDtypeStructs: the train step can compile before the first batch exists."""
+    return {
+        "images": jax.ShapeDtypeStruct((global_batch_size, *source.image_shape), np.float32),
+        "labels": jax.ShapeDtypeStruct((global_batch_size,), np.int32),
+    }
 
 
 def batch_stream(

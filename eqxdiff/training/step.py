@@ -4,6 +4,7 @@ GSPMD derives every collective from the pinned shardings (no shard_map, no pmean
 is split over ('data', 'fsdp'), the state laid out by `eqxdiff.sharding.fsdp_spec`.
 """
 
+import threading
 from collections.abc import Callable
 
 import equinox as eqx
@@ -131,6 +132,10 @@ class TrainStep:
     which jit's static arguments cannot hash). Each batch signature is lowered once and compiled
     ahead of time: `lower` (for XLA's cost analysis) and the calls share that one lowering —
     jit's own call path would lower the step a second time (~1.3 s of a small UNet's start-up).
+
+    `compile(abstract_state, batch_spec)` takes ShapeDtypeStructs, so the step can compile in a
+    thread while the state is built or restored (XLA's compiler releases the GIL); a call that
+    arrives meanwhile waits for that compile instead of starting its own.
     """
 
     def __init__(self, step, state_shardings, batch_sharding, metrics_sharding):
@@ -140,6 +145,7 @@ class TrainStep:
         self.jitted = None
         self._lowered: dict = {}
         self._compiled: dict = {}
+        self._lock = threading.RLock()  # one lowering/compile at a time; calls wait for it
         self.traces = 0  # how often jit traced the step: 1 per input shape (tests hold it to that)
         # XLA:CPU spends most of a step's compile in LLVM on ~500 small kernels, while the heavy
         # ops are library calls: LLVM at -O1 without its expensive passes compiled the FlaxDiff
@@ -151,16 +157,15 @@ class TrainStep:
         )
 
     def _split(self, state: TrainState):
-        arrays, static = eqx.partition(state, eqx.is_array)
+        arrays, static = eqx.partition(state, _is_array_like)
         if self.jitted is None:
-            self._static = static
-            in_shardings, out_shardings = self._shardings
-            self.jitted = jax.jit(
-                self._traced,
-                donate_argnums=0,
-                in_shardings=in_shardings,
-                out_shardings=out_shardings,
-            )
+            with self._lock:
+                if self.jitted is None:
+                    self._static = static
+                    in_shardings, out_shardings = self._shardings
+                    self.jitted = jax.jit(
+                        self._traced, donate_argnums=0, in_shardings=in_shardings, out_shardings=out_shardings
+                    )
         return arrays
 
     def _traced(self, arrays, batch):
@@ -168,22 +173,35 @@ class TrainStep:
         return self._step(arrays, self._static, batch)
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        arrays = self._split(state)  # first: it builds self.jitted on the first call
-        signature = _signature(batch)
-        compiled = self._compiled.get(signature)
-        if compiled is None:
-            compiled = self._compiled[signature] = self.lower(state, batch).compile(self.compiler_options)
+        arrays = self._split(state)
+        compiled = self._compiled.get(_signature(batch)) or self.compile(state, batch)
         new_arrays, metrics = compiled(arrays, batch)
         return eqx.combine(new_arrays, self._static), metrics
+
+    def compile(self, state: TrainState, batch: dict):
+        """The compiled step for this batch signature (compiled once). Arrays or
+        ShapeDtypeStructs (e.g. `abstract_train_state`'s) both work."""
+        signature = _signature(batch)
+        with self._lock:
+            if signature not in self._compiled:
+                self._compiled[signature] = self.lower(state, batch).compile(self.compiler_options)
+            return self._compiled[signature]
 
     def lower(self, state: TrainState, batch: dict):
         """jax's Lowered for these arguments (cost and memory analysis without running)."""
         arrays = self._split(state)
         signature = _signature(batch)
-        if signature not in self._lowered:
-            self._lowered[signature] = self.jitted.lower(arrays, batch)
-        return self._lowered[signature]
+        with self._lock:
+            if signature not in self._lowered:
+                self._lowered[signature] = self.jitted.lower(arrays, batch)
+            return self._lowered[signature]
+
+
+def _is_array_like(x) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _signature(batch: dict) -> tuple:
-    return tuple((path, x.shape, x.dtype) for path, x in jax.tree_util.tree_flatten_with_path(batch)[0])
+    # Canonical dtypes: a spec may say int64 where the device array (x64 off) is int32.
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    return tuple((path, x.shape, jax.dtypes.canonicalize_dtype(x.dtype)) for path, x in leaves)
