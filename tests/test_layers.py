@@ -11,6 +11,7 @@ import pytest
 
 from eqxdiff.nn import Conv2d, GroupNorm, SelfAttention, sincos_pos_embed_2d, timestep_embedding
 from eqxdiff.nn.conv import conv2d
+from eqxdiff.nn.layers import _flat
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -53,6 +54,14 @@ def test_conv2d_gradients_match_xla_autodiff(cin, cout, kernel, stride, padding)
     gx, gw = jax.grad(functools.partial(loss, conv2d), (0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     assert gx.dtype == gw.dtype == jnp.bfloat16
     np.testing.assert_allclose(gw.astype(jnp.float32), want[1], rtol=0.05, atol=0.05 * float(jnp.abs(want[1]).max()))
+
+
+def test_init_draws_do_not_depend_on_the_padded_length():
+    # Parameters are cut from flat draws padded to a few lengths (eqxdiff.nn.layers._draw);
+    # changing the padding scheme must not change any model's initial values.
+    key = jax.random.key(7)
+    short, long = (np.asarray(_flat(key, n, jnp.bool_(True), jnp.float32(1.0))) for n in (256, 4096))
+    np.testing.assert_array_equal(short, long[:256])
 
 
 def test_groupnorm_matches_numpy():
