@@ -52,7 +52,7 @@ def build(mesh, *, k=1, precision="fp32", make_model=tiny_unet, lr=3e-3, min_siz
         if compile_for is not None:
             spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), compile_for)
             compiling = pool.submit(step.compile, abstract, spec)
-        state, _ = create_train_state(make_model, optimizer, jax.random.key(0), mesh, min_size)
+        state, _ = create_train_state(make_model, optimizer, jax.random.key(0), mesh, min_size, shardings=shardings)
         if compile_for is not None:
             compiling.result()
     return state, step

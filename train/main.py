@@ -237,7 +237,9 @@ def main(cfg: Config) -> None:
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, batch_spec(source, cfg.batch_size))
         if resume is None:
-            state, _ = create_train_state(make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size)
+            state, _ = create_train_state(
+                make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
+            )
             start_step, start_example = 0, 0
         else:
             state, position, _ = checkpoints.restore(resume, abstract, shardings)

@@ -53,7 +53,7 @@ def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int):
     return abstract, state_shardings(abstract, mesh, min_size)
 
 
-def create_train_state(make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int):
+def create_train_state(make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int, *, shardings=None):
     """A fresh state laid out in its FSDP shardings. Returns (state, shardings); shardings has
     None at the non-array leaves and comes from the abstract state (eqx.filter_eval_shape).
 
@@ -62,9 +62,10 @@ def create_train_state(make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min
     small jit adds the EMA and optimizer state with the state's output shardings. So no
     accelerator ever holds a whole copy, and start-up compiles no per-parameter random draws:
     one jit over the whole init inlined ~370 of them for the FlaxDiff UNet and took 8 s to
-    compile on a 2-core CPU.
+    compile on a 2-core CPU. Pass `shardings` when `abstract_train_state` already gave them.
     """
-    _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
+    if shardings is None:
+        _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
     host = jax.local_devices(backend="cpu")[0]
     with jax.default_device(host):
         model = make_model(jax.device_put(key, host))
