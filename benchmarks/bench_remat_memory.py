@@ -26,10 +26,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise
 from eqxdiff.nn import DiT, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, make_train_step
+from unconditional_edm import unconditional_edm  # benchmarks/ is on sys.path when run as a script
 
 MODELS = {
     "unet": ("UNet(3, (32, 64), 2)", lambda remat, key: UNet(3, (32, 64), 2, remat=remat, key=key)),
@@ -48,18 +48,10 @@ def main() -> None:
     args = parser.parse_args()
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
-    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
     optimizer, lr_schedule = adamw_cosine(1e-4, 1000, 10)
     images = jax.ShapeDtypeStruct((args.batch, args.image_size, args.image_size, 3), jnp.float32)
 
-    def prepare(batch, key):
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key)
-        return dict(batch, sigma=sigma, noise=noise)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], None, key=key
-        )
+    prepare, loss_fn = unconditional_edm()  # as train/main.py, without labels
 
     def temp_mib(compiled) -> float:
         return round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 1)

@@ -38,10 +38,10 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import PRECISIONS, abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
+from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 IMPORTS_DONE = time.perf_counter()
 
@@ -74,7 +74,6 @@ def main() -> None:
 
     warmup_steps = 2  # the first (compile) step + one more
     mesh = make_mesh(1, 1, jax.devices()[:1])
-    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
     optimizer, lr_schedule = adamw_cosine(2e-4, max(1000, warmup_steps + args.steps + 1), 10, 1e-4)
 
     def make_model(key):
@@ -82,15 +81,7 @@ def main() -> None:
 
     abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**14)
 
-    # ---- prepare / loss_fn as in train/main.py (unconditional model: no labels to drop) ----
-    def prepare(batch, key):
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key)
-        return dict(batch, sigma=sigma, noise=noise)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], None, key=key
-        )
+    prepare, loss_fn = unconditional_edm()  # as train/main.py, without labels
 
     data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
@@ -101,7 +92,7 @@ def main() -> None:
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     # As train/main.py: the step compiles in a thread while the state is built.
     compiling = ThreadPoolExecutor(1).submit(train_step.compile, abstract, {"images": jax.ShapeDtypeStruct(shape, np.float32)})
-    state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
+    state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings)
     params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
 
     rng = np.random.default_rng(args.seed)  # host data, as a loader gives; no JAX work in the set-up

@@ -82,10 +82,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
+from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 PEER_VERSION = "0.2.11"
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
@@ -110,7 +110,6 @@ class EqxdiffSide:
 
     def __init__(self, args, images_u8: list[np.ndarray], optimizer, lr_schedule):
         mesh = make_mesh(1, 1, jax.devices()[:1])
-        schedule, parameterization = EDMSchedule(), EDMPreconditioning()
         channels = images_u8[0].shape[-1]
 
         def make_model(key):
@@ -118,14 +117,7 @@ class EqxdiffSide:
 
         abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**14)
 
-        def prepare(batch, key):
-            sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key)
-            return dict(batch, sigma=sigma, noise=noise)
-
-        def loss_fn(model, batch, key):
-            return denoising_loss_at(
-                model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], None, key=key
-            )
+        prepare, loss_fn = unconditional_edm()  # as train/main.py, without labels
 
         data_sharding = batch_sharding(mesh)
         self.train_step = make_train_step(
@@ -135,7 +127,9 @@ class EqxdiffSide:
         # As train/main.py: the step compiles in a thread while the state is built.
         spec = {"images": jax.ShapeDtypeStruct(images_u8[0].shape, np.float32)}
         self.compiling = ThreadPoolExecutor(1).submit(self.train_step.compile, abstract, spec)
-        self.state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
+        self.state, _ = create_train_state(
+            make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings
+        )
         self.params = count_params(eqx.filter(self.state.model, eqx.is_array))
         # Same images as the peer gets, in eqxdiff's format: float32 in [-1, 1], on the device.
         self.batches = [
