@@ -150,10 +150,18 @@ class TrainStep:
         # XLA:CPU spends most of a step's compile in LLVM on ~500 small kernels, while the heavy
         # ops are library calls: LLVM at -O1 without its expensive passes compiled the FlaxDiff
         # UNet step in 14-15 s instead of 18-20 s at the same steps/s (A/B in one process).
+        # Its memory-optimized scheduler halves that step's temp memory (986 -> 459 MiB) at the
+        # same compile time and steps/s; with XLA:CPU's default one remat saved nothing at all.
         # Elsewhere XLA's defaults stay.
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
         self.compiler_options = (
-            {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True} if on_cpu else {}
+            {
+                "xla_backend_optimization_level": 1,
+                "xla_llvm_disable_expensive_passes": True,
+                "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+            }
+            if on_cpu
+            else {}
         )
 
     def _split(self, state: TrainState):
