@@ -8,13 +8,13 @@ among it); arguments/outputs are the state and batch, equal on both sides. Also 
 reference, the same for the loss gradient alone (no optimizer), where remat's effect is not
 mixed with how the optimizer's dependencies get scheduled. One device, the default backend.
 
-On CPU, `--cpu_scheduler memory` compiles with XLA:CPU's memory-optimized scheduler (its
-default scheduler keeps everything live and shows no difference at all; BENCHMARKS.md).
-Prints one JSON line.
+On CPU the step compiles with XLA:CPU's memory-optimized scheduler (`TrainStep.compiler_options`);
+`--cpu_scheduler xla_default` drops that option to show XLA:CPU's default scheduler, under
+which remat saves nothing (BENCHMARKS.md). Prints one JSON line.
 
     python benchmarks/bench_remat_memory.py                         # UNet (32, 64) x2, 32x32x3, batch 64
     python benchmarks/bench_remat_memory.py --model dit_s --batch 32
-    python benchmarks/bench_remat_memory.py --cpu_scheduler memory
+    python benchmarks/bench_remat_memory.py --cpu_scheduler xla_default
 """
 
 import argparse
@@ -36,7 +36,6 @@ MODELS = {
     "unet_flaxdiff": ("UNet.flaxdiff_simple(3)", lambda remat, key: UNet.flaxdiff_simple(3, remat=remat, key=key)),
     "dit_s": ("DiT.small(32, 3, 2)", lambda remat, key: DiT.small(32, 3, 2, remat=remat, key=key)),
 }
-SCHEDULERS = {"default": None, "memory": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 
 def main() -> None:
@@ -44,7 +43,7 @@ def main() -> None:
     parser.add_argument("--model", default="unet", choices=sorted(MODELS))
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--image_size", type=int, default=32)
-    parser.add_argument("--cpu_scheduler", default="default", choices=sorted(SCHEDULERS))
+    parser.add_argument("--cpu_scheduler", default="step", choices=["step", "xla_default"])
     args = parser.parse_args()
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
@@ -64,8 +63,8 @@ def main() -> None:
             prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.999,
             state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
         )  # fmt: skip
-        if jax.default_backend() == "cpu" and SCHEDULERS[args.cpu_scheduler]:
-            step.compiler_options["xla_cpu_scheduler_type"] = SCHEDULERS[args.cpu_scheduler]
+        if args.cpu_scheduler == "xla_default":
+            step.compiler_options.pop("xla_cpu_scheduler_type", None)
         step_temp = temp_mib(step.compile(abstract, {"images": images}))
 
         params, static = eqx.partition(abstract.model, lambda x: isinstance(x, jax.ShapeDtypeStruct))

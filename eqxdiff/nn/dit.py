@@ -7,9 +7,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, Dense, Embedding, SelfAttention, TimestepEmbedding, checkpointed, layer_norm, normal, reinit,
+    Conv2d, Dense, Embedding, SelfAttention, TimestepEmbedding, layer_norm, normal, reinit,
     sincos_pos_embed_2d, xavier_uniform, zero_init,
 )  # fmt: skip
+from eqxdiff.nn.remat import checkpointed
 
 
 def _modulate(

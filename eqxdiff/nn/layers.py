@@ -17,10 +17,6 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .conv import conv2d
 
-# Policy for `remat=True`: keep matmul/conv outputs without batch dims, recompute the rest.
-REMAT_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-
-
 # Eager init would compile every random primitive per parameter shape (XLA:CPU takes ~2 s for a
 # 4-D threefry draw). So every draw is one flat jitted program whose length is rounded up to a
 # power of 16 up to 2^16, then of 2 (a handful of ~0.25 s compiles per model: FlaxDiff's UNet
@@ -261,15 +257,3 @@ def xavier_uniform(key: PRNGKeyArray, shape: tuple[int, ...]) -> Array:
     """Glorot & Bengio 2010: U(±sqrt(6 / (fan_in + fan_out))), fan_in = prod(shape[:-1])."""
     fan_in, fan_out = math.prod(shape[:-1]), shape[-1]
     return _uniform(key, shape, math.sqrt(6.0 / (fan_in + fan_out)))
-
-
-def checkpointed(block: Callable, remat: bool) -> Callable:
-    """`block(*args)` with the block's parameters passed as arguments to `filter_checkpoint`.
-
-    Passing the block as an argument (not a closure) keeps its parameters visible to the policy.
-    """
-    if not remat:
-        return block
-    return lambda *args, **kwargs: eqx.filter_checkpoint(
-        lambda blk, *a, **kw: blk(*a, **kw), policy=REMAT_POLICY
-    )(block, *args, **kwargs)

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, checkpointed, zero_init,
+    Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, zero_init,
 )  # fmt: skip
+from eqxdiff.nn.remat import checkpointed
 
 
 class ResBlock(eqx.Module):
