@@ -152,6 +152,8 @@ class TrainStep:
         # UNet step in 14-15 s instead of 18-20 s at the same steps/s (A/B in one process).
         # Its memory-optimized scheduler halves that step's temp memory (986 -> 459 MiB) at the
         # same compile time and steps/s; with XLA:CPU's default one remat saved nothing at all.
+        # (Measured on 2 cores; many-core CPUs, where the default scheduler's freedom to run
+        # kernels concurrently may matter more, are not measured.)
         # Elsewhere XLA's defaults stay.
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
         self.compiler_options = (
