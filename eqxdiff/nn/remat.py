@@ -7,7 +7,7 @@ dims are saved, everything else is recomputed from the block's input (Chen et al
 On XLA:CPU recomputing alone saved little: its memory-optimized scheduler deferred the
 parameter gradients (weight-gradient matmuls, norm-scale reductions) to the end of the step,
 where gradient clipping needs them all, which kept each block's recomputed activations and
-cotangents alive until then (UNet step 830 -> 811 MiB of temp). So, on CPU, a block's input
+cotangents alive until then (UNet step 830 -> 807 MiB of temp). So, on CPU, a block's input
 cotangents are made to depend on its parameter cotangents: the backward pass cannot move on to
 earlier blocks before the block's parameter gradients exist (830 -> 637 MiB; DiT-S 4224 ->
 2251). The dependency adds `0 * max(grad)` per parameter, not an optimization barrier: XLA:CPU
@@ -35,13 +35,14 @@ def _forward(block_and_inputs):
 
 def _backward(_, cotangents):
     block, args, kwargs = cotangents
-    params = jax.tree.leaves(block)
-    if not params:
+    param_grads = [g for g in jax.tree.leaves(block) if g.size]
+    if not param_grads:
         return (cotangents,)
     # max, not sum: XLA would merge a sum into the reduction that produced the gradient and
-    # leave the gradient itself to be scheduled late. A non-finite gradient makes the input
-    # cotangents non-finite too, which the step rejects anyway.
-    zero = sum(jnp.max(p).astype(jnp.float32) for p in params) * 0.0
+    # leave the gradient itself to be scheduled late. The where keeps an inf in one gradient
+    # from turning every earlier block's gradients into NaN (0 * inf).
+    peak = sum(jnp.max(g).astype(jnp.float32) for g in param_grads)
+    zero = 0.0 * jnp.where(jnp.isfinite(peak), peak, 0.0)
     args, kwargs = jax.tree.map(lambda c: c + zero.astype(c.dtype), (args, kwargs))
     return ((block, args, kwargs),)
 
@@ -53,7 +54,8 @@ def checkpointed(block: Callable, remat: bool) -> Callable:
     """`block(*args, **kwargs)`, rematerialised when `remat`.
 
     The block is passed to `filter_checkpoint` as an argument (not closed over), which keeps its
-    parameters visible to the policy. No forward-mode autodiff through it on CPU (custom_vjp).
+    parameters visible to the policy. On CPU (custom_vjp): no forward-mode autodiff through it,
+    and a gradient with respect to the inputs alone computes the parameter gradients too.
     """
     if not remat:
         return block
