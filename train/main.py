@@ -294,7 +294,7 @@ def main(cfg: Config) -> None:
             if step == first:  # the step's lowering (already compiled): FLOPs from XLA's cost analysis
                 flops_per_device = step_flops(train_step, state, batch) / mesh.size
             state, metrics = train_step(state, batch)
-            if previous is not None:  # at most 2 steps in flight (JAX_NOTES.md: CPU rendezvous hang)
+            if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
                 jax.block_until_ready(previous["loss"])
             previous = metrics
             window.append(metrics)

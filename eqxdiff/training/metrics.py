@@ -39,7 +39,7 @@ PEAK_FLOPS_PER_DEVICE: dict[str, float] = {
     "TPU v6e": 918e12,
 }
 
-_CPU_MATMUL_N = 2048  # the matmul size JAX_NOTES.md quotes the ~450 GFLOP/s peak for
+_CPU_MATMUL_N = 2048  # big enough for XLA:CPU to reach its matmul peak, small enough to time quickly
 
 
 def _lookup(device_kind: str) -> str | None:

@@ -69,7 +69,7 @@ def make_train_step(
             return grad_fn(model, batch, key)
         # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
         # A scan keeps them sequential; on XLA:CPU a conv backward inside a rolled loop runs
-        # ~50x slower (JAX_NOTES.md), so there the loop is unrolled.
+        # ~50x slower (measured, jax 0.10.2), so there the loop is unrolled.
         params = eqx.filter(model, eqx.is_inexact_array)
 
         def micro(carry, xs):
