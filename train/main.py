@@ -208,10 +208,11 @@ def main(cfg: Config) -> None:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
-    # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
+    # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
     abstract, shardings = abstract_train_state(make_model, optimizer, mesh, cfg.fsdp_min_param_size)
     null_label = abstract.model.null_label
 
+    # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
     def prepare(batch, key):
         key_draw, key_drop = jax.random.split(key)
         sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
