@@ -1,9 +1,16 @@
-"""FSDP by leaf: a ('data', 'fsdp') mesh and one size-threshold rule for every array leaf.
+"""FSDP by leaf: a ('data', 'fsdp') mesh, and named rules over one size-threshold default.
 
-Parameters, EMA and optimizer moments all get their PartitionSpec from `fsdp_spec`, so a
-moment is sharded exactly like its parameter; GSPMD inserts the all-gathers and
-reduce-scatters. The batch is split over both axes. `fsdp=1` is plain data parallelism.
+Every array leaf of the state gets a PartitionSpec from an ordered list of rules
+`(regex on the leaf's parameter path, PartitionSpec or spec function)`, big_vision's
+`sharding_strategy`: the first rule whose regex matches wins, and a leaf no rule matches gets
+`fsdp_spec`. An EMA copy or optimizer moment is matched by the path of the parameter it copies,
+so it is sharded exactly like its parameter; GSPMD inserts the all-gathers and reduce-scatters.
+The batch is split over both axes. `fsdp=1` is plain data parallelism.
 """
+
+import difflib
+import re
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -49,15 +56,111 @@ def _is_array_like(x) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-def state_shardings(abstract_state, mesh: Mesh, min_size: int):
+SpecFn = Callable[[tuple[int, ...], int, int], P]  # (shape, fsdp_size, min_size) -> spec, like fsdp_spec
+Rule = tuple[str, P | SpecFn]
+
+
+def leaf_names(tree):
+    """The name every rule is matched against, at each leaf of `tree` (a TrainState or a model).
+
+    A path is its keys joined by '.': `down_blocks.0.0.conv1.weight`. The parameters are the
+    leaves of `tree.model` (of `tree` itself when it has no `model`); a leaf whose path ends in a
+    parameter's path and has that parameter's shape is a copy of it (the EMA, an Adam moment
+    nested in optax's tuples) and takes the parameter's path, the longest such suffix winning.
+    Other leaves (step, bad_steps, optax's count) keep their full path: `opt_state.1.0.count`.
+    """
+    return jax.tree_util.tree_map_with_path(_namer(tree), tree)
+
+
+def _namer(tree) -> Callable:
+    """`(key path, leaf) -> name or None` for the leaves of `tree` (see `leaf_names`)."""
+    model = getattr(tree, "model", tree)
+    params = {_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(model) if _is_array_like(x)}
+
+    def name(path, x):
+        if not _is_array_like(x):
+            return None
+        keys = _path(path)
+        for start in range(len(keys)):  # longest suffix first
+            if params.get(keys[start:]) == tuple(x.shape):
+                return ".".join(keys[start:])
+        return ".".join(keys)
+
+    return name
+
+
+def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = ()):
     """NamedSharding for every array leaf of `abstract_state` (e.g. from eqx.filter_eval_shape),
-    None for the rest. Scalars and small leaves are replicated."""
+    None for the rest.
+
+    `rules` is an ordered list of `(regex, spec)`. The regex is looked for anywhere in the leaf's
+    name (`re.search`; anchor it with ^ and $ to match a whole name), the name being the
+    parameter's path for a parameter and for its EMA and optimizer-moment copies (`leaf_names`),
+    so one rule moves all of them together. The first rule that matches wins; `spec` is a
+    PartitionSpec used as it is, or a function `(shape, fsdp_size, min_size) -> PartitionSpec`
+    like `fsdp_spec`. A leaf no rule matches gets `fsdp_spec`: with no rules, scalars and small
+    leaves are replicated and the rest sharded over 'fsdp'. Replicating one leaf is the rule
+    `("conv_out", PartitionSpec())`. A regex that matches no leaf, or a spec that names an axis
+    not in the mesh or does not divide its leaf's shape, is an error naming it.
+    """
     fsdp_size = mesh.shape["fsdp"]
+    compiled = [(_compile(regex), spec) for regex, spec in rules]
+    used = [False] * len(compiled)
 
-    def leaf(x):
-        return NamedSharding(mesh, fsdp_spec(tuple(x.shape), fsdp_size, min_size)) if _is_array_like(x) else None
+    namer, names = _namer(abstract_state), []
 
-    return jax.tree.map(leaf, abstract_state)
+    def leaf(path, x):
+        name = namer(path, x)
+        if name is None:
+            return None
+        names.append(name)
+        shape = tuple(x.shape)
+        hits = [i for i, (pattern, _) in enumerate(compiled) if pattern.search(name)]
+        for i in hits:
+            used[i] = True
+        rule = compiled[hits[0]][1] if hits else fsdp_spec
+        spec = rule if isinstance(rule, P) else rule(shape, fsdp_size, min_size)
+        _check_spec(name, shape, spec, mesh)
+        return NamedSharding(mesh, spec)
+
+    shardings = jax.tree_util.tree_map_with_path(leaf, abstract_state)
+    for (regex, _), was_used in zip(rules, used):
+        if not was_used:
+            close = difflib.get_close_matches(regex, sorted(set(names)), n=5, cutoff=0.3) or sorted(set(names))[:5]
+            raise ValueError(
+                f"Sharding rule {regex!r} matches no leaf (re.search on names such as {close}); "
+                f"fix the regex or remove the rule."
+            )
+    return shardings
+
+
+def _path(path) -> tuple[str, ...]:
+    """A key path as strings: attribute names, sequence indices, dict keys."""
+    return tuple(str(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k)))) for k in path)
+
+
+def _compile(regex: str) -> re.Pattern:
+    try:
+        return re.compile(regex)
+    except re.error as e:
+        raise ValueError(f"Sharding rule {regex!r} is not a valid regex: {e}") from e
+
+
+def _check_spec(name: str, shape: tuple[int, ...], spec, mesh: Mesh) -> None:
+    """Raise, naming the leaf, unless `spec` is a PartitionSpec that splits `shape` evenly on `mesh`."""
+    where = f"leaf {name} of shape {shape}: spec {spec} on mesh {dict(mesh.shape)}"
+    if not isinstance(spec, P):
+        raise ValueError(f"{where} is not a PartitionSpec")
+    if len(spec) > len(shape):
+        raise ValueError(f"{where} names {len(spec)} dimensions, the leaf has {len(shape)}")
+    for dim, (size, axes) in enumerate(zip(shape, spec)):
+        axes = (axes,) if isinstance(axes, str) else axes if isinstance(axes, tuple) else ()  # None: not split
+        unknown = [a for a in axes if a not in mesh.shape]
+        if unknown:
+            raise ValueError(f"{where} uses axes {unknown} the mesh does not have")
+        parts = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+        if size % parts:
+            raise ValueError(f"{where} splits dimension {dim} (size {size}) into {parts} parts, which does not divide it; PartitionSpec() replicates it")
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -1,6 +1,6 @@
 """TrainState: everything a training step reads and writes, created directly in its sharded layout."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -10,7 +10,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from eqxdiff.sharding import state_shardings
+from eqxdiff.sharding import Rule, state_shardings
 
 
 class TrainState(eqx.Module):
@@ -45,27 +45,34 @@ def state_from_model(model: eqx.Module, optimizer) -> TrainState:
     )
 
 
-def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int):
+def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = ()):
     """(abstract state, shardings) without allocating anything: the state's structure as
-    ShapeDtypeStructs (eqx.filter_eval_shape) and the FSDP NamedSharding of every array leaf
-    (None at the non-array leaves). Restoring a checkpoint needs exactly these two."""
+    ShapeDtypeStructs (eqx.filter_eval_shape) and the NamedSharding of every array leaf (None at
+    the non-array leaves): `rules` by parameter name first, then FSDP (`state_shardings`).
+    Restoring a checkpoint needs exactly these two."""
     abstract = eqx.filter_eval_shape(init_train_state, make_model, optimizer, jax.random.key(0))
-    return abstract, state_shardings(abstract, mesh, min_size)
+    return abstract, state_shardings(abstract, mesh, min_size, rules=rules)
 
 
-def create_train_state(make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int, *, shardings=None):
-    """A fresh state laid out in its FSDP shardings. Returns (state, shardings); shardings has
-    None at the non-array leaves and comes from the abstract state (eqx.filter_eval_shape).
+def create_train_state(
+    make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = (), shardings=None
+):
+    """A fresh state laid out in its shardings (`rules`, then FSDP: `state_shardings`). Returns
+    (state, shardings); shardings has None at the non-array leaves and comes from the abstract
+    state (eqx.filter_eval_shape).
 
     The network is drawn eagerly on this host's CPU backend (its draws share a few small
     compiled programs: eqxdiff.nn.layers), each leaf then goes straight into its shards, and one
     small jit adds the EMA and optimizer state with the state's output shardings. So no
     accelerator ever holds a whole copy, and start-up compiles no per-parameter random draws:
     one jit over the whole init inlined ~370 of them for the FlaxDiff UNet and took 8 s to
-    compile on a 2-core CPU. Pass `shardings` when `abstract_train_state` already gave them.
+    compile on a 2-core CPU. Pass `shardings` when `abstract_train_state` already gave them
+    (then the rules are already in them, and passing `rules` too is an error).
     """
     if shardings is None:
-        _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
+        _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size, rules=rules)
+    elif rules:
+        raise ValueError("Pass either `rules` or `shardings` (which already carry their rules), not both.")
     host = jax.local_devices(backend="cpu")[0]
     with jax.default_device(host):
         model = make_model(jax.device_put(key, host))
