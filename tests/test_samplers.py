@@ -4,6 +4,8 @@ For x0 ~ N(μ, diag(v)), x = x0 + σ·ε has D(x; σ) = μ + v/(v + σ²)·(x - 
 probability-flow ODE dx/dσ = (x - D)/σ keeps (x - μ)/sqrt(v + σ²) constant.
 """
 
+from pathlib import Path
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -184,3 +186,79 @@ def test_bad_arguments_raise_clear_errors():
         sample(gaussian_denoiser, x, grid[:1], "euler")
     with pytest.raises(ValueError, match="eta applies"):
         sample(gaussian_denoiser, x, grid, "heun", eta=0.5)
+
+
+def test_registry_is_the_one_list_of_methods(monkeypatch):
+    assert METHODS == tuple(samplers_module.SAMPLERS)
+    # A new entry is a method by name: nothing else lists methods.
+    monkeypatch.setitem(samplers_module.SAMPLERS, "euler_again", samplers_module.euler)
+    grid = karras_sigmas(5)
+    x = 80.0 * unit_noise(2)
+    again = sample(gaussian_denoiser, x, grid, "euler_again")
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(sample(gaussian_denoiser, x, grid, "euler")))
+
+
+def test_a_users_step_function_is_a_sampler():
+    def hand_written_euler(denoise, x, step):
+        denoised = denoise(x, step.sigma)
+        return x + (step.sigma_next - step.sigma) * ((x - denoised) / step.sigma), denoised
+
+    grid = karras_sigmas(12)
+    x = 80.0 * unit_noise(4)
+    traced = samplers_module._sample_traced
+    before = eqx.debug.get_num_traces(traced)
+    mine = sample(gaussian_denoiser, x, grid, hand_written_euler)
+    sample(gaussian_denoiser, 0.5 * x, grid, hand_written_euler)
+    assert eqx.debug.get_num_traces(traced) - before == 1
+    np.testing.assert_array_equal(np.asarray(mine), np.asarray(sample(gaussian_denoiser, x, grid, "euler")))
+
+
+def test_a_users_options_come_from_its_signature():
+    def partial_euler(denoise, x, step, *, fraction: float = 1.0):
+        """Takes `fraction` of each Euler step: fraction = 0 leaves x where it is."""
+        denoised = denoise(x, step.sigma)
+        return x + fraction * (step.sigma_next - step.sigma) * (x - denoised) / step.sigma, denoised
+
+    grid = karras_sigmas(6)
+    x = 80.0 * unit_noise(3)
+    np.testing.assert_array_equal(np.asarray(sample(gaussian_denoiser, x, grid, partial_euler, fraction=0.0)), x)
+    full = sample(gaussian_denoiser, x, grid, partial_euler)  # the signature's default, 1
+    np.testing.assert_allclose(np.asarray(full), np.asarray(sample(gaussian_denoiser, x, grid, "euler")), rtol=1e-6)
+    message = r"eta applies to .*'ddim'.*not 'partial_euler', whose options are \('fraction',\)"
+    with pytest.raises(ValueError, match=message):
+        sample(gaussian_denoiser, x, grid, partial_euler, eta=1.0)
+
+
+def test_unknown_options_name_what_the_method_takes():
+    x = unit_noise(2)
+    grid = karras_sigmas(3)
+    with pytest.raises(ValueError, match=r"s_churn applies to \('heun',\), not 'ddim', whose options are \('eta',\)"):
+        sample(gaussian_denoiser, x, grid, "ddim", s_churn=1.0)
+    with pytest.raises(ValueError, match=r"not 'euler', whose options are none"):
+        sample(gaussian_denoiser, x, grid, "euler", s_noise=1.0)
+    with pytest.raises(ValueError, match="'heun', whose options are .*'s_churn', 's_tmin', 's_tmax', 's_noise'"):
+        sample(gaussian_denoiser, x, grid, "heun", eta=0.5)
+    with pytest.raises(ValueError, match="etaa applies to no built-in sampler"):
+        sample(gaussian_denoiser, x, grid, "dpmpp_2m_sde", etaa=0.5)
+
+
+def test_only_options_that_draw_noise_need_a_key():
+    x = 80.0 * unit_noise(2)
+    grid = karras_sigmas(4)
+    drawing = [("ddpm", {}), ("ddim", dict(eta=0.5)), ("heun", dict(s_churn=10.0)), ("dpmpp_2m_sde", {})]
+    drawing += [("euler_ancestral", {})]
+    for method, options in drawing:
+        with pytest.raises(ValueError, match=f"'{method}' is stochastic with these options: pass key="):
+            sample(gaussian_denoiser, x, grid, method, **options)
+    # Deterministic option sets run without a key, and a key given to them changes nothing.
+    for method, options in [("ddim", {}), ("heun", dict(s_churn=0.0)), ("euler_ancestral", dict(eta=0.0))]:
+        without = sample(gaussian_denoiser, x, grid, method, **options)
+        with_key = sample(gaussian_denoiser, x, grid, method, jax.random.key(0), **options)
+        np.testing.assert_array_equal(np.asarray(without), np.asarray(with_key))
+
+
+def test_the_readme_names_every_method():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    samplers_paragraph = readme[readme.index("Samplers (") :]
+    for method in METHODS:
+        assert f"`{method}`" in samplers_paragraph, method

@@ -3,8 +3,13 @@
 Every method works on the unscaled sample x = x0 + σ·ε and a denoiser
 `denoise(x, sigma) -> x0_hat` (sigma a scalar array). The probability-flow ODE is
 dx/dσ = (x - D(x; σ))/σ (Karras et al. 2022, eq. 3 with s = 1, σ(t) = t).
+
+A sampler is one step function `step_fn(denoise, x, step, *, options...) -> (x_next, denoised)`
+that moves x from `step.sigma` to `step.sigma_next`; its keyword-only parameters are its options,
+with their defaults. Add one to `SAMPLERS` to call it by name, or pass it to `sample` directly.
 """
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -12,93 +17,135 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 DenoiseFn = Callable[[Array, Array], Array]
 
-METHODS = ("euler", "heun", "dpmpp_2m", "dpmpp_2m_sde", "euler_ancestral", "ddim", "ddpm")
-DEFAULT_ETA = {"dpmpp_2m_sde": 1.0, "euler_ancestral": 1.0, "ddim": 0.0}
+
+class Step(eqx.Module):
+    """One grid interval σ → σ_next of `num_steps`, with what multistep methods carry over.
+
+    `previous_denoised` is D(x; sigma_prev) from the step before (zeros on the first step, where
+    sigma_prev = sigma). `key` is this step's own key, None when `sample` got no key.
+    """
+
+    sigma_prev: Float[Array, ""]
+    sigma: Float[Array, ""]
+    sigma_next: Float[Array, ""]
+    index: Int[Array, ""]
+    previous_denoised: Array
+    key: PRNGKeyArray | None
+    num_steps: int = eqx.field(static=True)
+    method: str = eqx.field(static=True)  # the sampler's name, for error messages
+
+    @property
+    def first(self) -> Bool[Array, ""]:
+        return self.index == 0
+
+    def noise(self, like: Array) -> Array:
+        """Unit Gaussian noise shaped like `like`; the same draw on every call within one step."""
+        if self.key is None:
+            raise ValueError(
+                f"Sampler {self.method!r} is stochastic with these options: pass key=jax.random.key(seed)."
+            )
+        return jax.random.normal(self.key, like.shape, like.dtype)
 
 
-class _Step(eqx.Module):
-    """One grid interval σ → σ_next, with what multistep methods carry over."""
-
-    sigma_prev: Array
-    sigma: Array
-    sigma_next: Array
-    first: Array
-    noise: Array | None
+def pf_ode_slope(x, denoised, sigma):
+    """dx/dσ of the probability-flow ODE (Karras et al. 2022, eq. 3)."""
+    return (x - denoised) / sigma
 
 
-def _plus_noise(x, st, std):
-    """x + std·z with this step's noise z; deterministic options (η = 0) carry no noise."""
-    return x if st.noise is None else x + std * st.noise
-
-
-def _euler(denoise, x, old, st, opts):
+def euler(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
     """First-order step of the PF-ODE (DDIM(η=0) in σ-space; Song et al. 2021, Karras eq. 3)."""
-    denoised = denoise(x, st.sigma)
-    d = (x - denoised) / st.sigma
-    return x + (st.sigma_next - st.sigma) * d, denoised
+    denoised = denoise(x, step.sigma)
+    return x + (step.sigma_next - step.sigma) * pf_ode_slope(x, denoised, step.sigma), denoised
 
 
-def _heun(denoise, x, old, st, opts):
-    """EDM Algorithm 2 (Alg. 1 when s_churn = 0); the step to σ = 0 is plain Euler."""
-    sigma = st.sigma
-    if opts["s_churn"] > 0:
-        gamma = min(opts["s_churn"] / opts["num_steps"], math.sqrt(2) - 1)
-        in_range = (sigma >= opts["s_tmin"]) & (sigma <= opts["s_tmax"])
+def heun(
+    denoise: DenoiseFn,
+    x: Array,
+    step: Step,
+    *,
+    s_churn: float = 0.0,
+    s_tmin: float = 0.0,
+    s_tmax: float = float("inf"),
+    s_noise: float = 1.0,
+) -> tuple[Array, Array]:
+    """EDM Algorithm 2 (Alg. 1 when s_churn = 0); the step to σ = 0 is plain Euler.
+
+    Churn raises σ by γ = min(s_churn/num_steps, √2 - 1) where s_tmin ≤ σ ≤ s_tmax, adding noise
+    of std σ·sqrt(γ(2+γ))·s_noise (Karras et al. 2022, Alg. 2 lines 4-6).
+    """
+    sigma = step.sigma
+    if s_churn > 0:
+        gamma = min(s_churn / step.num_steps, math.sqrt(2) - 1)
+        in_range = (sigma >= s_tmin) & (sigma <= s_tmax)
         gamma = jnp.where(in_range, gamma, 0.0).astype(sigma.dtype)
         # sqrt(σ_hat² - σ²) written as σ·sqrt(γ(2+γ)): never the sqrt of a rounded negative.
-        x = x + sigma * jnp.sqrt(gamma * (2 + gamma)) * opts["s_noise"] * st.noise
+        x = x + sigma * jnp.sqrt(gamma * (2 + gamma)) * s_noise * step.noise(x)
         sigma = sigma * (1 + gamma)
     denoised = denoise(x, sigma)
-    d = (x - denoised) / sigma
-    x_euler = x + (st.sigma_next - sigma) * d
+    slope = pf_ode_slope(x, denoised, sigma)
+    x_euler = x + (step.sigma_next - sigma) * slope
 
     def correct():
-        d_next = (x_euler - denoise(x_euler, st.sigma_next)) / st.sigma_next
-        return x + (st.sigma_next - sigma) * (d + d_next) / 2
+        slope_next = pf_ode_slope(x_euler, denoise(x_euler, step.sigma_next), step.sigma_next)
+        return x + (step.sigma_next - sigma) * (slope + slope_next) / 2
 
-    return jax.lax.cond(st.sigma_next > 0, correct, lambda: x_euler), denoised
+    return jax.lax.cond(step.sigma_next > 0, correct, lambda: x_euler), denoised
 
 
-def _dpmpp_2m(denoise, x, old, st, opts):
+def dpmpp_2m(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
     """DPM-Solver++(2M) (Lu et al. 2022, Alg. 2) in λ = -ln σ; first order on the first and last step."""
-    denoised = denoise(x, st.sigma)
-    ratio = st.sigma_next / st.sigma  # = exp(-h)
+    denoised = denoise(x, step.sigma)
+    ratio = step.sigma_next / step.sigma  # = exp(-h)
     first_order = ratio * x + (1 - ratio) * denoised
-    safe_next = jnp.where(st.sigma_next > 0, st.sigma_next, st.sigma)
-    h = jnp.log(st.sigma) - jnp.log(safe_next)
-    r = (jnp.log(st.sigma_prev) - jnp.log(st.sigma)) / h
-    corrected = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * old
+    safe_next = jnp.where(step.sigma_next > 0, step.sigma_next, step.sigma)
+    h = jnp.log(step.sigma) - jnp.log(safe_next)
+    r = (jnp.log(step.sigma_prev) - jnp.log(step.sigma)) / h
+    corrected = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * step.previous_denoised
     second_order = ratio * x - jnp.expm1(-h) * corrected
-    use_first = st.first | (st.sigma_next == 0)
+    use_first = step.first | (step.sigma_next == 0)
     return jnp.where(use_first, first_order, second_order), denoised
 
 
-def _dpmpp_2m_sde(denoise, x, old, st, opts):
-    """DPM-Solver++(2M) SDE, midpoint variant (Lu et al. 2022; k-diffusion `sample_dpmpp_2m_sde`)."""
-    denoised = denoise(x, st.sigma)
-    safe_next = jnp.where(st.sigma_next > 0, st.sigma_next, st.sigma)
-    h = jnp.log(st.sigma) - jnp.log(safe_next)
-    eta_h = opts["eta"] * h
+def dpmpp_2m_sde(
+    denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 1.0, s_noise: float = 1.0
+) -> tuple[Array, Array]:
+    """DPM-Solver++(2M) SDE, midpoint variant (Lu et al. 2022; k-diffusion `sample_dpmpp_2m_sde`).
+
+    eta = 0 is the deterministic DPM-Solver++(2M) midpoint ODE step; eta > 0 needs a key.
+    """
+    denoised = denoise(x, step.sigma)
+    safe_next = jnp.where(step.sigma_next > 0, step.sigma_next, step.sigma)
+    h = jnp.log(step.sigma) - jnp.log(safe_next)
+    eta_h = eta * h
     decay = -jnp.expm1(-h - eta_h)
-    x_next = (safe_next / st.sigma) * jnp.exp(-eta_h) * x + decay * denoised
-    r = (jnp.log(st.sigma_prev) - jnp.log(st.sigma)) / h
-    x_next = jnp.where(st.first, x_next, x_next + 0.5 * decay * (denoised - old) / r)
-    x_next = _plus_noise(x_next, st, safe_next * jnp.sqrt(-jnp.expm1(-2 * eta_h)) * opts["s_noise"])
-    return jnp.where(st.sigma_next > 0, x_next, denoised), denoised
+    x_next = (safe_next / step.sigma) * jnp.exp(-eta_h) * x + decay * denoised
+    r = (jnp.log(step.sigma_prev) - jnp.log(step.sigma)) / h
+    x_next = jnp.where(step.first, x_next, x_next + 0.5 * decay * (denoised - step.previous_denoised) / r)
+    if eta > 0:
+        std = safe_next * jnp.sqrt(-jnp.expm1(-2 * eta_h)) * s_noise
+        x_next = x_next + std * step.noise(x)
+    return jnp.where(step.sigma_next > 0, x_next, denoised), denoised
 
 
-def _euler_ancestral(denoise, x, old, st, opts):
-    """Ancestral Euler (k-diffusion `sample_euler_ancestral`): step to σ_down, add σ_up noise."""
-    denoised = denoise(x, st.sigma)
-    s, sn = st.sigma, st.sigma_next
-    sigma_up = jnp.minimum(sn, opts["eta"] * jnp.sqrt(sn**2 * (s**2 - sn**2) / s**2))
-    sigma_down = jnp.sqrt(sn**2 - sigma_up**2)
-    x = x + (x - denoised) / s * (sigma_down - s)
-    return _plus_noise(x, st, sigma_up * opts["s_noise"]), denoised
+def euler_ancestral(
+    denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 1.0, s_noise: float = 1.0
+) -> tuple[Array, Array]:
+    """Ancestral Euler (k-diffusion `sample_euler_ancestral`): step to σ_down, add σ_up noise.
+
+    σ_up = min(σ_next, eta·sqrt(σ_next²(σ² - σ_next²)/σ²)), σ_down = sqrt(σ_next² - σ_up²).
+    """
+    denoised = denoise(x, step.sigma)
+    sigma, sigma_next = step.sigma, step.sigma_next
+    sigma_up = jnp.minimum(sigma_next, eta * jnp.sqrt(sigma_next**2 * (sigma**2 - sigma_next**2) / sigma**2))
+    sigma_down = jnp.sqrt(sigma_next**2 - sigma_up**2)
+    x = x + pf_ode_slope(x, denoised, sigma) * (sigma_down - sigma)
+    if eta > 0:
+        x = x + sigma_up * s_noise * step.noise(x)
+    return x, denoised
 
 
 def _vp_coords(sigma):
@@ -107,66 +154,98 @@ def _vp_coords(sigma):
     return alpha_bar, jnp.sqrt(alpha_bar)
 
 
-def _ddim(denoise, x, old, st, opts):
-    """DDIM (Song et al. 2021, eq. 12), written in VP coordinates x_t = sqrt(ᾱ)·x."""
-    denoised = denoise(x, st.sigma)
-    a, sqrt_a = _vp_coords(st.sigma)
-    a_next, sqrt_a_next = _vp_coords(st.sigma_next)
-    x_t = sqrt_a * x
-    eps = (x_t - sqrt_a * denoised) / jnp.sqrt(1 - a)
-    std = opts["eta"] * jnp.sqrt((1 - a_next) / (1 - a) * (1 - a / a_next))
-    direction = jnp.sqrt(jnp.maximum(1 - a_next - std**2, 0.0)) * eps
-    x_prev = _plus_noise(sqrt_a_next * denoised + direction, st, std)
-    return x_prev / sqrt_a_next, denoised
+def ddim(denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 0.0) -> tuple[Array, Array]:
+    """DDIM (Song et al. 2021, eq. 12), written in VP coordinates x_t = sqrt(ᾱ)·x.
+
+    eta = 0 is deterministic (the PF-ODE's Euler step in σ); eta = 1 is DDPM's posterior.
+    """
+    denoised = denoise(x, step.sigma)
+    alpha_bar, sqrt_alpha_bar = _vp_coords(step.sigma)
+    alpha_bar_next, sqrt_alpha_bar_next = _vp_coords(step.sigma_next)
+    x_t = sqrt_alpha_bar * x
+    eps = (x_t - sqrt_alpha_bar * denoised) / jnp.sqrt(1 - alpha_bar)
+    std = eta * jnp.sqrt((1 - alpha_bar_next) / (1 - alpha_bar) * (1 - alpha_bar / alpha_bar_next))
+    direction = jnp.sqrt(jnp.maximum(1 - alpha_bar_next - std**2, 0.0)) * eps
+    x_prev = sqrt_alpha_bar_next * denoised + direction
+    if eta > 0:
+        x_prev = x_prev + std * step.noise(x)
+    return x_prev / sqrt_alpha_bar_next, denoised
 
 
-def _ddpm(denoise, x, old, st, opts):
+def ddpm(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
     """Ancestral sampling from the posterior q(x_{t-1} | x_t, x0_hat) (Ho et al. 2020, eq. 6-7)."""
-    denoised = denoise(x, st.sigma)
-    a, sqrt_a = _vp_coords(st.sigma)
-    a_prev, sqrt_a_prev = _vp_coords(st.sigma_next)
-    alpha = a / a_prev
+    denoised = denoise(x, step.sigma)
+    alpha_bar, sqrt_alpha_bar = _vp_coords(step.sigma)
+    alpha_bar_prev, sqrt_alpha_bar_prev = _vp_coords(step.sigma_next)
+    alpha = alpha_bar / alpha_bar_prev
     beta = 1 - alpha
-    mean = (sqrt_a_prev * beta / (1 - a)) * denoised + (jnp.sqrt(alpha) * (1 - a_prev) / (1 - a)) * (sqrt_a * x)
-    var = (1 - a_prev) / (1 - a) * beta
-    return _plus_noise(mean, st, jnp.sqrt(var)) / sqrt_a_prev, denoised
+    mean = (sqrt_alpha_bar_prev * beta / (1 - alpha_bar)) * denoised + (
+        jnp.sqrt(alpha) * (1 - alpha_bar_prev) / (1 - alpha_bar)
+    ) * (sqrt_alpha_bar * x)
+    var = (1 - alpha_bar_prev) / (1 - alpha_bar) * beta
+    return (mean + jnp.sqrt(var) * step.noise(x)) / sqrt_alpha_bar_prev, denoised
 
 
-_STEPS = {
-    "euler": _euler,
-    "heun": _heun,
-    "dpmpp_2m": _dpmpp_2m,
-    "dpmpp_2m_sde": _dpmpp_2m_sde,
-    "euler_ancestral": _euler_ancestral,
-    "ddim": _ddim,
-    "ddpm": _ddpm,
+# The one list of methods: `sample(..., method=name)` looks names up here.
+SAMPLERS = {
+    "euler": euler,
+    "heun": heun,
+    "dpmpp_2m": dpmpp_2m,
+    "dpmpp_2m_sde": dpmpp_2m_sde,
+    "euler_ancestral": euler_ancestral,
+    "ddim": ddim,
+    "ddpm": ddpm,
 }
+METHODS = tuple(SAMPLERS)
+
+StepFn = Callable[..., tuple[Array, Array]]
 
 
-def _is_stochastic(method: str, eta: float, s_churn: float) -> bool:
-    return method == "ddpm" or (method in DEFAULT_ETA and eta > 0) or (method == "heun" and s_churn > 0)
+def _option_defaults(step_fn: StepFn) -> dict:
+    """A step function's options: its keyword-only parameters and their defaults."""
+    params = inspect.signature(step_fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
 
 
-def _sample_scan(denoise, x, sigmas, key, method, opts):
-    opts = dict(opts)
-    n = sigmas.shape[0] - 1
-    grid = dict(
+def _bind_options(step_fn: StepFn, name: str, options: dict) -> dict:
+    """Every option of `step_fn`, the given ones over its defaults; an unknown one raises."""
+    defaults = _option_defaults(step_fn)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(step_fn).parameters.values())
+    for option in options:
+        if option not in defaults and not takes_any:
+            users = tuple(m for m, fn in SAMPLERS.items() if option in _option_defaults(fn))
+            raise ValueError(
+                f"{option} applies to {users or 'no built-in sampler'}, not {name!r}, "
+                f"whose options are {tuple(defaults) or 'none'}."
+            )
+    bound = {**defaults, **options}
+    missing = tuple(option for option, value in bound.items() if value is inspect.Parameter.empty)
+    if missing:
+        raise ValueError(f"Sampler {name!r} needs the options {missing}.")
+    try:
+        inspect.signature(step_fn).bind(None, None, None, **bound)
+    except TypeError as error:
+        raise ValueError(f"A step function is called as {name}(denoise, x, step, **options): {error}.") from None
+    return bound
+
+
+def _sample_scan(denoise, x, sigmas, key, step_fn, name, options):
+    num_steps = sigmas.shape[0] - 1
+    per_step = dict(
         sigma_prev=jnp.concatenate([sigmas[:1], sigmas[:-2]]),
         sigma=sigmas[:-1],
         sigma_next=sigmas[1:],
-        first=jnp.arange(n) == 0,
-        key=None if key is None else jax.random.split(key, n),
+        index=jnp.arange(num_steps),
+        key=None if key is None else jax.random.split(key, num_steps),
     )
-    step_fn = _STEPS[method]
 
-    def body(carry, g):
-        x, old = carry
-        noise = None if g["key"] is None else jax.random.normal(g["key"], x.shape, x.dtype)
-        st = _Step(g["sigma_prev"], g["sigma"], g["sigma_next"], g["first"], noise)
-        x, denoised = step_fn(denoise, x, old, st, opts)
+    def body(carry, this_step):
+        x, previous_denoised = carry
+        step = Step(**this_step, previous_denoised=previous_denoised, num_steps=num_steps, method=name)
+        x, denoised = step_fn(denoise, x, step, **options)
         return (x, denoised), None
 
-    (x, _), _ = jax.lax.scan(body, (x, jnp.zeros_like(x)), grid)
+    (x, _), _ = jax.lax.scan(body, (x, jnp.zeros_like(x)), per_step)
     return x
 
 
@@ -179,36 +258,26 @@ def sample(
     denoise: DenoiseFn,
     x_init: Float[Array, "b *dims"],
     sigmas: Float[Array, " n_plus_1"] | Float[np.ndarray, " n_plus_1"],
-    method: str = "heun",
+    method: str | StepFn = "heun",
     key: PRNGKeyArray | None = None,
-    *,
-    eta: float | None = None,
-    s_churn: float = 0.0,
-    s_tmin: float = 0.0,
-    s_tmax: float = float("inf"),
-    s_noise: float = 1.0,
+    **options,
 ) -> Float[Array, "b *dims"]:
     """Integrate `denoise` from σ = sigmas[0] down to sigmas[-1] (usually 0).
 
     `x_init` is sigmas[0]·(unit noise) in the unscaled space; the result has its dtype.
-    Methods: euler, heun (EDM Alg. 1/2 with s_churn, s_tmin, s_tmax, s_noise), dpmpp_2m,
-    dpmpp_2m_sde (eta, default 1), euler_ancestral (eta, default 1), ddim (eta, default 0:
-    deterministic), ddpm (ancestral on a VP grid). Stochastic methods need `key`.
+    `method` is a name in `SAMPLERS` (`METHODS`) or a step function of the same form; `options`
+    are that function's keyword-only parameters (e.g. heun's s_churn, ddim's eta), defaulting to
+    its signature. A method that draws noise with these options needs `key`.
     Compiles once per (denoise structure, shapes, method, options); the steps are one scan.
     """
-    if method not in _STEPS:
-        raise ValueError(f"Unknown sampler {method!r}; choose one of {METHODS}.")
+    if callable(method):
+        step_fn, name = method, getattr(method, "__name__", repr(method))
+    elif method in SAMPLERS:
+        step_fn, name = SAMPLERS[method], method
+    else:
+        raise ValueError(f"Unknown sampler {method!r}; choose one of {METHODS} or pass a step function.")
     sigmas = jnp.asarray(sigmas, x_init.dtype)
     if sigmas.ndim != 1 or sigmas.shape[0] < 2:
         raise ValueError(f"sigmas must be a 1-D grid of n+1 >= 2 levels, got shape {sigmas.shape}.")
-    if eta is None:
-        eta = DEFAULT_ETA.get(method, 0.0)
-    elif method not in DEFAULT_ETA:
-        raise ValueError(f"eta applies to {tuple(DEFAULT_ETA)}, not {method!r}.")
-    if s_churn and method != "heun":
-        raise ValueError(f"s_churn applies to 'heun', not {method!r}.")
-    stochastic = _is_stochastic(method, eta, s_churn)
-    if stochastic and key is None:
-        raise ValueError(f"Sampler {method!r} with these options is stochastic: pass key=jax.random.key(seed).")
-    opts = dict(eta=eta, s_churn=s_churn, s_tmin=s_tmin, s_tmax=s_tmax, s_noise=s_noise, num_steps=sigmas.shape[0] - 1)
-    return _sample_jit(denoise, x_init, sigmas, key if stochastic else None, method, tuple(sorted(opts.items())))
+    options = _bind_options(step_fn, name, options)
+    return _sample_jit(denoise, x_init, sigmas, key, step_fn, name, options)
