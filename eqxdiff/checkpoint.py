@@ -86,20 +86,22 @@ class Checkpoints:
     def latest(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, state, data: dict, config: dict) -> bool:
-        """Start saving `state` (a TrainState) with the data position and config; False (and
-        nothing written) if the step is already saved or the state holds a non-finite value,
-        so a bad state never replaces a good checkpoint."""
+    def save(self, step: int, state, data: dict, config: dict) -> str:
+        """Start saving `state` (a TrainState) with the data position and config. Returns
+        "saved", or why nothing was written: "exists" (the step is already saved) or
+        "non_finite" (the state holds a NaN or inf: a bad state never replaces a good checkpoint)."""
         if step in self._manager.all_steps():
-            return False
+            return "exists"
         if not bool(_all_finite(state)):  # one host read, at the checkpoint cadence only
-            return False
+            return "non_finite"
         args = ocp.args.Composite(
             state=ocp.args.PyTreeSave(eqx.filter(state, eqx.is_array)),
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config),
         )
-        return self._manager.save(step, args=args)
+        if not self._manager.save(step, args=args):
+            raise CheckpointError(f"orbax declined to save step {step} in {self.directory} (its save policy).")
+        return "saved"
 
     def restore(self, step: int, abstract_state, shardings) -> tuple:
         """(state, data, config) of `step`, the state laid out by `shardings` (the restoring

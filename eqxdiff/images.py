@@ -2,9 +2,15 @@
 
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Float, UInt8
+from jaxtyping import Array, Float, UInt8
 from PIL import Image
+
+
+def from_uint8(images: UInt8[Array, "*dims"] | UInt8[np.ndarray, "*dims"]) -> Float[Array, "*dims"]:
+    """Map {0, ..., 255} to [-1, 1] in float32 (x/127.5 - 1); on device, e.g. in `prepare`."""
+    return jnp.asarray(images).astype(jnp.float32) / 127.5 - 1
 
 
 def to_uint8(images: Float[np.ndarray, "b h w c"]) -> UInt8[np.ndarray, "b h w c"]:

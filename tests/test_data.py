@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import jax
 from jaxtyping import Bool, Int
 from PIL import Image
 
@@ -21,19 +22,21 @@ batch_stream = functools.partial(threaded_batch_stream, num_threads=0)
 class IndexedSource:
     """Example i is the 1×2×1 image [i, 200] (so its index survives and a flip shows), label i % 3."""
 
+    fields = {"image": jax.ShapeDtypeStruct((1, 2, 1), np.uint8), "label": jax.ShapeDtypeStruct((), np.int32)}
+
     def __init__(self, n: int = N):
-        self.n, self.image_shape, self.num_classes, self.spec = n, (1, 2, 1), 3, f"indexed:{n}"
+        self.n, self.spec = n, f"indexed:{n}"
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> dict:
-        return {"image": np.array([[[i], [200]]], np.uint8), "label": i % 3}
+        return {"image": np.array([[[i], [200]]], np.uint8), "label": np.int32(i % 3)}
 
 
 def decode(images: np.ndarray) -> tuple[Int[np.ndarray, " b"], Bool[np.ndarray, " b"]]:
     """Dataset indices and whether each image was mirrored, from IndexedSource batches."""
-    pixels = np.round((images[:, 0, :, 0] + 1) * 127.5).astype(int)
+    pixels = images[:, 0, :, 0].astype(int)
     flipped = pixels[:, 0] == 200
     return np.where(flipped, pixels[:, 1], pixels[:, 0]), flipped
 
@@ -48,11 +51,11 @@ def global_batches(source, batch_size: int, n_batches: int, process_count: int, 
         take(batch_stream(source, batch_size, 0, process_index=p, process_count=process_count, **kw), n_batches)
         for p in range(process_count)
     ]
-    return [{k: np.concatenate([s[b][k] for s in shares]) for k in ("images", "labels")} for b in range(n_batches)]
+    return [{k: np.concatenate([s[b][k] for s in shares]) for k in ("image", "label")} for b in range(n_batches)]
 
 
 def example_ids(batches: list[dict]) -> np.ndarray:
-    return decode(np.concatenate([b["images"] for b in batches]))[0]
+    return decode(np.concatenate([b["image"] for b in batches]))[0]
 
 
 def test_order_is_fixed_by_the_seed():
@@ -76,15 +79,15 @@ def test_processes_take_contiguous_disjoint_blocks_of_the_same_global_batch():
     single = take(batch_stream(source, 6, 0), 5)
     shares = [take(batch_stream(source, 6, 0, process_index=p, process_count=2), 5) for p in range(2)]
     for b in range(5):
-        ids = [decode(s[b]["images"])[0] for s in shares]
+        ids = [decode(s[b]["image"])[0] for s in shares]
         assert len(ids[0]) == len(ids[1]) == 3
-        np.testing.assert_array_equal(np.concatenate(ids), decode(single[b]["images"])[0])
-        for key in ("images", "labels"):
+        np.testing.assert_array_equal(np.concatenate(ids), decode(single[b]["image"])[0])
+        for key in ("image", "label"):
             np.testing.assert_array_equal(np.concatenate([s[b][key] for s in shares]), single[b][key])
     for processes in (2, 3):
         rebuilt = global_batches(source, 6, 5, processes)
         for b in range(5):
-            np.testing.assert_array_equal(rebuilt[b]["images"], single[b]["images"])
+            np.testing.assert_array_equal(rebuilt[b]["image"], single[b]["image"])
 
 
 def test_batch_spec_describes_the_global_batch():
@@ -104,7 +107,7 @@ def test_resume_on_another_process_count_and_global_batch_size():
     k = 11  # mid-epoch, not a multiple of either batch size
     resumed = global_batches(source, 6, 7, 2, start_example=k)
     np.testing.assert_array_equal(example_ids(resumed), uninterrupted[k : k + 42])
-    labels = np.concatenate([b["labels"] for b in resumed])
+    labels = np.concatenate([b["label"] for b in resumed])
     np.testing.assert_array_equal(labels, uninterrupted[k : k + 42] % 3)
 
 
@@ -120,7 +123,7 @@ def test_stream_does_not_depend_on_num_threads():
     streams = [take(threaded_batch_stream(IndexedSource(), 4, 1, hflip=True, num_threads=t), 8) for t in (0, 1, 3)]
     for stream in streams[1:]:
         for a, b in zip(streams[0], stream):
-            np.testing.assert_array_equal(a["images"], b["images"])
+            np.testing.assert_array_equal(a["image"], b["image"])
 
 
 def test_hflip_is_deterministic_and_process_count_independent():
@@ -129,19 +132,19 @@ def test_hflip_is_deterministic_and_process_count_independent():
     flipped_2 = global_batches(source, 6, 10, 2, hflip=True)
     plain = global_batches(source, 6, 10, 1)
     for a, b in zip(flipped_1, flipped_2):
-        np.testing.assert_array_equal(a["images"], b["images"])
-    ids, flipped = decode(np.concatenate([b["images"] for b in flipped_1]))
+        np.testing.assert_array_equal(a["image"], b["image"])
+    ids, flipped = decode(np.concatenate([b["image"] for b in flipped_1]))
     np.testing.assert_array_equal(ids, example_ids(plain))  # flips change pixels, never the order
     assert 0.25 < flipped.mean() < 0.75
-    again = decode(np.concatenate([b["images"] for b in global_batches(source, 6, 10, 1, hflip=True)]))[1]
+    again = decode(np.concatenate([b["image"] for b in global_batches(source, 6, 10, 1, hflip=True)]))[1]
     np.testing.assert_array_equal(flipped, again)
     resumed = global_batches(source, 4, 6, 2, hflip=True, start_example=17)  # flips follow g, not the batch
-    uninterrupted = np.concatenate([b["images"] for b in flipped_1])
-    np.testing.assert_array_equal(np.concatenate([b["images"] for b in resumed]), uninterrupted[17:41])
+    uninterrupted = np.concatenate([b["image"] for b in flipped_1])
+    np.testing.assert_array_equal(np.concatenate([b["image"] for b in resumed]), uninterrupted[17:41])
 
 
 def test_no_flip_by_default():
-    _, flipped = decode(np.concatenate([b["images"] for b in take(batch_stream(IndexedSource(), 6, 0), 10)]))
+    _, flipped = decode(np.concatenate([b["image"] for b in take(batch_stream(IndexedSource(), 6, 0), 10)]))
     assert not flipped.any()
 
 
@@ -154,9 +157,9 @@ def test_digits_source():
     source = open_source("digits")
     assert (len(source), source.image_shape, source.num_classes) == (1797, (8, 8, 1), 10)
     (batch,) = take(batch_stream(source, 200, 0), 1)
-    assert batch["images"].shape == (200, 8, 8, 1) and batch["images"].dtype == np.float32
-    assert batch["images"].min() == -1.0 and batch["images"].max() == 1.0  # levels 0 and 16 both occur
-    assert set(batch["labels"].tolist()) == set(range(10))
+    assert batch["image"].shape == (200, 8, 8, 1) and batch["image"].dtype == np.uint8
+    assert batch["image"].min() == 0 and batch["image"].max() == 255  # levels 0 and 16 both occur
+    assert set(batch["label"].tolist()) == set(range(10))
 
 
 def test_npz_source_with_and_without_labels(tmp_path: Path):
@@ -168,9 +171,10 @@ def test_npz_source_with_and_without_labels(tmp_path: Path):
     np.testing.assert_array_equal(labeled[1]["image"], images[1])
     assert labeled[1]["label"] == 2
     unlabeled = open_source(f"npz:{tmp_path / 'unlabeled.npz'}")
-    assert unlabeled.num_classes == 0 and unlabeled[3]["label"] == 0
+    assert unlabeled.num_classes == 0 and unlabeled[3].keys() == {"image"}  # unlabeled: no label field
     (batch,) = take(batch_stream(unlabeled, 5, 0), 1)
-    np.testing.assert_allclose(np.sort(batch["images"].ravel()), np.sort(images.ravel() / 127.5 - 1), atol=1e-6)
+    assert batch.keys() == {"image"}
+    np.testing.assert_array_equal(np.sort(batch["image"].ravel()), np.sort(images.ravel()))
 
 
 def write_png(path: Path, color, size=(12, 10), mode="RGB") -> None:
@@ -233,7 +237,7 @@ def test_arrayrecord_round_trip(tmp_path: Path):
     gray = images[..., :1]
     write_arrayrecord(tmp_path / "gray.array_record", gray)
     unlabeled = open_source(f"arrayrecord:{tmp_path}/gray.array_record", image_size=5)
-    assert (unlabeled.image_shape, unlabeled.num_classes, unlabeled[6]["label"]) == ((5, 5, 1), 0, 0)
+    assert (unlabeled.image_shape, unlabeled.num_classes, set(unlabeled[6])) == ((5, 5, 1), 0, {"image"})
     np.testing.assert_array_equal(unlabeled[6]["image"], gray[6])
 
     (tmp_path / "junk.array_record").write_bytes(b"not an array record")
@@ -251,7 +255,43 @@ def test_data_position_round_trip_and_mismatch():
     source = IndexedSource()
     position = json.loads(json.dumps(data_position(1234, 5, source)))
     assert check_position(position, 5, source) == 1234
-    with pytest.raises(ValueError, match="written for a dataset of 13 examples.*seed differ"):
+    with pytest.raises(ValueError, match="written for a dataset of 13 records.*seed differ"):
         check_position(position, 6, source)
     with pytest.raises(ValueError, match="this run has 14.*dataset_size differ"):
         check_position(position, 5, IndexedSource(14))
+
+
+class LatentSource:
+    """Not images: a float16 latent mean and a caption's token ids per record."""
+
+    fields = {"mean": jax.ShapeDtypeStruct((2, 2, 4), np.float16), "tokens": jax.ShapeDtypeStruct((7,), np.int32)}
+    spec = "latents:test"
+
+    def __init__(self, bad_index: int = -1):
+        self.bad_index = bad_index
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> dict:
+        mean = np.full((2, 2, 4), i / 8, np.float16)
+        tokens = np.arange(7, dtype=np.int32) + i
+        return {"mean": mean.astype(np.float32) if i == self.bad_index else mean, "tokens": tokens}
+
+
+def test_pipeline_batches_whatever_fields_a_source_declares():
+    source = LatentSource()
+    (batch,) = take(batch_stream(source, 10, 0), 1)
+    spec = batch_spec(source, 10)
+    for key, want in spec.items():
+        assert (batch[key].shape, batch[key].dtype) == (want.shape, want.dtype), key
+    ids = batch["tokens"][:, 0]  # record i has tokens i..i+6 and mean i/8
+    assert sorted(ids.tolist()) == list(range(10))
+    np.testing.assert_array_equal(batch["mean"][:, 0, 0, 0], (ids / 8).astype(np.float16))
+    with pytest.raises(ValueError, match="--hflip mirrors the 'image' field"):
+        batch_stream(source, 10, 0, hflip=True)
+
+
+def test_a_record_off_its_declaration_names_the_field():
+    with pytest.raises(ValueError, match=r"Field 'mean' of a record is float32\[2, 2, 4\], but its source declares float16\[2, 2, 4\]"):
+        take(batch_stream(LatentSource(bad_index=3), 10, 0), 1)

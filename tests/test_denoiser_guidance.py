@@ -11,7 +11,7 @@ from eqxdiff.diffusion import (
     EDMSchedule,
     FlowSchedule,
     VPSchedule,
-    drop_labels,
+    drop_condition,
     karras_sigmas,
     parameterization_by_name,
     sample,
@@ -60,7 +60,7 @@ def test_denoiser_of_an_ideal_network_is_the_true_denoiser(schedule_name, name):
 
     schedule = schedule_by_name(schedule_name)
 
-    def ideal_network(inp, t, labels=None):
+    def ideal_network(inp, t, cond=None):
         sigma = schedule.t_to_sigma(t)[:, None]
         x = inp / textbook_input_scale(schedule, name, sigma)
         return textbook_target(name, x, true_denoiser(x, sigma), sigma)
@@ -74,7 +74,7 @@ def test_denoiser_of_an_ideal_network_is_the_true_denoiser(schedule_name, name):
 def test_sampling_an_ideal_edm_network_gives_the_data_distribution():
     schedule = EDMSchedule()
 
-    def ideal_network(inp, t, labels=None):
+    def ideal_network(inp, t, cond=None):
         sigma = schedule.t_to_sigma(t)[:, None]
         x = inp * jnp.sqrt(sigma**2 + 0.25)
         return textbook_target("edm", x, true_denoiser(x, sigma), sigma)
@@ -102,7 +102,7 @@ def test_guidance_is_one_call_on_the_doubled_batch():
     labels = jnp.array([0, 1, 2, 3])
     null = 10
     counting = CountingDenoiser()
-    guided = ClassifierFreeGuidance(counting, labels, 3.0, null)(x, jnp.array(0.7))
+    guided = ClassifierFreeGuidance(counting, labels, 3.0, jnp.array([null]))(x, jnp.array(0.7))
     assert counting.batch_sizes == [8]
     reference = CountingDenoiser()
     cond = reference(x, 0.7, labels)
@@ -114,7 +114,7 @@ def test_guidance_scale_one_is_the_conditional_model_alone():
     x = jax.random.normal(jax.random.key(0), (4, 3))
     labels = jnp.array([3, 1, 2, 0])
     counting = CountingDenoiser()
-    out = ClassifierFreeGuidance(counting, labels, 1.0, 10)(x, jnp.array(0.3))
+    out = ClassifierFreeGuidance(counting, labels, 1.0, jnp.array([10]))(x, jnp.array(0.3))
     assert counting.batch_sizes == [4]
     np.testing.assert_allclose(out, CountingDenoiser()(x, 0.3, labels))
 
@@ -129,13 +129,66 @@ def test_guided_sampling_compiles_and_steers():
 
     labels = jnp.ones(4000, jnp.int32)
     x = 80.0 * jax.random.normal(jax.random.key(2), (4000, 1))
-    out = sample(ClassifierFreeGuidance(denoiser, labels, 2.0, 2), x, karras_sigmas(30), "heun")
+    out = sample(ClassifierFreeGuidance(denoiser, labels, 2.0, jnp.array([2])), x, karras_sigmas(30), "heun")
     assert float(out.mean()) == pytest.approx(2.0, abs=0.05)
 
 
-def test_drop_labels_rate_and_untouched_labels():
+def test_drop_condition_rate_and_untouched_labels():
     labels = jnp.arange(100_000) % 10
-    dropped = drop_labels(jax.random.key(0), labels, 0.1, 10)
+    dropped = drop_condition(jax.random.key(0), labels, 0.1, jnp.array([10]))
     is_null = np.asarray(dropped == 10)
     assert is_null.mean() == pytest.approx(0.1, abs=4 * np.sqrt(0.09 / 100_000))
     np.testing.assert_array_equal(np.asarray(dropped)[~is_null], np.asarray(labels)[~is_null])
+
+
+def text_condition(b, n=5, d=3, seed=0):
+    """A text-style condition: context [b, n, d], mask [b, n], pooled [b, d]."""
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {
+        "context": jax.random.normal(k1, (b, n, d)),
+        "mask": jnp.arange(n)[None, :] < jnp.arange(1, b + 1)[:, None] % n + 1,
+        "pooled": jax.random.normal(k2, (b, d)),
+    }
+
+
+def test_drop_condition_replaces_whole_examples_of_a_pytree():
+    cond = text_condition(2000)
+    null = {"context": jnp.zeros((1, 5, 3)), "mask": jnp.zeros((1, 5), bool), "pooled": jnp.full((1, 3), -7.0)}
+    dropped = drop_condition(jax.random.key(3), cond, 0.3, null)
+    gone = np.asarray(dropped["pooled"][:, 0] == -7.0)
+    assert 0.25 < gone.mean() < 0.35
+    # every leaf of a dropped example is null, every leaf of a kept one untouched
+    np.testing.assert_array_equal(np.asarray(dropped["context"])[gone], 0.0)
+    np.testing.assert_array_equal(np.asarray(dropped["mask"])[gone], False)
+    for k in cond:
+        np.testing.assert_array_equal(np.asarray(dropped[k])[~gone], np.asarray(cond[k])[~gone])
+    assert drop_condition(jax.random.key(3), None, 0.3, None) is None
+
+
+def text_denoiser(x, sigma, cond):
+    """Depends on every leaf of a text condition, masked context included."""
+    context = jnp.sum(cond["context"] * cond["mask"][..., None], axis=1)  # [b, d]
+    return 0.5 * x + context.sum(-1, keepdims=True) * cond["pooled"][:, :1] + sigma
+
+
+def test_guidance_over_a_pytree_condition_equals_two_calls():
+    x = jax.random.normal(jax.random.key(0), (4, 3))
+    cond = text_condition(4)
+    null = jax.tree.map(lambda a: jnp.zeros_like(a[:1]), cond)
+    calls = []
+
+    def counting(x, sigma, c):
+        calls.append(x.shape[0])
+        return text_denoiser(x, sigma, c)
+
+    guided = ClassifierFreeGuidance(counting, cond, 2.5, null)(x, jnp.array(0.7))
+    assert calls == [8]
+    conditional = text_denoiser(x, 0.7, cond)
+    unconditional = text_denoiser(x, 0.7, jax.tree.map(lambda c, n: jnp.broadcast_to(n, c.shape), cond, null))
+    np.testing.assert_allclose(guided, unconditional + 2.5 * (conditional - unconditional), rtol=1e-5, atol=1e-6)
+
+
+def test_guidance_rejects_a_null_condition_of_another_structure():
+    cond = text_condition(4)
+    with pytest.raises(ValueError, match="null condition"):
+        ClassifierFreeGuidance(text_denoiser, cond, 2.0, {"pooled": jnp.zeros((1, 3))})(jnp.zeros((4, 3)), jnp.array(1.0))

@@ -1,4 +1,4 @@
-"""Parameterizations and the loss against the textbook objectives, each written out here."""
+"""Parameterizations and train/main.py's loss against the textbook objectives, each written out here."""
 
 import jax
 import jax.numpy as jnp
@@ -17,17 +17,25 @@ from eqxdiff.diffusion import (
     VPrediction,
     VPSchedule,
     denoising_loss,
-    denoising_loss_at,
+    denoising_prediction,
     loss_weight,
     parameterization_by_name,
 )
 
+import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+
 B, H, W, C = 6, 4, 4, 2
 
 
-def toy_model(x, t, labels=None, *, key=None):
+def toy_model(x, t, cond=None, *, key=None):
     """A fixed nonlinear function of the input and the time: stands in for a network."""
     return jnp.tanh(0.7 * x + 0.01 * t[:, None, None, None]) + 0.3 * jnp.sin(x[..., ::-1])
+
+
+def main_loss(model, schedule, parameterization, x0, sigma, noise):
+    """The loss train/main.py trains with, on a prepared batch."""
+    batch = dict(x0=x0, sigma=sigma, noise=noise, cond=None)
+    return train_main.loss_fn(model, batch, None, schedule=schedule, parameterization=parameterization)
 
 
 @pytest.fixture
@@ -47,7 +55,7 @@ def test_ddpm_epsilon_mse(batch):
     x_t = jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise
     expected = jnp.mean((toy_model(x_t, t.astype(jnp.float32)) - noise) ** 2)
     sigma = jnp.asarray(schedule.sigmas, jnp.float32)[t]
-    ours = denoising_loss_at(toy_model, schedule, EpsilonPrediction(), x0, sigma, noise)
+    ours = main_loss(toy_model, schedule, EpsilonPrediction(), x0, sigma, noise)
     np.testing.assert_allclose(ours, expected, rtol=1e-4)
 
 
@@ -62,7 +70,7 @@ def test_v_prediction_mse(batch):
     v = alpha * noise - sigma_t * x0
     expected = jnp.mean((toy_model(x_t, t.astype(jnp.float32)) - v) ** 2)
     sigma = jnp.asarray(schedule.sigmas, jnp.float32)[t]
-    ours = denoising_loss_at(toy_model, schedule, VPrediction(), x0, sigma, noise)
+    ours = main_loss(toy_model, schedule, VPrediction(), x0, sigma, noise)
     np.testing.assert_allclose(ours, expected, rtol=1e-4)
 
 
@@ -79,7 +87,7 @@ def test_edm_weighted_loss(batch):
     D = c_skip * y + c_out * toy_model(c_in * y, jnp.log(sigma) / 4)
     lam = (s**2 + sd**2) / (s * sd) ** 2
     expected = jnp.mean(lam * (D - x0) ** 2)
-    ours = denoising_loss_at(toy_model, EDMSchedule(), EDMPreconditioning(sd), x0, sigma, noise)
+    ours = main_loss(toy_model, EDMSchedule(), EDMPreconditioning(sd), x0, sigma, noise)
     np.testing.assert_allclose(ours, expected, rtol=1e-4)
 
 
@@ -90,7 +98,7 @@ def test_flow_matching_mse(batch):
     tt = t[:, None, None, None]
     x_t = (1 - tt) * x0 + tt * noise
     expected = jnp.mean((toy_model(x_t, 1000 * t) - (noise - x0)) ** 2)
-    ours = denoising_loss_at(toy_model, FlowSchedule(), FlowVelocity(), x0, t / (1 - t), noise)
+    ours = main_loss(toy_model, FlowSchedule(), FlowVelocity(), x0, t / (1 - t), noise)
     np.testing.assert_allclose(ours, expected, rtol=1e-4)
 
 
@@ -99,7 +107,7 @@ def test_x0_prediction_mse(batch):
     sigma = jnp.exp(jax.random.normal(key, (B,)))
     s = sigma[:, None, None, None]
     expected = jnp.mean((toy_model(x0 + s * noise, jnp.log(sigma) / 4) - x0) ** 2)
-    ours = denoising_loss_at(toy_model, EDMSchedule(), DataPrediction(), x0, sigma, noise)
+    ours = main_loss(toy_model, EDMSchedule(), DataPrediction(), x0, sigma, noise)
     np.testing.assert_allclose(ours, expected, rtol=1e-4)
 
 
@@ -113,8 +121,33 @@ def test_loss_is_edm_form_with_lambda_one_over_c_out_squared(name, batch):
     D = Denoiser(toy_model, schedule, parameterization)(x0 + sigma[:, None, None, None] * noise, sigma)
     lam = loss_weight(sigma, parameterization, schedule)[:, None, None, None]
     expected = jnp.mean(lam * (D - x0) ** 2)
-    ours = denoising_loss_at(toy_model, schedule, parameterization, x0, sigma, noise)
+    ours = main_loss(toy_model, schedule, parameterization, x0, sigma, noise)
     np.testing.assert_allclose(ours, expected, rtol=2e-3)
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETERIZATIONS))
+def test_prediction_is_the_denoiser_and_its_squared_error(name, batch):
+    x0, noise, key = batch
+    schedule = FlowSchedule() if name == "flow" else EDMSchedule()
+    parameterization = parameterization_by_name(name)
+    sigma = jnp.exp(jax.random.uniform(key, (B,), minval=-1.0, maxval=1.5))
+    D = Denoiser(toy_model, schedule, parameterization)(x0 + sigma[:, None, None, None] * noise, sigma)
+    pred = denoising_prediction(toy_model, schedule, parameterization, x0, sigma, noise)
+    np.testing.assert_allclose(pred.x0_hat, D, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pred.mse, jnp.mean((D - x0) ** 2, axis=(1, 2, 3)), rtol=2e-4)
+
+
+def test_error_stays_accurate_at_tiny_sigma(batch):
+    # At σ = 1e-4 D - x0 is ~1e-4 of x0: the F-space form keeps its digits, computed in float64 here.
+    x0, noise, _ = batch
+    sigma = jnp.full((B,), 1e-4)
+    pred = denoising_prediction(toy_model, EDMSchedule(), EDMPreconditioning(), x0, sigma, noise)
+    x0_, n_, s = (np.asarray(a, np.float64) for a in (x0, noise, 1e-4))
+    c_skip, c_out, c_in = 0.25 / (s**2 + 0.25), s * 0.5 / np.sqrt(s**2 + 0.25), 1 / np.sqrt(s**2 + 0.25)
+    x = x0_ + s * n_
+    out = np.asarray(toy_model(jnp.asarray(c_in * x, jnp.float32), jnp.full((B,), np.log(s) / 4, jnp.float32)), np.float64)
+    exact = np.mean((c_skip * x + c_out * out - x0_) ** 2, axis=(1, 2, 3))
+    np.testing.assert_allclose(pred.mse, exact, rtol=1e-3)
 
 
 def test_edm_lambda_and_snr_weights():

@@ -15,7 +15,8 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from eqxdiff.data import open_source
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
+import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
@@ -25,13 +26,14 @@ BATCH = 16
 
 
 def prepare(batch, key):
-    key_draw, key_drop = jax.random.split(key)
-    sigma, noise = draw_sigma_and_noise(SCHEDULE, batch["images"], key_draw)
-    return dict(batch, sigma=sigma, noise=noise, labels=drop_labels(key_drop, batch["labels"], 0.1, 10))
+    """train/main.py's prepare; the test-only field "poison" (0 or NaN per example) is added to x0."""
+    batch = dict(batch)
+    poison = batch.pop("poison")
+    out = train_main.prepare(batch, key, schedule=SCHEDULE, label_dropout=0.1, null_cond=jnp.array([10]))
+    return dict(out, x0=out["x0"] + poison[:, None, None, None])
 
 
-def loss_fn(model, batch, key):
-    return denoising_loss_at(model, SCHEDULE, PARAM, batch["images"], batch["sigma"], batch["noise"], batch["labels"])
+loss_fn = functools.partial(train_main.loss_fn, schedule=SCHEDULE, parameterization=PARAM)
 
 
 def tiny_unet(key, remat=False, channels=(16, 32), blocks=1):
@@ -67,12 +69,11 @@ def build(mesh, *, k=1, precision="fp32", make_model=tiny_unet, lr=3e-3, min_siz
 @functools.cache
 def digit_batches(n, batch=BATCH):
     digits = open_source("digits")
-    images, labels = digits.images.astype(np.float32) / 127.5 - 1, digits.labels
     rng = np.random.default_rng(0)
     out = []
     for _ in range(n):
-        idx = rng.choice(len(images), batch, replace=False)
-        out.append({"images": images[idx], "labels": labels[idx]})
+        idx = rng.choice(len(digits), batch, replace=False)
+        out.append({"image": digits.images[idx], "label": digits.labels[idx], "poison": np.zeros(batch, np.float32)})
     return out
 
 
@@ -159,7 +160,7 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
     kept = arrays(state)
     step_before = int(state.step)
-    poisoned = dict(good, images=np.where(np.arange(BATCH)[:, None, None, None] == 3, np.nan, good["images"]))
+    poisoned = dict(good, poison=np.where(np.arange(BATCH) == 3, np.nan, 0.0).astype(np.float32))
     for i in range(1, 4):
         state, metrics = step(state, put(poisoned, mesh))
         assert not bool(metrics["finite"]) and int(metrics["bad_steps"]) == i
@@ -168,17 +169,6 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     assert int(state.step) == step_before + 3  # the bad batches are consumed, not retried
     state, metrics = step(state, put(good, mesh))
     assert bool(metrics["finite"]) and int(metrics["bad_steps"]) == 0
-
-
-def test_ema_moves_only_with_updates_by_its_formula(fsdp_step):
-    mesh, state, step = fsdp_step
-    ema_before = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(state.ema, eqx.is_inexact_array))]
-    state, metrics = step(state, put(digit_batches(1)[0], mesh))
-    assert bool(metrics["finite"])
-    ema_after = jax.tree.leaves(eqx.filter(state.ema, eqx.is_inexact_array))
-    params = jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))
-    for e0, e1, p in zip(ema_before, ema_after, params):
-        np.testing.assert_allclose(np.asarray(e1), 0.9 * e0 + 0.1 * np.asarray(p), rtol=1e-5, atol=1e-7)
 
 
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():

@@ -28,16 +28,17 @@ def count(model):
     return sum(x.size for x in jax.tree.leaves(model) if isinstance(x, jax.ShapeDtypeStruct | jax.Array))
 
 
-call = eqx.filter_jit(lambda m, x, t, labels=None, key=None: m(x, t, labels, key=key))
+call = eqx.filter_jit(lambda m, x, t, cond=None, key=None: m(x, t, cond, key=key))
 # Test data from numpy: eager jax.random on 4-D shapes compiles slowly on CPU.
 RNG = np.random.default_rng(0)
 X = jnp.asarray(RNG.normal(size=(2, 8, 8, 3)), jnp.float32)
 T = jnp.array([3.0, 700.0])
 
 
-def test_shapes_labels_attention_and_null_label():
+def test_shapes_labels_attention_and_null_cond():
     model = perturbed(tiny(num_classes=5, attention_levels=(1,), num_middle_res_blocks=0))
-    assert model.null_label == 5
+    np.testing.assert_array_equal(model.null_cond(3), [5, 5, 5])
+    assert tiny().null_cond(3) is None  # unconditional: no null condition
     with_labels = call(model, X, T, jnp.array([0, 4]))
     without = call(model, X, T)
     assert with_labels.shape == without.shape == X.shape

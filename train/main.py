@@ -8,58 +8,59 @@
 A run resumes by itself from the newest checkpoint in --run_dir (same command again); SIGTERM or
 Ctrl-C finishes the current step, saves and exits 0.
 
-Everything a researcher changes is in this file: the Config, the model table, the loss and
-the loop. The step itself (sharding, donation, NaN guard, accumulation) is
-`eqxdiff.training.make_train_step`; the loss is `denoising_loss_at` below.
+Everything a researcher changes is in this file: the Config, the model table, the sharding
+rules, `prepare` (a batch of records -> the model's input and condition), `loss_fn` (its
+weighting is one line) and the loop. The step itself (sharding, donation, NaN guard,
+accumulation) is `eqxdiff.training.make_train_step`.
 """
 
-import time
+import argparse
+import dataclasses
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
-PROCESS_START = time.perf_counter()  # startup/time_to_first_step_s counts the imports too
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entries
+from tqdm import tqdm
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from eqxdiff.checkpoint import Checkpoints  # noqa: E402
-from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position, open_source  # noqa: E402
-from eqxdiff.diffusion import (  # noqa: E402
-    draw_sigma_and_noise,
+from eqxdiff import xla_cpu
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position, open_source
+from eqxdiff.diffusion import (
+    METHODS,
     PARAMETERIZATIONS,
     SCHEDULES,
-    ClassifierFreeGuidance,
-    Denoiser,
-    denoising_loss_at,
-    drop_labels,
-    karras_sigmas,
+    denoising_prediction,
+    draw_sigma_and_noise,
+    drop_condition,
+    loss_weight,
     parameterization_by_name,
-    sample,
     schedule_by_name,
 )
-from eqxdiff.images import save_image_grid  # noqa: E402
-from eqxdiff.nn import DiT, UNet  # noqa: E402
-from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary  # noqa: E402
-from eqxdiff.training import (  # noqa: E402
+from eqxdiff.generate import generate
+from eqxdiff.images import from_uint8, save_image_grid
+from eqxdiff.nn import DiT, UNet, null_cond_of
+from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary
+from eqxdiff.training import (
     PRECISIONS,
+    LogWindow,
     MetricsLogger,
+    ProfileWindow,
     abstract_train_state,
     adamw_cosine,
     create_train_state,
     make_train_step,
-    mfu,
+    parse_step_range,
     peak_flops_per_device,
+    process_age_s,
     step_flops,
 )
-from eqxdiff.training.logging import WANDB_MODES  # noqa: E402
-from eqxdiff.training.preemption import StopRequest  # noqa: E402
+from eqxdiff.training.logging import WANDB_MODES
+from eqxdiff.training.preemption import StopRequest
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Config:
     log_every: int = 50
     sample_every: int = 200  # 0: no sample grids
     sample_steps: int = 18
+    sample_method: str = "heun"
     cfg_scale: float = 1.5
     ckpt_every: int = 500  # and always at the end (or on SIGTERM/SIGINT)
     keep_checkpoints: int = 3
@@ -101,20 +103,50 @@ class Config:
     process_id: int = 0
 
 
-# name -> (image shape, num_classes, remat, key) -> model. Add yours here.
+# name -> (image shape, num_classes, remat, key) -> model. Add yours here: any callable
+# `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
+# wraps a one-example Equinox module).
 MODELS = {
     "unet": lambda shape, n, remat, key: UNet(shape[-1], (32, 64), 1, num_classes=n, remat=remat, key=key),
     "unet_tiny": lambda shape, n, remat, key: UNet(shape[-1], (16, 32), 1, num_classes=n, norm_groups=4, remat=remat, key=key),
     "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
     "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
 }
+# (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
+# parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
+SHARDING_RULES = [
+    # ("conv_out", PartitionSpec()),  # keep the last conv whole on every device
+]
 CHOICES = {
     "model": sorted(MODELS),
     "schedule": sorted(SCHEDULES),
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
+    "sample_method": sorted(METHODS),
     "wandb": list(WANDB_MODES),
 }
+
+
+# ---- where a batch of records meets the model, and the loss: edit these two ----
+def prepare(batch: dict, key: jax.Array, *, schedule, label_dropout: float, null_cond) -> dict:
+    """A record batch -> what `loss_fn` reads: x0 in [-1, 1], the condition (labels, each
+    replaced by the null condition with probability `label_dropout` for classifier-free
+    guidance), and the training draw σ, ε. Runs inside the step on the whole global batch."""
+    key_draw, key_drop = jax.random.split(key)
+    x0 = from_uint8(batch["image"])
+    sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
+    cond = drop_condition(key_drop, batch["label"], label_dropout, null_cond) if "label" in batch else None
+    return dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
+
+
+def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -> jax.Array:
+    """E λ(σ)·‖D(x0 + σε; σ, cond) - x0‖² (Karras et al. 2022, eq. 2) over a (micro-)batch."""
+    pred = denoising_prediction(
+        model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+    )
+    weight = loss_weight(batch["sigma"], parameterization, schedule)  # 1/c_out²: ε-, v-, EDM, flow-matching MSE
+    # weight = jnp.minimum(1 / batch["sigma"] ** 2, 5.0)  # min-SNR-5 (Hang et al. 2023): SNR = 1/σ²
+    return jnp.mean(weight * pred.mse)
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -128,17 +160,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
                 f"--{field.name}", type=field.type, default=field.default, choices=CHOICES.get(field.name)
             )
     cfg = Config(**vars(parser.parse_args(argv)))
-    if cfg.profile_steps and not _profile_range(cfg.profile_steps):
+    if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
     return cfg
-
-
-def _profile_range(text: str) -> tuple[int, int] | None:
-    try:
-        a, b = (int(v) for v in text.split(":"))
-    except ValueError:
-        return None
-    return (a, b) if 1 <= a < b else None
 
 
 def check_batch(cfg: Config, num_devices: int) -> None:
@@ -153,29 +177,9 @@ def check_batch(cfg: Config, num_devices: int) -> None:
         )
 
 
-def generate(
-    model, schedule, parameterization, labels: np.ndarray | None, num: int, image_shape, *,
-    mesh, steps: int, method: str = "heun", cfg_scale: float = 1.0, seed: int = 0,
-) -> np.ndarray:  # fmt: skip
-    """`num` images (host float32 NHWC in about [-1, 1]) from `model`, e.g. the EMA, on a Karras
-    grid of `steps` steps; `labels` (num,) ask for classes (None: unconditional), with
-    classifier-free guidance at `cfg_scale` (1: none). Every process must call it (the model may
-    be sharded over all of them) and every process gets all the images."""
-    # Inputs as global arrays, split over the devices when the batch divides, built from the same
-    # host values on every process (so the call is the same in 1 or N processes).
-    split = batch_sharding(mesh) if num % mesh.size == 0 else NamedSharding(mesh, PartitionSpec())
-    to_global = lambda a: jax.make_array_from_callback(a.shape, split, lambda index: a[index])  # noqa: E731
-    denoise = Denoiser(model, schedule, parameterization)
-    if labels is not None:
-        denoise = ClassifierFreeGuidance(denoise, to_global(np.asarray(labels, np.int32)), cfg_scale, model.null_label)
-    sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
-    noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
-    out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
-    return np.asarray(multihost_utils.process_allgather(out, tiled=True))
-
-
 def start_jax(cfg: Config) -> None:
-    """Device simulation, the compile cache and jax.distributed: all before the backend starts."""
+    """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
+    before the backend starts."""
     if cfg.cpu_devices:
         jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
     if cfg.compilation_cache_dir:
@@ -186,6 +190,47 @@ def start_jax(cfg: Config) -> None:
         jax.distributed.initialize()
     elif cfg.coordinator:
         jax.distributed.initialize(cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
+    xla_cpu.enable()  # only changes what runs on CPU devices (eqxdiff/xla_cpu.py says why)
+
+
+def train_loop(cfg: Config, state, train_step, batches, logger: MetricsLogger, *, start_step: int,
+               log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop) -> object:  # fmt: skip
+    """Steps start_step+1 .. cfg.steps; returns the state. At most two steps are in flight, and the
+    host reads metrics only at the log cadence."""
+    previous, first = None, start_step + 1
+    bar = tqdm(range(first, cfg.steps + 1), desc="train", total=cfg.steps, initial=start_step, mininterval=2.0,
+               disable=not logger.enabled)  # fmt: skip
+    for step in bar:
+        profile.before(step)
+        state, metrics = train_step(state, next(batches))
+        if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
+            jax.block_until_ready(previous["loss"])
+        previous = metrics
+        log_window.add(metrics)
+        if step == first:  # the compile (or the cache load) is not a step time
+            jax.block_until_ready(metrics)
+            logger.log_once({"startup/time_to_first_step_s": process_age_s()})
+            log_window.restart_clock()
+        profile.after(step, metrics)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            logged, worst = log_window.read()
+            logger.log(step, logged)
+            bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
+            if worst >= cfg.max_bad_steps:
+                raise RuntimeError(
+                    f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
+                    f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
+                )
+        stopping = stop.should_stop(step, cfg.log_every)
+        with log_window.paused():  # sampling and saving are not training time
+            if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
+                write_samples(step, state)
+            if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
+                save_checkpoint(step, state)
+        if stopping:
+            bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
+            break
+    return state
 
 
 def main(cfg: Config) -> None:
@@ -209,34 +254,27 @@ def main(cfg: Config) -> None:
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
     # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
-    abstract, shardings = abstract_train_state(make_model, optimizer, mesh, cfg.fsdp_min_param_size)
-    null_label = abstract.model.null_label
-
-    # ---- the loss: per-example randomness for the whole batch, then EDM's weighted MSE ----
-    def prepare(batch, key):
-        key_draw, key_drop = jax.random.split(key)
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
-        labels = drop_labels(key_drop, batch["labels"], cfg.label_dropout, null_label) if num_classes else None
-        return dict(batch, sigma=sigma, noise=noise, labels=labels)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
-        )
-
+    abstract, shardings = abstract_train_state(
+        make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES
+    )
     data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
+        prepare=functools.partial(
+            prepare, schedule=schedule, label_dropout=cfg.label_dropout, null_cond=null_cond_of(abstract.model, 1)
+        ),
+        loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
+        optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision,
     )  # fmt: skip
 
-    # ---- a fresh state, or the newest checkpoint restored onto this run's mesh, while the step
-    # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL) ----
+    # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
+    # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL).
     checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
+    spec = batch_spec(source, cfg.batch_size)
     with ThreadPoolExecutor(1) as pool:
-        compiling = pool.submit(train_step.compile, abstract, batch_spec(source, cfg.batch_size))
+        compiling = pool.submit(train_step.compile, abstract, spec)
         if resume is None:
             state, _ = create_train_state(
                 make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
@@ -249,25 +287,26 @@ def main(cfg: Config) -> None:
             tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
         tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
         compiling.result()  # a compile error surfaces here
+    if start_step >= cfg.steps:
+        tqdm.write(f"the checkpoint at step {start_step} already reaches --steps {cfg.steps}; nothing to train")
 
-    def write_samples(step: int) -> Path | None:
+    def write_samples(step: int, state) -> None:
         """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
         rows = num_classes or 10
-        labels = np.repeat(np.arange(rows), 10) if num_classes else None  # one row per class
+        labels = np.repeat(np.arange(rows, dtype=np.int32), 10) if num_classes else None  # one row per class
         out = generate(
-            state.ema, schedule, parameterization, labels, rows * 10, image_shape, mesh=mesh,
-            steps=cfg.sample_steps, method="heun", cfg_scale=cfg.cfg_scale, seed=cfg.seed + step,
+            state.ema, schedule, parameterization, labels, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
+            method=cfg.sample_method, cfg_scale=cfg.cfg_scale, seed=cfg.seed + step,
         )  # fmt: skip
         if is_main:
-            return save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
-        return None
+            path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
+            tqdm.write(f"step {step}: samples -> {path}")
 
-    def save_checkpoint(step: int) -> None:
+    def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes)
-        if not checkpoints.save(step, state, data_position(examples, cfg.seed, source), config):
-            if step not in checkpoints.steps:
-                tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
+        if checkpoints.save(step, state, data_position(examples, cfg.seed, source), config) == "non_finite":
+            tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
 
     stream = batch_stream(
         source, cfg.batch_size, cfg.seed, start_example=start_example, hflip=cfg.hflip,
@@ -275,78 +314,22 @@ def main(cfg: Config) -> None:
     )  # fmt: skip
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
     peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
-    profile = _profile_range(cfg.profile_steps)
-    flops_per_device = float("nan")
-    if start_step >= cfg.steps:
-        tqdm.write(f"the checkpoint at step {start_step} already reaches --steps {cfg.steps}; nothing to train")
-
+    flops_per_device = step_flops(train_step, abstract, spec) / mesh.size  # XLA's cost analysis of the step
     with Prefetch(stream, to_global, depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
     ) as logger, checkpoints, StopRequest() as stop:
         logger.truncate_after(start_step)  # a resumed run logs each step once
-        window, previous, step, timed = [], None, start_step, 0
-        first = start_step + 1
-        steps = range(first, cfg.steps + 1)
-        bar = tqdm(steps, desc="train", total=cfg.steps, initial=start_step, mininterval=2.0, disable=not is_main)
-        for step in bar:
-            if profile and step == profile[0]:
-                jax.profiler.start_trace(str(run_dir / "profile"))
-            batch = next(batches)
-            if step == first:  # the step's lowering (already compiled): FLOPs from XLA's cost analysis
-                flops_per_device = step_flops(train_step, state, batch) / mesh.size
-            state, metrics = train_step(state, batch)
-            if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-            window.append(metrics)
-            timed += 1
-            if step == first:
-                jax.block_until_ready(metrics)
-                logger.log_once(
-                    {
-                        "startup/time_to_first_step_s": time.perf_counter() - PROCESS_START,
-                        "startup/step_flops_per_device": flops_per_device,
-                        "startup/peak_flops_per_device": peak,
-                        "startup/peak_source": peak_source,
-                    }
-                )
-                timed, window_start = 0, time.perf_counter()  # the compile is not a step time
-            if profile and step == profile[1] - 1:
-                jax.block_until_ready(metrics)
-                jax.profiler.stop_trace()
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                rows = jax.device_get(window)  # the one host read per log interval
-                step_time = (time.perf_counter() - window_start) / timed if timed else float("nan")
-                logged = {
-                    "train/loss": float(np.mean([r["loss"] for r in rows if r["finite"]] or [np.nan])),
-                    "train/grad_norm": float(rows[-1]["grad_norm"]),
-                    "train/lr": float(rows[-1]["lr"]),
-                    "train/bad_steps": int(rows[-1]["bad_steps"]),
-                    "train/step_time_ms": 1000 * step_time,
-                    "train/samples_per_sec": cfg.batch_size / step_time,
-                    "train/mfu": mfu(flops_per_device, step_time, peak),
-                }
-                logger.log(step, logged)
-                bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
-                worst = max(int(r["bad_steps"]) for r in rows)
-                if worst >= cfg.max_bad_steps:
-                    raise RuntimeError(
-                        f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
-                        f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
-                    )
-                window, timed, window_start = [], 0, time.perf_counter()
-            paused = time.perf_counter()
-            if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
-                path = write_samples(step)
-                if path:
-                    bar.write(f"step {step}: samples -> {path}")
-            stopping = stop.should_stop(step, cfg.log_every)
-            if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
-                save_checkpoint(step)
-            window_start += time.perf_counter() - paused  # sampling and saving are not training time
-            if stopping:
-                bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
-                break
+        logger.log_once({
+            "startup/step_flops_per_device": flops_per_device,
+            "startup/peak_flops_per_device": peak,
+            "startup/peak_source": peak_source,
+        })  # fmt: skip
+        train_loop(
+            cfg, state, train_step, batches, logger, start_step=start_step,
+            log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
+            profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
+            write_samples=write_samples, save_checkpoint=save_checkpoint, stop=stop,
+        )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from main import MODELS, Config, generate, start_jax  # train/ is on sys.path when run as a script
+from main import MODELS, Config, start_jax  # train/ is on sys.path when run as a script
 
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
+from eqxdiff.generate import generate
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine
@@ -31,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
-    parser.add_argument("--method", default="heun", choices=sorted(METHODS))
+    parser.add_argument("--method", default=None, choices=sorted(METHODS), help="sampler (default: the run's)")
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
     parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
     parser.add_argument("--seed", type=int, default=0)
@@ -76,7 +77,8 @@ def main(args: argparse.Namespace) -> None:
     labels = balanced_labels(args.num, classes) if num_classes else None
     images = generate(
         state.ema, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization), labels,
-        args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method, cfg_scale=args.cfg, seed=args.seed,
+        args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
+        cfg_scale=args.cfg, seed=args.seed,
     )  # fmt: skip
     if jax.process_index() == 0:
         out = Path(args.out)

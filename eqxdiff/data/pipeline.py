@@ -10,14 +10,12 @@ Batches may straddle epochs: no example is dropped at an epoch end. Random horiz
 drawn from (seed, g), so they do not depend on the process count or on `num_threads` either.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import grain
-import jax
 import numpy as np
-from jaxtyping import Float32, Int32
 
-from eqxdiff.data.sources import ImageSource
+from eqxdiff.data.records import Source, describe_fields, stack_records
 
 
 def derived_seeds(seed: int) -> tuple[int, int]:
@@ -29,11 +27,6 @@ def derived_seeds(seed: int) -> tuple[int, int]:
     return int(shuffle_seed), int(flip_seed)
 
 
-def to_float(example: dict) -> dict:
-    """uint8 image -> float32 in [-1, 1]; label -> int32."""
-    return {"image": example["image"] / np.float32(127.5) - 1, "label": np.int32(example["label"])}
-
-
 def random_hflip(example: dict, rng: np.random.Generator) -> dict:
     """Mirror the image left-right with probability 1/2."""
     if rng.random() < 0.5:
@@ -41,24 +34,8 @@ def random_hflip(example: dict, rng: np.random.Generator) -> dict:
     return example
 
 
-def stack_examples(examples: Sequence[dict]) -> dict:
-    """A batch: {"images": (L, H, W, C) float32, "labels": (L,) int32}."""
-    images: Float32[np.ndarray, "l h w c"] = np.stack([e["image"] for e in examples])
-    labels: Int32[np.ndarray, " l"] = np.array([e["label"] for e in examples], np.int32)
-    return {"images": images, "labels": labels}
-
-
-def batch_spec(source: ImageSource, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch (all processes' rows) that `batch_stream` feeds the step, as
-    ShapeDtypeStructs: the train step can compile before the first batch exists."""
-    return {
-        "images": jax.ShapeDtypeStruct((global_batch_size, *source.image_shape), np.float32),
-        "labels": jax.ShapeDtypeStruct((global_batch_size,), np.int32),
-    }
-
-
 def batch_stream(
-    source: ImageSource,
+    source: Source,
     global_batch_size: int,
     seed: int,
     *,
@@ -69,8 +46,8 @@ def batch_stream(
     num_threads: int = 4,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches of this process's rows of each global batch (see the module docstring):
-    {"images": float32 (L, H, W, C) in [-1, 1], "labels": int32 (L,)}, L = global_batch_size //
-    process_count. `num_threads` grain threads read (decode) batches ahead; the stream is the
+    each of the source's fields stacked, `(L, *shape)` in its declared dtype, L =
+    global_batch_size // process_count. `hflip` mirrors the "image" field. `num_threads` grain threads read (decode) batches ahead; the stream is the
     same for any value (0 reads in the calling thread, best for in-memory sources)."""
     if global_batch_size < 1 or global_batch_size % process_count:
         raise ValueError(
@@ -82,39 +59,40 @@ def batch_stream(
     if start_example < 0:
         raise ValueError(f"start_example must be >= 0, got {start_example}.")
     shuffle_seed, flip_seed = derived_seeds(seed)
+    if hflip and "image" not in source.fields:
+        raise ValueError(f"--hflip mirrors the 'image' field; {source.spec} has {sorted(source.fields)}.")
     examples = grain.MapDataset.source(source).shuffle(seed=shuffle_seed).repeat()  # element g, endless
-    examples = examples.map(to_float)
     if hflip:
         examples = examples.random_map(random_hflip, seed=flip_seed)  # rng from (flip_seed, g): before slicing
-    local_batches = examples[start_example:].batch(global_batch_size // process_count, batch_fn=stack_examples)
+    local_batches = examples[start_example:].batch(
+        global_batch_size // process_count, batch_fn=lambda records: stack_records(records, source.fields)
+    )
     mine = local_batches[process_index::process_count]  # the p-th L-row block of each global batch
     read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
     return iter(mine.to_iter_dataset(read))
 
 
-def data_position(examples_consumed: int, seed: int, source: ImageSource) -> dict:
+def data_position(examples_consumed: int, seed: int, source: Source) -> dict:
     """The json-able data position to checkpoint: resume with `start_example=examples_consumed`."""
     return {
         "examples_consumed": int(examples_consumed),
         "seed": int(seed),
         "dataset": source.spec,
         "dataset_size": len(source),
-        "image_shape": list(source.image_shape),
-        "num_classes": source.num_classes,
+        "fields": describe_fields(source.fields),
     }
 
 
-def check_position(position: dict, seed: int, source: ImageSource) -> int:
+def check_position(position: dict, seed: int, source: Source) -> int:
     """`position["examples_consumed"]`, after checking that the checkpoint's dataset and seed are
     this run's (a different one would silently resume a different stream)."""
     now = data_position(position["examples_consumed"], seed, source)
-    differs = [k for k in ("dataset_size", "image_shape", "num_classes", "seed") if position.get(k) != now[k]]
+    differs = [k for k in ("dataset_size", "fields", "seed") if position.get(k) != now[k]]
     if differs:
         raise ValueError(
-            f"The checkpoint was written for a dataset of {position.get('dataset_size')} examples of shape"
-            f" {position.get('image_shape')} with {position.get('num_classes')} classes"
-            f" ({position.get('dataset')}, seed {position.get('seed')}), but this run has {now['dataset_size']}"
-            f" of shape {now['image_shape']} with {now['num_classes']} classes ({now['dataset']}, seed {seed});"
+            f"The checkpoint was written for a dataset of {position.get('dataset_size')} records with fields"
+            f" {position.get('fields')} ({position.get('dataset')}, seed {position.get('seed')}), but this run has"
+            f" {now['dataset_size']} with fields {now['fields']} ({now['dataset']}, seed {seed});"
             f" {', '.join(differs)} differ. Resume with the checkpoint's --dataset and --seed, or start a new run."
         )
     return now["examples_consumed"]

@@ -1,7 +1,9 @@
 """Image datasets as grain random-access sources, chosen by a `--dataset` spec string.
 
-Every source yields `{"image": uint8 (H, W, C), "label": int}` and carries `image_shape`
-(H, W, C), `num_classes` (0 when unlabeled; labels are then all 0) and `spec` (its string).
+Every image source is a record source (`eqxdiff.data.records.Source`) with the fields
+`{"image": uint8[H, W, C]}`, plus `"label": int32[]` when labeled, and carries `image_shape`
+(H, W, C), `num_classes` (0: unlabeled, no label field) and `spec` (its string). Images stay
+uint8 on the way to the device; `eqxdiff.images.from_uint8` maps them to [-1, 1] there.
 Specs (`open_source`):
 
 - `digits`: scikit-learn's bundled 1,797 handwritten digits, 10 classes, kept at their native
@@ -29,9 +31,12 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import grain
+import jax
 import numpy as np
 from jaxtyping import Int, UInt8
 from PIL import Image
+
+from eqxdiff.data.records import Source
 
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -40,16 +45,24 @@ _HEADER_LEN = struct.Struct("<I")
 
 
 @runtime_checkable
-class ImageSource(Protocol):
-    """A grain-compatible random-access source of `{"image": uint8 (H, W, C), "label": int}`."""
+class ImageSource(Source, Protocol):
+    """A record source of `{"image": uint8 (H, W, C)}` (+ `"label": int32 ()` when labeled)."""
 
     image_shape: tuple[int, int, int]
     num_classes: int
-    spec: str
 
-    def __len__(self) -> int: ...
 
-    def __getitem__(self, i: int) -> dict: ...
+def image_fields(image_shape: tuple[int, int, int], num_classes: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The fields of an image source: the image, and its label when there are classes."""
+    fields = {"image": jax.ShapeDtypeStruct(tuple(image_shape), np.uint8)}
+    if num_classes:
+        fields["label"] = jax.ShapeDtypeStruct((), np.int32)
+    return fields
+
+
+def image_record(image: np.ndarray, label: int | np.integer, num_classes: int) -> dict:
+    """One example of an image source: `{"image"}`, plus `"label"` (int32) when labeled."""
+    return {"image": image, "label": np.int32(label)} if num_classes else {"image": image}
 
 
 class ArraySource:
@@ -64,13 +77,14 @@ class ArraySource:
         self.labels = np.zeros(len(images), np.int32) if labels is None else labels.astype(np.int32)
         self.num_classes = 0 if labels is None else int(labels.max()) + 1
         self.image_shape = tuple(int(d) for d in images.shape[1:])
+        self.fields = image_fields(self.image_shape, self.num_classes)
         self.spec = spec
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, i: int) -> dict:
-        return {"image": self.images[i], "label": int(self.labels[i])}
+        return image_record(self.images[i], self.labels[i], self.num_classes)
 
 
 def decode_image(data: bytes, channels: int, size: int, name: str) -> UInt8[np.ndarray, "s s c"]:
@@ -107,6 +121,8 @@ class FolderSource:
         self.num_classes = len(class_dirs)
         channels = 1 if all(_image_mode(f) in GRAYSCALE_MODES for f, _ in self.files) else 3
         self.image_shape = (image_size, image_size, channels)
+        self.fields = image_fields(self.image_shape, self.num_classes)
+        self.class_names = [d.name for d in class_dirs]
         self.spec = spec
 
     def __len__(self) -> int:
@@ -115,7 +131,7 @@ class FolderSource:
     def __getitem__(self, i: int) -> dict:
         path, label = self.files[i]
         size, _, channels = self.image_shape
-        return {"image": decode_image(path.read_bytes(), channels, size, str(path)), "label": label}
+        return image_record(decode_image(path.read_bytes(), channels, size, str(path)), label, self.num_classes)
 
 
 def _image_files(folder: Path) -> list[Path]:
@@ -195,6 +211,7 @@ class ArrayRecordSource:
             channels = 1 if first.mode in GRAYSCALE_MODES else 3
         self.num_classes = int(header["num_classes"])
         self.image_shape = (image_size, image_size, channels)
+        self.fields = image_fields(self.image_shape, self.num_classes)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -203,7 +220,7 @@ class ArrayRecordSource:
         name = f"record {i} of {self.spec}"
         header, data = decode_record(self.records[i], name)
         size, _, channels = self.image_shape
-        return {"image": decode_image(data, channels, size, name), "label": int(header["label"])}
+        return image_record(decode_image(data, channels, size, name), header["label"], self.num_classes)
 
 
 def load_npz(path: Path, spec: str) -> ArraySource:

@@ -5,8 +5,8 @@ Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022); see DESIGN
 
 from .denoiser import Denoiser
 from .grids import karras_sigmas, logsnr_sigmas, vp_sigmas, vp_timesteps
-from .guidance import ClassifierFreeGuidance, drop_labels
-from .loss import denoising_loss, denoising_loss_at, draw_sigma_and_noise
+from .guidance import ClassifierFreeGuidance, drop_condition
+from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise
 from .parameterization import (
     PARAMETERIZATIONS,
     DataPrediction,
@@ -18,7 +18,7 @@ from .parameterization import (
     loss_weight,
     parameterization_by_name,
 )
-from .samplers import METHODS, sample
+from .samplers import METHODS, SAMPLERS, Step, pf_ode_slope, sample
 from .schedules import SCHEDULES, EDMSchedule, FlowSchedule, Schedule, VPSchedule, schedule_by_name
 
 __all__ = [
@@ -28,9 +28,10 @@ __all__ = [
     "vp_sigmas",
     "vp_timesteps",
     "ClassifierFreeGuidance",
-    "drop_labels",
+    "drop_condition",
+    "DenoisingPrediction",
     "denoising_loss",
-    "denoising_loss_at",
+    "denoising_prediction",
     "draw_sigma_and_noise",
     "PARAMETERIZATIONS",
     "DataPrediction",
@@ -42,6 +43,9 @@ __all__ = [
     "loss_weight",
     "parameterization_by_name",
     "METHODS",
+    "SAMPLERS",
+    "Step",
+    "pf_ode_slope",
     "sample",
     "SCHEDULES",
     "EDMSchedule",

@@ -1,10 +1,11 @@
 """A network + schedule + parameterization = the denoiser D(x; σ) that samplers integrate."""
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from .parameterization import Parameterization
 from .schedules import Schedule
@@ -16,10 +17,11 @@ def per_example(a: Float[Array, " b"], x: Array) -> Array:
 
 
 class Denoiser(eqx.Module):
-    """D(x; σ) = c_skip·x + c_out·F(c_in·x, c_noise, labels) (Karras et al. 2022, eq. 7).
+    """D(x; σ) = c_skip·x + c_out·F(c_in·x, c_noise, cond) (Karras et al. 2022, eq. 7).
 
-    `x` is the unscaled noisy sample x0 + σ·ε, shape (b, ...); `sigma` a scalar or (b,).
-    `model(x, t, labels)` is any network with the eqxdiff model signature (NHWC in, NHWC out).
+    `x` is the unscaled noisy sample x0 + σ·ε, shape (b, ...); `sigma` a scalar or (b,);
+    `cond` a condition pytree with batch-first leaves, or None.
+    `model(x, t, cond)` is any network with the eqxdiff model signature (`eqxdiff.nn.DiffusionModel`).
     """
 
     model: Callable
@@ -30,9 +32,9 @@ class Denoiser(eqx.Module):
         self,
         x: Float[Array, "b *dims"],
         sigma: Float[Array, ""] | Float[Array, " b"],
-        labels: Int[Array, " b"] | None = None,
+        cond: Any = None,
     ) -> Float[Array, "b *dims"]:
         sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
         c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
-        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), labels)
+        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond)
         return per_example(c_skip, x) * x + per_example(c_out, x) * out.astype(x.dtype)

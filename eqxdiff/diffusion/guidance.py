@@ -1,41 +1,66 @@
-"""Classifier-free guidance (Ho & Salimans 2022) as a denoiser wrapper, and its label dropout."""
+"""Classifier-free guidance (Ho & Salimans 2022) as a denoiser wrapper, and its condition dropout.
+
+A condition is any pytree whose leaves are batch-first arrays: class labels `int32[b]`, a text
+condition (context `[b, n, d]`, mask `[b, n]`, pooled `[b, d]`), or a researcher's own. Its null
+condition has the same structure, each leaf with b rows or one row (broadcast over the batch).
+"""
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
+
+
+def _batch_size(cond: Any) -> int:
+    leaves = jax.tree.leaves(cond)
+    if not leaves:
+        raise ValueError("A condition needs at least one array leaf with a batch axis.")
+    return leaves[0].shape[0]
+
+
+def _null_like(cond: Any, null_cond: Any) -> Any:
+    """`null_cond` with every leaf broadcast to the shape and dtype of `cond`'s."""
+    try:
+        return jax.tree.map(lambda c, n: jnp.broadcast_to(jnp.asarray(n, c.dtype), c.shape), cond, null_cond)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"The null condition must have the condition's structure with leaves of 1 or b rows: {e}"
+        ) from e
+
+
+def drop_condition(key: PRNGKeyArray, cond: Any, p: float, null_cond: Any) -> Any:
+    """Replace each example's whole condition by `null_cond` with probability p, so one network
+    learns the conditional and the unconditional denoiser (Ho & Salimans 2022, Alg. 1).
+    One draw per example, shared by every leaf; `cond=None` stays None."""
+    if cond is None:
+        return None
+    drop = jax.random.bernoulli(key, p, (_batch_size(cond),))
+    where = lambda c, n: jnp.where(drop.reshape(drop.shape + (1,) * (c.ndim - 1)), n, c)  # noqa: E731
+    return jax.tree.map(where, cond, _null_like(cond, null_cond))
 
 
 class ClassifierFreeGuidance(eqx.Module):
     """D = D_u + w·(D_c - D_u), from ONE network call on the concatenated cond/uncond batch.
 
-    `denoiser(x, sigma, labels)` is a conditional denoiser (e.g. `Denoiser`); `null_label` is
-    the class index the model was trained with for "no label" (the model's `null_label`).
-    With `scale == 1` (a Python number) only the conditional half is evaluated.
-    The result is a `denoise(x, sigma)` callable for `sample`.
+    `denoiser(x, sigma, cond)` is a conditional denoiser (e.g. `Denoiser`); `cond` a condition
+    pytree for the b samples; `null_cond` the one the model was trained with for "no condition"
+    (the model's `null_cond(b)`). With `scale == 1` (a Python number) only the conditional half
+    is evaluated. The result is a `denoise(x, sigma)` callable for `sample`.
     """
 
     denoiser: Callable
-    labels: Int[Array, " b"]
+    cond: Any
     scale: float | Float[Array, ""]
-    null_label: int = eqx.field(static=True)
+    null_cond: Any
 
     def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *dims"]:
         if isinstance(self.scale, (int, float)) and self.scale == 1:
-            return self.denoiser(x, sigma, self.labels)
+            return self.denoiser(x, sigma, self.cond)
         b = x.shape[0]
-        labels = jnp.concatenate([self.labels, jnp.full_like(self.labels, self.null_label)])
-        both = self.denoiser(jnp.concatenate([x, x]), sigma, labels)
-        cond, uncond = both[:b], both[b:]
+        both = jax.tree.map(lambda c, n: jnp.concatenate([c, n]), self.cond, _null_like(self.cond, self.null_cond))
+        out = self.denoiser(jnp.concatenate([x, x]), sigma, both)
+        cond, uncond = out[:b], out[b:]
         return uncond + self.scale * (cond - uncond)
-
-
-def drop_labels(
-    key: PRNGKeyArray, labels: Int[Array, " b"], p: float, null_label: int
-) -> Int[Array, " b"]:
-    """Replace each label by `null_label` with probability p, so one network learns both the
-    conditional and the unconditional denoiser (Ho & Salimans 2022, Alg. 1)."""
-    drop = jax.random.bernoulli(key, p, labels.shape)
-    return jnp.where(drop, null_label, labels)

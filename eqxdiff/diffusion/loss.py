@@ -1,29 +1,32 @@
-"""The training objective: the parameterization's own regression MSE at a random σ."""
+"""The training objective, in pieces a loss function combines: D(x; σ) and its per-example
+squared error. The weight λ(σ) is the caller's one line (`loss_weight` gives the textbook one).
+
+    pred = denoising_prediction(model, schedule, parameterization, x0, sigma, noise, cond)
+    loss = jnp.mean(loss_weight(sigma, parameterization, schedule) * pred.mse)
+
+is EDM's E λ(σ)‖D(x; σ) - x0‖² (Karras et al. 2022, eq. 2 and 8), and with λ = 1/c_out² it is
+each parameterization's own MSE: ε (Ho et al. 2020, eq. 14), v (Salimans & Ho 2022), EDM's
+weighted loss, flow matching (Lipman et al. 2022, eq. 23).
+"""
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from .denoiser import per_example
-from .parameterization import Parameterization
+from .parameterization import Parameterization, loss_weight
 from .schedules import Schedule
 
 
-def denoising_loss(
-    model: Callable,
-    schedule: Schedule,
-    parameterization: Parameterization,
-    x0: Float[Array, "b *dims"],
-    key: PRNGKeyArray,
-    labels: Int[Array, " b"] | None = None,
-) -> Float[Array, ""]:
-    """The loss at σ drawn from the schedule and ε ~ N(0, I); see `denoising_loss_at`.
-    `key` also drives the model's dropout."""
-    key_draw, key_model = jax.random.split(key)
-    sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
-    return denoising_loss_at(model, schedule, parameterization, x0, sigma, noise, labels, key=key_model)
+class DenoisingPrediction(NamedTuple):
+    """What the network made of x = x0 + σ·ε: `x0_hat` = D(x; σ) (b, ...) and `mse` (b,), the
+    mean over each example's elements of (D - x0)², float32."""
+
+    x0_hat: Float[Array, "b *dims"]
+    mse: Float[Array, " b"]
 
 
 def draw_sigma_and_noise(
@@ -35,30 +38,45 @@ def draw_sigma_and_noise(
     return schedule.sample_sigma(key_sigma, x0.shape[:1], jnp.float32), jax.random.normal(key_noise, x0.shape, jnp.float32)
 
 
-def denoising_loss_at(
+def denoising_prediction(
     model: Callable,
     schedule: Schedule,
     parameterization: Parameterization,
     x0: Float[Array, "b *dims"],
     sigma: Float[Array, " b"],
     noise: Float[Array, "b *dims"],
-    labels: Int[Array, " b"] | None = None,
+    cond: Any = None,
     *,
     key: PRNGKeyArray | None = None,
-) -> Float[Array, ""]:
-    """mean ‖F(c_in·x, c_noise) - (x0 - c_skip·x)/c_out‖² with x = x0 + σ·ε.
+) -> DenoisingPrediction:
+    """D(x; σ) = c_skip·x + c_out·F(c_in·x, c_noise, cond) at x = x0 + σ·ε, and its error.
 
-    This is EDM's E λ(σ)‖D(x; σ) - x0‖² with λ = 1/c_out² (Karras et al. 2022, eq. 2, 8),
-    written in F-space, where it is numerically stable at small σ. Per parameterization it is
-    exactly the textbook objective: ε-MSE (Ho et al. 2020, eq. 14), v-MSE (Salimans & Ho 2022),
-    EDM's weighted loss, flow-matching MSE (Lipman et al. 2022, eq. 23). Computed in float32
-    whatever the model's dtype.
+    The error is computed in F-space, c_out²·‖F - (x0 - c_skip·x)/c_out‖², which equals
+    ‖D - x0‖² but does not cancel x0 against D at small σ (where D - x0 is tiny). Float32
+    whatever the model's dtype. `key` drives the model's dropout.
     """
     x0, sigma, noise = (a.astype(jnp.float32) for a in (x0, sigma, noise))
     c_skip, c_out, c_in = (per_example(c, x0) for c in parameterization.coefficients(sigma, schedule))
-    s = per_example(sigma, x0)
-    x = x0 + s * noise
-    out = model(c_in * x, schedule.sigma_to_t(sigma), labels, key=key)
+    scaled_noise = per_example(sigma, x0) * noise
+    x = x0 + scaled_noise
+    out = model(c_in * x, schedule.sigma_to_t(sigma), cond, key=key).astype(jnp.float32)
     # (x0 - c_skip·x)/c_out with x expanded, so no x0 - x0 cancellation at small σ.
-    target = ((1 - c_skip) * x0 - c_skip * s * noise) / c_out
-    return jnp.mean((out.astype(jnp.float32) - target) ** 2)
+    target = ((1 - c_skip) * x0 - c_skip * scaled_noise) / c_out
+    f_mse = jnp.mean((out - target) ** 2, axis=tuple(range(1, x0.ndim)))
+    return DenoisingPrediction(c_skip * x + c_out * out, c_out.reshape(-1) ** 2 * f_mse)
+
+
+def denoising_loss(
+    model: Callable,
+    schedule: Schedule,
+    parameterization: Parameterization,
+    x0: Float[Array, "b *dims"],
+    key: PRNGKeyArray,
+    cond: Any = None,
+) -> Float[Array, ""]:
+    """The parameterization's textbook loss, mean λ(σ)·‖D - x0‖² with λ = `loss_weight`, at σ
+    drawn from the schedule and ε ~ N(0, I). `key` also drives the model's dropout."""
+    key_draw, key_model = jax.random.split(key)
+    sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
+    pred = denoising_prediction(model, schedule, parameterization, x0, sigma, noise, cond, key=key_model)
+    return jnp.mean(loss_weight(sigma, parameterization, schedule) * pred.mse)

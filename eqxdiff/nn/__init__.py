@@ -1,17 +1,21 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet and a DiT.
 
-Every model is called as `model(x[b,h,w,c], t[b], labels[b] | None, *, key=None) -> [b,h,w,c]`.
+Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
+`model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
+arrays or None; conditional models also give `null_cond(b)`.
 """
 
+from eqxdiff.nn.batched import Batched
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.layers import (
     Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
+from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "Conv2d", "DiT", "DiTBlock", "Dense", "Embedding", "GroupNorm", "ResBlock",
-    "SelfAttention", "TimestepEmbedding", "UNet", "layer_norm", "sincos_pos_embed_2d",
-    "timestep_embedding", "zero_init",
+    "AttnBlock", "Batched", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense", "DiffusionModel",
+    "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "TimestepEmbedding", "UNet", "layer_norm",
+    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

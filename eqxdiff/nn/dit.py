@@ -49,7 +49,8 @@ class DiTBlock(eqx.Module):
 
 
 class DiT(eqx.Module):
-    """`model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,c]` on `image_size`² images.
+    """`model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]` on `image_size`² images; `cond` is class
+    labels `int32[b]` (None: the null class) or None for `num_classes=0`.
 
     Patchify (p×p stride-p conv) + fixed 2-D sin-cos positions (MAE), c = t_emb + y_emb
     (label table of num_classes + 1 rows, the last one null), `depth` adaLN-Zero blocks, a final
@@ -109,10 +110,10 @@ class DiT(eqx.Module):
         self.final_ada = zero_init(Dense(hidden_size, 2 * hidden_size, key=kf))
         self.final_linear = zero_init(Dense(hidden_size, p * p * in_channels, key=kf))
 
-    @property
-    def null_label(self) -> int:
-        """Label index meaning "no class" (classifier-free guidance); equals `num_classes`."""
-        return self.num_classes
+    def null_cond(self, batch_size: int) -> Int[Array, " b"] | None:
+        """The "no class" condition of classifier-free guidance: label `num_classes` (the label
+        table's last row) for every example; None for an unconditional model."""
+        return jnp.full((batch_size,), self.num_classes, jnp.int32) if self.num_classes else None
 
     @classmethod
     def small(
@@ -134,7 +135,7 @@ class DiT(eqx.Module):
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        labels: Int[Array, " b"] | None = None,
+        cond: Int[Array, " b"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -147,16 +148,16 @@ class DiT(eqx.Module):
         tokens = self.patch_embed(x).reshape(b, g * g, self.hidden_size)
         tokens = tokens + jnp.asarray(sincos_pos_embed_2d(self.hidden_size, g), tokens.dtype)
 
-        cond = self.time_embed(t)
+        emb = self.time_embed(t)
         if self.label_embed is not None:
-            labels = jnp.full((b,), self.null_label, jnp.int32) if labels is None else labels
-            cond = cond + self.label_embed(labels).astype(cond.dtype)
-        elif labels is not None:
-            raise ValueError("labels were given to an unconditional DiT (num_classes=0)")
+            labels = self.null_cond(b) if cond is None else cond
+            emb = emb + self.label_embed(labels).astype(emb.dtype)
+        elif cond is not None:
+            raise ValueError("A condition (labels) was given to an unconditional DiT (num_classes=0).")
 
         for blk in self.blocks:
-            tokens = checkpointed(blk, self.remat)(tokens, cond)
-        shift, scale = jnp.split(self.final_ada(jax.nn.silu(cond)), 2, axis=-1)
+            tokens = checkpointed(blk, self.remat)(tokens, emb)
+        shift, scale = jnp.split(self.final_ada(jax.nn.silu(emb)), 2, axis=-1)
         out = self.final_linear(_modulate(layer_norm(tokens), shift, scale))
         # Unpatchify: token (gi, gj) holds its p×p×c patch in (pi, pj, c) order.
         out = out.reshape(b, g, g, p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)

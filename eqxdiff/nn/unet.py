@@ -83,7 +83,8 @@ class AttnBlock(eqx.Module):
 
 
 class UNet(eqx.Module):
-    """Time- and class-conditional UNet, `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,c]`.
+    """Time- and class-conditional UNet, `model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]`, where
+    `cond` is class labels `int32[b]` (None: the null class) or None for `num_classes=0`.
 
     Layout (FlaxDiff's): conv_in to channels[0]; at level i, `num_res_blocks` blocks keep the
     incoming width (attention after the last one if i is in `attention_levels`), then a
@@ -201,10 +202,10 @@ class UNet(eqx.Module):
         self.out_norm = GroupNorm(norm_groups, channels[0])
         self.conv_out = zero_init(Conv2d(channels[0], in_channels, key=next(keys)))
 
-    @property
-    def null_label(self) -> int:
-        """Label index meaning "no class" (classifier-free guidance); equals `num_classes`."""
-        return self.num_classes
+    def null_cond(self, batch_size: int) -> Int[Array, " b"] | None:
+        """The "no class" condition of classifier-free guidance: label `num_classes` (the label
+        table's last row) for every example; None for an unconditional model."""
+        return jnp.full((batch_size,), self.num_classes, jnp.int32) if self.num_classes else None
 
     @classmethod
     def flaxdiff_simple(
@@ -227,7 +228,7 @@ class UNet(eqx.Module):
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        labels: Int[Array, " b"] | None = None,
+        cond: Int[Array, " b"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -239,10 +240,10 @@ class UNet(eqx.Module):
             )
         emb = self.time_embed(t)
         if self.label_embed is not None:
-            labels = jnp.full((b,), self.null_label, jnp.int32) if labels is None else labels
+            labels = self.null_cond(b) if cond is None else cond
             emb = emb + self.label_embed(labels).astype(emb.dtype)
-        elif labels is not None:
-            raise ValueError("labels were given to an unconditional UNet (num_classes=0)")
+        elif cond is not None:
+            raise ValueError("A condition (labels) was given to an unconditional UNet (num_classes=0).")
         emb = jax.nn.silu(emb)
 
         n_res = len(jax.tree.leaves(self, is_leaf=lambda m: isinstance(m, (ResBlock, AttnBlock))))

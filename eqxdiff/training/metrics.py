@@ -5,6 +5,7 @@ MFU = (FLOPs of one step per device) / (step time) / (peak FLOP/s per device)
 """
 
 import functools
+import os
 import math
 import re
 import time
@@ -124,3 +125,17 @@ def mfu(flops_per_step_per_device: float, step_time_s: float, peak_per_device: f
     if step_time_s <= 0 or not peak_per_device > 0:
         return math.nan
     return flops_per_step_per_device / step_time_s / peak_per_device
+
+
+_IMPORTED = time.monotonic()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started, imports included (Linux: /proc/self/stat's start
+    time against the boot clock it counts from); elsewhere, since eqxdiff.training was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after "pid (comm)"
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - _IMPORTED

@@ -1,0 +1,53 @@
+"""Sampling a trained model into host images, on every device of every process."""
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser, Parameterization, Schedule, karras_sigmas, sample
+from eqxdiff.sharding import batch_sharding
+
+
+def generate(
+    model: Any,
+    schedule: Schedule,
+    parameterization: Parameterization,
+    cond: Any,
+    num: int,
+    image_shape: tuple[int, ...],
+    *,
+    mesh: Mesh,
+    steps: int,
+    method: str = "heun",
+    cfg_scale: float = 1.0,
+    null_cond: Any = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """`num` images, host float32 `[num, *image_shape]` in about [-1, 1], from `model` (e.g. the
+    EMA) on a Karras grid of `steps` steps with sampler `method`.
+
+    `cond`: a condition pytree of host arrays with `num` rows (labels `(num,)`, ...), or None
+    (unconditional). `cfg_scale` != 1 applies classifier-free guidance against `null_cond`
+    (default: `model.null_cond(num)`). Every process must call it with the same arguments (the
+    model may be sharded over all of them) and every process gets all the images.
+    """
+    def to_global(a) -> jax.Array:
+        # Split over the devices when the rows divide, built from the same host values on every
+        # process (so the call is the same in 1 or N processes); replicated otherwise.
+        a = np.asarray(a)
+        split = a.ndim and a.shape[0] % mesh.size == 0
+        sharding = batch_sharding(mesh) if split else NamedSharding(mesh, PartitionSpec())
+        return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+    denoise = Denoiser(model, schedule, parameterization)
+    if cond is not None:
+        null_cond = model.null_cond(num) if null_cond is None and cfg_scale != 1 else null_cond
+        cond, null_cond = jax.tree.map(to_global, (cond, null_cond))
+        denoise = ClassifierFreeGuidance(denoise, cond, cfg_scale, null_cond)
+    sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
+    noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
+    out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
+    return np.asarray(multihost_utils.process_allgather(out, tiled=True))
