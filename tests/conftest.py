@@ -21,6 +21,11 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff.images  # noqa: F401
     import eqxdiff.sharding  # noqa: F401
     import eqxdiff.training  # noqa: F401
+    import eqxdiff.xla_cpu
+
+# As train/main.py and the benchmarks run: XLA:CPU workarounds on (tests/test_xla_cpu.py checks
+# the library without them, under `xla_cpu.disabled()`).
+eqxdiff.xla_cpu.enable()
 
 
 import pytest  # noqa: E402

@@ -5,7 +5,6 @@ parameters (inputs are cast to it), so casting the whole model to bf16 makes it 
 normalisation statistics and the attention softmax are always computed in float32.
 """
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -15,31 +14,23 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from eqxdiff import xla_cpu
+
 from .conv import conv2d
 
-# Eager init would compile every random primitive per parameter shape (XLA:CPU takes ~2 s for a
-# 4-D threefry draw). So every draw is one flat jitted program whose length is rounded up to a
-# power of 16 up to 2^16, then of 2 (a handful of ~0.25 s compiles per model: FlaxDiff's UNet
-# draws in 2.6 s, DiT-B in 6.7 s; powers of 16 throughout took DiT-B 25 s), cut to shape on the
-# host when not tracing. The length does not change the values: threefry's bits for element i
-# depend only on the key and i (jax_threefry_partitionable, the default).
-@functools.partial(jax.jit, static_argnums=1)
-def _flat(key: PRNGKeyArray, length: int, normal: Array, scale: Array) -> Array:
-    # jax.random.normal's own recipe (sqrt(2)·erfinv of U(-1, 1)), so one program serves both.
-    u = jax.random.uniform(key, (length,), minval=np.nextafter(np.float32(-1), np.float32(0)), maxval=1.0)
-    return scale * jnp.where(normal, np.sqrt(2) * jax.lax.erf_inv(u), u)
+# jax.random.normal's lower bound for its U(-1, 1); uniform draws use it too, so a uniform and a
+# normal draw are one recipe (xla_cpu.padded_draw computes both in one program).
+_LOW = np.nextafter(np.float32(-1), np.float32(0))
 
 
 def _draw(key: PRNGKeyArray, shape: tuple[int, ...], normal: bool, scale: float) -> Array:
-    size, length = math.prod(shape), 16
-    while length < min(size, 2**16):
-        length *= 16
-    while length < size:  # past 2^16 the draw itself costs more than a compile: waste ≤ 2x
-        length *= 2
-    flat = _flat(key, length, jnp.bool_(normal), jnp.float32(scale))
-    if isinstance(flat, jax.core.Tracer):  # under jit / eval_shape
-        return flat[:size].reshape(shape)
-    return jnp.asarray(np.asarray(flat)[:size].reshape(shape))
+    """`scale`·N(0, 1) or `scale`·U(-1, 1) of `shape`; with `eqxdiff.xla_cpu` on, the same
+    values from a few shared compiled programs instead of one per shape."""
+    if xla_cpu.enabled():
+        return xla_cpu.padded_draw(key, shape, normal, scale)
+    if normal:
+        return scale * jax.random.normal(key, shape)
+    return scale * jax.random.uniform(key, shape, minval=_LOW, maxval=1.0)
 
 
 def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], bound: float) -> Array:

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from eqxdiff import xla_cpu
+
 from .precision import cast_for_compute
 from .state import TrainState
 
@@ -25,8 +27,8 @@ LossFn = Callable[[eqx.Module, dict, jax.Array], jax.Array]
 
 def _select(pred, new, old):
     """`new` if pred else `old` (arrays only; the static parts are shared). One lax.cond over the
-    whole tree, not a jnp.where per leaf: measured, it cut the FlaxDiff UNet step's compile from
-    21.7 s to 16.7 s on this CPU, with the same steady-state speed."""
+    whole tree, not a jnp.where per leaf: one conditional for XLA to compile instead of a select
+    per leaf (compile time: BENCHMARKS.md)."""
     new_arrays, static = eqx.partition(new, eqx.is_array)
     old_arrays = eqx.filter(old, eqx.is_array)
     return eqx.combine(jax.lax.cond(pred, lambda: new_arrays, lambda: old_arrays), static)
@@ -68,8 +70,8 @@ def make_train_step(
         if k == 1:
             return grad_fn(model, batch, key)
         # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
-        # A scan keeps them sequential; on XLA:CPU a conv backward inside a rolled loop runs
-        # ~50x slower (measured, jax 0.10.2), so there the loop is unrolled.
+        # A scan keeps them sequential; XLA:CPU runs a conv backward inside a rolled loop far
+        # slower than the same ops unrolled (BENCHMARKS.md), so there the loop is unrolled.
         params = eqx.filter(model, eqx.is_inexact_array)
 
         def micro(carry, xs):
@@ -131,7 +133,7 @@ class TrainStep:
     call and closed over, so the jitted function sees only arrays (the static half holds lists,
     which jit's static arguments cannot hash). Each batch signature is lowered once and compiled
     ahead of time: `lower` (for XLA's cost analysis) and the calls share that one lowering —
-    jit's own call path would lower the step a second time (~1.3 s of a small UNet's start-up).
+    jit's own call path would lower the step a second time, adding to start-up.
 
     `compile(abstract_state, batch_spec)` takes ShapeDtypeStructs, so the step can compile in a
     thread while the state is built or restored (XLA's compiler releases the GIL); a call that
@@ -147,24 +149,10 @@ class TrainStep:
         self._compiled: dict = {}
         self._lock = threading.RLock()  # one lowering/compile at a time; calls wait for it
         self.traces = 0  # how often jit traced the step: 1 per input shape (tests hold it to that)
-        # XLA:CPU spends most of a step's compile in LLVM on ~500 small kernels, while the heavy
-        # ops are library calls: LLVM at -O1 without its expensive passes compiled the FlaxDiff
-        # UNet step in 14-15 s instead of 18-20 s at the same steps/s (A/B in one process).
-        # Its memory-optimized scheduler halves that step's temp memory (986 -> 459 MiB) at the
-        # same compile time and steps/s; with XLA:CPU's default one remat saved nothing at all.
-        # (Measured on 2 cores; many-core CPUs, where the default scheduler's freedom to run
-        # kernels concurrently may matter more, are not measured.)
-        # Elsewhere XLA's defaults stay.
+        # XLA:CPU's workaround options (eqxdiff.xla_cpu) when it is on and the mesh is on CPU,
+        # read when the step is built; else XLA's defaults.
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
-        self.compiler_options = (
-            {
-                "xla_backend_optimization_level": 1,
-                "xla_llvm_disable_expensive_passes": True,
-                "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
-            }
-            if on_cpu
-            else {}
-        )
+        self.compiler_options = xla_cpu.compiler_options() if on_cpu and xla_cpu.enabled() else {}
 
     def _split(self, state: TrainState):
         arrays, static = eqx.partition(state, _is_array_like)

@@ -1,0 +1,213 @@
+"""XLA:CPU workarounds, off by default: `enable()` at start-up switches them all on.
+
+With the switch off the library is plain JAX: `lax.conv_general_dilated`, plain
+`eqx.filter_checkpoint`, plain `jax.random` init draws, XLA's default compiler options; forward-
+mode autodiff (`jax.jvp`) works through every model. With it on (the training and benchmark
+scripts call `enable()`):
+
+1. conv weight gradient as matmuls (`conv2d`, CPU backend only). XLA:CPU computes a conv's
+   weight gradient as a convolution whose window is the whole feature map, which runs several
+   times slower per FLOP than the forward conv; the same gradient as one matmul per kernel
+   offset runs at matmul speed. The forward pass and the input gradient stay XLA's convs.
+2. remat block dependency (`backward_after_param_grads`, CPU backend only). XLA:CPU's
+   memory-optimized scheduler defers the parameter gradients (weight-gradient matmuls, norm-
+   scale reductions) to the end of the step, where gradient clipping needs them all, which
+   keeps every rematerialised block's activations and cotangents alive until then. Making a
+   block's input cotangents depend on its parameter cotangents stops the backward pass from
+   moving to earlier blocks before the block's parameter gradients exist.
+3. init draws in a few shared programs (`padded_draw`). Eager `jax.random` compiles one
+   program per parameter shape (a 4-D threefry draw takes seconds on XLA:CPU); instead each
+   draw is a slice of one flat jitted draw whose length is rounded up to a few sizes. The values
+   are bitwise those of `jax.random` with `jax_threefry_partitionable` (the default): element i
+   of a draw depends only on the key and on i (row-major), not on the shape.
+4. compiler options (`compiler_options()`, for steps compiled on a CPU mesh): LLVM at -O1
+   without its expensive passes (most of a step's compile is LLVM on many small fused kernels,
+   while convs and matmuls are library calls), and the memory-optimized scheduler (it frees
+   buffers as early as it can; the default keeps every value alive).
+
+Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
+(custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
+inputs alone compute its parameter gradients too. Measurements: BENCHMARKS.md.
+
+The switch is read when a function is traced (and when a `TrainStep` is built): functions
+already traced or compiled keep the behaviour they were traced with.
+"""
+
+import contextlib
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_enabled = False
+
+
+def enable() -> None:
+    """Switch every workaround on (idempotent)."""
+    global _enabled
+    _enabled = True
+
+
+def enabled() -> bool:
+    """Whether the workarounds are on."""
+    return _enabled
+
+
+@contextlib.contextmanager
+def disabled():
+    """Switch the workarounds off inside the block (tests), then back to what they were."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def on_cpu() -> bool:
+    """On, and JAX's default backend is XLA:CPU (where 1 and 2 apply)."""
+    return _enabled and jax.default_backend() == "cpu"
+
+
+# --- 4. compiler options ----------------------------------------------------------------------
+
+
+def compiler_options() -> dict:
+    """XLA options for compiling a step on a CPU mesh (see the module docstring)."""
+    return {
+        "xla_backend_optimization_level": 1,
+        "xla_llvm_disable_expensive_passes": True,
+        "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    }
+
+
+# --- 1. conv weight gradient as matmuls -------------------------------------------------------
+
+_DIMS = ("NHWC", "HWIO", "NHWC")
+
+
+def _conv(x, w, stride: int, padding: int):
+    return jax.lax.conv_general_dilated(
+        x, w, window_strides=(stride, stride), padding=[(padding, padding)] * 2, dimension_numbers=_DIMS
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def conv2d(x, w, stride: int, padding: int):
+    """NHWC/HWIO conv with symmetric `padding`, `[b, h, w, cin] -> [b, h2, w2, cout]`, whose
+    weight gradient is one [cin, cout] matmul per kernel offset (same values to float32 rounding):
+
+        dW[i, j] = Σ_{b,h,w} x_pad[b, s·h + i, s·w + j, :]ᵀ dy[b, h, w, :]
+    """
+    return _conv(x, w, stride, padding)
+
+
+def _conv_forward(x, w, stride, padding):
+    return _conv(x, w, stride, padding), (x, w)
+
+
+def _conv_backward(stride, padding, residuals, dy):
+    x, w = residuals
+    (dx,) = jax.vjp(lambda x: _conv(x, w, stride, padding), x)[1](dy)
+    return dx, _weight_grad(x, dy, w.shape, stride, padding).astype(w.dtype)
+
+
+def _weight_grad(x, dy, kernel_shape, stride: int, padding: int):
+    """dW as one [cin, cout] matmul per kernel offset, contracting over all b·h·w positions.
+
+    Each offset needs one operand shifted, i.e. a copy; the copies cost more than the matmuls,
+    so the tensor with fewer channels is the one shifted (dy's shift needs stride 1).
+    """
+    kh, kw, cin, cout = kernel_shape
+    b, ho, wo, _ = dy.shape
+    contract = (((0,), (0,)), ((), ()))  # over the positions: [cin, cout]
+
+    def matmul(xs, dys):
+        return jax.lax.dot_general(xs.reshape(-1, cin), dys.reshape(-1, cout), contract, preferred_element_type=jnp.float32)
+
+    # Unrolled, not a lax.map over offsets: XLA's cost analysis (MFU) counts a loop body once.
+    if stride == 1 and cout < cin:
+        # dW[i, j] = Σ_q x[q] dy[q + p - (i, j)], dy zero outside its map.
+        h, w = x.shape[1:3]
+        dyp = jnp.pad(dy, ((0, 0), (kh - 1 - padding,) * 2, (kw - 1 - padding,) * 2, (0, 0)))
+        pairs = [(x, dyp[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w]) for i in range(kh) for j in range(kw)]
+    else:
+        xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+        end = lambda i, j: (b, i + stride * (ho - 1) + 1, j + stride * (wo - 1) + 1, cin)  # noqa: E731
+        strides = (1, stride, stride, 1)
+        pairs = [(jax.lax.slice(xp, (0, i, j, 0), end(i, j), strides), dy) for i in range(kh) for j in range(kw)]
+    return jnp.stack([matmul(xs, dys) for xs, dys in pairs]).reshape(kernel_shape)
+
+
+conv2d.defvjp(_conv_forward, _conv_backward)
+
+
+# --- 2. remat block dependency ----------------------------------------------------------------
+
+
+@jax.custom_vjp
+def backward_after_param_grads(block_and_inputs):
+    """Identity on a (block, args, kwargs) tree of float arrays. Backward: the args/kwargs
+    cotangents get `0 * max(block's parameter cotangents)` added, so they exist only after the
+    block's parameter gradients do."""
+    return block_and_inputs
+
+
+def _dependency_forward(block_and_inputs):
+    return block_and_inputs, None
+
+
+def _dependency_backward(_, cotangents):
+    block, args, kwargs = cotangents
+    param_grads = [g for g in jax.tree.leaves(block) if g.size]
+    if not param_grads:
+        return (cotangents,)
+    # max, not sum: XLA would merge a sum into the reduction that produced the gradient and
+    # leave the gradient itself to be scheduled late. Not an optimization barrier: XLA:CPU drops
+    # those before scheduling. The where keeps an inf in one gradient from turning every
+    # earlier block's gradients into NaN (0 * inf).
+    peak = sum(jnp.max(g).astype(jnp.float32) for g in param_grads)
+    zero = 0.0 * jnp.where(jnp.isfinite(peak), peak, 0.0)
+    args, kwargs = jax.tree.map(lambda c: c + zero.astype(c.dtype), (args, kwargs))
+    return ((block, args, kwargs),)
+
+
+backward_after_param_grads.defvjp(_dependency_forward, _dependency_backward)
+
+
+# --- 3. init draws in a few shared programs ---------------------------------------------------
+
+_LOW = np.nextafter(np.float32(-1), np.float32(0))  # jax.random.normal's lower bound for U(-1, 1)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _flat(key, length: int, normal, scale):
+    # jax.random.normal's own recipe (sqrt(2)·erfinv of U(-1, 1)), so one program serves both.
+    u = jax.random.uniform(key, (length,), minval=_LOW, maxval=1.0)
+    return scale * jnp.where(normal, np.sqrt(2) * jax.lax.erf_inv(u), u)
+
+
+def _padded_length(size: int) -> int:
+    """16, 256, 4096, 65536, then powers of 2: few distinct lengths (compiles) for small draws;
+    past 2^16 the draw itself costs more than a compile, so at most 2x is drawn."""
+    length = 16
+    while length < min(size, 2**16):
+        length *= 16
+    while length < size:
+        length *= 2
+    return length
+
+
+def padded_draw(key, shape: tuple[int, ...], normal: bool, scale: float):
+    """`scale * jax.random.normal(key, shape)` if `normal`, else `scale * jax.random.uniform(key,
+    shape, minval=nextafter(-1, 0), maxval=1)`, bitwise equal, cut from a flat draw of padded
+    length (`eqxdiff.nn.layers` draws those two directly when the switch is off).
+    Eagerly the cut happens on the host (no per-shape compile); under tracing it is a slice."""
+    size = math.prod(shape)
+    flat = _flat(key, _padded_length(size), jnp.bool_(normal), jnp.float32(scale))
+    if isinstance(flat, jax.core.Tracer):
+        return flat[:size].reshape(shape)
+    return jnp.asarray(np.asarray(flat)[:size].reshape(shape))
+

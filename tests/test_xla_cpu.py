@@ -1,0 +1,194 @@
+"""eqxdiff.xla_cpu: the library is plain JAX with the workarounds off (jvp works), and switching
+them on changes no value: conv and remat gradients match plain autodiff, init draws are bitwise
+jax.random's. conftest.py switches them on, as the scripts do."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from eqxdiff import xla_cpu
+from eqxdiff.nn import DiT, UNet
+from eqxdiff.nn.conv import conv2d
+from eqxdiff.nn.layers import Dense
+from eqxdiff.nn.remat import checkpointed
+from eqxdiff.sharding import make_mesh
+from eqxdiff.training.step import TrainStep
+
+assert jax.default_backend() == "cpu"  # the workarounds under test apply on CPU only
+
+
+def tiny_unet(key, remat=False):
+    return UNet(3, (8, 16), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, remat=remat, key=key)
+
+
+def tiny_dit(key, remat=False):
+    return DiT(8, 2, 3, 32, 1, 4, remat=remat, key=key)
+
+
+def perturbed(model, scale=0.1):
+    """Every parameter moved off its (partly zero) init, so outputs and gradients are not 0."""
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    rng = np.random.default_rng(42)
+    params = jax.tree.map(lambda p: p + jnp.asarray(scale * rng.normal(size=p.shape), p.dtype), params)
+    return eqx.combine(params, static)
+
+
+X = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 3)), jnp.float32)
+T = jnp.array([0.3, 2.0])
+
+
+def uses_custom_vjp(f, *args) -> bool:
+    # A fresh function each time: make_jaxpr caches traces by function, and the switch is read
+    # only when tracing.
+    return "custom_vjp_call" in str(jax.make_jaxpr(lambda *a: f(*a))(*args))
+
+
+def test_switch_is_on_in_tests_and_disabled_restores_it():
+    assert xla_cpu.enabled()  # conftest.py
+    xla_cpu.enable()  # idempotent
+    with pytest.raises(RuntimeError), xla_cpu.disabled():
+        assert not xla_cpu.enabled() and not xla_cpu.on_cpu()
+        raise RuntimeError
+    assert xla_cpu.enabled() and xla_cpu.on_cpu()
+
+
+@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
+def test_jvp_through_models_works_only_with_the_workarounds_off(make):
+    model = perturbed(make(jax.random.key(0), remat=True))
+    tangent = jnp.asarray(np.random.default_rng(1).normal(size=X.shape), jnp.float32)
+
+    def jvp(x, v):
+        return jax.jvp(lambda x: model(x, T), (x,), (v,))
+
+    with xla_cpu.disabled():
+        out, dout = eqx.filter_jit(jvp)(X, tangent)
+        # Central difference along the tangent, an independent check of forward-mode autodiff.
+        f, eps = jax.jit(lambda x: model(x, T)), 1e-2
+        fd = (f(X + eps * tangent) - f(X - eps * tangent)) / (2 * eps)
+        np.testing.assert_allclose(out, f(X), rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(dout).max()) > 1e-3
+    np.testing.assert_allclose(dout, fd, rtol=2e-2, atol=2e-2 * float(jnp.abs(fd).max()))
+    # Why the switch is off by default: its custom_vjp rules have no forward mode.
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(lambda x: model(x, T), (X,), (tangent,))
+
+
+# (cin, cout, kernel, stride, padding): both branches of the matmul weight gradient (shift dy
+# when cout < cin and stride 1, else shift x), strides, no padding, DiT's patch embedding.
+@pytest.mark.parametrize(
+    "cin, cout, kernel, stride, padding",
+    [(6, 4, 3, 1, 1), (4, 6, 3, 1, 1), (6, 4, 3, 2, 1), (5, 3, 3, 1, 0), (4, 4, 1, 1, 0), (3, 8, 2, 2, 0), (4, 2, 5, 1, 2)],
+)
+def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, stride, padding):
+    # XLA's own conv transpose (autodiff of lax.conv_general_dilated) is the independent reference.
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 9, 9, cin)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(kernel, kernel, cin, cout)), jnp.float32)
+
+    def plain(x, w, s, p):
+        return jax.lax.conv_general_dilated(x, w, (s, s), [(p, p)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def loss(conv, x, w):
+        return jnp.sum(jnp.sin(conv(x, w, stride, padding)))
+
+    assert uses_custom_vjp(functools.partial(loss, conv2d), x, w)  # the matmul rule is under test
+    with xla_cpu.disabled():
+        assert not uses_custom_vjp(functools.partial(loss, conv2d), x, w)
+    got = jax.grad(functools.partial(loss, conv2d), (0, 1))(x, w)
+    want = jax.grad(functools.partial(loss, plain), (0, 1))(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
+    # bf16 in, bf16 gradients out (accumulated in float32).
+    gx, gw = jax.grad(functools.partial(loss, conv2d), (0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    assert gx.dtype == gw.dtype == jnp.bfloat16
+    np.testing.assert_allclose(gw.astype(jnp.float32), want[1], rtol=0.05, atol=0.05 * float(jnp.abs(want[1]).max()))
+
+
+def test_remat_gradients_with_the_workarounds_match_plain_autodiff():
+    # Reference: no remat, workarounds off (plain lax convs, plain autodiff; remat with them off
+    # is plain eqx.filter_checkpoint).
+    model = perturbed(tiny_unet(jax.random.key(0)))
+    remat = jax.tree.unflatten(jax.tree.structure(tiny_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model))
+
+    def grads(m):
+        return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(m)
+
+    with xla_cpu.disabled():
+        want = grads(model)
+    got = grads(remat)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_remat_block_dependency_is_added_only_when_on_and_keeps_input_gradients_finite():
+    class Block(eqx.Module):
+        dense: Dense
+        w: jax.Array  # its gradient is 0·(1/(2·sqrt(0))) = NaN; the input's stays finite
+
+        def __call__(self, x):
+            return self.dense(x) + 0.0 * jnp.sqrt(self.w)
+
+    block = Block(Dense(4, 4, key=jax.random.key(0)), jnp.zeros(4))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32)
+
+    def loss(x):
+        return jnp.sum(jnp.sin(checkpointed(block, True)(x)))
+
+    def reference(x):  # closed form: d/dx Σ sin(x W + b) = cos(x W + b) Wᵀ
+        return np.cos(np.asarray(x) @ np.asarray(block.dense.weight) + np.asarray(block.dense.bias)) @ np.asarray(
+            block.dense.weight
+        ).T
+
+    assert uses_custom_vjp(loss, x)
+    with xla_cpu.disabled():
+        assert not uses_custom_vjp(loss, x)
+        np.testing.assert_allclose(jax.grad(loss)(x), reference(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(x), reference(x), rtol=1e-5, atol=1e-6)
+    # No forward mode through the dependency.
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(loss, (x,), (x,))
+
+
+@pytest.mark.parametrize("shape", [(7,), (17, 33), (3, 3, 4, 5)])
+@pytest.mark.parametrize("normal", [False, True])
+def test_padded_draws_are_bitwise_plain_jax_random_draws(shape, normal):
+    # threefry_partitionable: element i of a draw depends on the key and i only, not the shape.
+    assert jax.config.jax_threefry_partitionable
+    key = jax.random.key(7)
+    if normal:
+        plain = 0.37 * jax.random.normal(key, shape)
+    else:
+        plain = 0.37 * jax.random.uniform(key, shape, minval=np.nextafter(np.float32(-1), np.float32(0)), maxval=1.0)
+    np.testing.assert_array_equal(xla_cpu.padded_draw(key, shape, normal, 0.37), plain)
+    # The padded length does not change the values either.
+    short, long = (np.asarray(xla_cpu._flat(key, n, jnp.bool_(normal), jnp.float32(1.0))) for n in (1024, 8192))
+    np.testing.assert_array_equal(short, long[:1024])
+
+
+@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
+def test_models_initialise_bitwise_the_same_with_the_workarounds_on_and_off(make):
+    # Eagerly, as create_train_state draws. (Under jit XLA may fuse a draw's scaling into other
+    # ops and round differently: the same distribution, not always the same bits.)
+    on = make(jax.random.key(3))
+    with xla_cpu.disabled():
+        off = make(jax.random.key(3))  # one jax.random compile per parameter shape
+    assert jax.tree.structure(on) == jax.tree.structure(off)
+    for a, b in zip(jax.tree.leaves(on), jax.tree.leaves(off)):
+        np.testing.assert_array_equal(a, b)
+    assert any(float(jnp.std(a)) > 0 for a in jax.tree.leaves(on) if eqx.is_inexact_array(a))
+
+
+def test_train_step_compiler_options_only_with_the_workarounds_on():
+    batch_sharding = NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec())
+
+    def options():
+        return TrainStep(None, None, batch_sharding, None).compiler_options
+
+    assert options() == xla_cpu.compiler_options() and options()
+    with xla_cpu.disabled():
+        assert options() == {}
