@@ -45,10 +45,13 @@ def main() -> None:
     import equinox as eqx
 
     from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
+    from eqxdiff import xla_cpu
     from eqxdiff.checkpoint import Checkpoints
     from eqxdiff.data import batch_stream
     from eqxdiff.sharding import batch_sharding, make_mesh
     from eqxdiff.training import abstract_train_state
+
+    xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
     mesh = make_mesh(data=-1, fsdp=args.fsdp_size)
     job = digits_job(mesh, total_steps=10_000)

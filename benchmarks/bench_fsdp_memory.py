@@ -25,9 +25,12 @@ import platform  # noqa: E402
 import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import DiT, UNet  # noqa: E402
 from eqxdiff.sharding import make_mesh  # noqa: E402
 from eqxdiff.training import adamw_cosine, create_train_state  # noqa: E402
+
+xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 DEVICES = 8
 TARGET = 1 / 8 + 0.05  # 0.175, "0.18"

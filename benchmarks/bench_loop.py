@@ -34,9 +34,12 @@ import numpy as np
 from tqdm import tqdm
 
 from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
+from eqxdiff import xla_cpu
 from eqxdiff.data import Prefetch, batch_stream
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import MetricsLogger, mfu, peak_flops_per_device, step_flops
+
+xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 TARGET = 0.95
 

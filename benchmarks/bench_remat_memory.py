@@ -8,7 +8,7 @@ among it); arguments/outputs are the state and batch, equal on both sides. Also 
 reference, the same for the loss gradient alone (no optimizer), where remat's effect is not
 mixed with how the optimizer's dependencies get scheduled. One device, the default backend.
 
-On CPU the step compiles with XLA:CPU's memory-optimized scheduler (`TrainStep.compiler_options`);
+On CPU the step compiles with XLA:CPU's memory-optimized scheduler (`eqxdiff.xla_cpu`, on here);
 `--cpu_scheduler xla_default` drops that option to show XLA:CPU's default scheduler, under
 which remat saves nothing (BENCHMARKS.md). Prints one JSON line.
 
@@ -26,10 +26,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from eqxdiff import xla_cpu
 from eqxdiff.nn import DiT, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, make_train_step
 from unconditional_edm import unconditional_edm  # benchmarks/ is on sys.path when run as a script
+
+xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 MODELS = {
     "unet": ("UNet(3, (32, 64), 2)", lambda remat, key: UNet(3, (32, 64), 2, remat=remat, key=key)),

@@ -17,8 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqxdiff import xla_cpu
 from eqxdiff.diffusion import Denoiser, EDMPreconditioning, EDMSchedule, karras_sigmas, sample
 from eqxdiff.nn import UNet
+
+xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 
 def best_of(fn, repeats: int) -> float:

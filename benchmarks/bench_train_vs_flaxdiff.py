@@ -82,10 +82,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
 from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 PEER_VERSION = "0.2.11"
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
