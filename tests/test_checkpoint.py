@@ -23,14 +23,48 @@ def make_model(key, width=64):
 
 
 def trained_state(mesh):
-    """A state whose moments and EMA differ from their init values."""
+    """A state in which every array leaf holds its own random values (model, EMA, Adam's mu and
+    nu, the counters), each in its sharding: a restore that swaps two same-shaped leaves (mu for
+    nu, EMA for model) changes the values at some path. The values need not be reachable by
+    training (nu may be negative); a checkpoint only stores them."""
     state, _ = create_train_state(make_model, OPTIMIZER, jax.random.key(0), mesh, MIN_SIZE)
-    bump = lambda x: x + 0.5 if eqx.is_inexact_array(x) else x  # noqa: E731
-    return eqx.tree_at(lambda s: s.step, jax.tree.map(bump, state), jnp.asarray(7, jnp.int32))
+    rng = np.random.default_rng(0)
+
+    def distinct(x):
+        if not eqx.is_array(x):
+            return x
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            value = rng.normal(size=x.shape).astype(x.dtype)
+        else:
+            value = rng.integers(1, 1000, size=x.shape).astype(x.dtype)
+        return jax.device_put(value, x.sharding)
+
+    return eqx.tree_at(lambda s: s.step, jax.tree.map(distinct, state), jnp.asarray(7, jnp.int32))
 
 
 def arrays(tree):
     return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
+
+
+def assert_same_leaves(saved, restored):
+    """Leaf by leaf, matched by path: equal values, dtypes and paths."""
+    want = jax.tree_util.tree_flatten_with_path(eqx.filter(saved, eqx.is_array))[0]
+    got = jax.tree_util.tree_flatten_with_path(eqx.filter(restored, eqx.is_array))[0]
+    assert [jax.tree_util.keystr(p) for p, _ in got] == [jax.tree_util.keystr(p) for p, _ in want]
+    for (path, a), (_, b) in zip(want, got, strict=True):
+        assert a.dtype == b.dtype, jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=jax.tree_util.keystr(path))
+
+
+def test_test_state_tells_model_ema_and_moments_apart():
+    state = trained_state(make_mesh(data=2, fsdp=4))
+    adam = state.opt_state[1][0]
+    weights = [np.asarray(t.layers[1].weight) for t in (state.model, state.ema, adam.mu, adam.nu)]
+    for i in range(4):
+        for j in range(i):
+            assert not np.any(weights[i] == weights[j]), (i, j)
+    counters = [int(state.step), int(state.bad_steps), int(adam.count), int(state.opt_state[1][2].count)]
+    assert len(set(counters)) == 4, counters
 
 
 def restore_on(checkpoints, step, mesh, make=make_model):
@@ -42,7 +76,7 @@ def test_roundtrip_is_byte_equal_with_data_and_config(tmp_path):
     mesh = make_mesh(data=2, fsdp=4)
     state = trained_state(mesh)
     with Checkpoints(tmp_path) as checkpoints:
-        assert checkpoints.save(7, state, {"examples_consumed": 448, "seed": 3}, {"model": "mlp"})
+        assert checkpoints.save(7, state, {"examples_consumed": 448, "seed": 3}, {"model": "mlp"}) == "saved"
         checkpoints.wait()
         assert checkpoints.steps == [7] and (tmp_path / "7" / "state").is_dir()
         restored, data, config = restore_on(checkpoints, 7, mesh)
@@ -63,8 +97,7 @@ def test_restore_onto_another_mesh(tmp_path, target):
         data, fsdp = target
         mesh = make_mesh(data=data, fsdp=fsdp, devices=jax.devices()[: data * fsdp])
         restored, _, _ = restore_on(checkpoints, 7, mesh)
-    for a, b in zip(arrays(state), arrays(restored), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_leaves(state, restored)
     weight = restored.ema.layers[1].weight
     assert weight.sharding.mesh.shape == {"data": data, "fsdp": fsdp}
     assert weight.sharding.spec == (jax.sharding.PartitionSpec("fsdp") if fsdp > 1 else jax.sharding.PartitionSpec())
@@ -86,9 +119,9 @@ def test_a_non_finite_state_never_replaces_a_good_checkpoint(tmp_path):
     good = trained_state(mesh)
     poisoned = eqx.tree_at(lambda s: s.model.layers[0].bias, good, jnp.full((64,), jnp.nan))
     with Checkpoints(tmp_path, keep=1) as checkpoints:
-        assert checkpoints.save(3, good, {}, {})
-        assert not checkpoints.save(4, poisoned, {}, {})  # with keep=1 it would have deleted step 3
-        assert not checkpoints.save(3, poisoned, {}, {})  # an existing step is never overwritten
+        assert checkpoints.save(3, good, {}, {}) == "saved"
+        assert checkpoints.save(4, poisoned, {}, {}) == "non_finite"  # with keep=1 it would have deleted step 3
+        assert checkpoints.save(3, poisoned, {}, {}) == "exists"  # an existing step is never overwritten
         checkpoints.wait()
         assert checkpoints.steps == [3]
         restored, _, _ = restore_on(checkpoints, 3, mesh)

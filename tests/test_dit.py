@@ -40,9 +40,10 @@ def test_output_exactly_zero_at_init_and_shape():
     assert bool((y == 0).all())
 
 
-def test_null_label_and_labels_change_output():
+def test_null_cond_and_labels_change_output():
     model = perturbed(tiny(), 0.05)
-    assert model.null_label == 10
+    np.testing.assert_array_equal(model.null_cond(2), [10, 10])  # label num_classes: the table's last row
+    assert DiT(8, 2, 3, 32, 1, 4, key=jax.random.key(0)).null_cond(2) is None  # unconditional
     np.testing.assert_allclose(call(model, X, T), call(model, X, T, jnp.full((2,), 10)), rtol=1e-6, atol=1e-6)
     assert not np.allclose(call(model, X, T), call(model, X, T, LABELS))
 
@@ -79,6 +80,41 @@ def test_gradient_steps_reduce_loss_and_remat_matches():
     grads = [step(m, opt.init(eqx.filter(m, eqx.is_inexact_array)))[3] for m in (model, remat)]
     for a, b in zip(*map(jax.tree.leaves, grads)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_each_output_pixel_comes_from_its_own_patch_and_slot():
+    # A DiT wired as an exact autoencoder, so out == x pins unpatchify: pixel (i, j, c) must come
+    # from token (i//p, j//p), element ((i%p)·p + j%p)·C + c of the final linear's output.
+    # patch_embed copies a patch's p·p·C pixels (that element order) into features [0, 12), their
+    # negatives into [12, 24), scaled by S ≫ the sin-cos positions, so the token's LayerNorm is
+    # [z, -z, 0]/(|z|/4) for patch pixels z; the blocks and final adaLN are the identity at init;
+    # final_linear multiplies features [0, 12) by |z|/4. Every patch has the same |z| (rotations
+    # of one vector) while all 192 pixel values differ, so a misplaced patch or slot shows.
+    p, g, C, hidden, S = 2, 4, 3, 32, 1e5
+    n = p * p * C
+    model = tiny()  # num_classes=10; called unconditionally below
+    rng = np.random.default_rng(7)
+    base = rng.normal(size=n)
+    patches = np.stack([np.linalg.qr(rng.normal(size=(n, n)))[0] @ base for _ in range(g * g)])  # [token, element]
+    x = np.zeros((1, g * p, g * p, C), np.float32)
+    for i, j, c in np.ndindex(g * p, g * p, C):
+        token, element = (i // p) * g + (j // p), ((i % p) * p + j % p) * C + c
+        x[0, i, j, c] = patches[token, element]
+    assert len(np.unique(x)) == x.size
+
+    kernel = np.zeros((p, p, C, hidden), np.float32)  # HWIO: one tap per (pi, pj, c)
+    for pi, pj, c in np.ndindex(p, p, C):
+        kernel[pi, pj, c, (pi * p + pj) * C + c] = S
+        kernel[pi, pj, c, n + (pi * p + pj) * C + c] = -S
+    readout = np.zeros((hidden, n), np.float32)
+    readout[np.arange(n), np.arange(n)] = np.linalg.norm(base) / np.sqrt(hidden / 2)
+    model = eqx.tree_at(
+        lambda m: (m.patch_embed.weight, m.patch_embed.bias, m.final_linear.weight, m.final_linear.bias),
+        model,
+        (jnp.asarray(kernel), jnp.zeros(hidden), jnp.asarray(readout), jnp.zeros(n)),
+    )
+    y = call(model, jnp.asarray(x), jnp.zeros(1))
+    np.testing.assert_allclose(np.asarray(y), x, rtol=0, atol=1e-3)
 
 
 def test_bf16_model_runs_in_bf16():
