@@ -19,7 +19,8 @@ TINY = ["--model", "unet_tiny", "--batch_size", "16", "--warmup_steps", "4", "--
 
 
 def command(script: str, *args) -> list[str]:
-    return [sys.executable, "-u", str(ROOT / "train" / script), *map(str, args)]
+    """`python train/<script> args`, run under the jaxtyping import hook (tests/typechecked.py)."""
+    return [sys.executable, "-u", str(ROOT / "tests" / "typechecked.py"), str(ROOT / "train" / script), *map(str, args)]
 
 
 def run(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess:

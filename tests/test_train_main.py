@@ -1,19 +1,33 @@
 """`python train/main.py` end to end: flags, outputs, the persistent compile cache, the NaN stop."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import equinox as eqx
+import jax
+import numpy as np
 import pytest
 from PIL import Image
+
+from eqxdiff.data import open_source
+from eqxdiff.sharding import make_mesh
+from runs import saved_arrays
 
 ROOT = Path(__file__).parent.parent
 SMALL = ["--model", "unet_tiny", "--batch_size", "16", "--sample_steps", "2", "--wandb", "disabled"]
 
 
+def run_main_script(script, *args, timeout=600):
+    """`python train/<script> args`, under the jaxtyping import hook (tests/typechecked.py)."""
+    cmd = [sys.executable, "tests/typechecked.py", f"train/{script}", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
 def run_main(*args, timeout=600):
-    return subprocess.run([sys.executable, "train/main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return run_main_script("main.py", *args, timeout=timeout)
 
 
 def rows(run_dir):
@@ -70,15 +84,68 @@ def test_bad_flag_values_are_clear_errors():
     assert result.returncode != 0 and "must be a multiple of devices (4)" in result.stderr
 
 
+def leaf_paths(tree) -> dict[tuple, np.ndarray]:
+    """Arrays by path tokens, so a module tree and orbax's plain-dict restore compare."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {tuple(re.findall(r"\w+", jax.tree_util.keystr(p))): np.asarray(x) for p, x in flat if hasattr(x, "shape")}
+
+
 @pytest.mark.slow
 def test_default_job_end_to_end_at_reduced_steps(tmp_path):
-    """`python train/main.py` as shipped (model, data, schedule, sampler), only shorter."""
-    result = run_main("--run_dir", str(tmp_path), "--steps", "20", "--sample_every", "10", "--wandb", "disabled")
+    """`python train/main.py` as shipped (model, data, schedule, sampler), only shorter. Its losses
+    are the stored trajectory of the same job written before the record/conditioning redesign."""
+    stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
+    result = run_main("--run_dir", tmp_path, *stored["args"], "--sample_every", "10")  # the later flag wins
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [r["step"] for r in rows(tmp_path)] == [20]  # --log_every 50: the last step only
+    losses = [r["train/loss"] for r in rows(tmp_path)]
+    np.testing.assert_allclose(losses, stored["loss"], rtol=1e-4)  # same seed: same numbers to float rounding
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
     for step in (10, 20):
         with Image.open(tmp_path / "samples" / f"step_{step:06d}.png") as grid:
             assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
+            assert np.asarray(grid).std() > 10, "a blank grid"
     assert (tmp_path / "checkpoints" / "20" / "commit_success.txt").exists()  # the final checkpoint
     saved = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
     assert saved["model"] == "unet" and saved["num_classes"] == 10 and saved["image_shape"] == [8, 8, 1]
+
+    # sample.py restores the EMA weights (not the raw model's) and draws varied, finite digits.
+    from sample import load_ema  # train/sample.py
+
+    ema, *_ = load_ema(tmp_path, -1, make_mesh(data=-1, fsdp=1))
+    on_disk = leaf_paths(saved_arrays(tmp_path, 20))
+    restored = leaf_paths(eqx.filter(ema, eqx.is_array))
+    assert restored and all(np.array_equal(v, on_disk[("ema", *k)]) for k, v in restored.items())
+    assert any(not np.array_equal(v, on_disk[("model", *k)]) for k, v in restored.items())
+    out = tmp_path / "s.npz"
+    result = run_main_script("sample.py", "--run_dir", tmp_path, "--num", 20, "--steps", 4, "--out", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(out) as samples:
+        images = samples["images"].astype(np.float32)
+    assert images.shape == (20, 8, 8, 1) and images.std() > 10
+    assert np.abs(images[:10] - images[10:]).mean() > 5  # not one image repeated
+
+
+# Every schedule and every parameterization, and the other paths through the script, at tiny size.
+SMOKE_CASES = {
+    "vp_linear-eps-unlabeled-bf16": ["--schedule", "vp_linear", "--parameterization", "eps", "--precision", "bf16"],
+    "vp_cosine-v-remat": ["--schedule", "vp_cosine", "--parameterization", "v", "--remat"],
+    "edm-x0-accum": ["--schedule", "edm", "--parameterization", "x0", "--grad_accum_steps", "2"],
+    "flow-flow-dit_s": ["--schedule", "flow", "--parameterization", "flow", "--model", "dit_s", "--batch_size", "8"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SMOKE_CASES))
+def test_main_smoke(case, tmp_path):
+    args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "2", *SMOKE_CASES[case]]
+    if "unlabeled" in case:  # npz images without labels: an unconditional model, no label field
+        digits = open_source("digits")
+        np.savez(tmp_path / "digits.npz", images=digits.images[:64])
+        args += ["--dataset", f"npz:{tmp_path / 'digits.npz'}"]
+    result = run_main("--run_dir", tmp_path / "run", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = rows(tmp_path / "run")
+    assert [r["step"] for r in logged] == [1, 2, 3] and all(np.isfinite(r["train/loss"]) for r in logged)
+    assert (tmp_path / "run" / "checkpoints" / "3" / "commit_success.txt").exists()
+    with Image.open(tmp_path / "run" / "samples" / "step_000003.png") as grid:
+        assert grid.size == ((10 * 9 + 1) * 4,) * 2

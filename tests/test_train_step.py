@@ -169,6 +169,8 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     assert int(state.step) == step_before + 3  # the bad batches are consumed, not retried
     state, metrics = step(state, put(good, mesh))
     assert bool(metrics["finite"]) and int(metrics["bad_steps"]) == 0
+    # The lr this update used: the 2nd of the warm-up (lr 3e-3 over 2 steps), not the 5th step's.
+    assert float(metrics["lr"]) == pytest.approx(3e-3 * 1 / 2)
 
 
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():

@@ -52,31 +52,38 @@ def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
     return np.sort(np.resize(np.asarray(classes, np.int32), num), kind="stable")
 
 
+def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
+    """(EMA model, the run's Config, its stored config dict, the step) from a checkpoint, the model
+    rebuilt from the stored config and replicated over `mesh`; step < 0: the newest."""
+    with Checkpoints(Path(run_dir) / "checkpoints") as checkpoints:
+        step = checkpoints.latest() if step < 0 else step
+        if step is None:
+            raise SystemExit(f"No checkpoint under {checkpoints.directory}: train first (train/main.py --run_dir ...).")
+        stored = checkpoints.restore_config(step)
+        cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+
+        def make_model(key):
+            return MODELS[cfg.model](tuple(stored["image_shape"]), stored["num_classes"], False, key)
+
+        # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
+        optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
+        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
+        state, _, _ = checkpoints.restore(step, abstract, shardings)
+    return state.ema, cfg, stored, step
+
+
 def main(args: argparse.Namespace) -> None:
     start_jax(Config(cpu_devices=args.cpu_devices))
-    checkpoints = Checkpoints(Path(args.run_dir) / "checkpoints")
-    step = checkpoints.latest() if args.step < 0 else args.step
-    if step is None:
-        raise SystemExit(f"No checkpoint under {checkpoints.directory}: train first (train/main.py --run_dir ...).")
-    stored = checkpoints.restore_config(step)
-    cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
-    image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
-
-    def make_model(key):
-        return MODELS[cfg.model](image_shape, num_classes, False, key)
-
-    # Replicated on every device present: the optimizer only gives the state its structure.
     mesh = make_mesh(data=-1, fsdp=1)
-    abstract, shardings = abstract_train_state(make_model, adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0], mesh, 2**62)
-    state, _, _ = checkpoints.restore(step, abstract, shardings)
-    checkpoints.close()
+    ema, cfg, stored, step = load_ema(args.run_dir, args.step, mesh)
+    image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
 
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
     if any(not 0 <= c < num_classes for c in classes):
         raise SystemExit(f"--classes must lie in 0..{num_classes - 1} for this run, got {args.classes!r}.")
     labels = balanced_labels(args.num, classes) if num_classes else None
     images = generate(
-        state.ema, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization), labels,
+        ema, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization), labels,
         args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
         cfg_scale=args.cfg, seed=args.seed,
     )  # fmt: skip
