@@ -69,9 +69,6 @@ class DiT(eqx.Module):
     patch_size: int = eqx.field(static=True)
     in_channels: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
-    depth: int = eqx.field(static=True)
-    num_heads: int = eqx.field(static=True)
-    mlp_ratio: float = eqx.field(static=True)
     num_classes: int = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
 
@@ -92,7 +89,7 @@ class DiT(eqx.Module):
         if image_size % patch_size:
             raise ValueError(f"DiT: image_size {image_size} is not divisible by patch_size {patch_size}")
         self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
-        self.hidden_size, self.depth, self.num_heads, self.mlp_ratio = hidden_size, depth, num_heads, mlp_ratio
+        self.hidden_size = hidden_size
         self.num_classes, self.remat = num_classes, remat
 
         kp, kt, kt1, kt2, kl, kb, kf = jax.random.split(key, 7)

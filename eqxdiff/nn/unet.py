@@ -113,16 +113,7 @@ class UNet(eqx.Module):
 
     in_channels: int = eqx.field(static=True)
     channels: tuple[int, ...] = eqx.field(static=True)
-    num_res_blocks: int = eqx.field(static=True)
-    attention_levels: tuple[int, ...] = eqx.field(static=True)
-    num_middle_res_blocks: int = eqx.field(static=True)
-    emb_features: int = eqx.field(static=True)
     num_classes: int = eqx.field(static=True)
-    dropout: float = eqx.field(static=True)
-    norm_groups: int = eqx.field(static=True)
-    num_heads: int = eqx.field(static=True)
-    scale_shift: bool = eqx.field(static=True)
-    upsample_channels: tuple[int, ...] = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
 
     def __init__(
@@ -150,11 +141,9 @@ class UNet(eqx.Module):
             upsample_channels = tuple(reversed(channels[1:]))
         if len(upsample_channels) != levels - 1:
             raise ValueError(f"upsample_channels needs {levels - 1} entries, got {tuple(upsample_channels)}")
-        self.in_channels, self.channels, self.num_res_blocks = in_channels, channels, num_res_blocks
-        self.attention_levels, self.num_middle_res_blocks = tuple(attention_levels), num_middle_res_blocks
-        self.emb_features, self.num_classes, self.dropout = emb_features, num_classes, dropout
-        self.norm_groups, self.num_heads, self.scale_shift = norm_groups, num_heads, scale_shift
-        self.upsample_channels, self.remat = tuple(upsample_channels), remat
+        # Only what __call__ reads is kept; the rest of the configuration is the module tree itself.
+        self.in_channels, self.channels, self.num_classes, self.remat = in_channels, channels, num_classes, remat
+        attention_levels, upsample_channels = tuple(attention_levels), tuple(upsample_channels)
 
         keys = (jax.random.fold_in(key, i) for i in itertools.count())  # one compile, any length
 
@@ -173,7 +162,7 @@ class UNet(eqx.Module):
         self.down_blocks, self.down_attn, self.downsample = [], [], []
         for i, ch in enumerate(channels):
             self.down_blocks.append([res(width, width) for _ in range(num_res_blocks)])
-            self.down_attn.append(attn(width, i in self.attention_levels))
+            self.down_attn.append(attn(width, i in attention_levels))
             skips += [width] * num_res_blocks
             if i < levels - 1:
                 self.downsample.append(Conv2d(width, ch, stride=2, key=next(keys)))
@@ -183,7 +172,7 @@ class UNet(eqx.Module):
         for _ in range(num_middle_res_blocks):
             first = res(width, channels[-1])
             width = channels[-1]
-            self.middle_blocks.append((first, attn(width, levels - 1 in self.attention_levels), res(width, width)))
+            self.middle_blocks.append((first, attn(width, levels - 1 in attention_levels), res(width, width)))
 
         self.up_blocks, self.up_attn, self.upsample = [], [], []
         for j, i in enumerate(reversed(range(levels))):
@@ -192,10 +181,10 @@ class UNet(eqx.Module):
                 blocks.append(res(width + skips.pop(), channels[i]))
                 width = channels[i]
             self.up_blocks.append(blocks)
-            self.up_attn.append(attn(width, i in self.attention_levels))
+            self.up_attn.append(attn(width, i in attention_levels))
             if i > 0:
-                self.upsample.append(Conv2d(width, self.upsample_channels[j], key=next(keys)))
-                width = self.upsample_channels[j]
+                self.upsample.append(Conv2d(width, upsample_channels[j], key=next(keys)))
+                width = upsample_channels[j]
 
         self.conv_mid_out = Conv2d(width, channels[0], key=next(keys))
         self.final_block = res(channels[0] + skips.pop(), channels[0])
