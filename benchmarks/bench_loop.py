@@ -5,10 +5,10 @@ Both drive the same `train_step` (the digits job: `UNet(1, (32, 64), 1, num_clas
 
 - bare: `for b in device_batches: state, m = step(state, b)` over batches transferred to the
   device before timing, at most 2 steps in flight;
-- full: as train/main.py — host batches from the grain `batch_stream` through
-  `Prefetch(..., to_device=make_array_from_process_local_data, depth=2)`, the metrics window
-  kept and read with one `jax.device_get` every `--log_every` steps, a `MetricsLogger` row
-  (wandb disabled) and a tqdm bar `set_postfix` at those steps, at most 2 steps in flight.
+- full: train/main.py's `train_loop` itself — host batches from the grain `batch_stream` through
+  `Prefetch(..., to_device=make_array_from_process_local_data, depth=2)`, its LogWindow read
+  every `--log_every` steps into a `MetricsLogger` row (wandb disabled) and the tqdm bar, at
+  most 2 steps in flight (sampling and checkpoints off).
 
 One Prefetch, logger and log directory serve every full round (as one run has one); each full
 round opens its own tqdm bar, as the loop does. After warm-up, rounds alternate bare, full,
@@ -30,14 +30,14 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
-import numpy as np
-from tqdm import tqdm
 
 from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
 from eqxdiff import xla_cpu
 from eqxdiff.data import Prefetch, batch_stream
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.training import MetricsLogger, mfu, peak_flops_per_device, step_flops
+from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, peak_flops_per_device, step_flops
+from eqxdiff.training.preemption import StopRequest
+from unconditional_edm import train_main  # train/main.py
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -88,36 +88,15 @@ def main() -> None:
     peak, _ = peak_flops_per_device(dtype="fp32")
 
     def full(state, batches, logger, steps):
-        """train/main.py's loop body, minus profiling, sampling and the step-1 start-up facts."""
-        window, previous, window_start = [], None, time.perf_counter()
-        bar = tqdm(range(1, steps + 1), desc="train", mininterval=2.0)
-        for step in bar:
-            batch = next(batches)
-            state, metrics = train_step(state, batch)
-            if previous is not None:  # at most 2 steps in flight
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-            window.append(metrics)
-            if window and (step % args.log_every == 0 or step == steps):
-                rows = jax.device_get(window)  # the one host read per log interval
-                elapsed = time.perf_counter() - window_start
-                step_time = elapsed / len(rows)
-                logged = {
-                    "train/loss": float(np.mean([r["loss"] for r in rows if r["finite"]] or [np.nan])),
-                    "train/grad_norm": float(rows[-1]["grad_norm"]),
-                    "train/lr": float(rows[-1]["lr"]),
-                    "train/bad_steps": int(rows[-1]["bad_steps"]),
-                    "train/step_time_ms": 1000 * step_time,
-                    "train/samples_per_sec": args.batch / step_time,
-                    "train/mfu": mfu(flops_per_device, step_time, peak),
-                }
-                logger.log(step, logged)
-                bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
-                worst = max(int(r["bad_steps"]) for r in rows)
-                if worst >= 5:
-                    raise RuntimeError(f"{worst} consecutive non-finite steps by step {step}")
-                window, window_start = [], time.perf_counter()
-        jax.block_until_ready((state, metrics))
+        """train/main.py's own `train_loop`, without sampling, checkpoints or profiling."""
+        cfg = train_main.Config(steps=steps, log_every=args.log_every, sample_every=0, ckpt_every=10**9)
+        with StopRequest() as stop:
+            state = train_main.train_loop(
+                cfg, state, train_step, batches, logger, start_step=0,
+                log_window=LogWindow(args.batch, flops_per_device, peak), profile=ProfileWindow("", Path(".")),
+                write_samples=lambda step, state: None, save_checkpoint=lambda step, state: None, stop=stop,
+            )  # fmt: skip
+        jax.block_until_ready(state)
         return state
 
     times = {"bare": [], "full": []}

@@ -51,7 +51,7 @@ def main() -> None:
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
     optimizer, lr_schedule = adamw_cosine(1e-4, 1000, 10)
-    images = jax.ShapeDtypeStruct((args.batch, args.image_size, args.image_size, 3), jnp.float32)
+    images = jax.ShapeDtypeStruct((args.batch, args.image_size, args.image_size, 3), jnp.uint8)
 
     prepare, loss_fn = unconditional_edm()  # as train/main.py, without labels
 
@@ -68,12 +68,12 @@ def main() -> None:
         )  # fmt: skip
         if args.cpu_scheduler == "xla_default":
             step.compiler_options.pop("xla_cpu_scheduler_type", None)
-        step_temp = temp_mib(step.compile(abstract, {"images": images}))
+        step_temp = temp_mib(step.compile(abstract, {"image": images}))
 
         params, static = eqx.partition(abstract.model, lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
         def loss_of_params(params, images):
-            batch = prepare({"images": images}, jax.random.key(0))
+            batch = prepare({"image": images}, jax.random.key(0))
             return loss_fn(eqx.combine(params, static), batch, jax.random.key(1))
 
         grad_temp = temp_mib(jax.jit(jax.grad(loss_of_params)).lower(params, images).compile(step.compiler_options))

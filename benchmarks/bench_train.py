@@ -94,13 +94,13 @@ def main() -> None:
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     # As train/main.py: the step compiles in a thread while the state is built.
-    compiling = ThreadPoolExecutor(1).submit(train_step.compile, abstract, {"images": jax.ShapeDtypeStruct(shape, np.float32)})
+    compiling = ThreadPoolExecutor(1).submit(train_step.compile, abstract, {"image": jax.ShapeDtypeStruct(shape, np.uint8)})
     state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings)
     params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
 
     rng = np.random.default_rng(args.seed)  # host data, as a loader gives; no JAX work in the set-up
     batches = [
-        {"images": jax.device_put(rng.uniform(-1, 1, shape).astype(np.float32), data_sharding)}
+        {"image": jax.device_put(rng.integers(0, 256, shape, dtype=np.uint8), data_sharding)}
         for _ in range(args.num_batches)
     ]
     jax.block_until_ready(batches)

@@ -128,16 +128,14 @@ class EqxdiffSide:
             state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed, precision="fp32",
         )  # fmt: skip
         # As train/main.py: the step compiles in a thread while the state is built.
-        spec = {"images": jax.ShapeDtypeStruct(images_u8[0].shape, np.float32)}
+        spec = {"image": jax.ShapeDtypeStruct(images_u8[0].shape, np.uint8)}
         self.compiling = ThreadPoolExecutor(1).submit(self.train_step.compile, abstract, spec)
         self.state, _ = create_train_state(
             make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings
         )
         self.params = count_params(eqx.filter(self.state.model, eqx.is_array))
-        # Same images as the peer gets, in eqxdiff's format: float32 in [-1, 1], on the device.
-        self.batches = [
-            {"images": jax.device_put(((u8.astype(np.float32) - 127.5) / 127.5), data_sharding)} for u8 in images_u8
-        ]
+        # The same uint8 images as the peer gets, on the device; prepare maps them to [-1, 1].
+        self.batches = [{"image": jax.device_put(u8, data_sharding)} for u8 in images_u8]
         jax.block_until_ready((self.state, self.batches))
         self.steps_done = 0
 

@@ -5,13 +5,15 @@ measure one thing: `UNet(1, (32, 64), 1, num_classes=10)` on 8×8×1 digits, EDM
 preconditioning, label dropout for classifier-free guidance, AdamW with warmup + cosine.
 """
 
+import functools
 from dataclasses import dataclass
 
 import jax
 
+from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
 from eqxdiff.data import open_source
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise, drop_labels
-from eqxdiff.nn import UNet
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
+from eqxdiff.nn import UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding
 from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
 
@@ -37,18 +39,9 @@ def digits_job(mesh, *, total_steps: int, seed: int = 0, label_dropout: float = 
         return UNet(1, (32, 64), 1, num_classes=digits.num_classes, key=key)
 
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(seed), mesh, min_size)
-    null_label = state.model.null_label
-
-    def prepare(batch, key):  # as train/main.py
-        key_draw, key_drop = jax.random.split(key)
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key_draw)
-        labels = drop_labels(key_drop, batch["labels"], label_dropout, null_label)
-        return dict(batch, sigma=sigma, noise=noise, labels=labels)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], batch["labels"], key=key
-        )
+    null_cond = null_cond_of(state.model, 1)
+    prepare = functools.partial(train_main.prepare, schedule=schedule, label_dropout=label_dropout, null_cond=null_cond)
+    loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=parameterization)
 
     train_step = make_train_step(
         prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,

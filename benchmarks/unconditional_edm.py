@@ -1,24 +1,21 @@
-"""The unconditional EDM objective the step benchmarks train with (train/main.py's prepare and
-loss_fn without labels): EDM's σ draw and preconditioning, EDM's weighted MSE.
-
-Shared by bench_train.py, bench_train_vs_flaxdiff.py and bench_remat_memory.py, so they time
-and measure one and the same step.
+"""train/main.py's `prepare` and `loss_fn` bound to EDM without labels: the objective the step
+benchmarks train with (bench_train.py, bench_train_vs_flaxdiff.py, bench_remat_memory.py), so
+they time and measure exactly what the script trains. Batches are {"image": uint8 [b, h, w, c]}.
 """
 
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, denoising_loss_at, draw_sigma_and_noise
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
+import main as train_main  # noqa: E402  (train/main.py)
+
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
 
 
 def unconditional_edm():
-    """(prepare, loss_fn) for `eqxdiff.training.make_train_step`; batches are {"images": [b, h, w, c]}."""
-    schedule, parameterization = EDMSchedule(), EDMPreconditioning()
-
-    def prepare(batch, key):
-        sigma, noise = draw_sigma_and_noise(schedule, batch["images"], key)
-        return dict(batch, sigma=sigma, noise=noise)
-
-    def loss_fn(model, batch, key):
-        return denoising_loss_at(
-            model, schedule, parameterization, batch["images"], batch["sigma"], batch["noise"], None, key=key
-        )
-
+    """(prepare, loss_fn) for `eqxdiff.training.make_train_step`."""
+    schedule = EDMSchedule()
+    prepare = functools.partial(train_main.prepare, schedule=schedule, label_dropout=0.0, null_cond=None)
+    loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=EDMPreconditioning())
     return prepare, loss_fn

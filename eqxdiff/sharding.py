@@ -52,7 +52,9 @@ def fsdp_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int) -> P:
     return P(*([None] * axis), "fsdp")  # no trailing Nones: the form JAX reports back
 
 
-def _is_array_like(x) -> bool:
+def is_array_like(x) -> bool:
+    """A jax array or its abstract stand-in (ShapeDtypeStruct): the leaves a state's layout,
+    compile and restore are computed for."""
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
@@ -75,10 +77,10 @@ def leaf_names(tree):
 def _namer(tree) -> Callable:
     """`(key path, leaf) -> name or None` for the leaves of `tree` (see `leaf_names`)."""
     model = getattr(tree, "model", tree)
-    params = {_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(model) if _is_array_like(x)}
+    params = {_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(model) if is_array_like(x)}
 
     def name(path, x):
-        if not _is_array_like(x):
+        if not is_array_like(x):
             return None
         keys = _path(path)
         for start in range(len(keys)):  # longest suffix first
@@ -170,7 +172,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def sharding_summary(abstract_state, shardings) -> str:
     """One line: how many array leaves are sharded/replicated and the state's bytes per device."""
-    arrays = jax.tree.leaves(eqx.filter(abstract_state, _is_array_like))
+    arrays = jax.tree.leaves(eqx.filter(abstract_state, is_array_like))
     leaves = list(zip(arrays, jax.tree.leaves(shardings), strict=True))
     sharded = sum(1 for _, s in leaves if any(a is not None for a in s.spec))
     total = sum(x.size * np.dtype(x.dtype).itemsize for x, _ in leaves)

@@ -18,6 +18,7 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff.checkpoint  # noqa: F401
     import eqxdiff.data  # noqa: F401
     import eqxdiff.eval  # noqa: F401
+    import eqxdiff.generate  # noqa: F401
     import eqxdiff.images  # noqa: F401
     import eqxdiff.sharding  # noqa: F401
     import eqxdiff.training  # noqa: F401
@@ -27,8 +28,13 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
 # the library without them, under `xla_cpu.disabled()`).
 eqxdiff.xla_cpu.enable()
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Tests use train/main.py's own prepare and loss_fn (`import main as train_main`).
+sys.path.insert(0, str(Path(__file__).parent.parent / "train"))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The notebooks run top to bottom (at smoke size: the test sets SMOKE = True)."""
+"""The notebooks run top to bottom (at smoke size: the test sets SMOKE = True), with eqxdiff's
+shapes checked by the jaxtyping import hook as in every other test."""
 
 from pathlib import Path
 
@@ -6,6 +7,17 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+# A rank-2 numpy argument where `per_example` annotates a 1-D jax array fails only when checked.
+HOOK_WAS_ACTIVE = """
+import jaxtyping, numpy as np
+from eqxdiff.diffusion.denoiser import per_example
+try:
+    per_example(np.zeros((2, 3)), np.zeros((2, 3)))
+except jaxtyping.TypeCheckError:
+    pass
+else:
+    raise AssertionError("eqxdiff ran without the jaxtyping import hook")
+"""
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -19,4 +31,7 @@ def test_notebook_runs(path):
             break
     else:
         raise AssertionError(f"{path.name} has no `SMOKE = False` switch for the test run.")
+    hook = 'from jaxtyping import install_import_hook\n_hook = install_import_hook("eqxdiff", "beartype.beartype")'
+    nb.cells.insert(0, nbformat.v4.new_code_cell(hook))  # before the notebook imports eqxdiff
+    nb.cells.append(nbformat.v4.new_code_cell(HOOK_WAS_ACTIVE))
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()

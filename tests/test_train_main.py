@@ -149,3 +149,15 @@ def test_main_smoke(case, tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "3" / "commit_success.txt").exists()
     with Image.open(tmp_path / "run" / "samples" / "step_000003.png") as grid:
         assert grid.size == ((10 * 9 + 1) * 4,) * 2
+
+
+def test_subprocess_runs_are_type_checked(tmp_path):
+    # tests/typechecked.py imports eqxdiff under the jaxtyping hook: a wrong shape fails there.
+    script = tmp_path / "wrong_shape.py"
+    script.write_text(
+        "import numpy as np\nfrom eqxdiff.diffusion.denoiser import per_example\n"
+        "per_example(np.zeros((2, 3)), np.zeros((2, 3)))\nprint('unchecked')\n"
+    )
+    result = subprocess.run([sys.executable, "tests/typechecked.py", str(script)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0 and "TypeCheckError" in result.stderr and "unchecked" not in result.stdout

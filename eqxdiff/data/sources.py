@@ -243,7 +243,7 @@ def load_digits_source() -> ArraySource:
     """scikit-learn's digits as an 8×8×1 uint8 source (levels 0..16 -> 0..255, rounded).
 
     Read straight from the CSV that ships inside scikit-learn (the file `load_digits` reads):
-    importing sklearn itself costs ~2.4 s of every run's start-up on a 2-core CPU."""
+    importing sklearn itself would add its whole import time to every run's start-up."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("--dataset digits needs scikit-learn: pip install scikit-learn")

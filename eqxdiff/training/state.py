@@ -64,9 +64,8 @@ def create_train_state(
     The network is drawn eagerly on this host's CPU backend (its draws share a few small
     compiled programs: eqxdiff.nn.layers), each leaf then goes straight into its shards, and one
     small jit adds the EMA and optimizer state with the state's output shardings. So no
-    accelerator ever holds a whole copy, and start-up compiles no per-parameter random draws:
-    one jit over the whole init inlined ~370 of them for the FlaxDiff UNet and took 8 s to
-    compile on a 2-core CPU. Pass `shardings` when `abstract_train_state` already gave them
+    accelerator ever holds a whole copy, and start-up compiles no per-parameter random draws
+    (one jit over the whole init would inline hundreds of them into one slow compile). Pass `shardings` when `abstract_train_state` already gave them
     (then the rules are already in them, and passing `rules` too is an error).
     """
     if shardings is None:

@@ -14,6 +14,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from eqxdiff import xla_cpu
+from eqxdiff.sharding import is_array_like
 
 from .precision import cast_for_compute
 from .state import TrainState
@@ -56,7 +57,8 @@ def make_train_step(
     """Build `train_step(state, batch) -> (state, metrics)`; `state` is donated.
 
     metrics (device scalars, read by the host only at the logging cadence): loss, grad_norm,
-    lr, finite (this step's loss and gradients), bad_steps (consecutive non-finite steps).
+    lr (the learning rate of this step's update), finite (this step's loss and gradients),
+    bad_steps (consecutive non-finite steps).
     A non-finite step leaves model, EMA and optimizer state bitwise unchanged.
     """
     k = grad_accum_steps
@@ -70,8 +72,8 @@ def make_train_step(
         if k == 1:
             return grad_fn(model, batch, key)
         # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
-        # A scan keeps them sequential; XLA:CPU runs a conv backward inside a rolled loop far
-        # slower than the same ops unrolled (BENCHMARKS.md), so there the loop is unrolled.
+        # A scan keeps them sequential; with the XLA:CPU workarounds on it is unrolled
+        # (eqxdiff/xla_cpu.py: XLA:CPU runs a conv backward inside a rolled loop far slower).
         params = eqx.filter(model, eqx.is_inexact_array)
 
         def micro(carry, xs):
@@ -81,7 +83,7 @@ def make_train_step(
             return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
         init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-        unroll = jax.default_backend() == "cpu"
+        unroll = xla_cpu.on_cpu()
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, init, (jnp.arange(k), _micro_batches(batch, k)), unroll=unroll)
         return loss_sum / k, jax.tree.map(lambda g: g / k, grad_sum)
 
@@ -114,7 +116,7 @@ def make_train_step(
         metrics = dict(
             loss=loss,
             grad_norm=grad_norm,
-            lr=jnp.asarray(lr_schedule(state.step), jnp.float32),
+            lr=jnp.asarray(lr_schedule(_updates_applied(state.opt_state, state.step)), jnp.float32),
             finite=finite,
             bad_steps=new_state.bad_steps,
         )
@@ -155,7 +157,7 @@ class TrainStep:
         self.compiler_options = xla_cpu.compiler_options() if on_cpu and xla_cpu.enabled() else {}
 
     def _split(self, state: TrainState):
-        arrays, static = eqx.partition(state, _is_array_like)
+        arrays, static = eqx.partition(state, is_array_like)
         if self.jitted is None:
             with self._lock:
                 if self.jitted is None:
@@ -195,8 +197,12 @@ class TrainStep:
             return self._lowered[signature]
 
 
-def _is_array_like(x) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+def _updates_applied(opt_state, step: jax.Array) -> jax.Array:
+    """The optimizer's own update count (the schedule's, when it keeps one): the step at which it
+    reads the learning rate. It lags `step` by the skipped non-finite steps, whose optimizer
+    state is kept whole. Without a count in the state, `step`."""
+    counts = optax.tree_utils.tree_get_all_with_path(opt_state, "count")
+    return counts[-1][1] if counts else step
 
 
 def _signature(batch: dict) -> tuple:
