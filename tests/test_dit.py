@@ -58,6 +58,7 @@ def test_wrong_sizes_raise():
         call(model, X[0], T)
 
 
+@pytest.mark.slow
 def test_gradient_steps_reduce_loss_and_remat_matches():
     model, target = tiny(), jnp.asarray(RNG.normal(size=X.shape), jnp.float32)
     opt = optax.adam(1e-2)

@@ -213,6 +213,7 @@ def unet_steps():
     return out
 
 
+@pytest.mark.slow
 def test_bf16_step_convolves_and_multiplies_in_bf16(unet_steps):
     for precision, (mesh, state, step) in unet_steps.items():
         hlo = step.lower(state, jax.device_put(unet_batch(), batch_sharding(mesh))).as_text()
@@ -224,6 +225,7 @@ def test_bf16_step_convolves_and_multiplies_in_bf16(unet_steps):
             assert all(c.count("xbf16>") == 2 for c in convs + dots), [c for c in convs + dots if "f32>" in c]
 
 
+@pytest.mark.slow
 def test_bf16_loss_is_near_fp32_and_state_stays_float32(unet_steps):
     losses, grad_norms = {}, {}
     for precision, (mesh, state, step) in unet_steps.items():

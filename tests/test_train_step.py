@@ -105,6 +105,7 @@ def reference_run():
     return run(make_mesh(-1, 4), 20)
 
 
+@pytest.mark.slow
 def test_one_device_eight_devices_and_fsdp_agree(reference_run):
     fsdp_state, fsdp_losses = reference_run
     single_state, single_losses = run(make_mesh(1, 1, jax.devices()[:1]), 20)
@@ -117,6 +118,7 @@ def test_one_device_eight_devices_and_fsdp_agree(reference_run):
         np.testing.assert_allclose(c, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch(reference_run):
     fsdp_state, fsdp_losses = reference_run
     accum_state, accum_losses = run(make_mesh(-1, 4), 20, k=4)
@@ -140,6 +142,7 @@ def fsdp_step(fsdp_setup):
     return mesh, eqx.combine(jax.tree.map(jnp.copy, arrays), static), step
 
 
+@pytest.mark.slow
 def test_state_is_donated_and_metrics_are_not_synced(fsdp_step):
     mesh, state, step = fsdp_step
     batch = put(digit_batches(1, batch=256)[0], mesh)  # big enough that a step takes a while
@@ -153,6 +156,7 @@ def test_state_is_donated_and_metrics_are_not_synced(fsdp_step):
     assert int(new_state.step) == 2
 
 
+@pytest.mark.slow
 def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     mesh, state, step = fsdp_step
     good = digit_batches(1)[0]
@@ -173,6 +177,7 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     assert float(metrics["lr"]) == pytest.approx(3e-3 * 1 / 2)
 
 
+@pytest.mark.slow
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():
     mesh = make_mesh(-1, 1)
     state, losses = run(mesh, 40, precision="bf16")
@@ -199,6 +204,7 @@ def test_remat_keeps_far_fewer_activations_for_the_backward_pass():
     assert saved[True] < 0.3 * saved[False], saved
 
 
+@pytest.mark.slow
 def test_remat_shrinks_the_compiled_steps_temp_memory():
     # The real step (clipped AdamW, EMA, NaN guard), compiled from shapes only: XLA's scratch
     # memory for it, activations kept for the backward pass among it.

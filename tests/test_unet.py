@@ -78,6 +78,7 @@ def _loss(model, x, t, target):
     return jnp.mean((model(x, t) - target) ** 2)
 
 
+@pytest.mark.slow
 def test_remat_gives_identical_gradients_and_adam_step_reduces_loss():
     # One level, no middle blocks: the two gradient compiles dominate this file's run time.
     plain = perturbed(tiny(channels=(8,), num_middle_res_blocks=0))

@@ -109,6 +109,7 @@ def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, str
     np.testing.assert_allclose(gw.astype(jnp.float32), want[1], rtol=0.05, atol=0.05 * float(jnp.abs(want[1]).max()))
 
 
+@pytest.mark.slow
 def test_remat_gradients_with_the_workarounds_match_plain_autodiff():
     # Reference: no remat, workarounds off (plain lax convs, plain autodiff; remat with them off
     # is plain eqx.filter_checkpoint).
@@ -170,7 +171,12 @@ def test_padded_draws_are_bitwise_plain_jax_random_draws(shape, normal):
     np.testing.assert_array_equal(short, long[:1024])
 
 
-@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
+def one_level_unet(key):
+    return UNet(3, (8,), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, key=key)  # fewer shapes to compile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [one_level_unet, tiny_dit], ids=["unet", "dit"])
 def test_models_initialise_bitwise_the_same_with_the_workarounds_on_and_off(make):
     # Eagerly, as create_train_state draws. (Under jit XLA may fuse a draw's scaling into other
     # ops and round differently: the same distribution, not always the same bits.)

@@ -111,6 +111,7 @@ MODELS = {
     "unet_tiny": lambda shape, n, remat, key: UNet(shape[-1], (16, 32), 1, num_classes=n, norm_groups=4, remat=remat, key=key),
     "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
     "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
+    "dit_tiny": lambda shape, n, remat, key: DiT(shape[0], 2, shape[-1], 64, 2, 4, num_classes=n, remat=remat, key=key),
 }
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
 # parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
