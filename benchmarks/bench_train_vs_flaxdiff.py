@@ -319,7 +319,7 @@ def main() -> None:
     per_side["eqxdiff"].update(
         model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
         step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
-        batch_format="float32 [-1, 1] on device",
+        batch_format="uint8 on device (prepare maps to [-1, 1])",
     )  # fmt: skip
     per_side["flaxdiff"].update(
         model="flaxdiff.models.simple_unet.Unet(emb 128, depths (32, 64, 128), no attention)",

@@ -88,10 +88,14 @@ class Checkpoints:
 
     def save(self, step: int, state, data: dict, config: dict) -> str:
         """Start saving `state` (a TrainState) with the data position and config. Returns
-        "saved", or why nothing was written: "exists" (the step is already saved) or
-        "non_finite" (the state holds a NaN or inf: a bad state never replaces a good checkpoint)."""
+        "saved", or why nothing was written: "exists" (the step is already saved), "not_newest"
+        (a newer step is saved: e.g. a run resumed with an older --resume_step; orbax keeps
+        steps in order) or "non_finite" (the state holds a NaN or inf: a bad state never
+        replaces a good checkpoint)."""
         if step in self._manager.all_steps():
             return "exists"
+        if self.steps and step < self.steps[-1]:
+            return "not_newest"
         if not bool(_all_finite(state)):  # one host read, at the checkpoint cadence only
             return "non_finite"
         args = ocp.args.Composite(

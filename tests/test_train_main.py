@@ -103,15 +103,15 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     """`python train/main.py` as shipped (model, data, schedule, sampler), only shorter. Its losses
     are the stored trajectory of the same job written before the record/conditioning redesign."""
     stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
-    result = run_main("--run_dir", tmp_path, *stored["args"], "--sample_every", "10")  # the later flag wins
+    result = run_main("--run_dir", tmp_path, *stored["args"], "--sample_every", "20")  # the later flag wins
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["train/loss"] for r in rows(tmp_path)]
     np.testing.assert_allclose(losses, stored["loss"], rtol=1e-4)  # same seed: same numbers to float rounding
+    np.testing.assert_allclose([r["train/grad_norm"] for r in rows(tmp_path)], stored["grad_norm"], rtol=1e-3)
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
-    for step in (10, 20):
-        with Image.open(tmp_path / "samples" / f"step_{step:06d}.png") as grid:
-            assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
-            assert np.asarray(grid).std() > 10, "a blank grid"
+    with Image.open(tmp_path / "samples" / "step_000020.png") as grid:
+        assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)
+        assert np.asarray(grid).std() > 10, "a blank grid"
     assert (tmp_path / "checkpoints" / "20" / "commit_success.txt").exists()  # the final checkpoint
     saved = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
     assert saved["model"] == "unet" and saved["num_classes"] == 10 and saved["image_shape"] == [8, 8, 1]
@@ -125,7 +125,7 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     assert restored and all(np.array_equal(v, on_disk[("ema", *k)]) for k, v in restored.items())
     assert any(not np.array_equal(v, on_disk[("model", *k)]) for k, v in restored.items())
     out = tmp_path / "s.npz"
-    result = run_main_script("sample.py", "--run_dir", tmp_path, "--num", 20, "--steps", 4, "--out", out)
+    result = run_main_script("sample.py", "--run_dir", tmp_path, "--num", 20, "--steps", 2, "--out", out)
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(out) as samples:
         images = samples["images"].astype(np.float32)

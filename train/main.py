@@ -306,8 +306,12 @@ def main(cfg: Config) -> None:
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes)
-        if checkpoints.save(step, state, data_position(examples, cfg.seed, source), config) == "non_finite":
+        saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
+        if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
+        elif saved == "not_newest":
+            tqdm.write(f"step {step}: not saved, {run_dir} holds newer step {checkpoints.steps[-1]}; "
+                       f"to branch from an older step, copy it into a new --run_dir")
 
     stream = batch_stream(
         source, cfg.batch_size, cfg.seed, start_example=start_example, hflip=cfg.hflip,

@@ -87,7 +87,8 @@ def check_position(position: dict, seed: int, source: Source) -> int:
     """`position["examples_consumed"]`, after checking that the checkpoint's dataset and seed are
     this run's (a different one would silently resume a different stream)."""
     now = data_position(position["examples_consumed"], seed, source)
-    differs = [k for k in ("dataset_size", "fields", "seed") if position.get(k) != now[k]]
+    # "fields" is absent from positions written before sources declared fields: not compared then.
+    differs = [k for k in ("dataset_size", "fields", "seed") if k in position and position[k] != now[k]]
     if differs:
         raise ValueError(
             f"The checkpoint was written for a dataset of {position.get('dataset_size')} records with fields"

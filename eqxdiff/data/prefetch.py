@@ -2,7 +2,7 @@
 
 In the trainer `to_device` builds global arrays with
 `jax.make_array_from_process_local_data(batch_sharding, host_batch)`, so the host→device copy of
-batch i+1 overlaps the step on batch i (DESIGN.md rule 4: prefetch ≥ 2).
+batch i+1 overlaps the step on batch i (with depth ≥ 2 the next batch is ready when a step ends).
 """
 
 import queue

@@ -1,6 +1,8 @@
 """The σ-space diffusion core: schedules, parameterizations, loss, σ grids, samplers, guidance.
 
-Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022); see DESIGN.md.
+Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022): a schedule says how σ is drawn
+and what the network sees, a parameterization turns its output into D(x; σ), and every sampler
+integrates D down a σ grid (README, "One idea: everything speaks σ").
 """
 
 from .denoiser import Denoiser

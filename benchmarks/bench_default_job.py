@@ -1,0 +1,82 @@
+"""The default job end to end (`python train/main.py`, no flags), this checkout against another
+revision, alternating runs on the same machine so drift hits both alike.
+
+Each run is a fresh process in a fresh run directory, timed from start to exit (compile, sample
+grids and checkpoints included); its final logged loss and the box's 2048² fp32 matmul rate
+(measured between runs) are printed with it. The other revision is checked out with
+`git worktree` into a temporary folder and runs with this checkout's Python environment.
+
+    python benchmarks/bench_default_job.py --against c6f8982 --rounds 2
+    python benchmarks/bench_default_job.py --rounds 3          # this checkout only
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def matmul_gflops() -> float:
+    """The box's speed right now, in a process of its own (as every run has)."""
+    code = "from eqxdiff.training.metrics import measured_cpu_matmul_flops as m; print(m() / 1e9)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def run_job(checkout: Path, run_dir: Path, extra: list[str]) -> dict:
+    start = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=str(checkout))  # the checkout's eqxdiff, not the installed one
+    subprocess.run([sys.executable, str(checkout / "train" / "main.py"), "--run_dir", str(run_dir), "--wandb",
+                    "disabled", *extra], cwd=checkout, env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    startup = json.loads((run_dir / "run.json").read_text())
+    return {
+        "wall_s": round(wall, 1),
+        "time_to_first_step_s": round(startup["startup/time_to_first_step_s"], 1),
+        "final_loss": last["train/loss"],
+        "step_time_ms": round(last["train/step_time_ms"], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", default="", help="a git revision to run side by side (default: none)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--extra", default="", help="flags for every run, e.g. '--steps 100'")
+    args = parser.parse_args()
+    extra = args.extra.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sides = {"this": ROOT}
+        if args.against:
+            other = tmp / "other"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
+                           check=True, capture_output=True)  # fmt: skip
+            sides[args.against] = other
+        results = {name: [] for name in sides}
+        try:
+            for r in range(args.rounds):
+                for name, checkout in sides.items():
+                    gflops = matmul_gflops()
+                    result = run_job(checkout, tmp / f"{name}-{r}", extra)
+                    results[name].append(dict(result, matmul_gflops=round(gflops, 1)))
+        finally:
+            if args.against:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
+    walls = {name: [r["wall_s"] for r in rows] for name, rows in results.items()}
+    out = {"bench": "default_job", "cpu_count": os.cpu_count(), "extra_flags": extra, "runs": results,
+           "median_wall_s": {k: statistics.median(v) for k, v in walls.items()},
+           "date": str(datetime.date.today())}  # fmt: skip
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
