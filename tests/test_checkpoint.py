@@ -122,6 +122,7 @@ def test_a_non_finite_state_never_replaces_a_good_checkpoint(tmp_path):
         assert checkpoints.save(3, good, {}, {}) == "saved"
         assert checkpoints.save(4, poisoned, {}, {}) == "non_finite"  # with keep=1 it would have deleted step 3
         assert checkpoints.save(3, poisoned, {}, {}) == "exists"  # an existing step is never overwritten
+        assert checkpoints.save(2, good, {}, {}) == "not_newest"  # orbax keeps steps in order
         checkpoints.wait()
         assert checkpoints.steps == [3]
         restored, _, _ = restore_on(checkpoints, 3, mesh)

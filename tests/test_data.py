@@ -259,6 +259,10 @@ def test_data_position_round_trip_and_mismatch():
         check_position(position, 6, source)
     with pytest.raises(ValueError, match="this run has 14.*dataset_size differ"):
         check_position(position, 5, IndexedSource(14))
+    older = {k: v for k, v in position.items() if k != "fields"}  # written before sources declared fields
+    assert check_position(older, 5, source) == 1234
+    with pytest.raises(ValueError, match="fields differ"):
+        check_position(dict(position, fields={"image": "uint8[2, 2, 1]"}), 5, source)
 
 
 class LatentSource:
