@@ -19,7 +19,8 @@ from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMe
 
 # orbax splits every replicated array into per-replica slices before writing ("replica
 # parallel"): thousands of small slice dispatches for a small UNet's state, most of each save's
-# blocking time (BENCHMARKS.md). Kept for arrays whose slices exceed 1 MiB, where it pays.
+# blocking time (BENCHMARKS.md). Kept only where the slices are large enough to pay for it
+# (`min_slice_bytes_for_replica_parallel` below).
 _REGISTRY = ocp.type_handlers.create_type_handler_registry(
     (jax.Array, ocp.type_handlers.ArrayHandler(
         array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
