@@ -1,10 +1,11 @@
-"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet and a DiT.
+"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, and diffusers' AutoencoderKL.
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
 arrays or None; conditional models also give `null_cond(b)`.
 """
 
+from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.layers import (
@@ -15,7 +16,7 @@ from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "Batched", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense", "DiffusionModel",
+    "AttnBlock", "AutoencoderKL", "Batched", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense", "DiffusionModel",
     "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "TimestepEmbedding", "UNet", "layer_norm",
     "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -1,0 +1,138 @@
+"""The blocks of diffusers' VAE (Rombach et al. 2022, LDM's `Encoder`/`Decoder`), NHWC.
+
+Field names are diffusers' attribute names, so a leaf's path is its state_dict key
+(`resnets.0.norm1.weight`, `attentions.0.to_out.0.bias`). Every GroupNorm here has eps 1e-6,
+as in diffusers' `Encoder`, `Decoder` and their blocks; no block takes a time embedding.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
+
+EPS = 1e-6
+
+
+class ResnetBlock(eqx.Module):
+    """diffusers' `ResnetBlock2D` without time embedding:
+    x' + conv2(SiLU(GN(conv1(SiLU(GN(x)))))), x' = x or its 1x1 conv when the width changes."""
+
+    norm1: GroupNorm
+    conv1: Conv2d
+    norm2: GroupNorm
+    conv2: Conv2d
+    conv_shortcut: Conv2d | None
+
+    def __init__(self, cin: int, cout: int, groups: int, *, key: PRNGKeyArray):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.norm1, self.conv1 = GroupNorm(groups, cin, eps=EPS), Conv2d(cin, cout, key=k1)
+        self.norm2, self.conv2 = GroupNorm(groups, cout, eps=EPS), Conv2d(cout, cout, key=k2)
+        self.conv_shortcut = Conv2d(cin, cout, 1, key=k3) if cin != cout else None
+
+    def __call__(self, x: Float[Array, "b h w ci"]) -> Float[Array, "b h w co"]:
+        h = self.conv1(jax.nn.silu(self.norm1(x)))
+        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        return h + (x if self.conv_shortcut is None else self.conv_shortcut(x))
+
+
+class Attention(eqx.Module):
+    """diffusers' `Attention` as the VAE mid block builds it: one head over the h*w pixels,
+    x + to_out(softmax(q kᵀ / sqrt(c)) v), q, k, v = to_q/to_k/to_v(GN(x)); softmax in float32."""
+
+    group_norm: GroupNorm
+    to_q: Dense
+    to_k: Dense
+    to_v: Dense
+    to_out: list[Dense]  # one entry: the state_dict key is `to_out.0.*` (diffusers' [Linear, Dropout])
+
+    def __init__(self, channels: int, groups: int, *, key: PRNGKeyArray):
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        self.group_norm = GroupNorm(groups, channels, eps=EPS)
+        self.to_q, self.to_k, self.to_v = (Dense(channels, channels, key=k) for k in (kq, kk, kv))
+        self.to_out = [Dense(channels, channels, key=ko)]
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
+        b, h, w, c = x.shape
+        tokens = self.group_norm(x).reshape(b, h * w, 1, c)  # [b, n, heads=1, c]
+        q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
+        y = jax.nn.dot_product_attention(q, k, v).reshape(b, h * w, c)
+        return x + self.to_out[0](y).reshape(b, h, w, c)
+
+
+class MidBlock(eqx.Module):
+    """diffusers' `UNetMidBlock2D` (one layer): resnet, [attention], resnet at constant width."""
+
+    resnets: list[ResnetBlock]
+    attentions: list[Attention | None]
+
+    def __init__(self, channels: int, groups: int, add_attention: bool, *, key: PRNGKeyArray):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.resnets = [ResnetBlock(channels, channels, groups, key=k1), ResnetBlock(channels, channels, groups, key=k2)]
+        self.attentions = [Attention(channels, groups, key=k3) if add_attention else None]
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
+        x = self.resnets[0](x)
+        if self.attentions[0] is not None:
+            x = self.attentions[0](x)
+        return self.resnets[1](x)
+
+
+class Downsample(eqx.Module):
+    """diffusers' `Downsample2D(padding=0)`: zero-pad one row at the bottom and one column at the
+    right, then a 3x3 stride-2 conv without padding, `[b, h, w, c] -> [b, h/2, w/2, c]`."""
+
+    conv: Conv2d
+
+    def __init__(self, channels: int, *, key: PRNGKeyArray):
+        self.conv = Conv2d(channels, channels, 3, stride=2, padding=0, key=key)
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h2 w2 c"]:
+        return self.conv(jnp.pad(x, ((0, 0), (0, 1), (0, 1), (0, 0))))
+
+
+class Upsample(eqx.Module):
+    """diffusers' `Upsample2D(use_conv=True)`: nearest-neighbour 2x, then a 3x3 conv."""
+
+    conv: Conv2d
+
+    def __init__(self, channels: int, *, key: PRNGKeyArray):
+        self.conv = Conv2d(channels, channels, 3, key=key)
+
+    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h2 w2 c"]:
+        return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+
+
+class DownEncoderBlock(eqx.Module):
+    """diffusers' `DownEncoderBlock2D`: `num_layers` resnets to `cout`, then a Downsample unless last."""
+
+    resnets: list[ResnetBlock]
+    downsamplers: list[Downsample] | None
+
+    def __init__(self, cin: int, cout: int, num_layers: int, groups: int, downsample: bool, *, key: PRNGKeyArray):
+        keys = jax.random.split(key, num_layers + 1)
+        self.resnets = [ResnetBlock(cin if i == 0 else cout, cout, groups, key=keys[i]) for i in range(num_layers)]
+        self.downsamplers = [Downsample(cout, key=keys[-1])] if downsample else None
+
+    def __call__(self, x: Float[Array, "b h w ci"]) -> Float[Array, "b h2 w2 co"]:
+        for resnet in self.resnets:
+            x = resnet(x)
+        return x if self.downsamplers is None else self.downsamplers[0](x)
+
+
+class UpDecoderBlock(eqx.Module):
+    """diffusers' `UpDecoderBlock2D`: `num_layers` resnets to `cout`, then an Upsample unless last."""
+
+    resnets: list[ResnetBlock]
+    upsamplers: list[Upsample] | None
+
+    def __init__(self, cin: int, cout: int, num_layers: int, groups: int, upsample: bool, *, key: PRNGKeyArray):
+        keys = jax.random.split(key, num_layers + 1)
+        self.resnets = [ResnetBlock(cin if i == 0 else cout, cout, groups, key=keys[i]) for i in range(num_layers)]
+        self.upsamplers = [Upsample(cout, key=keys[-1])] if upsample else None
+
+    def __call__(self, x: Float[Array, "b h w ci"]) -> Float[Array, "b h2 w2 co"]:
+        for resnet in self.resnets:
+            x = resnet(x)
+        return x if self.upsamplers is None else self.upsamplers[0](x)
