@@ -74,7 +74,8 @@ def reference(vae: AutoencoderKL, size: int, batch: int, seed: int) -> dict:
     with torch.no_grad():
         posterior = vae.encode(x).latent_dist
         y = vae.decode(z).sample
-    return {"x": nhwc(x), "mean": nhwc(posterior.mean), "logvar": nhwc(posterior.logvar), "z": nhwc(z), "decoded": nhwc(y)}
+    moments = {"mean": nhwc(posterior.mean), "logvar": nhwc(posterior.logvar)}
+    return {"x": nhwc(x), **moments, "z": nhwc(z), "decoded": nhwc(y)}
 
 
 def write(name: str, vae: AutoencoderKL, refs: dict, dtype: torch.dtype = torch.float32) -> None:

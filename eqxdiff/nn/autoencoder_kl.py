@@ -46,7 +46,7 @@ def parse_config(config: dict) -> dict:
     levels = len(cfg["block_out_channels"])
     for name, block in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
         if list(cfg[name]) != [block] * levels:
-            raise ValueError(f"{name} {cfg[name]} not supported: only {levels} x {block!r} (one per block_out_channels)")
+            raise ValueError(f"{name} {cfg[name]} not supported: only {block!r}, one per block_out_channels ({levels})")
     if cfg["act_fn"] not in ("silu", "swish"):
         raise ValueError(f"act_fn {cfg['act_fn']!r} not supported: only 'silu'")
     for name in ("latents_mean", "latents_std"):
@@ -153,9 +153,13 @@ class AutoencoderKL(eqx.Module):
         or bf16), as float32 parameters. With `mesh`, each weight is read straight into its
         `eqxdiff.sharding` layout for `(mesh, min_size)`; without, onto the first device."""
         path = Path(path)
+        if not (path / WEIGHTS_FILE).is_file():
+            found = sorted(p.name for p in path.glob("*")) if path.is_dir() else []
+            raise FileNotFoundError(f"{path / WEIGHTS_FILE} does not exist (the folder holds {found})")
         config = json.loads((path / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
-        return load_safetensors(abstract, path / WEIGHTS_FILE, rename=_current_attention_name, mesh=mesh, min_size=min_size)
+        weights = path / WEIGHTS_FILE
+        return load_safetensors(abstract, weights, rename=_current_attention_name, mesh=mesh, min_size=min_size)
 
     def encode(
         self, x: Float[Array, "b h w ci"]

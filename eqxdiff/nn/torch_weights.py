@@ -99,13 +99,11 @@ def _renamed_keys(file_keys: list[str], rename: Callable[[str], str], path) -> d
 def _check_names(expected: set[str], found: set[str], path) -> None:
     """Raise naming the parameters the file lacks and the keys the model has no place for."""
     missing, unexpected = sorted(expected - found), sorted(found - expected)
-    problems = []
-    if missing:
-        problems.append(f"missing keys ({len(missing)}): {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
-    if unexpected:
-        problems.append(
-            f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:10])}{' ...' if len(unexpected) > 10 else ''}"
-        )
+    problems = [
+        f"{kind} keys ({len(keys)}): {', '.join(keys[:10])}{' ...' * (len(keys) > 10)}"
+        for kind, keys in (("missing", missing), ("unexpected", unexpected))
+        if keys
+    ]
     if problems:
         raise ValueError(f"{path} does not match the model: " + "; ".join(problems))
 

@@ -69,7 +69,7 @@ class MidBlock(eqx.Module):
 
     def __init__(self, channels: int, groups: int, add_attention: bool, *, key: PRNGKeyArray):
         k1, k2, k3 = jax.random.split(key, 3)
-        self.resnets = [ResnetBlock(channels, channels, groups, key=k1), ResnetBlock(channels, channels, groups, key=k2)]
+        self.resnets = [ResnetBlock(channels, channels, groups, key=k) for k in (k1, k2)]
         self.attentions = [Attention(channels, groups, key=k3) if add_attention else None]
 
     def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:

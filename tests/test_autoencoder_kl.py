@@ -1,0 +1,217 @@
+"""AutoencoderKL against diffusers' PyTorch model: parity on committed fixtures (tools/), loading
+by state_dict name (missing, unexpected, renamed, mis-shaped keys; fp16/bf16 files; mesh
+shardings), unsupported options, and the real SD VAE architecture at full size."""
+
+import json
+import shutil
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from eqxdiff.nn import AutoencoderKL
+from eqxdiff.nn.torch_weights import leaf_layouts
+from eqxdiff.sharding import make_mesh, state_shardings
+
+DATA = Path(__file__).parent / "data" / "autoencoder_kl"
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+encode = eqx.filter_jit(lambda vae, x: vae.encode(x))
+decode = eqx.filter_jit(lambda vae, z: vae.decode(z))
+
+
+def errors(vae: AutoencoderKL, ref) -> dict[str, float]:
+    """Max abs difference to diffusers' outputs for mean, logvar and decode(z)."""
+    mean, logvar = encode(vae, ref["x"])
+    ours = {"mean": mean, "logvar": logvar, "decoded": decode(vae, ref["z"])}
+    return {k: float(np.abs(np.asarray(v) - ref[k]).max()) for k, v in ours.items()}
+
+
+def params(vae: AutoencoderKL) -> dict[str, np.ndarray]:
+    """Every parameter by its state_dict name, in our layout."""
+    leaves = [x for x in jax.tree.leaves(vae) if eqx.is_array(x)]
+    return {name: np.asarray(x) for name, x in zip(leaf_layouts(vae), leaves, strict=True)}
+
+
+def folder_with(tmp_path: Path, state: dict[str, np.ndarray], source: str = "sd_like") -> Path:
+    """A diffusers folder: `source`'s config.json with `state` as its weights."""
+    tmp_path.mkdir(exist_ok=True)
+    shutil.copy(DATA / source / "config.json", tmp_path / "config.json")
+    save_file(state, str(tmp_path / WEIGHTS))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["sd_like", "flux_like", "no_attention"])
+def test_matches_diffusers(name):
+    config = json.loads((DATA / name / "config.json").read_text())
+    ref = np.load(DATA / name / "reference.npz")
+    vae = AutoencoderKL.from_diffusers(DATA / name)
+    assert vae.scaling_factor == config["scaling_factor"]
+    assert vae.shift_factor == (config["shift_factor"] or 0.0)
+    err = errors(vae, ref)
+    assert max(err.values()) < 1e-4, err
+    assert np.abs(ref["decoded"]).max() > 0.5 and ref["logvar"].std() > 0.1  # the reference is not degenerate
+
+
+@pytest.mark.parametrize(
+    "where, output",
+    [("encoder.down_blocks.1.resnets.0.conv2", "mean"), ("decoder.up_blocks.0.resnets.1.conv1", "decoded")],
+)
+def test_one_zeroed_conv_fails_parity(where, output):
+    vae = AutoencoderKL.from_diffusers(DATA / "sd_like")
+    def get(module):
+        for part in f"{where}.weight".split("."):
+            module = module[int(part)] if part.isdigit() else getattr(module, part)
+        return module
+
+    mutated = eqx.tree_at(get, vae, get(vae) * 0)
+    assert errors(mutated, np.load(DATA / "sd_like" / "reference.npz"))[output] > 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_files_load_as_float32(dtype):
+    vae = AutoencoderKL.from_diffusers(DATA / f"sd_like_{dtype}")
+    stored = load_file(str(DATA / f"sd_like_{dtype}" / WEIGHTS))
+    assert {str(v.dtype) for v in stored.values()} == {"float16" if dtype == "fp16" else "bfloat16"}
+    # Exactly the fp32 weights rounded to that dtype, stored as float32 parameters.
+    half = np.float16 if dtype == "fp16" else ml_dtypes.bfloat16
+    full = params(AutoencoderKL.from_diffusers(DATA / "sd_like"))
+    for name, value in params(vae).items():
+        assert value.dtype == np.float32
+        np.testing.assert_array_equal(value, full[name].astype(half).astype(np.float32), err_msg=name)
+    # Parity with diffusers run in fp32 on the rounded weights, and close to the fp32 model.
+    err = errors(vae, np.load(DATA / f"sd_like_{dtype}" / "reference.npz"))
+    assert max(err.values()) < 1e-4, err
+    err_fp32 = errors(vae, np.load(DATA / "sd_like" / "reference.npz"))
+    assert max(err_fp32.values()) < (1e-2 if dtype == "fp16" else 1e-1), err_fp32
+
+
+def test_missing_and_unexpected_keys_are_named(tmp_path):
+    state = load_file(str(DATA / "sd_like" / WEIGHTS))
+    missing = {k: v for k, v in state.items() if k != "decoder.mid_block.attentions.0.to_k.bias"}
+    with pytest.raises(ValueError, match=r"missing keys \(1\): decoder\.mid_block\.attentions\.0\.to_k\.bias"):
+        AutoencoderKL.from_diffusers(folder_with(tmp_path / "a", missing))
+    extra = state | {"encoder.extra_norm.weight": np.ones(4, np.float32)}
+    with pytest.raises(ValueError, match=r"unexpected keys \(1\): encoder\.extra_norm\.weight"):
+        AutoencoderKL.from_diffusers(folder_with(tmp_path / "b", extra))
+
+
+def test_missing_weights_file_is_named(tmp_path):
+    shutil.copy(DATA / "sd_like" / "config.json", tmp_path / "config.json")
+    (tmp_path / "diffusion_pytorch_model.fp16.safetensors").touch()
+    with pytest.raises(FileNotFoundError, match=r"diffusion_pytorch_model\.safetensors does not exist.*fp16"):
+        AutoencoderKL.from_diffusers(tmp_path)
+
+
+def test_wrong_shape_is_named(tmp_path):
+    state = load_file(str(DATA / "sd_like" / WEIGHTS))
+    state["encoder.conv_in.weight"] = state["encoder.conv_in.weight"][:, :2]  # 2 input channels, not 3
+    with pytest.raises(ValueError, match=r"encoder\.conv_in\.weight: shape \(4, 2, 3, 3\)"):
+        AutoencoderKL.from_diffusers(folder_with(tmp_path, state))
+
+
+def test_old_attention_names_load_the_same_weights(tmp_path):
+    old = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
+    state = load_file(str(DATA / "sd_like" / WEIGHTS))
+    renamed = {}
+    for k, v in state.items():
+        for new, was in old.items():
+            k = k.replace(f"attentions.0.{new}.", f"attentions.0.{was}.")
+        renamed[k] = v
+    assert sum(".query." in k or ".proj_attn." in k for k in renamed) == 8  # 2 blocks x (weight, bias) x 2
+    vae = AutoencoderKL.from_diffusers(folder_with(tmp_path / "old", renamed))
+    expected = params(AutoencoderKL.from_diffusers(DATA / "sd_like"))
+    for name, value in params(vae).items():
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
+    both = state | {"encoder.mid_block.attentions.0.query.weight": state["encoder.mid_block.attentions.0.to_q.weight"]}
+    with pytest.raises(ValueError, match=r"both the parameter 'encoder\.mid_block\.attentions\.0\.to_q\.weight'"):
+        AutoencoderKL.from_diffusers(folder_with(tmp_path / "both", both))
+
+
+SD_LIKE = json.loads((DATA / "sd_like" / "config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("down_block_types", ["DownEncoderBlock2D", "DownEncoderBlock2D", "AttnDownEncoderBlock2D"]),
+        ("up_block_types", ["UpDecoderBlock2D"]),
+        ("act_fn", "gelu"),
+        ("latents_mean", [0.0] * 4),
+        ("latents_std", [1.0] * 4),
+        ("norm_type", "spatial"),
+        ("_class_name", "AutoencoderTiny"),
+    ],
+)
+def test_unsupported_option_is_named(option, value):
+    with pytest.raises(ValueError, match=option):
+        eqx.filter_eval_shape(AutoencoderKL.from_config, SD_LIKE | {option: value}, key=jax.random.key(0))
+
+
+def test_benign_fields_and_defaults():
+    config = {k: v for k, v in SD_LIKE.items() if k != "shift_factor"}
+    config |= {"force_upcast": False, "sample_size": [64, 64], "_name_or_path": "x", "_use_default_values": ["a"]}
+    vae = eqx.filter_eval_shape(AutoencoderKL.from_config, config, key=jax.random.key(0))
+    assert vae.shift_factor == 0.0 and vae.downsample_factor == 4
+    with pytest.raises(ValueError, match="divisible by 4"):
+        vae.encode(jax.numpy.zeros((1, 10, 12, 3)))
+
+
+def test_weights_load_into_the_mesh_shardings():
+    mesh, min_size = make_mesh(-1, 4), 256
+    vae = AutoencoderKL.from_diffusers(DATA / "sd_like", mesh=mesh, min_size=min_size)
+    abstract = eqx.filter_eval_shape(AutoencoderKL.from_config, SD_LIKE, key=jax.random.key(0))
+    expected = jax.tree.leaves(state_shardings(abstract, mesh, min_size))
+    leaves = [x for x in jax.tree.leaves(vae) if eqx.is_array(x)]
+    assert [x.sharding for x in leaves] == expected
+    assert sum(any(s.spec) for s in expected) >= 10  # the rule shards the larger convs
+    single = params(AutoencoderKL.from_diffusers(DATA / "sd_like"))
+    for name, value in params(vae).items():
+        np.testing.assert_array_equal(value, single[name], err_msg=name)
+
+
+def test_without_mesh_weights_are_on_one_device():
+    vae = AutoencoderKL.from_diffusers(DATA / "no_attention")
+    assert all(x.sharding.device_set == {jax.devices()[0]} for x in jax.tree.leaves(vae) if eqx.is_array(x))
+
+
+FULL = json.loads((DATA / "full_size_shapes.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["sd", "flux"])
+def test_full_size_architecture_has_diffusers_keys_and_shapes(name):
+    abstract = eqx.filter_eval_shape(AutoencoderKL.from_config, FULL[name]["config"], key=jax.random.key(0))
+    perms, torch_shapes = leaf_layouts(abstract), FULL[name]["shapes"]
+    assert set(perms) == set(torch_shapes)
+    leaves = [x for x in jax.tree.leaves(abstract) if isinstance(x, jax.ShapeDtypeStruct)]
+    ours = {n: tuple(x.shape) for n, x in zip(perms, leaves, strict=True)}
+    assert ours == {n: tuple(torch_shapes[n][p] for p in perm) for n, perm in perms.items()}
+    assert sum(np.prod(s) for s in ours.values()) == FULL[name]["num_parameters"]
+    assert FULL["sd"]["num_parameters"] == 83_653_863  # diffusers' num_parameters() of the SD VAE
+
+
+@pytest.mark.slow
+def test_full_size_sd_vae_loads_every_key_and_runs(tmp_path):
+    """A random fp16 checkpoint with diffusers' SD VAE keys and shapes: every key is consumed (the
+    load is strict), and encode/decode at 64x64 give the right shapes and finite values."""
+    rng = np.random.default_rng(0)
+    state = {}
+    for key, shape in FULL["sd"]["shapes"].items():
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
+        scale = 1 / np.sqrt(fan_in) if fan_in else 0.1
+        base = 1.0 if key.endswith("weight") and len(shape) == 1 else 0.0  # GroupNorm scales around 1
+        state[key] = (base + scale * rng.standard_normal(shape, np.float32)).astype(np.float16)
+    (tmp_path / "config.json").write_text(json.dumps(FULL["sd"]["config"]))
+    save_file(state, str(tmp_path / WEIGHTS))
+    vae = AutoencoderKL.from_diffusers(tmp_path)
+    assert sum(x.size for x in jax.tree.leaves(vae) if eqx.is_array(x)) == 83_653_863
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 64, 64, 3)).astype(np.float32)
+    mean, logvar = encode(vae, x)
+    assert mean.shape == logvar.shape == (1, 8, 8, 4)
+    y = decode(vae, mean)
+    assert y.shape == (1, 64, 64, 3)
+    assert all(np.isfinite(np.asarray(a)).all() for a in (mean, logvar, y))
+    assert -30 <= float(logvar.min()) and float(logvar.max()) <= 20
