@@ -28,6 +28,7 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
 # the library without them, under `xla_cpu.disabled()`).
 eqxdiff.xla_cpu.enable()
 
+import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -37,8 +38,14 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent.parent / "train"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One persistent XLA cache for every `train/main.py` subprocess of the session: runs with
-    the same shapes and mesh load the step instead of compiling it again."""
-    return tmp_path_factory.mktemp("xla_cache")
+    """One persistent XLA cache for every subprocess of the session (`train/*.py` runs, launcher
+    children, notebook kernels), through the environment they inherit: a program compiled by one
+    of them loads in the next. This process read its JAX config at import and keeps jax's
+    in-memory caches only."""
+    path = tmp_path_factory.mktemp("xla_cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return path

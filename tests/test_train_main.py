@@ -58,13 +58,17 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
     assert list((run_dir / "profile").rglob("*.xplane.pb")), "no profiler trace"
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run"
 
-    # The same run again: compiles come from the persistent cache.
+    # The same run again: every program comes from the persistent cache (none is compiled and
+    # written anew), and the first step comes sooner.
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) > 10, entries
     again = tmp_path / "again"
     result = run_main("--run_dir", str(again), *args)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in cache.iterdir()) == entries
     second = json.loads((again / "run.json").read_text())
     first_s, second_s = startup["startup/time_to_first_step_s"], second["startup/time_to_first_step_s"]
-    assert second_s < 0.6 * first_s, (first_s, second_s)
+    assert second_s < 0.8 * first_s, (first_s, second_s)
 
 
 @pytest.mark.slow
