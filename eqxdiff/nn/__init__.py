@@ -1,4 +1,5 @@
-"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, and diffusers' AutoencoderKL.
+"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL and
+an exact space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -13,10 +14,11 @@ from eqxdiff.nn.layers import (
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
+from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense", "DiffusionModel",
-    "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "TimestepEmbedding", "UNet", "layer_norm",
+    "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TimestepEmbedding", "UNet", "layer_norm",
     "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip
