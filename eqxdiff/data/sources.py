@@ -16,6 +16,8 @@ Specs (`open_source`):
 - `arrayrecord:GLOB`: grain ArrayRecord files in the record format below (`write_arrayrecord`
   writes it). Channels come from the first record (L stays 1 channel, anything else is RGB);
   crop/resize as for folders.
+- `latents:DIR`: latents pre-encoded by train/encode.py (`eqxdiff.data.latents.LatentSource`:
+  fields `mean`, `logvar` float16, plus the encoded source's label; `image_shape` is the latent's).
 
 ArrayRecord record format (no pickle, safe for untrusted files): a little-endian uint32 header
 length n, then n bytes of UTF-8 JSON `{"label": int, "num_classes": int}`, then the encoded image
@@ -36,9 +38,10 @@ import numpy as np
 from jaxtyping import Int, UInt8
 from PIL import Image
 
+from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import Source
 
-SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB"
+SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 GRAYSCALE_MODES = {"1", "L", "LA"}
 _HEADER_LEN = struct.Struct("<I")
@@ -268,4 +271,6 @@ def open_source(spec: str, image_size: int = 32) -> ImageSource:
         return FolderSource(Path(arg).expanduser(), image_size, spec)
     if kind == "arrayrecord" and arg:
         return ArrayRecordSource(arg, image_size, spec)
+    if kind == "latents" and arg:
+        return LatentSource(Path(arg).expanduser(), spec)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")
