@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 
-SPEC_FORMS = "space_to_depth:F (F an integer >= 1), or a diffusers AutoencoderKL folder (config.json + " + WEIGHTS_FILE + ")"
+SPEC_FORMS = f"space_to_depth:F (F an integer >= 1), or a diffusers AutoencoderKL folder (config.json + {WEIGHTS_FILE})"
 _HASH_CHUNK = 1 << 20  # bytes read at a time: a large VAE file is never held whole
 
 

@@ -61,7 +61,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
         if field.type is bool:
             parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
         else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=field.default, required=field.name in ("vae", "out"))
+            required = field.name in ("vae", "out")
+            parser.add_argument(f"--{field.name}", type=field.type, default=field.default, required=required)
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.shard_size < 1 or cfg.batch_size < 1:
         parser.error(f"--shard_size and --batch_size must be >= 1, got {cfg.shard_size} and {cfg.batch_size}")
@@ -83,7 +84,10 @@ def start_jax(cfg: Config) -> None:
 def plan_meta(cfg: Config, source, vae) -> dict:
     """meta.json's content, known before anything is encoded (eqxdiff/data/latents.py lists the keys)."""
     images = jax.ShapeDtypeStruct((1, *source.image_shape), np.float32)
-    mean, _ = eqx.filter_eval_shape(type(vae).encode, vae, images)  # also checks the size divides the VAE's factor
+    try:  # shapes only: a size the VAE's factor does not divide, or other channels, fail here
+        mean, _ = eqx.filter_eval_shape(type(vae).encode, vae, images)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--vae {cfg.vae} cannot encode the images of {source.spec}, {source.image_shape}: {e}") from e
     latent = tuple(mean.shape[1:])
     latent_field = jax.ShapeDtypeStruct(latent, np.float16)
     fields = {"mean": latent_field, "logvar": latent_field, **{k: f for k, f in source.fields.items() if k != "image"}}
@@ -158,7 +162,7 @@ def main(cfg: Config) -> None:
         raise SystemExit(f"--dataset {cfg.dataset} has no image field to encode (fields: {sorted(source.fields)}).")
     process, processes = jax.process_index(), jax.process_count()
     if cfg.batch_size % jax.device_count():
-        raise SystemExit(f"--batch_size {cfg.batch_size} must be a multiple of the device count ({jax.device_count()}).")
+        raise SystemExit(f"--batch_size {cfg.batch_size} must be a multiple of the devices ({jax.device_count()}).")
     # Each process encodes its own shards on its own devices: no process waits for another until the end.
     mesh = make_mesh(devices=jax.local_devices())
     vae = open_autoencoder(cfg.vae, mesh=mesh)
@@ -210,7 +214,8 @@ def main(cfg: Config) -> None:
     if processes > 1:
         multihost_utils.sync_global_devices("eqxdiff encode: every process wrote its shards")
     if process == 0:
-        missing = [shard_name(k, num_shards) for k in range(num_shards) if not (out / shard_name(k, num_shards)).is_file()]
+        names = [shard_name(k, num_shards) for k in range(num_shards)]
+        missing = [name for name in names if not (out / name).is_file()]
         if missing:
             raise SystemExit(f"{len(missing)} shards are missing after the encode ({missing[0]}, ...); run it again.")
         write_json(out / META, plan)

@@ -117,7 +117,8 @@ class LatentSource:
             raise FileNotFoundError(f"{folder} lacks {len(missing)} of {n} shards ({missing[0]}, ...); {RERUN}.")
         self.records = grain.sources.ArrayRecordDataSource([str(p) for p in paths])
         if len(self.records) != self.meta["count"]:
-            raise ValueError(f"{folder} holds {len(self.records)} records, meta.json says {self.meta['count']}; {RERUN}.")
+            got, want = len(self.records), self.meta["count"]
+            raise ValueError(f"{folder} holds {got} records, meta.json says {want}; {RERUN}.")
 
     def __len__(self) -> int:
         return len(self.records)
