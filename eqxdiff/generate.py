@@ -1,6 +1,10 @@
-"""Sampling a trained model into host images, on every device of every process."""
+"""Sampling a trained model into host images, on every device of every process; latents
+decoded by their autoencoder."""
 
+import functools
 from typing import Any
+
+import equinox as eqx
 
 import jax
 import numpy as np
@@ -9,6 +13,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser, Parameterization, Schedule, karras_sigmas, sample
 from eqxdiff.sharding import batch_sharding
+
+
+def global_rows(a: Any, mesh: Mesh) -> jax.Array:
+    """A host array as a global one: split over the devices when its rows divide, replicated
+    otherwise. Built from the same host values on every process, so a call is the same in 1 or N
+    processes."""
+    a = np.asarray(a)
+    split = a.ndim and a.shape[0] % mesh.size == 0
+    sharding = batch_sharding(mesh) if split else NamedSharding(mesh, PartitionSpec())
+    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
 
 
 def generate(
@@ -34,14 +48,7 @@ def generate(
     (default: `model.null_cond(num)`). Every process must call it with the same arguments (the
     model may be sharded over all of them) and every process gets all the images.
     """
-    def to_global(a) -> jax.Array:
-        # Split over the devices when the rows divide, built from the same host values on every
-        # process (so the call is the same in 1 or N processes); replicated otherwise.
-        a = np.asarray(a)
-        split = a.ndim and a.shape[0] % mesh.size == 0
-        sharding = batch_sharding(mesh) if split else NamedSharding(mesh, PartitionSpec())
-        return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
-
+    to_global = functools.partial(global_rows, mesh=mesh)
     denoise = Denoiser(model, schedule, parameterization)
     if cond is not None:
         null_cond = model.null_cond(num) if null_cond is None and cfg_scale != 1 else null_cond
@@ -51,3 +58,24 @@ def generate(
     noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
     out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
     return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+
+
+@eqx.filter_jit
+def _decode(autoencoder: Any, latents: jax.Array) -> jax.Array:
+    return autoencoder.decode(latents / autoencoder.scaling_factor + autoencoder.shift_factor)
+
+
+def decode_latents(autoencoder: Any, latents: np.ndarray, *, mesh: Mesh, batch_size: int = 64) -> np.ndarray:
+    """Latents as the diffusion model sees them, host `[n, h, w, c]`, -> host float32 images
+    `[n, h·f, w·f, channels]` in about [-1, 1]: `decode(z / scaling_factor + shift_factor)`
+    (`eqxdiff.autoencoders.Autoencoder`), in chunks of `batch_size` rows (rounded up to a multiple
+    of the devices; the last chunk padded, so one program serves all). Every process calls it with
+    the same latents and gets all the images."""
+    n = len(latents)
+    chunk = -(-min(batch_size, n) // mesh.size) * mesh.size
+    padded = np.concatenate([latents, np.zeros((-n % chunk, *latents.shape[1:]), latents.dtype)])
+    out = [
+        multihost_utils.process_allgather(_decode(autoencoder, global_rows(padded[i : i + chunk], mesh)), tiled=True)
+        for i in range(0, len(padded), chunk)
+    ]
+    return np.concatenate([np.asarray(o) for o in out])[:n]

@@ -169,3 +169,12 @@ def test_denoising_loss_draws_from_the_schedule_and_is_jittable(batch):
 def test_unknown_parameterization_lists_choices():
     with pytest.raises(ValueError, match="choose one of .*'eps'"):
         parameterization_by_name("score")
+
+
+def test_sigma_data_reaches_edm_preconditioning_by_name():
+    # Latent runs pass σ_data = 1: EDM's λ(σ) = (σ² + σ_d²)/(σ·σ_d)² with σ_d = 1.
+    sigma = jnp.array([0.01, 0.5, 3.0, 40.0])
+    edm = parameterization_by_name("edm", sigma_data=1.0)
+    np.testing.assert_allclose(loss_weight(sigma, edm, EDMSchedule()), (sigma**2 + 1) / sigma**2, rtol=1e-5)
+    assert parameterization_by_name("edm").sigma_data == 0.5  # EDM's value for images in [-1, 1]
+    assert parameterization_by_name("eps", sigma_data=1.0) == EpsilonPrediction()  # no σ_d to set

@@ -28,8 +28,10 @@ from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entr
 from tqdm import tqdm
 
 from eqxdiff import xla_cpu
+from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position, open_source
+from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import (
     METHODS,
     PARAMETERIZATIONS,
@@ -41,7 +43,7 @@ from eqxdiff.diffusion import (
     parameterization_by_name,
     schedule_by_name,
 )
-from eqxdiff.generate import generate
+from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid
 from eqxdiff.nn import DiT, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary
@@ -72,12 +74,13 @@ class Config:
     warmup_steps: int = 60
     weight_decay: float = 1e-4
     seed: int = 0
-    dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB
+    dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this; digits stay 8×8
     hflip: bool = False  # random horizontal flips (not for digits)
     model: str = "unet"
     schedule: str = "edm"
     parameterization: str = "edm"
+    sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.1  # classifier-free guidance training
     fsdp_size: int = 1
     fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
@@ -130,12 +133,22 @@ CHOICES = {
 
 
 # ---- where a batch of records meets the model, and the loss: edit these two ----
-def prepare(batch: dict, key: jax.Array, *, schedule, label_dropout: float, null_cond) -> dict:
-    """A record batch -> what `loss_fn` reads: x0 in [-1, 1], the condition (labels, each
-    replaced by the null condition with probability `label_dropout` for classifier-free
-    guidance), and the training draw σ, ε. Runs inside the step on the whole global batch."""
+def prepare(batch: dict, key: jax.Array, *, schedule, label_dropout: float, null_cond,
+            latent_scaling: tuple[float, float] = (1.0, 0.0)) -> dict:  # fmt: skip
+    """A record batch -> what `loss_fn` reads: x0 (images in [-1, 1], or latents), the condition
+    (labels, each replaced by the null condition with probability `label_dropout` for
+    classifier-free guidance), and the training draw σ, ε. Runs inside the step on the whole
+    global batch. Latent records (train/encode.py) hold the VAE posterior's mean and log-variance:
+    each step draws z from it and scales it, `(z - shift_factor) * scaling_factor`."""
     key_draw, key_drop = jax.random.split(key)
-    x0 = from_uint8(batch["image"])
+    if "mean" in batch:
+        key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw as for images
+        mean, logvar = batch["mean"].astype(jnp.float32), batch["logvar"].astype(jnp.float32)
+        z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key_latent, mean.shape)
+        scaling_factor, shift_factor = latent_scaling
+        x0 = (z - shift_factor) * scaling_factor
+    else:
+        x0 = from_uint8(batch["image"])
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
     cond = drop_condition(key_drop, batch["label"], label_dropout, null_cond) if "label" in batch else None
     return dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
@@ -165,6 +178,22 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
     return cfg
+
+
+def sigma_data(cfg: Config, on_latents: bool) -> float:
+    """--sigma_data, else by the data: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents."""
+    return cfg.sigma_data or (1.0 if on_latents else 0.5)
+
+
+def latent_autoencoder(source, mesh) -> tuple:
+    """(autoencoder, what checkpoints store of it) for latents from train/encode.py: the one their
+    meta.json names (its absolute folder, or a weightless spec), which decodes sample grids here
+    and in train/sample.py. (None, {}) for images."""
+    if not isinstance(source, LatentSource):
+        return None, {}
+    vae = source.meta["vae"]
+    stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
+    return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
 
 
 def check_batch(cfg: Config, num_devices: int) -> None:
@@ -241,11 +270,13 @@ def main(cfg: Config) -> None:
     is_main = jax.process_index() == 0
 
     source = open_source(cfg.dataset, cfg.image_size)
-    image_shape, num_classes = source.image_shape, source.num_classes
+    image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
+    autoencoder, latent_config = latent_autoencoder(source, mesh)
+    latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
     schedule = schedule_by_name(cfg.schedule)
-    parameterization = parameterization_by_name(cfg.parameterization)
+    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder is not None))
 
     def make_model(key):
         return MODELS[cfg.model](image_shape, num_classes, cfg.remat, key)
@@ -262,7 +293,8 @@ def main(cfg: Config) -> None:
     data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
         prepare=functools.partial(
-            prepare, schedule=schedule, label_dropout=cfg.label_dropout, null_cond=null_cond_of(abstract.model, 1)
+            prepare, schedule=schedule, label_dropout=cfg.label_dropout, null_cond=null_cond_of(abstract.model, 1),
+            latent_scaling=latent_scaling,
         ),
         loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
         optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
@@ -300,13 +332,15 @@ def main(cfg: Config) -> None:
             state.ema, schedule, parameterization, labels, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
             method=cfg.sample_method, cfg_scale=cfg.cfg_scale, seed=cfg.seed + step,
         )  # fmt: skip
+        if autoencoder is not None:
+            out = decode_latents(autoencoder, out, mesh=mesh)
         if is_main:
             path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
             tqdm.write(f"step {step}: samples -> {path}")
 
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
-        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes)
+        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config)
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")

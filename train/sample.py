@@ -5,7 +5,9 @@
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
-`.npz` holds `images` (uint8 NHWC, the dataset's resolution and channels) and `labels`.
+`.npz` holds `images` (uint8 NHWC, the dataset's resolution and channels) and `labels`; for a
+run on latents (train/encode.py) also `latents` (as the model drew them, before decoding), and
+the images are decoded with the autoencoder the checkpoint names.
 """
 
 import argparse
@@ -16,11 +18,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from main import MODELS, Config, start_jax  # train/ is on sys.path when run as a script
+from main import MODELS, Config, sigma_data, start_jax  # train/ is on sys.path when run as a script
 
+from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
-from eqxdiff.generate import generate
+from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine
@@ -82,11 +85,16 @@ def main(args: argparse.Namespace) -> None:
     if any(not 0 <= c < num_classes for c in classes):
         raise SystemExit(f"--classes must lie in 0..{num_classes - 1} for this run, got {args.classes!r}.")
     labels = balanced_labels(args.num, classes) if num_classes else None
+    autoencoder_spec = stored.get("autoencoder")  # runs on latents: the VAE their meta.json named
+    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder_spec is not None))
     images = generate(
-        ema, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization), labels,
+        ema, schedule_by_name(cfg.schedule), parameterization, labels,
         args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
         cfg_scale=args.cfg, seed=args.seed,
     )  # fmt: skip
+    latents = None
+    if autoencoder_spec is not None:
+        latents, images = images, decode_latents(open_autoencoder(autoencoder_spec, mesh=mesh), images, mesh=mesh)
     if jax.process_index() == 0:
         out = Path(args.out)
         if out.suffix == ".png":
@@ -94,11 +102,13 @@ def main(args: argparse.Namespace) -> None:
             save_image_grid(out, images, ncols=min(per_class, 20), upscale=4)  # labels sorted: a row per class
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(out, images=to_uint8(images), labels=labels if labels is not None else np.zeros(0, np.int32))
+            arrays = dict(images=to_uint8(images), labels=labels if labels is not None else np.zeros(0, np.int32))
+            np.savez(out, **arrays, **({} if latents is None else {"latents": latents}))
         print(f"step {step}: {args.num} samples -> {out}")
         if args.eval:
-            if cfg.dataset != "digits" or labels is None:
-                raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + cfg.dataset)
+            dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
+            if dataset != "digits" or labels is None:
+                raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + dataset)
             from eqxdiff.eval import digits_sample_metrics, format_metrics
 
             print(format_metrics(digits_sample_metrics(to_uint8(images), labels)))  # scored as saved: clipped

@@ -73,10 +73,14 @@ PARAMETERIZATIONS = {
 }
 
 
-def parameterization_by_name(name: str) -> Parameterization:
-    """The parameterization a CLI name stands for; an unknown name lists the valid ones."""
+def parameterization_by_name(name: str, sigma_data: float = 0.5) -> Parameterization:
+    """The parameterization a CLI name stands for; an unknown name lists the valid ones.
+    `sigma_data`, the data's standard deviation, is EDM's (0.5 suits images in [-1, 1]; VAE
+    latents multiplied by their `scaling_factor` have std ≈ 1); the others take none."""
     if name not in PARAMETERIZATIONS:
         raise ValueError(f"Unknown parameterization {name!r}; choose one of {sorted(PARAMETERIZATIONS)}.")
+    if name == "edm":
+        return EDMPreconditioning(sigma_data)
     return PARAMETERIZATIONS[name]()
 
 

@@ -102,9 +102,12 @@ class VPSchedule(eqx.Module):
 
 class EDMSchedule(eqx.Module):
     """Karras et al. 2022 ("EDM"): a VE process (s = 1) with log-normal training σ,
-    ln σ ~ N(P_mean, P_std²) (Table 1). The network time is c_noise = ln(σ)/4."""
+    ln σ ~ N(P_mean, P_std²) (Table 1). The network time is c_noise = ln(σ)/4.
 
-    sigma_data: float = eqx.field(static=True, default=0.5)
+    The defaults are EDM's for images in [-1, 1] (data std σ_data = 0.5). σ_data itself lives in
+    the preconditioning (`EDMPreconditioning(sigma_data)`, train/main.py's `--sigma_data`): VAE
+    latents multiplied by their `scaling_factor` have std ≈ 1, so latent runs set it to 1.0."""
+
     p_mean: float = eqx.field(static=True, default=-1.2)
     p_std: float = eqx.field(static=True, default=1.2)
     sigma_min: float = eqx.field(static=True, default=0.002)

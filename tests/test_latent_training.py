@@ -1,0 +1,82 @@
+"""Latent diffusion end to end: train/encode.py -> train/main.py --dataset latents:DIR ->
+train/sample.py, with an exact autoencoder (the pixel-space numbers must come back) and with a
+tiny random AutoencoderKL (the diffusers fixture of tests/test_autoencoder_kl.py)."""
+
+import json
+from pathlib import Path
+
+import equinox as eqx
+import numpy as np
+import pytest
+from PIL import Image
+
+import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import main as train_main  # train/main.py
+from eqxdiff.data import open_source
+from eqxdiff.images import to_uint8
+from eqxdiff.nn import AutoencoderKL
+from runs import ROOT, metric_rows, run
+
+FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
+
+
+def test_sigma_data_follows_the_data_unless_given():
+    default, given = train_main.parse_config([]), train_main.parse_config(["--sigma_data", "0.7"])
+    assert train_main.sigma_data(default, on_latents=False) == 0.5  # images in [-1, 1]
+    assert train_main.sigma_data(default, on_latents=True) == 1.0  # latents scaled to std ≈ 1
+    assert train_main.sigma_data(given, on_latents=True) == 0.7
+
+
+def encode(out: Path, dataset: str, vae: str) -> Path:
+    train_encode.main(train_encode.parse_config(["--dataset", dataset, "--vae", vae, "--out", str(out)]))
+    return out
+
+
+@pytest.mark.slow
+def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path):
+    """space_to_depth:1 stores the images themselves (as float16): the default job on those
+    latents must give the stored pixel-space losses of tests/data/default_job_20_steps.json, since
+    the latent draw has a key of its own and σ, ε and the label dropout draw as for images."""
+    latents = encode(tmp_path / "latents", "digits", "space_to_depth:1")
+    stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
+    run_dir = tmp_path / "run"
+    run("main.py", "--run_dir", run_dir, *stored["args"], "--dataset", f"latents:{latents}", "--sigma_data", 0.5,
+        "--sample_every", 20)  # fmt: skip
+    rows = metric_rows(run_dir)
+    # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative: observed 2.4e-6 on the loss
+    np.testing.assert_allclose([r["train/loss"] for r in rows], stored["loss"], rtol=1e-4)
+    with Image.open(run_dir / "samples" / "step_000020.png") as grid:
+        assert grid.size == ((10 * 9 + 1) * 4,) * 2  # decoded to 8×8 digits
+
+    out = tmp_path / "s.npz"
+    result = run("sample.py", "--run_dir", run_dir, "--num", 20, "--steps", 2, "--out", out, "--eval")
+    assert "class_accuracy" in result.stdout  # scored as digits: the images these latents encode
+    with np.load(out) as saved:
+        assert saved["images"].shape == (20, 8, 8, 1) and saved["latents"].shape == (20, 8, 8, 1)
+        np.testing.assert_array_equal(saved["images"], to_uint8(saved["latents"]))  # decode is the identity
+
+
+@pytest.mark.slow
+def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "rgb.npz", images=images, labels=rng.integers(0, 10, 64))
+    latents = encode(tmp_path / "latents", f"npz:{tmp_path / 'rgb.npz'}", str(FLUX_LIKE))
+    assert open_source(f"latents:{latents}").image_shape == (4, 4, 16)
+
+    run_dir = tmp_path / "run"
+    run("main.py", "--run_dir", run_dir, "--dataset", f"latents:{latents}", "--model", "unet_tiny", "--batch_size", 16,
+        "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled")  # fmt: skip
+    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
+    with Image.open(run_dir / "samples" / "step_000003.png") as grid:
+        assert grid.size == ((10 * 9 + 1) * 4,) * 2 and grid.mode == "RGB"  # 10×10 decoded 8×8×3 images
+
+    out = tmp_path / "s.npz"
+    run("sample.py", "--run_dir", run_dir, "--num", 8, "--steps", 1, "--out", out)
+    with np.load(out) as saved:
+        sampled, images = saved["latents"], saved["images"]
+    assert sampled.shape == (8, 4, 4, 16) and images.shape == (8, 8, 8, 3)
+    # The images are the VAE's decode of the unscaled latents, z / scaling_factor + shift_factor.
+    vae = AutoencoderKL.from_diffusers(FLUX_LIKE)
+    decoded = eqx.filter_jit(vae.decode)(sampled / vae.scaling_factor + vae.shift_factor)
+    assert np.abs(to_uint8(np.asarray(decoded)).astype(int) - images).max() <= 1  # rounding at a level's edge
