@@ -49,3 +49,15 @@ def compile_cache(tmp_path_factory):
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     return path
+
+
+@pytest.fixture(scope="session")
+def eight_device_run(tmp_path_factory, compile_cache):
+    """The reference job (tests/runs.py) uninterrupted, one process × 8 devices: resumed runs
+    must end bitwise equal to it, 2-process runs train like it."""
+    from runs import REFERENCE, committed, run
+
+    run_dir = tmp_path_factory.mktemp("eight_devices")
+    run("main.py", "--run_dir", run_dir, *REFERENCE, "--cpu_devices", 8)
+    assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3
+    return run_dir

@@ -18,6 +18,13 @@ TINY = ["--model", "unet_tiny", "--batch_size", "16", "--warmup_steps", "4", "--
         "--log_every", "1", "--wandb", "disabled"]  # fmt: skip
 
 
+# The reference job of the resume and multi-host tests: 24 steps with checkpoints at 6, 12, 18
+# and 24 (3 kept), FSDP over 2 devices; one process × 8 devices (conftest's `eight_device_run`)
+# is what a resumed or a 2-process run must reproduce.
+REFERENCE_STEPS = 24
+REFERENCE = [*TINY, "--steps", REFERENCE_STEPS, "--ckpt_every", 6, "--fsdp_size", 2]
+
+
 def command(script: str, *args) -> list[str]:
     """`python train/<script> args`, run under the jaxtyping import hook (tests/typechecked.py)."""
     return [sys.executable, "-u", str(ROOT / "tests" / "typechecked.py"), str(ROOT / "train" / script), *map(str, args)]

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from runs import (
+    REFERENCE,
+    REFERENCE_STEPS,
     ROOT,
-    TINY,
     assert_bitwise_equal,
     command,
     committed,
@@ -23,16 +24,8 @@ from runs import (
     wait_for,
 )
 
-STEPS = 24
-ARGS = [*TINY, "--steps", STEPS, "--ckpt_every", 6, "--cpu_devices", 8, "--fsdp_size", 2]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, compile_cache):
-    run_dir = tmp_path_factory.mktemp("uninterrupted")
-    run("main.py", "--run_dir", run_dir, *ARGS, "--compilation_cache_dir", compile_cache)
-    assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3
-    return run_dir
+STEPS = REFERENCE_STEPS
+ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
 
 
 def assert_each_step_logged_once(run_dir):
@@ -40,10 +33,10 @@ def assert_each_step_logged_once(run_dir):
 
 
 @pytest.mark.slow
-def test_sigkill_then_sigterm_and_each_restart_resumes_exactly(tmp_path, uninterrupted, compile_cache):
+def test_sigkill_then_sigterm_and_each_restart_resumes_exactly(tmp_path, eight_device_run):
     """One run stopped twice: SIGKILL right after its first checkpoint (a lost node), then SIGTERM
     in the middle of the restarted run (a preemption). The same command each time."""
-    args = ["--run_dir", tmp_path, *ARGS, "--compilation_cache_dir", compile_cache]
+    args = ["--run_dir", tmp_path, *ARGS]
     proc = start("main.py", *args)
     wait_for(lambda: committed(tmp_path), proc)
     kill(proc)
@@ -65,14 +58,14 @@ def test_sigkill_then_sigterm_and_each_restart_resumes_exactly(tmp_path, uninter
 
     result = run("main.py", *args)
     assert f"resumed from {tmp_path / 'checkpoints' / str(stopped_at)}" in result.stdout + result.stderr
-    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(uninterrupted, STEPS))
+    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(eight_device_run, STEPS))
     assert_each_step_logged_once(tmp_path)
 
 
 @pytest.mark.slow
-def test_an_unreadable_checkpoint_stops_the_run_and_is_kept(tmp_path, uninterrupted):
+def test_an_unreadable_checkpoint_stops_the_run_and_is_kept(tmp_path, eight_device_run):
     run_dir = tmp_path / "run"
-    shutil.copytree(uninterrupted, run_dir)
+    shutil.copytree(eight_device_run, run_dir)
     files = [p for p in (run_dir / "checkpoints" / str(STEPS) / "state").rglob("*") if p.is_file()]
     data = max(files, key=lambda p: p.stat().st_size)
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])

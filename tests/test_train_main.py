@@ -120,7 +120,8 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     saved = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
     assert saved["model"] == "unet" and saved["num_classes"] == 10 and saved["image_shape"] == [8, 8, 1]
 
-    # sample.py restores the EMA weights (not the raw model's) and draws varied, finite digits.
+    # sample.py restores the EMA weights, not the raw model's (its runs: tests/test_multihost.py,
+    # tests/test_latent_training.py).
     from sample import load_ema  # train/sample.py
 
     ema, *_ = load_ema(tmp_path, -1, make_mesh(data=-1, fsdp=1))
@@ -128,13 +129,6 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     restored = leaf_paths(eqx.filter(ema, eqx.is_array))
     assert restored and all(np.array_equal(v, on_disk[("ema", *k)]) for k, v in restored.items())
     assert any(not np.array_equal(v, on_disk[("model", *k)]) for k, v in restored.items())
-    out = tmp_path / "s.npz"
-    result = run_main_script("sample.py", "--run_dir", tmp_path, "--num", 20, "--steps", 2, "--out", out)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with np.load(out) as samples:
-        images = samples["images"].astype(np.float32)
-    assert images.shape == (20, 8, 8, 1) and images.std() > 10
-    assert np.abs(images[:10] - images[10:]).mean() > 5  # not one image repeated
 
 
 # Every schedule and every parameterization (edm/edm: the default job above; edm/eps: the logging

@@ -1,0 +1,69 @@
+"""The default digits job in pixel space and in latent spaces, scored with the same scorecard.
+
+    python benchmarks/digits_latent_scorecard.py --out /tmp/latent_scorecard.json [--steps 600] [--factors 1,2]
+
+The latent spaces are `space_to_depth:F` (8×8×1 digits -> (8/F)×(8/F)×F² latents; the decode is
+exact), so a gap in the scores is the diffusion model's, not the autoencoder's. F = 1 stores the
+images themselves (as float16) and runs the whole latent path (encode, posterior draw, scaling,
+decode): its scores must be the pixel job's. F = 2 is a real 4× spatial compression: the same
+UNet then sees 4×4 latents. Every run is the default job (`python train/main.py`, same seed,
+steps and flags) with σ_data = 0.5 (these latents are the pixels rearranged, std unchanged);
+each is sampled with `train/sample.py --num 500 --cfg 1` (no guidance, 50 per class) and scored
+by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: per space, the scorecard, train wall time
+and final loss.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script(name: str, *args) -> None:
+    subprocess.run([sys.executable, str(ROOT / "train" / name), *map(str, args)], check=True, cwd=ROOT)
+
+
+def train_and_score(run_dir: Path, steps: int, extra: list) -> dict:
+    from eqxdiff.eval import digits_sample_metrics
+
+    start = time.perf_counter()
+    script("main.py", "--run_dir", run_dir, "--steps", steps, "--wandb", "disabled", "--sample_every", 0, *extra)
+    train_s = time.perf_counter() - start
+    script("sample.py", "--run_dir", run_dir, "--num", 500, "--cfg", 1, "--out", run_dir / "s.npz")
+    with np.load(run_dir / "s.npz") as saved:
+        scores = digits_sample_metrics(saved["images"], saved["labels"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"scores": scores, "train_wall_s": train_s, "final_loss": rows[-1]["train/loss"], "flags": extra}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--factors", default="1,2", help="space_to_depth factors, comma-separated")
+    args = parser.parse_args()
+    result = {"steps": args.steps}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        result["pixels"] = train_and_score(tmp / "pixels", args.steps, [])
+        for factor in map(int, args.factors.split(",")):
+            latents = tmp / f"latents_{factor}"
+            script("encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents)
+            flags = ["--dataset", f"latents:{latents}", "--sigma_data", 0.5]
+            result[f"space_to_depth:{factor}"] = train_and_score(tmp / f"run_{factor}", args.steps, flags)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    for space, r in result.items():
+        if space != "steps":
+            print(space, {k: round(v, 3) for k, v in r["scores"].items()}, f"{r['train_wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
