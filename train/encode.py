@@ -34,6 +34,7 @@ from eqxdiff.data import Prefetch, open_source
 from eqxdiff.data.latents import META, TMP_SUFFIX, fields_to_meta, record_bytes, shard_name, write_shard
 from eqxdiff.images import from_uint8
 from eqxdiff.sharding import batch_sharding, make_mesh
+from main import start_jax  # train/main.py's: devices, compile cache, jax.distributed, XLA:CPU switch
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
@@ -67,18 +68,6 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.shard_size < 1 or cfg.batch_size < 1:
         parser.error(f"--shard_size and --batch_size must be >= 1, got {cfg.shard_size} and {cfg.batch_size}")
     return cfg
-
-
-def start_jax(cfg: Config) -> None:
-    """Device simulation, the compile cache and jax.distributed, before the backend starts (as train/main.py)."""
-    if cfg.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
-    if cfg.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
-    if cfg.coordinator == "auto":
-        jax.distributed.initialize()
-    elif cfg.coordinator:
-        jax.distributed.initialize(cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
 
 
 def plan_meta(cfg: Config, source, vae) -> dict:
