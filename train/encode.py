@@ -14,9 +14,7 @@ complete. Run the same command again after an interruption: complete shards are 
 Multi-process flags as in train/main.py (`--coordinator`, `--num_processes`, `--process_id`).
 """
 
-import argparse
 import collections
-import dataclasses
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +32,7 @@ from eqxdiff.data import Prefetch, open_source
 from eqxdiff.data.latents import META, TMP_SUFFIX, fields_to_meta, record_bytes, shard_name, write_shard
 from eqxdiff.images import from_uint8
 from eqxdiff.sharding import batch_sharding, make_mesh
-from main import start_jax  # train/main.py's: devices, compile cache, jax.distributed, XLA:CPU switch
+from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
@@ -57,13 +55,7 @@ class Config:
 
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for field in dataclasses.fields(Config):
-        if field.type is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            required = field.name in ("vae", "out")
-            parser.add_argument(f"--{field.name}", type=field.type, default=field.default, required=required)
+    parser = dataclass_parser(Config, __doc__, required=("vae", "out"))
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.shard_size < 1 or cfg.batch_size < 1:
         parser.error(f"--shard_size and --batch_size must be >= 1, got {cfg.shard_size} and {cfg.batch_size}")

@@ -164,16 +164,22 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
     return jnp.mean(weight * pred.mse)
 
 
-def parse_config(argv: list[str] | None = None) -> Config:
-    """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for field in dataclasses.fields(Config):
+def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = ()) -> argparse.ArgumentParser:
+    """A flag `--name value` per field of the dataclass `config_type`; booleans are `--name` /
+    `--no-name`. Shared by the scripts in train/."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for field in dataclasses.fields(config_type):
         if field.type is bool:
             parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
         else:
-            parser.add_argument(
-                f"--{field.name}", type=field.type, default=field.default, choices=CHOICES.get(field.name)
-            )
+            parser.add_argument(f"--{field.name}", type=field.type, default=field.default,
+                                choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
+    parser = dataclass_parser(Config, __doc__, CHOICES)
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
