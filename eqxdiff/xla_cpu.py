@@ -24,6 +24,11 @@ scripts call `enable()`):
    without its expensive passes (most of a step's compile is LLVM on many small fused kernels,
    while convs and matmuls are library calls), and the memory-optimized scheduler (it frees
    buffers as early as it can; the default keeps every value alive).
+5. YNNPACK off. This jaxlib hands convs, matmuls and elementwise/reduction chains to YNNPACK
+   library fusions by default; on the 2-core x86 CPUs measured (BENCHMARKS.md) whole models run
+   faster with XLA's own kernels (Eigen convs and matmuls, its fused loops), per core and more so
+   on two. Off in `compiler_options()` and, for everything else a script compiles, in
+   `XLA_FLAGS` (read when the backend starts, so `enable()` must come first, as in start_jax).
 
 Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
 (custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
@@ -36,18 +41,24 @@ already traced or compiled keep the behaviour they were traced with.
 import contextlib
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 _enabled = False
+YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"  # the fusion types XLA:CPU hands to YNNPACK
 
 
 def enable() -> None:
-    """Switch every workaround on (idempotent)."""
+    """Switch every workaround on (idempotent). Call it before JAX's backend starts (any array,
+    device query or compile): the YNNPACK switch (5) in XLA_FLAGS is read then."""
     global _enabled
     _enabled = True
+    flags = os.environ.get("XLA_FLAGS", "")
+    if YNN_OPTION not in flags:  # a user's own setting wins
+        os.environ["XLA_FLAGS"] = f"{flags} --{YNN_OPTION}=".strip()
 
 
 def enabled() -> bool:
@@ -80,6 +91,7 @@ def compiler_options() -> dict:
         "xla_backend_optimization_level": 1,
         "xla_llvm_disable_expensive_passes": True,
         "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+        YNN_OPTION: "",  # no fusion type handed to YNNPACK (5)
     }
 
 

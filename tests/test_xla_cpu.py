@@ -3,6 +3,7 @@ them on changes no value: conv and remat gradients match plain autodiff, init dr
 jax.random's. conftest.py switches them on, as the scripts do."""
 
 import functools
+import os
 
 import equinox as eqx
 import jax
@@ -198,3 +199,17 @@ def test_train_step_compiler_options_only_with_the_workarounds_on():
     assert options() == xla_cpu.compiler_options() and options()
     with xla_cpu.disabled():
         assert options() == {}
+
+
+def test_the_switch_keeps_work_away_from_ynnpack():
+    # This jaxlib gives a conv + bias + silu to YNNPACK by default; the switch's compiler options
+    # keep every op with XLA's own kernels, and enable() put the same setting in XLA_FLAGS before
+    # this session's backend started (conftest), so plain jit compiles follow it too.
+    def block(x, w):
+        return jax.nn.silu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + 1.0)
+
+    lowered = jax.jit(block).lower(jnp.zeros((2, 32, 32, 64)), jnp.zeros((3, 3, 64, 64)))  # big enough for YNNPACK
+    assert "__ynn_fusion" in lowered.compile({xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}).as_text()
+    assert "__ynn_fusion" not in lowered.compile(xla_cpu.compiler_options()).as_text()
+    assert "__ynn_fusion" not in lowered.compile().as_text()
+    assert f"--{xla_cpu.YNN_OPTION}=" in os.environ["XLA_FLAGS"]
