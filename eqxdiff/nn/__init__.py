@@ -1,5 +1,5 @@
-"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL and
-an exact space-to-depth "autoencoder".
+"""Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
+transformers' CLIP text tower and an exact space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -8,6 +8,7 @@ arrays or None; conditional models also give `null_cond(b)`.
 
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
+from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.layers import (
     Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
@@ -18,7 +19,7 @@ from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense", "DiffusionModel",
-    "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TimestepEmbedding", "UNet", "layer_norm",
-    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense",
+    "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TimestepEmbedding",
+    "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

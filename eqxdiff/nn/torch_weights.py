@@ -9,7 +9,7 @@ built with `jax.make_array_from_callback` in its target sharding, and each callb
 its device's slice of the memory-mapped file, so no device ever holds a whole host copy.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import jax
@@ -51,6 +51,7 @@ def load_safetensors(
     path: str | Path,
     *,
     rename: Callable[[str], str] = lambda key: key,
+    ignore: Collection[str] = (),
     mesh: Mesh | None = None,
     min_size: int = 2**12,
     layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS,
@@ -59,8 +60,10 @@ def load_safetensors(
     safetensors file at `path`, as float32.
 
     `rename` maps a file key to the current name (older checkpoints' aliases); two file keys
-    mapping to one name raise. With `mesh`, leaves are placed in `eqxdiff.sharding`'s shardings
-    for `(mesh, min_size)`; without, on the first device. F32, F16 and BF16 files load.
+    mapping to one name raise. `ignore` names (after `rename`) keys that are accepted and not read:
+    buffers the module does not keep (transformers' `position_ids`). With `mesh`, leaves are placed
+    in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first device. F32, F16
+    and BF16 files load.
     """
     perms = leaf_layouts(abstract_module, layouts)
     if mesh is None:
@@ -71,6 +74,7 @@ def load_safetensors(
         shardings = dict(zip(perms, jax.tree.leaves(tree), strict=True))
     with safe_open(str(path), framework="numpy") as file:
         keys = _renamed_keys(list(file.keys()), rename, path)
+        keys = {name: key for name, key in keys.items() if name not in ignore}
         _check_names(set(perms), set(keys), path)
         values = [
             _read(file, keys[name], perm, shardings[name], leaf)
