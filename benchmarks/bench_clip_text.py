@@ -1,0 +1,197 @@
+"""CLIP-L/14 text encoding throughput, side by side: eqxdiff's `CLIPTextModel` vs transformers' PyTorch model.
+
+The CLIP-L/14 text tower as SD 1.x ships it (hidden 768, 12 layers, 12 heads, MLP 3072, vocab
+49408, 77 positions, quick_gelu, legacy eos pooling; 123,060,480 params) with random weights, the
+SAME weights on both sides: the torch peer draws transformers' own seeded init once and saves it
+to a temporary folder (config.json + model.safetensors, float32); eqxdiff reads it with
+`CLIPTextModel.from_transformers(folder)`, transformers with `CLIPTextModel.from_pretrained(folder)`.
+
+    python benchmarks/bench_clip_text.py           # batch 8 x 77 tokens, fp32, 5 rounds
+    python benchmarks/bench_clip_text.py --quick   # smoke: a 2-layer tower, one round
+
+The torch side runs in its own venv (tools/README.md: /work/torchvenv; torch is never a project
+dependency) as ONE child process, benchmarks/clip_torch_peer.py, started once and driven over
+stdin/stdout; the two sides never run at the same time. Nothing is downloaded.
+
+Both sides get the same prompts: `batch` rows of 77 int32 ids (bos, 5-40 random tokens, eos,
+padded with eos as SD 1.x's tokenizer pads), no attention mask (as SD pipelines call the encoder).
+- eqxdiff: `eqx.filter_jit` of `clip(ids)` with the model as an argument (as a training step takes
+  a frozen tower), `xla_cpu.enable()` as the train scripts do; compile (`.lower(...).compile()`)
+  is timed and reported apart, then one warm-up call.
+- torch: `torch.set_num_threads(--threads)` (the cores XLA uses), `torch.inference_mode()`,
+  transformers' default attention (sdpa), one warm-up call.
+Then ALTERNATING rounds: eqxdiff `calls` calls, torch `calls` calls, eqxdiff, torch, ... (each
+eqxdiff call blocks on its output before the next). prompts/s = batch·calls·rounds / summed round
+seconds; `ratio` = eqxdiff / torch prompts/s; `paired_ratio_median` = the median over rounds of
+(eqxdiff round prompts/s / the torch round right after it). Agreement: max abs difference of the
+warm-up outputs (last_hidden_state, pooler_output). stdout gets one JSON line.
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from eqxdiff import xla_cpu
+from eqxdiff.nn import CLIPTextModel
+from eqxdiff.training.metrics import measured_cpu_matmul_flops
+
+xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
+
+PEER = Path(__file__).resolve().parent / "clip_torch_peer.py"
+TORCH_PYTHON = "/work/torchvenv/bin/python"
+CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape the network
+    "architectures": ["CLIPTextModel"], "model_type": "clip_text_model", "vocab_size": 49408, "hidden_size": 768,
+    "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu", "layer_norm_eps": 1e-05, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1,
+    "projection_dim": 768,
+}  # fmt: skip
+BOS, EOS, LENGTH = 49406, 49407, 77
+
+
+def version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class TorchPeer:
+    """benchmarks/clip_torch_peer.py in the torch venv: one JSON command per line, one answer."""
+
+    def __init__(self, python: str):
+        self.process = subprocess.Popen(
+            [python, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+
+    def __call__(self, cmd: str, **kwargs) -> dict:
+        self.process.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the torch peer exited (code {self.process.wait()}); its stderr is above")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise RuntimeError(f"torch peer, {cmd}: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def prompts(batch: int, rng: np.random.Generator) -> np.ndarray:
+    """`[batch, 77]` int32 ids: bos, 5-40 random tokens, eos, eos padding (SD 1.x's tokenizer)."""
+    ids = np.full((batch, LENGTH), EOS, np.int32)
+    for row in ids:
+        n = int(rng.integers(5, 41))
+        row[0], row[1 : n + 1] = BOS, rng.integers(256, BOS, n)
+    return ids
+
+
+@eqx.filter_jit
+def encode(clip: CLIPTextModel, ids):
+    return clip(ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=3, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
+    parser.add_argument("--torch_python", default=TORCH_PYTHON)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: a 2-layer tower, one round")
+    args = parser.parse_args()
+    config = CLIP_L14_TEXT
+    if args.quick:
+        config, args.rounds, args.calls = {**config, "num_hidden_layers": 2}, 1, 1
+
+    matmul_gflops = measured_cpu_matmul_flops() / 1e9
+    ids = prompts(args.batch, np.random.default_rng(args.seed))
+    peer = TorchPeer(args.torch_python)
+    result = {"batch": args.batch, "tokens": LENGTH, "dtype": "fp32", "calls_per_round": args.calls}
+    with tempfile.TemporaryDirectory(prefix="bench_clip_") as tmp:
+        tmp = Path(tmp)
+        params = peer("write_weights", config=config, folder=str(tmp / "clip"), seed=args.seed)["params"]
+        torch_load = peer("load", folder=str(tmp / "clip"), threads=args.threads)
+        start = time.perf_counter()
+        clip = CLIPTextModel.from_transformers(tmp / "clip")
+        eqx_load_s = time.perf_counter() - start
+        eqx_params = int(sum(a.size for a in jax.tree.leaves(clip)))
+
+        start = time.perf_counter()
+        encode.lower(clip, ids).compile()
+        result["eqxdiff_compile_s"] = round(time.perf_counter() - start, 3)
+        start = time.perf_counter()
+        hidden, pooled = jax.block_until_ready(encode(clip, ids))
+        result["eqxdiff_first_call_s"] = round(time.perf_counter() - start, 3)
+        np.save(tmp / "ids.npy", ids)
+        answer = peer("prepare", input=str(tmp / "ids.npy"), output=str(tmp / "out.npz"))
+        result["torch_first_call_s"] = round(answer["first_call_s"], 3)
+        with np.load(tmp / "out.npz") as ref:
+            result["max_abs_diff"] = {
+                "last_hidden_state": float(np.abs(np.asarray(hidden) - ref["hidden"]).max()),
+                "pooler_output": float(np.abs(np.asarray(pooled) - ref["pooled"]).max()),
+            }
+            result["output_max_abs"] = float(np.abs(ref["hidden"]).max())
+
+        def eqx_round() -> float:
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                jax.block_until_ready(encode(clip, ids))
+            return time.perf_counter() - start
+
+        seconds = {"eqxdiff": [], "torch": []}
+        for _ in range(args.rounds):
+            seconds["eqxdiff"].append(eqx_round())
+            seconds["torch"].append(peer("time", calls=args.calls)["seconds"])
+        peer.close()
+
+    per_round = args.batch * args.calls
+    for side, s in seconds.items():
+        result[f"{side}_prompts_per_s"] = round(per_round * len(s) / sum(s), 3)
+        result[f"{side}_round_prompts_per_s"] = [round(per_round / t, 3) for t in s]
+    result["ratio"] = round(result["eqxdiff_prompts_per_s"] / result["torch_prompts_per_s"], 3)
+    paired = [t / e for e, t in zip(seconds["eqxdiff"], seconds["torch"])]
+    result["paired_ratio_median"] = round(statistics.median(paired), 3)
+    print(
+        json.dumps(
+            {
+                "bench": "clip_text_vs_transformers",
+                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
+                "cpu_count": os.cpu_count(),
+                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
+                "date": str(datetime.date.today()),
+                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy"]},
+                "torch_peer": {
+                    "python": args.torch_python,
+                    "threads": torch_load["threads"],
+                    "attention": torch_load["attention"],
+                    **torch_load["versions"],
+                },
+                "config": config,
+                "params": {"torch": params, "eqxdiff": eqx_params},
+                "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+                "quick": args.quick,
+                "result": result,
+                "note": "ratio = eqxdiff / torch prompts/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
