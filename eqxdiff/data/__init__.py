@@ -1,16 +1,24 @@
 """Data for eqxdiff: record sources, per-process grain pipelines and the device prefetch thread."""
 
+from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_prompts, captioned_digits_tokenizer
 from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch
-from eqxdiff.data.records import Source, batch_spec, describe_fields, stack_records
+from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records
 from eqxdiff.data.sources import ImageSource, open_source, write_arrayrecord
+from eqxdiff.data.tokenized import TokenizedSource
 
 __all__ = [
+    "TEXT",
+    "CaptionedDigitsSource",
     "ImageSource",
     "Prefetch",
     "Source",
+    "TextField",
+    "TokenizedSource",
     "batch_spec",
     "batch_stream",
+    "captioned_digits_prompts",
+    "captioned_digits_tokenizer",
     "check_position",
     "data_position",
     "describe_fields",

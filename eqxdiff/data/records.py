@@ -11,15 +11,30 @@ before any data is read.
 
 The pipeline batches whatever fields a source declares; `prepare` in train/main.py turns a
 batch of records into the model's input and condition.
+
+A field may also be declared `TEXT` (e.g. `{"image": ..., "caption": TEXT}`): each record then holds a
+Python str there. Text has no array shape, so it cannot be batched: wrap the source in
+`eqxdiff.data.TokenizedSource`, which replaces it by "input_ids" and "attention_mask" when a record is read.
 """
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import jax
 import numpy as np
 
-Fields = Mapping[str, jax.ShapeDtypeStruct]
+
+@dataclasses.dataclass(frozen=True)
+class TextField:
+    """The declaration of a text field: each record holds a `str` there (use the instance `TEXT`)."""
+
+    def __repr__(self) -> str:
+        return "TEXT"
+
+
+TEXT = TextField()
+Fields = Mapping[str, jax.ShapeDtypeStruct | TextField]
 
 
 @runtime_checkable
@@ -35,14 +50,31 @@ class Source(Protocol):
     def __getitem__(self, i: int) -> dict: ...
 
 
+def describe_field(field: jax.ShapeDtypeStruct | TextField) -> str:
+    """"uint8[8, 8, 1]", or "text" for a text field."""
+    return "text" if isinstance(field, TextField) else f"{np.dtype(field.dtype).name}{list(field.shape)}"
+
+
 def describe_fields(fields: Fields) -> dict[str, str]:
-    """{"image": "uint8[8, 8, 1]", ...}: a json-able description (messages, checkpoints)."""
-    return {k: f"{np.dtype(f.dtype).name}{list(f.shape)}" for k, f in fields.items()}
+    """{"image": "uint8[8, 8, 1]", "caption": "text", ...}: a json-able description (messages, checkpoints)."""
+    return {k: describe_field(f) for k, f in fields.items()}
+
+
+def check_batchable(fields: Fields) -> None:
+    """Raise if a field is text: text has no array shape, so it must be tokenized before batching."""
+    text = [k for k, f in fields.items() if isinstance(f, TextField)]
+    if text:
+        raise ValueError(
+            f"Field {text[0]!r} is text, which cannot be batched: tokenize it first with"
+            f" eqxdiff.data.TokenizedSource(source, tokenizer, field={text[0]!r}), which replaces it by"
+            " int32 'input_ids' and 'attention_mask'."
+        )
 
 
 def stack_records(records: Sequence[dict], fields: Fields) -> dict[str, np.ndarray]:
     """A batch: each declared field stacked along a new first axis. A record whose keys, shapes
-    or dtypes differ from the declaration raises, naming the field."""
+    or dtypes differ from the declaration raises, naming the field; so does a text field."""
+    check_batchable(fields)
     for record in records:
         if record.keys() != fields.keys():
             raise ValueError(f"A record has fields {sorted(record)}, but its source declares {sorted(fields)}.")
@@ -56,5 +88,6 @@ def stack_records(records: Sequence[dict], fields: Fields) -> dict[str, np.ndarr
 
 def batch_spec(source: Source, global_batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch (all processes' rows) a pipeline over `source` feeds the step, as
-    ShapeDtypeStructs: the train step can compile before the first batch exists."""
+    ShapeDtypeStructs: the train step can compile before the first batch exists. A text field raises."""
+    check_batchable(source.fields)
     return {k: jax.ShapeDtypeStruct((global_batch_size, *f.shape), f.dtype) for k, f in source.fields.items()}

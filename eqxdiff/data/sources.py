@@ -1,27 +1,38 @@
 """Image datasets as grain random-access sources, chosen by a `--dataset` spec string.
 
 Every image source is a record source (`eqxdiff.data.records.Source`) with the fields
-`{"image": uint8[H, W, C]}`, plus `"label": int32[]` when labeled, and carries `image_shape`
-(H, W, C), `num_classes` (0: unlabeled, no label field) and `spec` (its string). Images stay
-uint8 on the way to the device; `eqxdiff.images.from_uint8` maps them to [-1, 1] there.
-Specs (`open_source`):
+`{"image": uint8[H, W, C]}`, plus `"label": int32[]` when labeled, plus `"caption": TEXT` (a str)
+when opened with `captions=True`, and carries `image_shape` (H, W, C), `num_classes` (0:
+unlabeled, no label field) and `spec` (its string). Images stay uint8 on the way to the device;
+`eqxdiff.images.from_uint8` maps them to [-1, 1] there. A caption is tokenized when its record is
+read (`eqxdiff.data.TokenizedSource`). Specs (`open_source`):
 
 - `digits`: scikit-learn's bundled 1,797 handwritten digits, 10 classes, kept at their native
   8×8×1 (the models handle 8×8; chosen for speed). Levels 0..16 are stretched to 0..255.
+  No captions (captions=True needs allow_uncaptioned: all "").
 - `npz:PATH`: arrays `images` (N, H, W, C) uint8 and optional `labels` (N,) int; stored size kept.
+  Captions: an optional `captions` (N,) numpy str array (`np.array(list_of_str)`).
 - `folder:PATH`: image files decoded with pillow. Class sub-folders (sorted names -> labels
   0..K-1), or images directly in PATH (unlabeled). Opening reads every file's header, so a
   non-image file fails at once, naming it; the folder is L (1 channel) when every file is
   grayscale, else RGB. Images are center-cropped to a square and resized to `image_size`.
+  Captions: a `.txt` beside each image or a `captions.jsonl` (`eqxdiff.data.captions`).
 - `arrayrecord:GLOB`: grain ArrayRecord files in the record format below (`write_arrayrecord`
   writes it). Channels come from the first record (L stays 1 channel, anything else is RGB);
-  crop/resize as for folders.
+  crop/resize as for folders. Captions: the header's "caption".
 - `latents:DIR`: latents pre-encoded by train/encode.py (`eqxdiff.data.latents.LatentSource`:
   fields `mean`, `logvar` float16, plus the encoded source's label; `image_shape` is the latent's).
+  `captions` does not apply: its fields are what the encode stored.
+- `captioned_digits`: two digits side by side, 8×16×1, always captioned, no label
+  (`eqxdiff.data.captioned_digits`).
+
+A missing caption (captions=True) is an error naming the image, unless `allow_uncaptioned` makes
+it "". Without captions=True every source is as it was: no caption field, `.txt` files ignored.
 
 ArrayRecord record format (no pickle, safe for untrusted files): a little-endian uint32 header
-length n, then n bytes of UTF-8 JSON `{"label": int, "num_classes": int}`, then the encoded image
-(PNG, JPEG, or anything pillow reads). `num_classes` is read from the first record.
+length n, then n bytes of UTF-8 JSON `{"label": int, "num_classes": int}` (+ `"caption": str` when
+captioned), then the encoded image (PNG, JPEG, or anything pillow reads). `num_classes` is read
+from the first record.
 """
 
 import glob
@@ -29,6 +40,7 @@ import io
 import importlib.util
 import json
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -38,10 +50,11 @@ import numpy as np
 from jaxtyping import Int, UInt8
 from PIL import Image
 
+from eqxdiff.data.captions import FolderCaptions, missing_caption
 from eqxdiff.data.latents import LatentSource
-from eqxdiff.data.records import Source
+from eqxdiff.data.records import TEXT, Source
 
-SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR"
+SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 GRAYSCALE_MODES = {"1", "L", "LA"}
 _HEADER_LEN = struct.Struct("<I")
@@ -55,39 +68,50 @@ class ImageSource(Source, Protocol):
     num_classes: int
 
 
-def image_fields(image_shape: tuple[int, int, int], num_classes: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """The fields of an image source: the image, and its label when there are classes."""
+def image_fields(image_shape: tuple[int, int, int], num_classes: int, captions: bool = False) -> dict:
+    """The fields of an image source: the image, its label when there are classes, its caption (TEXT) if asked."""
     fields = {"image": jax.ShapeDtypeStruct(tuple(image_shape), np.uint8)}
     if num_classes:
         fields["label"] = jax.ShapeDtypeStruct((), np.int32)
+    if captions:
+        fields["caption"] = TEXT
     return fields
 
 
-def image_record(image: np.ndarray, label: int | np.integer, num_classes: int) -> dict:
-    """One example of an image source: `{"image"}`, plus `"label"` (int32) when labeled."""
-    return {"image": image, "label": np.int32(label)} if num_classes else {"image": image}
+def image_record(image: np.ndarray, label: int | np.integer, num_classes: int, caption: str | None = None) -> dict:
+    """One example of an image source: `{"image"}`, plus `"label"` (int32) when labeled, plus `"caption"` if given."""
+    record = {"image": image, "label": np.int32(label)} if num_classes else {"image": image}
+    return record if caption is None else {**record, "caption": caption}
 
 
 class ArraySource:
-    """Images held in memory: (N, H, W, C) uint8 and (N,) labels."""
+    """Images held in memory: (N, H, W, C) uint8, (N,) labels and, when captioned, N captions."""
 
     def __init__(
-        self, images: UInt8[np.ndarray, "n h w c"], labels: Int[np.ndarray, " n"] | None, spec: str
+        self,
+        images: UInt8[np.ndarray, "n h w c"],
+        labels: Int[np.ndarray, " n"] | None,
+        spec: str,
+        captions: Sequence[str] | None = None,
     ):
         if len(images) == 0:
             raise ValueError(f"Dataset {spec} has no images.")
+        if captions is not None and len(captions) != len(images):
+            raise ValueError(f"Dataset {spec} has {len(images)} images but {len(captions)} captions.")
         self.images = images
         self.labels = np.zeros(len(images), np.int32) if labels is None else labels.astype(np.int32)
+        self.captions = captions
         self.num_classes = 0 if labels is None else int(labels.max()) + 1
         self.image_shape = tuple(int(d) for d in images.shape[1:])
-        self.fields = image_fields(self.image_shape, self.num_classes)
+        self.fields = image_fields(self.image_shape, self.num_classes, captions is not None)
         self.spec = spec
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, i: int) -> dict:
-        return image_record(self.images[i], self.labels[i], self.num_classes)
+        caption = None if self.captions is None else str(self.captions[i])
+        return image_record(self.images[i], self.labels[i], self.num_classes, caption)
 
 
 def decode_image(data: bytes, channels: int, size: int, name: str) -> UInt8[np.ndarray, "s s c"]:
@@ -106,9 +130,9 @@ def decode_image(data: bytes, channels: int, size: int, name: str) -> UInt8[np.n
 
 
 class FolderSource:
-    """Image files on disk, decoded (and resized) when an element is read."""
+    """Image files on disk, decoded (and resized) when an element is read; captions beside them if asked."""
 
-    def __init__(self, root: Path, image_size: int, spec: str):
+    def __init__(self, root: Path, image_size: int, spec: str, captions: bool = False, allow_uncaptioned: bool = False):
         if not root.is_dir():
             raise FileNotFoundError(f"Dataset folder not found: {root} (from --dataset {spec}).")
         class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -124,8 +148,9 @@ class FolderSource:
         self.num_classes = len(class_dirs)
         channels = 1 if all(_image_mode(f) in GRAYSCALE_MODES for f, _ in self.files) else 3
         self.image_shape = (image_size, image_size, channels)
-        self.fields = image_fields(self.image_shape, self.num_classes)
+        self.fields = image_fields(self.image_shape, self.num_classes, captions)
         self.class_names = [d.name for d in class_dirs]
+        self.captions = FolderCaptions(root, [f for f, _ in self.files], allow_uncaptioned) if captions else None
         self.spec = spec
 
     def __len__(self) -> int:
@@ -134,7 +159,8 @@ class FolderSource:
     def __getitem__(self, i: int) -> dict:
         path, label = self.files[i]
         size, _, channels = self.image_shape
-        return image_record(decode_image(path.read_bytes(), channels, size, str(path)), label, self.num_classes)
+        image = decode_image(path.read_bytes(), channels, size, str(path))
+        return image_record(image, label, self.num_classes, None if self.captions is None else self.captions[i])
 
 
 def _image_files(folder: Path) -> list[Path]:
@@ -150,14 +176,17 @@ def _image_mode(path: Path) -> str:
         raise ValueError(f"Could not read image {path}: {e}") from e
 
 
-def encode_record(image: UInt8[np.ndarray, "h w c"], label: int, num_classes: int) -> bytes:
-    """One ArrayRecord record: header length, JSON header, PNG bytes (lossless)."""
+def encode_record(image: UInt8[np.ndarray, "h w c"], label: int, num_classes: int, caption: str | None = None) -> bytes:
+    """One ArrayRecord record: header length, JSON header (with the caption if given), PNG bytes (lossless)."""
     if image.shape[-1] not in (1, 3):
         raise ValueError(f"Images must have 1 or 3 channels, got shape {image.shape}.")
     png = io.BytesIO()
     Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(png, format="PNG")
-    header = json.dumps({"label": int(label), "num_classes": int(num_classes)}).encode()
-    return _HEADER_LEN.pack(len(header)) + header + png.getvalue()
+    header = {"label": int(label), "num_classes": int(num_classes)}
+    if caption is not None:
+        header["caption"] = caption
+    data = json.dumps(header, ensure_ascii=False).encode()
+    return _HEADER_LEN.pack(len(data)) + data + png.getvalue()
 
 
 def decode_record(record: bytes, name: str) -> tuple[dict, bytes]:
@@ -175,12 +204,15 @@ def write_arrayrecord(
     images: UInt8[np.ndarray, "n h w c"],
     labels: Int[np.ndarray, " n"] | None = None,
     num_classes: int | None = None,
+    captions: Sequence[str] | None = None,
 ) -> None:
-    """Write images (PNG-encoded) and labels as one ArrayRecord file readable by `arrayrecord:`.
-    Unlabeled data (labels None) is stored with label 0 and num_classes 0; `num_classes`
-    defaults to max(labels) + 1."""
+    """Write images (PNG-encoded), labels and, if given, one caption per image as one ArrayRecord
+    file readable by `arrayrecord:`. Unlabeled data (labels None) is stored with label 0 and
+    num_classes 0; `num_classes` defaults to max(labels) + 1."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
+    if captions is not None and (len(captions) != len(images) or not all(isinstance(c, str) for c in captions)):
+        raise ValueError(f"captions must be one str per image ({len(images)}); got {len(captions)} items.")
     if labels is None:
         labels, num_classes = np.zeros(len(images), np.int64), 0
     elif num_classes is None:
@@ -189,16 +221,21 @@ def write_arrayrecord(
         raise ValueError(f"Labels must lie in [0, {num_classes}), got [{labels.min()}, {labels.max()}].")
     writer = ArrayRecordWriter(str(path), "group_size:1")  # group size 1: fast random access (grain)
     try:
-        for image, label in zip(images, labels):
-            writer.write(encode_record(image, int(label), num_classes))
+        for i, (image, label) in enumerate(zip(images, labels)):
+            writer.write(encode_record(image, int(label), num_classes, None if captions is None else captions[i]))
     finally:
         writer.close()
 
 
 class ArrayRecordSource:
-    """Encoded image records in ArrayRecord files, decoded (and resized) when an element is read."""
+    """Encoded image records in ArrayRecord files, decoded (and resized) when an element is read.
 
-    def __init__(self, pattern: str, image_size: int, spec: str):
+    With captions, the first record's caption is checked at open (reading every header would read
+    the whole dataset); any other record without one raises, naming it, when it is read."""
+
+    def __init__(
+        self, pattern: str, image_size: int, spec: str, captions: bool = False, allow_uncaptioned: bool = False
+    ):
         paths = sorted(glob.glob(str(Path(pattern).expanduser())))
         if not paths:
             raise FileNotFoundError(f"No ArrayRecord files match {pattern} (from --dataset {spec}).")
@@ -214,7 +251,10 @@ class ArrayRecordSource:
             channels = 1 if first.mode in GRAYSCALE_MODES else 3
         self.num_classes = int(header["num_classes"])
         self.image_shape = (image_size, image_size, channels)
-        self.fields = image_fields(self.image_shape, self.num_classes)
+        self.fields = image_fields(self.image_shape, self.num_classes, captions)
+        self.captions, self.allow_uncaptioned = captions, allow_uncaptioned
+        if captions:
+            self.caption(header, 0)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -223,11 +263,21 @@ class ArrayRecordSource:
         name = f"record {i} of {self.spec}"
         header, data = decode_record(self.records[i], name)
         size, _, channels = self.image_shape
-        return image_record(decode_image(data, channels, size, name), header["label"], self.num_classes)
+        caption = self.caption(header, i) if self.captions else None
+        return image_record(decode_image(data, channels, size, name), header["label"], self.num_classes, caption)
+
+    def caption(self, header: dict, i: int) -> str:
+        caption = header.get("caption")
+        if caption is None and not self.allow_uncaptioned:
+            raise missing_caption(f"record {i} of {self.spec} (its header has no 'caption'; see write_arrayrecord)")
+        if caption is not None and not isinstance(caption, str):
+            raise ValueError(f"Record {i} of {self.spec} has a caption that is not a string: {caption!r}.")
+        return caption or ""
 
 
-def load_npz(path: Path, spec: str) -> ArraySource:
-    """`images` (N, H, W, C) uint8 and optional `labels` (N,) from an .npz file (no pickle)."""
+def load_npz(path: Path, spec: str, captions: bool = False, allow_uncaptioned: bool = False) -> ArraySource:
+    """`images` (N, H, W, C) uint8, optional `labels` (N,) and, with captions, `captions` (N,) str from an
+    .npz file (no pickle)."""
     if not path.is_file():
         raise FileNotFoundError(f"Dataset file not found: {path} (from --dataset {spec}).")
     with np.load(path) as arrays:
@@ -235,11 +285,28 @@ def load_npz(path: Path, spec: str) -> ArraySource:
             raise ValueError(f"{path} has no 'images' array (found: {', '.join(arrays.files)}).")
         images = arrays["images"]
         labels = arrays["labels"] if "labels" in arrays else None
+        texts = npz_captions(arrays, path, len(images), allow_uncaptioned) if captions else None
     if images.dtype != np.uint8 or images.ndim != 4:
         raise ValueError(f"{path}: 'images' must be (N, H, W, C) uint8, got {images.shape} {images.dtype}.")
     if labels is not None and (labels.shape != images.shape[:1] or labels.dtype.kind not in "iu" or (labels < 0).any()):
         raise ValueError(f"{path}: 'labels' must be ({len(images)},) integers >= 0, got {labels.shape} {labels.dtype}.")
-    return ArraySource(images, labels, spec)
+    return ArraySource(images, labels, spec, texts)
+
+
+def npz_captions(arrays: np.lib.npyio.NpzFile, path: Path, n: int, allow_uncaptioned: bool) -> list[str]:
+    """The `captions` array of an npz as n str ("" each when it has none and that is allowed)."""
+    if "captions" not in arrays:
+        if allow_uncaptioned:
+            return [""] * n
+        raise missing_caption(f"any image of {path}: the npz has no captions (add a 'captions' array of {n} str)")
+    try:
+        texts = arrays["captions"]
+    except ValueError as e:  # an object array needs pickle, which is off
+        raise ValueError(f"{path}: 'captions' must be a numpy str array, np.array(list_of_str) ({e}).") from e
+    if texts.dtype.kind != "U" or texts.shape != (n,):
+        got = f"{texts.shape} {texts.dtype}"
+        raise ValueError(f"{path}: 'captions' must be ({n},) str (np.array(list_of_str)), got {got}.")
+    return [str(t).strip() for t in texts]
 
 
 def load_digits_source() -> ArraySource:
@@ -256,21 +323,32 @@ def load_digits_source() -> ArraySource:
     return ArraySource(images, table[:, 64], "digits")
 
 
-def open_source(spec: str, image_size: int = 32) -> ImageSource:
+def open_source(
+    spec: str, image_size: int = 32, *, captions: bool = False, allow_uncaptioned: bool = False
+) -> ImageSource:
     """Open the dataset named by `spec` (see the module docstring). `image_size` applies to
-    `folder:` and `arrayrecord:` (resize); digits stay 8×8 and npz keeps its stored size.
-    Missing paths raise FileNotFoundError and bad specs ValueError, here, before any compile."""
+    `folder:` and `arrayrecord:` (resize); digits stay 8×8, captioned_digits 8×16 and npz keeps its
+    stored size. `captions` adds the "caption" text field to image sources; a missing caption raises
+    naming the image unless `allow_uncaptioned` (then ""). Missing paths raise FileNotFoundError
+    and bad specs ValueError, here, before any compile."""
     kind, _, arg = spec.partition(":")
     if image_size < 1:
         raise ValueError(f"image_size must be >= 1, got {image_size}.")
     if spec == "digits":
-        return load_digits_source()
+        if captions and not allow_uncaptioned:
+            raise missing_caption("any image of digits (use --dataset captioned_digits for captioned digits)")
+        digits = load_digits_source()
+        return ArraySource(digits.images, digits.labels, spec, [""] * len(digits)) if captions else digits
+    if spec == "captioned_digits":
+        from eqxdiff.data.captioned_digits import CaptionedDigitsSource  # it builds on this module's digits
+
+        return CaptionedDigitsSource()
     if kind == "npz" and arg:
-        return load_npz(Path(arg).expanduser(), spec)
+        return load_npz(Path(arg).expanduser(), spec, captions, allow_uncaptioned)
     if kind == "folder" and arg:
-        return FolderSource(Path(arg).expanduser(), image_size, spec)
+        return FolderSource(Path(arg).expanduser(), image_size, spec, captions, allow_uncaptioned)
     if kind == "arrayrecord" and arg:
-        return ArrayRecordSource(arg, image_size, spec)
+        return ArrayRecordSource(arg, image_size, spec, captions, allow_uncaptioned)
     if kind == "latents" and arg:
         return LatentSource(Path(arg).expanduser(), spec)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")

@@ -220,3 +220,30 @@ def format_metrics(metrics: dict[str, float]) -> str:
     lines = [f"{'n=' + str(int(metrics['n'])):<16}{'samples':>9}{'real':>9}"]
     lines += [f"{k:<16}{metrics[k]:>9.3f}{metrics[k + '_real']:>9.3f}  {note}" for k, note in notes.items()]
     return "\n".join(lines)
+
+
+def two_digit_accuracy(images: ArrayLike, digits: ArrayLike) -> dict[str, float]:
+    """Score two-digit samples of `captioned_digits`: `images` (n, 8, 16, 1) in either encoding of this module
+    (uint8 0..255 or float in [-1, 1]), `digits` (n, 2) the (left, right) digit classes each was asked for.
+
+    The train-split SVC (the classifier of `digits_sample_metrics`) reads each 8×8 half on its own: "left" and
+    "right" are the fractions of halves it assigns to the requested digit, "both" the fraction of images with
+    both halves right. Real test digits score ~0.98 per half."""
+    images, digits = np.asarray(images), np.asarray(digits)
+    if images.ndim != 4 or images.shape[1:] != (8, 16, 1) or len(images) == 0:
+        raise ValueError(f"images must be NHWC pairs of digits side by side, (n, 8, 16, 1), got {images.shape}.")
+    if images.dtype != np.uint8 and not np.issubdtype(images.dtype, np.floating):
+        raise ValueError(f"images must be float in [-1, 1] or uint8 in 0..255, got {images.dtype}.")
+    if np.issubdtype(images.dtype, np.floating) and not (
+        np.all(np.isfinite(images)) and np.abs(images).max(initial=0.0) <= _OVERSHOOT
+    ):
+        raise ValueError("float images must be finite and lie in [-1, 1]; for 0..255 pixels pass uint8.")
+    if digits.shape != (len(images), 2) or not np.issubdtype(digits.dtype, np.integer):
+        raise ValueError(f"digits must be integers of shape ({len(images)}, 2), got {digits.dtype} {digits.shape}.")
+    if digits.size and (digits.min() < 0 or digits.max() >= NUM_CLASSES):
+        raise ValueError(f"digits must be classes 0..9, got values in [{digits.min()}, {digits.max()}].")
+    classifier = _reference().classifier
+    correct = np.stack([classifier.predict(_pixels(images[:, :, half])) == digits[:, k]
+                        for k, half in enumerate((slice(0, 8), slice(8, 16)))], axis=1)  # fmt: skip
+    left, right = correct.mean(axis=0)
+    return {"left": float(left), "right": float(right), "both": float(correct.all(axis=1).mean())}

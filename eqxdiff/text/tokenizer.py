@@ -9,6 +9,9 @@ Special tokens and lengths follow the folder's configs as transformers reads the
 over tokenizer_config.json over CLIPTokenizer's defaults, so SD 1.x pads with <|endoftext|> and SD 2 with
 "!" (its map says "!", its config <|endoftext|>). Every special token is matched in the text as a whole
 token, "!" included under SD 2's config, as transformers does.
+
+`word_tokenizer(vocab, max_length)` builds a word-level tokenizer for a closed vocabulary (a text tower
+trained from scratch, e.g. on captioned_digits) with the same library and the same `TextTokenizer` interface.
 """
 
 import dataclasses
@@ -21,13 +24,14 @@ import numpy as np
 import tokenizers
 from jaxtyping import Int32
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordLevel
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")  # added in this order: the last flags win
 CLIP_DEFAULTS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
                  "pad_token": "<|endoftext|>"}  # fmt: skip
 CLIP_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""  # CLIP's word regex
 NO_LIMIT = 10**12  # transformers writes model_max_length = 1e30 for "no known limit"
+WORD_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # word_tokenizer's ids 0..3; the vocabulary follows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,33 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
         pad_id=pad_id,
         model_max_length=None if model_max_length is None or model_max_length >= NO_LIMIT else int(model_max_length),
     )
+
+
+def word_tokenizer(vocab: Sequence[str], max_length: int) -> TextTokenizer:
+    """A word-level tokenizer over a closed vocabulary: lowercase, split at whitespace (a run of punctuation is
+    a word of its own), one id per word, "<bos> ... <eos>" added by a post-processor (as CLIP's tokenizer does),
+    padded with "<pad>". Ids: <pad> 0, <bos> 1, <eos> 2, <unk> 3, then `vocab[k]` -> 4 + k; a word outside
+    `vocab` maps to <unk>. `max_length` is the text model's number of positions (model_max_length): calls
+    default to it and may not exceed it."""
+    pre_tokenizer = pre_tokenizers.Whitespace()
+    for word in vocab:
+        if word != word.lower() or [piece for piece, _ in pre_tokenizer.pre_tokenize_str(word)] != [word]:
+            raise ValueError(f"Vocabulary word {word!r} can never be produced: words are lowercase and whole"
+                             r" pre-tokens (a run of \w, or of punctuation, with no whitespace).")  # fmt: skip
+    ids = {token: i for i, token in enumerate((*WORD_SPECIALS, *vocab))}
+    if len(ids) != len(WORD_SPECIALS) + len(vocab):
+        raise ValueError(f"The vocabulary repeats a word or a special token {WORD_SPECIALS}: {list(vocab)}.")
+    pad, bos, eos, unk = WORD_SPECIALS
+    tokenizer = tokenizers.Tokenizer(WordLevel(ids, unk_token=unk))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in WORD_SPECIALS])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, ids[bos]), (eos, ids[eos])]
+    )
+    if max_length < 2:
+        raise ValueError(f"max_length {max_length} leaves no room for the bos and eos tokens.")
+    return TextTokenizer(tokenizer=tokenizer, pad_token=pad, pad_id=ids[pad], model_max_length=max_length)
 
 
 def clip_bpe(vocab_file: Path, merges_file: Path, unk_token: str) -> tokenizers.Tokenizer:
