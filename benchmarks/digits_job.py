@@ -40,7 +40,7 @@ def digits_job(mesh, *, total_steps: int, seed: int = 0, label_dropout: float = 
 
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(seed), mesh, min_size)
     null_cond = null_cond_of(state.model, 1)
-    prepare = functools.partial(train_main.prepare, schedule=schedule, label_dropout=label_dropout, null_cond=null_cond)
+    prepare = functools.partial(train_main.prepare, schedule=schedule, cond_dropout=label_dropout, null_cond=null_cond)
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=parameterization)
 
     train_step = make_train_step(

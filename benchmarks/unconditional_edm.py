@@ -16,6 +16,6 @@ from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
 def unconditional_edm():
     """(prepare, loss_fn) for `eqxdiff.training.make_train_step`."""
     schedule = EDMSchedule()
-    prepare = functools.partial(train_main.prepare, schedule=schedule, label_dropout=0.0, null_cond=None)
+    prepare = functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.0, null_cond=None)
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=EDMPreconditioning())
     return prepare, loss_fn

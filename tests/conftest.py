@@ -21,6 +21,8 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff.generate  # noqa: F401
     import eqxdiff.images  # noqa: F401
     import eqxdiff.sharding  # noqa: F401
+    import eqxdiff.text  # noqa: F401
+    import eqxdiff.text.conditioning  # noqa: F401
     import eqxdiff.training  # noqa: F401
     import eqxdiff.xla_cpu
 

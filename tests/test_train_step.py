@@ -29,7 +29,7 @@ def prepare(batch, key):
     """train/main.py's prepare; the test-only field "poison" (0 or NaN per example) is added to x0."""
     batch = dict(batch)
     poison = batch.pop("poison")
-    out = train_main.prepare(batch, key, schedule=SCHEDULE, label_dropout=0.1, null_cond=jnp.array([10]))
+    out = train_main.prepare(batch, key, schedule=SCHEDULE, cond_dropout=0.1, null_cond=jnp.array([10]))
     return dict(out, x0=out["x0"] + poison[:, None, None, None])
 
 

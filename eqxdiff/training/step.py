@@ -19,9 +19,10 @@ from eqxdiff.sharding import is_array_like
 from .precision import cast_for_compute
 from .state import TrainState
 
-# prepare(batch, key) -> batch: draws the per-example randomness (σ, noise, label dropout) for
-# the whole global batch, so splitting it into micro-batches does not change what is drawn.
-PrepareFn = Callable[[dict, jax.Array], dict]
+# prepare(batch, key[, frozen]) -> batch: draws the per-example randomness (σ, noise, condition
+# dropout) for the whole global batch, so splitting it into micro-batches does not change what is
+# drawn; `frozen`, the step's frozen modules (a text tower, ...), is passed when the step has them.
+PrepareFn = Callable[..., dict]
 # loss_fn(model, micro_batch, key) -> scalar mean loss over the micro-batch.
 LossFn = Callable[[eqx.Module, dict, jax.Array], jax.Array]
 
@@ -53,8 +54,14 @@ def make_train_step(
     seed: int,
     grad_accum_steps: int = 1,
     precision: str = "fp32",
+    frozen_shardings=None,
 ) -> "TrainStep":
-    """Build `train_step(state, batch) -> (state, metrics)`; `state` is donated.
+    """Build `train_step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
+
+    `frozen` is a pytree of modules the step reads but never trains (a pretrained text tower that
+    encodes captions in `prepare`): an ARGUMENT of the jitted step, so its weights are neither
+    compiled in as constants nor part of the gradient, the optimizer or the EMA;
+    `frozen_shardings` (e.g. `eqxdiff.sharding.state_shardings` of it) lays it out.
 
     metrics (device scalars, read by the host only at the logging cadence): loss, grad_norm,
     lr (the learning rate of this step's update), finite (this step's loss and gradients),
@@ -87,11 +94,12 @@ def make_train_step(
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, init, (jnp.arange(k), _micro_batches(batch, k)), unroll=unroll)
         return loss_sum / k, jax.tree.map(lambda g: g / k, grad_sum)
 
-    def step(state_arrays, static, batch: dict) -> tuple[TrainState, dict]:
+    def step(state_arrays, static, batch: dict, frozen) -> tuple[TrainState, dict]:
         state = eqx.combine(state_arrays, static)
         key = jax.random.fold_in(jax.random.key(seed), state.step)
         key_prepare, key_loss = jax.random.split(key)
-        batch = eqx.filter_shard(prepare(batch, key_prepare), batch_sharding)
+        prepared = prepare(batch, key_prepare) if frozen is None else prepare(batch, key_prepare, frozen)
+        batch = eqx.filter_shard(prepared, batch_sharding)
 
         loss, grads = gradients(state.model, batch, key_loss)
         grad_norm = optax.tree.norm(grads)
@@ -125,14 +133,14 @@ def make_train_step(
     # jax.jit on the array half of the state, not eqx.filter_jit: equinox 0.13.8's filter_jit
     # blocks on a marker after every call, which would sync the host on every step.
     replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
-    return TrainStep(step, state_shardings, batch_sharding, replicated)
+    return TrainStep(step, state_shardings, batch_sharding, replicated, frozen_shardings)
 
 
 class TrainStep:
-    """`train_step(state, batch) -> (state, metrics)`; the state's arrays are donated.
+    """`train_step(state, batch, frozen=None) -> (state, metrics)`; the state's arrays are donated.
 
-    The non-array half of the state (module structure, static config) is fixed by the first
-    call and closed over, so the jitted function sees only arrays (the static half holds lists,
+    The non-array halves of the state and of `frozen` (module structure, static config) are fixed
+    by the first call and closed over, so the jitted function sees only arrays (the static half holds lists,
     which jit's static arguments cannot hash). Each batch signature is lowered once and compiled
     ahead of time: `lower` (for XLA's cost analysis) and the calls share that one lowering —
     jit's own call path would lower the step a second time, adding to start-up.
@@ -142,10 +150,10 @@ class TrainStep:
     arrives meanwhile waits for that compile instead of starting its own.
     """
 
-    def __init__(self, step, state_shardings, batch_sharding, metrics_sharding):
+    def __init__(self, step, state_shardings, batch_sharding, metrics_sharding, frozen_shardings=None):
         self._step = step
-        self._shardings = (state_shardings, batch_sharding), (state_shardings, metrics_sharding)
-        self._static = None
+        self._shardings = (state_shardings, batch_sharding, frozen_shardings), (state_shardings, metrics_sharding)
+        self._static = self._frozen_static = None
         self.jitted = None
         self._lowered: dict = {}
         self._compiled: dict = {}
@@ -156,44 +164,45 @@ class TrainStep:
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
         self.compiler_options = xla_cpu.compiler_options() if on_cpu and xla_cpu.enabled() else {}
 
-    def _split(self, state: TrainState):
+    def _split(self, state: TrainState, frozen):
         arrays, static = eqx.partition(state, is_array_like)
+        frozen_arrays, frozen_static = eqx.partition(frozen, is_array_like)
         if self.jitted is None:
             with self._lock:
                 if self.jitted is None:
-                    self._static = static
+                    self._static, self._frozen_static = static, frozen_static
                     in_shardings, out_shardings = self._shardings
                     self.jitted = jax.jit(
                         self._traced, donate_argnums=0, in_shardings=in_shardings, out_shardings=out_shardings
                     )
-        return arrays
+        return arrays, frozen_arrays
 
-    def _traced(self, arrays, batch):
+    def _traced(self, arrays, batch, frozen_arrays):
         self.traces += 1  # runs at trace time only
-        return self._step(arrays, self._static, batch)
+        return self._step(arrays, self._static, batch, eqx.combine(frozen_arrays, self._frozen_static))
 
-    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        arrays = self._split(state)
-        compiled = self._compiled.get(_signature(batch)) or self.compile(state, batch)
-        new_arrays, metrics = compiled(arrays, batch)
+    def __call__(self, state: TrainState, batch: dict, frozen=None) -> tuple[TrainState, dict]:
+        arrays, frozen_arrays = self._split(state, frozen)
+        compiled = self._compiled.get(_signature(batch, frozen_arrays)) or self.compile(state, batch, frozen)
+        new_arrays, metrics = compiled(arrays, batch, frozen_arrays)
         return eqx.combine(new_arrays, self._static), metrics
 
-    def compile(self, state: TrainState, batch: dict):
+    def compile(self, state: TrainState, batch: dict, frozen=None):
         """The compiled step for this batch signature (compiled once). Arrays or
-        ShapeDtypeStructs (e.g. `abstract_train_state`'s) both work."""
-        signature = _signature(batch)
+        ShapeDtypeStructs (e.g. `abstract_train_state`'s) both work, for `frozen` too."""
+        signature = _signature(batch, eqx.filter(frozen, is_array_like))
         with self._lock:
             if signature not in self._compiled:
-                self._compiled[signature] = self.lower(state, batch).compile(self.compiler_options)
+                self._compiled[signature] = self.lower(state, batch, frozen).compile(self.compiler_options)
             return self._compiled[signature]
 
-    def lower(self, state: TrainState, batch: dict):
+    def lower(self, state: TrainState, batch: dict, frozen=None):
         """jax's Lowered for these arguments (cost and memory analysis without running)."""
-        arrays = self._split(state)
-        signature = _signature(batch)
+        arrays, frozen_arrays = self._split(state, frozen)
+        signature = _signature(batch, frozen_arrays)
         with self._lock:
             if signature not in self._lowered:
-                self._lowered[signature] = self.jitted.lower(arrays, batch)
+                self._lowered[signature] = self.jitted.lower(arrays, batch, frozen_arrays)
             return self._lowered[signature]
 
 
@@ -205,7 +214,7 @@ def _updates_applied(opt_state, step: jax.Array) -> jax.Array:
     return counts[-1][1] if counts else step
 
 
-def _signature(batch: dict) -> tuple:
+def _signature(batch: dict, frozen_arrays=None) -> tuple:
     # Canonical dtypes: a spec may say int64 where the device array (x64 off) is int32.
-    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    leaves = jax.tree_util.tree_flatten_with_path((batch, frozen_arrays))[0]
     return tuple((path, x.shape, jax.dtypes.canonicalize_dtype(x.dtype)) for path, x in leaves)

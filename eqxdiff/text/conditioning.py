@@ -1,0 +1,152 @@
+"""How a text-to-image run turns captions into its model's condition, in training and in sampling.
+
+Two towers, one condition. A pretrained tower (`CLIPTextModel.from_transformers`, e.g. SD's
+`text_encoder/`) stays frozen: the training step takes it as an ARGUMENT and encodes each batch's
+tokens in `prepare`, and the network sees `{"context": f32[b,n,d], "mask": int32[b,n], "pooled":
+f32[b,d]}`. A tower trained from scratch ("scratch", e.g. for `captioned_digits`) is part of the
+model (`eqxdiff.nn.TextConditioned`), which takes the tokens themselves.
+
+The null condition of classifier-free guidance is the run's, the same in training (caption dropout)
+and sampling: the encoded empty caption "" (`null_text="empty"`, as Stable Diffusion trains), or
+zeros in place of its hidden states and pooled vector (`"zeros"`, SDXL's
+`force_zeros_for_empty_prompt`). A scratch tower always uses "", run through the tower itself.
+"""
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from eqxdiff.nn import CLIPTextModel
+from eqxdiff.text.tokenizer import TextTokenizer, load_tokenizer
+
+NULL_TEXTS = ("empty", "zeros")
+SCRATCH = "scratch"
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConditioning:
+    """A run's text side: its tokenizer, and either a frozen pretrained tower (`encoder`) or the
+    configuration of a tower trained with the model (`scratch_config`, a CLIPTextConfig dict)."""
+
+    tokenizer: TextTokenizer
+    max_length: int  # tokens per caption
+    null_text: str  # "empty" | "zeros"
+    encoder: CLIPTextModel | None = None
+    scratch_config: dict | None = None
+
+    def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Captions -> {"input_ids", "attention_mask"}, int32[len(texts), max_length] each."""
+        ids, mask = self.tokenizer(list(texts), self.max_length)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def model_dims(self) -> dict[str, int]:
+        """The network's condition sizes: `context_dim` and `pooled_dim` (the tower's width)."""
+        width = self.scratch_config["hidden_size"] if self.encoder is None else self.encoder_width
+        return {"context_dim": width, "pooled_dim": width}
+
+    @property
+    def encoder_width(self) -> int:
+        return self.encoder.final_layer_norm.weight.shape[-1]
+
+    def frozen(self) -> dict | None:
+        """The training step's frozen argument: the pretrained tower and the encoded null
+        condition (one row); None for a tower trained with the model."""
+        if self.encoder is None:
+            return None
+        return {"text_encoder": self.encoder, "null_cond": self.encoded_null()}
+
+    def encoded_null(self) -> dict:
+        """{"context": f32[1,n,d], "mask": int32[1,n], "pooled": f32[1,d]}: "" encoded, or zeros."""
+        tokens = self.tokens([""])
+        cond = encode_tokens(self.encoder, tokens)
+        if self.null_text == "zeros":
+            cond = {**cond, "context": np.zeros_like(cond["context"]), "pooled": np.zeros_like(cond["pooled"])}
+        return cond
+
+    def sampling_condition(self, prompts: list[str]) -> tuple[Any, Any]:
+        """(cond, null_cond) host arrays for `eqxdiff.generate.generate`: one row per prompt. For a
+        scratch tower the tokens, and None (the model's own null, the tokens of ""), else the
+        encoded prompts and the encoded null."""
+        tokens = self.tokens(prompts)
+        if self.encoder is None:
+            return tokens, None
+        return encode_tokens(self.encoder, tokens), self.encoded_null()
+
+
+@eqx.filter_jit
+def _encode(encoder: CLIPTextModel, input_ids: jax.Array, attention_mask: jax.Array) -> tuple:
+    return encoder(input_ids, attention_mask)
+
+
+def encode_tokens(encoder: CLIPTextModel, tokens: dict, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Tokens -> the network's condition as host arrays, in chunks of `batch_size` prompts."""
+    hidden, pooled = [], []
+    for i in range(0, len(tokens["input_ids"]), batch_size):
+        h, p = _encode(encoder, tokens["input_ids"][i : i + batch_size], tokens["attention_mask"][i : i + batch_size])
+        hidden.append(np.asarray(h, np.float32))
+        pooled.append(np.asarray(p, np.float32))
+    return {"context": np.concatenate(hidden), "mask": tokens["attention_mask"], "pooled": np.concatenate(pooled)}
+
+
+def tokenizer_folder(text_encoder: str, tokenizer: str) -> Path:
+    """`tokenizer`, or the `tokenizer/` folder beside `text_encoder` (a Stable Diffusion checkpoint's layout)."""
+    if tokenizer:
+        return Path(tokenizer).expanduser()
+    sibling = Path(text_encoder).expanduser().resolve().parent / "tokenizer"
+    if not sibling.is_dir():
+        raise FileNotFoundError(
+            f"No tokenizer folder given and none beside {text_encoder} (looked for {sibling}): pass --tokenizer DIR "
+            "(SD's tokenizer/ folder: vocab.json + merges.txt, or a tokenizer.json)."
+        )
+    return sibling
+
+
+def open_text_conditioning(
+    text_encoder: str,
+    tokenizer: TextTokenizer | str,
+    *,
+    null_text: str = "empty",
+    scratch_config: dict | None = None,
+    mesh: Mesh | None = None,
+    min_size: int = 2**12,
+) -> TextConditioning:
+    """`text_encoder`: a transformers CLIP text folder (frozen; read straight into `mesh`'s layout)
+    or "scratch" (a tower of `scratch_config` trained with the model). `tokenizer`: a tokenizer, or a
+    folder (default: beside `text_encoder`)."""
+    if null_text not in NULL_TEXTS:
+        raise ValueError(f"null_text must be one of {NULL_TEXTS}, got {null_text!r}")
+    if not isinstance(tokenizer, TextTokenizer):
+        tokenizer = load_tokenizer(tokenizer_folder(text_encoder, tokenizer))
+    if text_encoder == SCRATCH:
+        if null_text != "empty":
+            raise ValueError(
+                "--null_text zeros needs a pretrained --text_encoder: a tower trained from scratch learns its own "
+                "encoding of the empty caption, which is its null condition."
+            )
+        max_length = tokenizer.check_length(None)
+        ids, mask = tokenizer([""], max_length)
+        eos = int(ids[0, mask[0].sum() - 1])  # "" is bos, eos: pooling reads the state at eos
+        if eos == 2:  # CLIPTextModel would read id 2 as transformers' legacy "pool at the largest id"
+            raise ValueError("A scratch text tower needs a tokenizer whose end-of-text id is not 2.")
+        config = {
+            **(scratch_config or {}),
+            "vocab_size": tokenizer.tokenizer.get_vocab_size(),
+            "max_position_embeddings": max_length,
+            "eos_token_id": eos,
+        }
+        return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
+    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), mesh=mesh, min_size=min_size)
+    vocab, rows = tokenizer.tokenizer.get_vocab_size(), encoder.embeddings.token_embedding.weight.shape[0]
+    if vocab > rows:  # an id past the table would be clamped inside jit, silently
+        raise ValueError(
+            f"The tokenizer has {vocab} ids but the text encoder {text_encoder} embeds {rows}: they are not a pair "
+            "(pass the tokenizer/ folder of the same checkpoint as --tokenizer)."
+        )
+    positions = encoder.embeddings.position_embedding.weight.shape[0]
+    max_length = min(tokenizer.model_max_length or positions, positions)
+    return TextConditioning(tokenizer, max_length, null_text, encoder=encoder)
