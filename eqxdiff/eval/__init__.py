@@ -1,6 +1,7 @@
-"""Sample-quality metrics: the digits job's scorecard and the Fréchet distance behind it."""
+"""Sample-quality metrics: the digits job's scorecard (and its two-digit form for
+captioned_digits) and the Fréchet distance behind it."""
 
-from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics
+from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.frechet import frechet_distance, frechet_distance_features, gaussian_stats
 
 __all__ = [
@@ -10,4 +11,5 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_features",
     "gaussian_stats",
+    "two_digit_accuracy",
 ]

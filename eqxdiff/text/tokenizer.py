@@ -31,7 +31,7 @@ CLIP_DEFAULTS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "
                  "pad_token": "<|endoftext|>"}  # fmt: skip
 CLIP_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""  # CLIP's word regex
 NO_LIMIT = 10**12  # transformers writes model_max_length = 1e30 for "no known limit"
-WORD_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # word_tokenizer's ids 0..3; the vocabulary follows
+WORD_SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0..3: eos is not 2, which CLIP configs read as legacy pooling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
 def word_tokenizer(vocab: Sequence[str], max_length: int) -> TextTokenizer:
     """A word-level tokenizer over a closed vocabulary: lowercase, split at whitespace (a run of punctuation is
     a word of its own), one id per word, "<bos> ... <eos>" added by a post-processor (as CLIP's tokenizer does),
-    padded with "<pad>". Ids: <pad> 0, <bos> 1, <eos> 2, <unk> 3, then `vocab[k]` -> 4 + k; a word outside
+    padded with "<pad>". Ids: <pad> 0, <unk> 1, <bos> 2, <eos> 3, then `vocab[k]` -> 4 + k; a word outside
     `vocab` maps to <unk>. `max_length` is the text model's number of positions (model_max_length): calls
     default to it and may not exceed it."""
     pre_tokenizer = pre_tokenizers.Whitespace()
@@ -141,7 +141,7 @@ def word_tokenizer(vocab: Sequence[str], max_length: int) -> TextTokenizer:
     ids = {token: i for i, token in enumerate((*WORD_SPECIALS, *vocab))}
     if len(ids) != len(WORD_SPECIALS) + len(vocab):
         raise ValueError(f"The vocabulary repeats a word or a special token {WORD_SPECIALS}: {list(vocab)}.")
-    pad, bos, eos, unk = WORD_SPECIALS
+    pad, unk, bos, eos = WORD_SPECIALS
     tokenizer = tokenizers.Tokenizer(WordLevel(ids, unk_token=unk))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizer
