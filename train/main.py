@@ -30,7 +30,8 @@ from tqdm import tqdm
 from eqxdiff import xla_cpu
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import Checkpoints
-from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position, open_source
+from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position, open_source
+from eqxdiff.data.captioned_digits import captioned_digits_prompts, captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import (
     METHODS,
@@ -45,8 +46,10 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid
-from eqxdiff.nn import DiT, UNet, null_cond_of
-from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary
+from eqxdiff.nn import CLIPTextModel, DiT, UNet, null_cond_of
+from eqxdiff.nn.text_conditioned import TextConditioned
+from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
+from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning, open_text_conditioning, tokenizer_folder
 from eqxdiff.training import (
     PRECISIONS,
     LogWindow,
@@ -74,7 +77,7 @@ class Config:
     warmup_steps: int = 60
     weight_decay: float = 1e-4
     seed: int = 0
-    dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py)
+    dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
     image_size: int = 32  # folder: and arrayrecord: images are resized to this; digits stay 8×8
     hflip: bool = False  # random horizontal flips (not for digits)
     model: str = "unet"
@@ -82,6 +85,13 @@ class Config:
     parameterization: str = "edm"
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.1  # classifier-free guidance training
+    # Text-to-image: captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field).
+    text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
+    tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
+    text_dropout: float = 0.1  # captions replaced by the null text (classifier-free guidance training)
+    null_text: str = "empty"  # the null text: the encoded "" | zeros
+    allow_uncaptioned: bool = False  # an image without a caption gets "" instead of an error
+    sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
     fsdp_size: int = 1
     fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
     cpu_devices: int = 0  # >0: simulate this many CPU devices
@@ -106,17 +116,22 @@ class Config:
     process_id: int = 0
 
 
-# name -> (image shape, num_classes, remat, key) -> model. Add yours here: any callable
+# name -> (image shape, remat, key, **cond) -> model, where cond is `num_classes=n` (labels) or
+# `context_dim=d, pooled_dim=p` (text). Add yours here: any callable
 # `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
 # wraps a one-example Equinox module).
 MODELS = {
-    "unet": lambda shape, n, remat, key: UNet(shape[-1], (32, 64), 1, num_classes=n, remat=remat, key=key),
+    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, text_levels((0, 1), cond), remat=remat, key=key, **cond),
     # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, n, remat, key: UNet(shape[-1], (16,), 1, num_classes=n, norm_groups=4, remat=remat, key=key),
-    "unet_flaxdiff": lambda shape, n, remat, key: UNet.flaxdiff_simple(shape[-1], num_classes=n, remat=remat, key=key),
-    "dit_s": lambda shape, n, remat, key: DiT.small(shape[0], shape[-1], 2, num_classes=n, remat=remat, key=key),
-    "dit_tiny": lambda shape, n, remat, key: DiT(shape[0], 2, shape[-1], 64, 2, 4, num_classes=n, remat=remat, key=key),
+    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, text_levels((0,), cond), norm_groups=4, remat=remat, key=key, **cond),
+    "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
+    "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
+    "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
 }
+# A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
+# small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
+# from the tokenizer).
+SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
 # parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
 SHARDING_RULES = [
@@ -128,18 +143,45 @@ CHOICES = {
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
     "sample_method": sorted(METHODS),
+    "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
 }
 
 
-# ---- where a batch of records meets the model, and the loss: edit these two ----
-def prepare(batch: dict, key: jax.Array, *, schedule, label_dropout: float, null_cond,
+def text_levels(levels: tuple[int, ...], cond: dict) -> tuple[int, ...]:
+    """The UNet levels with attention: `levels` for a text model (its cross-attention lives
+    there), none for a label or unconditional one."""
+    return levels if cond.get("context_dim") else ()
+
+
+# ---- where a batch of records meets the model, and the loss: edit these ----
+def condition(batch: dict, frozen: dict | None):
+    """The model's condition from a batch: class labels; caption tokens, encoded by the step's
+    frozen text tower when it has one (else the model's own tower reads them); captions encoded
+    ahead of time by train/encode.py; or None."""
+    if "label" in batch:
+        return batch["label"]
+    if "context" in batch:
+        f32 = lambda name: batch[name].astype(jnp.float32)  # noqa: E731 — stored as float16
+        return {"context": f32("context"), "mask": batch["attention_mask"], "pooled": f32("pooled")}
+    if "input_ids" in batch:
+        tokens = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if frozen is None or "text_encoder" not in frozen:
+            return tokens
+        hidden, pooled = frozen["text_encoder"](tokens["input_ids"], tokens["attention_mask"])
+        return {"context": hidden, "mask": tokens["attention_mask"], "pooled": pooled}
+    return None
+
+
+def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, schedule, cond_dropout: float, null_cond,
             latent_scaling: tuple[float, float] = (1.0, 0.0)) -> dict:  # fmt: skip
     """A record batch -> what `loss_fn` reads: x0 (images in [-1, 1], or latents), the condition
-    (labels, each replaced by the null condition with probability `label_dropout` for
-    classifier-free guidance), and the training draw σ, ε. Runs inside the step on the whole
-    global batch. Latent records (train/encode.py) hold the VAE posterior's mean and log-variance:
-    each step draws z from it and scales it, `(z - shift_factor) * scaling_factor`."""
+    (`condition`; each example's replaced by the null condition with probability `cond_dropout`
+    for classifier-free guidance: the frozen argument's `null_cond` when the step has one, the
+    encoded "" of a pretrained text tower, else `null_cond`), and the training draw σ, ε. Runs
+    inside the step on the whole global batch. Latent records (train/encode.py) hold the VAE
+    posterior's mean and log-variance: each step draws z from it and scales it,
+    `(z - shift_factor) * scaling_factor`."""
     key_draw, key_drop = jax.random.split(key)
     if "mean" in batch:
         key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw as for images
@@ -150,7 +192,8 @@ def prepare(batch: dict, key: jax.Array, *, schedule, label_dropout: float, null
     else:
         x0 = from_uint8(batch["image"])
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
-    cond = drop_condition(key_drop, batch["label"], label_dropout, null_cond) if "label" in batch else None
+    null_cond = frozen["null_cond"] if frozen is not None and "null_cond" in frozen else null_cond
+    cond = drop_condition(key_drop, condition(batch, frozen), cond_dropout, null_cond)
     return dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
 
 
@@ -200,6 +243,68 @@ def latent_autoencoder(source, mesh) -> tuple:
     vae = source.meta["vae"]
     stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
     return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
+
+
+def text_conditioning(cfg: Config, mesh) -> TextConditioning | None:
+    """The run's text side (eqxdiff/text/conditioning.py), None for a run without captions: a
+    frozen CLIP tower from --text_encoder DIR, or a tower trained with the model ("scratch", the
+    default for captioned_digits, whose word-level tokenizer is built in)."""
+    tower = cfg.text_encoder or ("scratch" if cfg.dataset == "captioned_digits" else "")
+    if not tower:
+        return None
+    tokenizer = cfg.tokenizer or ("captioned_digits" if cfg.dataset == "captioned_digits" else "")
+    if tower == "scratch" and not tokenizer:
+        raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
+    return open_text(tower, tokenizer, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size)
+
+
+def open_text(tower: str, tokenizer: str, null_text: str, *, mesh, min_size: int) -> TextConditioning:
+    """`tokenizer` "captioned_digits" is that dataset's word-level tokenizer, else a folder."""
+    if tokenizer == "captioned_digits":
+        tokenizer = captioned_digits_tokenizer()
+    return open_text_conditioning(
+        tower, tokenizer, null_text=null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh, min_size=min_size
+    )
+
+
+def text_config(cfg: Config, text: TextConditioning | None) -> dict:
+    """What a checkpoint stores of the run's text side, so train/sample.py rebuilds it: absolute
+    folders, the null text, the scratch tower's configuration."""
+    if text is None:
+        return {}
+    resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
+    tower = cfg.text_encoder or "scratch"
+    if cfg.tokenizer:
+        tokenizer = resolve(cfg.tokenizer)
+    elif tower == "scratch":
+        tokenizer = "captioned_digits"
+    else:
+        tokenizer = str(tokenizer_folder(tower, ""))
+    return {"text": {"text_encoder": tower if tower == "scratch" else resolve(tower), "tokenizer": tokenizer,
+                     "null_text": text.null_text, "max_length": text.max_length}}  # fmt: skip
+
+
+def default_prompts(cfg: Config, source) -> list[str]:
+    """Sample-grid prompts: --sample_prompts, else captioned_digits' own, else the first ten captions."""
+    if cfg.sample_prompts:
+        return cfg.sample_prompts.split("|")
+    if cfg.dataset == "captioned_digits":
+        return captioned_digits_prompts(10, seed=0)[0]
+    return [str(source[i]["caption"]) for i in range(min(10, len(source)))]
+
+
+def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None):
+    """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
+    read by a text tower trained with it (`TextConditioned`, its null the tokens of "")."""
+    if text is None:
+        return MODELS[name](image_shape, remat, key, num_classes=num_classes)
+    if text.encoder is not None:
+        return MODELS[name](image_shape, remat, key, **text.model_dims())
+    key_text, key_net = jax.random.split(key)
+    null = text.tokens([""])
+    net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
+    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text)
+    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
 
 
 def check_batch(cfg: Config, num_devices: int) -> None:
@@ -275,17 +380,23 @@ def main(cfg: Config) -> None:
     run_dir = Path(cfg.run_dir)
     is_main = jax.process_index() == 0
 
-    source = open_source(cfg.dataset, cfg.image_size)
-    image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
+    text = text_conditioning(cfg, mesh)  # None: a run without captions
+    if cfg.hflip and cfg.dataset == "captioned_digits":
+        raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
+    source = open_source(cfg.dataset, cfg.image_size, captions=text is not None, allow_uncaptioned=cfg.allow_uncaptioned)
+    image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
+    sample_prompts = None if text is None else default_prompts(cfg, source)
+    if text is not None:  # captions -> token ids as records are read, on the host
+        source = TokenizedSource(source, text.tokenizer, text.max_length)
     autoencoder, latent_config = latent_autoencoder(source, mesh)
     latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
     schedule = schedule_by_name(cfg.schedule)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder is not None))
 
     def make_model(key):
-        return MODELS[cfg.model](image_shape, num_classes, cfg.remat, key)
+        return build_model(cfg.model, image_shape, cfg.remat, key, num_classes=num_classes, text=text)
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps:
@@ -297,15 +408,19 @@ def main(cfg: Config) -> None:
         make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES
     )
     data_sharding = batch_sharding(mesh)
+    # A pretrained text tower and its encoded null: the step's frozen argument, laid out by size.
+    frozen = None if text is None else text.frozen()
+    frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size)
+    frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     train_step = make_train_step(
         prepare=functools.partial(
-            prepare, schedule=schedule, label_dropout=cfg.label_dropout, null_cond=null_cond_of(abstract.model, 1),
-            latent_scaling=latent_scaling,
+            prepare, schedule=schedule, cond_dropout=cfg.label_dropout if text is None else cfg.text_dropout,
+            null_cond=null_cond_of(abstract.model, 1), latent_scaling=latent_scaling,
         ),
         loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
         optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
-        grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision,
+        grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
     )  # fmt: skip
 
     # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
@@ -314,7 +429,7 @@ def main(cfg: Config) -> None:
     resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
     spec = batch_spec(source, cfg.batch_size)
     with ThreadPoolExecutor(1) as pool:
-        compiling = pool.submit(train_step.compile, abstract, spec)
+        compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
             state, _ = create_train_state(
                 make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
@@ -333,10 +448,15 @@ def main(cfg: Config) -> None:
     def write_samples(step: int, state) -> None:
         """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
         rows = num_classes or 10
-        labels = np.repeat(np.arange(rows, dtype=np.int32), 10) if num_classes else None  # one row per class
+        cond = np.repeat(np.arange(rows, dtype=np.int32), 10) if num_classes else None  # one row per class
+        null_cond = None  # the model's own (labels; a scratch tower's "")
+        if text is not None:  # one row per prompt
+            rows = len(sample_prompts)
+            cond, null_cond = text.sampling_condition(sample_prompts)
+            cond = jax.tree.map(lambda a: np.repeat(a, 10, axis=0), cond)
         out = generate(
-            state.ema, schedule, parameterization, labels, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
-            method=cfg.sample_method, cfg_scale=cfg.cfg_scale, seed=cfg.seed + step,
+            state.ema, schedule, parameterization, cond, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
+            method=cfg.sample_method, cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=cfg.seed + step,
         )  # fmt: skip
         if autoencoder is not None:
             out = decode_latents(autoencoder, out, mesh=mesh)
@@ -346,7 +466,8 @@ def main(cfg: Config) -> None:
 
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
-        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config)
+        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
+                      **text_config(cfg, text))  # fmt: skip
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
@@ -360,7 +481,7 @@ def main(cfg: Config) -> None:
     )  # fmt: skip
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
     peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
-    flops_per_device = step_flops(train_step, abstract, spec) / mesh.size  # XLA's cost analysis of the step
+    flops_per_device = step_flops(train_step, abstract, spec, frozen) / mesh.size  # XLA's cost analysis of the step
     with Prefetch(stream, to_global, depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
     ) as logger, checkpoints, StopRequest() as stop:
@@ -371,7 +492,7 @@ def main(cfg: Config) -> None:
             "startup/peak_source": peak_source,
         })  # fmt: skip
         train_loop(
-            cfg, state, train_step, batches, logger, start_step=start_step,
+            cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
             write_samples=write_samples, save_checkpoint=save_checkpoint, stop=stop,

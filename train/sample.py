@@ -2,12 +2,16 @@
 
     python train/sample.py --run_dir runs/digits --out samples.png
     python train/sample.py --run_dir runs/digits --num 1000 --out samples.npz --eval
+    python train/sample.py --run_dir runs/t2i --prompts "a 3 left of a 7" "nine then one" --cfg 4 --out grid.png
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
 `.npz` holds `images` (uint8 NHWC, the dataset's resolution and channels) and `labels`; for a
 run on latents (train/encode.py) also `latents` (as the model drew them, before decoding), and
-the images are decoded with the autoencoder the checkpoint names.
+the images are decoded with the autoencoder the checkpoint names. A text-to-image run samples
+`--per_prompt` images for each of `--prompts` (a grid row each; `.npz` adds `prompts`), guided
+against the null text the run trained with; a captioned_digits run without `--prompts` draws
+that dataset's prompts, and `--eval` scores both digits of each sample.
 """
 
 import argparse
@@ -18,10 +22,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from main import MODELS, Config, sigma_data, start_jax  # train/ is on sys.path when run as a script
+from main import Config, build_model, open_text, sigma_data, start_jax  # train/ is on sys.path when run as a script
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
+from eqxdiff.data.captioned_digits import captioned_digits_prompts
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import save_image_grid, to_uint8
@@ -35,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
+    parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
+    parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
     parser.add_argument("--method", default=None, choices=sorted(METHODS), help="sampler (default: the run's)")
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
     parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
@@ -45,8 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
-    if args.num < 1 or args.steps < 1:
-        parser.error("--num and --steps must be >= 1")
+    if args.num < 1 or args.steps < 1 or args.per_prompt < 1:
+        parser.error("--num, --steps and --per_prompt must be >= 1")
     return args
 
 
@@ -56,41 +63,60 @@ def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
 
 
 def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
-    """(EMA model, the run's Config, its stored config dict, the step) from a checkpoint, the model
-    rebuilt from the stored config and replicated over `mesh`; step < 0: the newest."""
+    """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
+    checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
+    newest."""
     with Checkpoints(Path(run_dir) / "checkpoints") as checkpoints:
         step = checkpoints.latest() if step < 0 else step
         if step is None:
             raise SystemExit(f"No checkpoint under {checkpoints.directory}: train first (train/main.py --run_dir ...).")
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+        text = None
+        if "text" in stored:  # the tower and null text the run trained with
+            t = stored["text"]
+            text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], mesh=mesh, min_size=2**62)
 
         def make_model(key):
-            return MODELS[cfg.model](tuple(stored["image_shape"]), stored["num_classes"], False, key)
+            shape, n = tuple(stored["image_shape"]), stored["num_classes"]
+            return build_model(cfg.model, shape, False, key, num_classes=n, text=text)
 
         # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
         optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
         abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
         state, _, _ = checkpoints.restore(step, abstract, shardings)
-    return state.ema, cfg, stored, step
+    return state.ema, cfg, stored, step, text
 
 
 def main(args: argparse.Namespace) -> None:
     start_jax(Config(cpu_devices=args.cpu_devices))
     mesh = make_mesh(data=-1, fsdp=1)
-    ema, cfg, stored, step = load_ema(args.run_dir, args.step, mesh)
+    ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
     image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
 
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
     if any(not 0 <= c < num_classes for c in classes):
         raise SystemExit(f"--classes must lie in 0..{num_classes - 1} for this run, got {args.classes!r}.")
     labels = balanced_labels(args.num, classes) if num_classes else None
+    cond, null_cond, prompts, digits = labels, None, None, None
+    if text is not None:
+        prompts = args.prompts
+        if prompts is None and cfg.dataset == "captioned_digits":
+            prompts, digits = captioned_digits_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
+            digits = np.repeat(digits, args.per_prompt, axis=0)
+        elif prompts is None:
+            raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
+        cond, null_cond = text.sampling_condition(list(prompts))
+        cond = jax.tree.map(lambda a: np.repeat(a, args.per_prompt, axis=0), cond)
+        args.num = len(prompts) * args.per_prompt
+    elif args.prompts:
+        raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
     autoencoder_spec = stored.get("autoencoder")  # runs on latents: the VAE their meta.json named
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder_spec is not None))
     images = generate(
-        ema, schedule_by_name(cfg.schedule), parameterization, labels,
+        ema, schedule_by_name(cfg.schedule), parameterization, cond,
         args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
-        cfg_scale=args.cfg, seed=args.seed,
+        cfg_scale=args.cfg, null_cond=null_cond, seed=args.seed,
     )  # fmt: skip
     latents = None
     if autoencoder_spec is not None:
@@ -99,18 +125,24 @@ def main(args: argparse.Namespace) -> None:
         out = Path(args.out)
         if out.suffix == ".png":
             per_class = args.num // len(classes) if labels is not None and args.num % len(classes) == 0 else 10
-            save_image_grid(out, images, ncols=min(per_class, 20), upscale=4)  # labels sorted: a row per class
+            per_row = args.per_prompt if prompts is not None else min(per_class, 20)
+            save_image_grid(out, images, ncols=per_row, upscale=4)  # labels sorted: a row per class (or prompt)
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             arrays = dict(images=to_uint8(images), labels=labels if labels is not None else np.zeros(0, np.int32))
+            if prompts is not None:
+                arrays["prompts"] = np.repeat(np.asarray(prompts, dtype=str), args.per_prompt)
             np.savez(out, **arrays, **({} if latents is None else {"latents": latents}))
         print(f"step {step}: {args.num} samples -> {out}")
-        if args.eval:
+        if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
+            from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
+        if args.eval and digits is not None:
+            scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
+            print("two digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()) + " (fraction classified as prompted)")
+        elif args.eval:
             dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
             if dataset != "digits" or labels is None:
                 raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + dataset)
-            from eqxdiff.eval import digits_sample_metrics, format_metrics
-
             print(format_metrics(digits_sample_metrics(to_uint8(images), labels)))  # scored as saved: clipped
 
 
