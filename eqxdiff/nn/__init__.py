@@ -11,7 +11,7 @@ from eqxdiff.nn.batched import Batched
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.layers import (
-    Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
+    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
@@ -19,7 +19,7 @@ from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "ConditionalModel", "Conv2d", "DiT", "DiTBlock", "Dense",
-    "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TimestepEmbedding",
-    "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "ConditionalModel", "Conv2d", "CrossAttention", "DiT",
+    "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth",
+    "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -1,14 +1,17 @@
 """Diffusion Transformer with adaLN-Zero blocks (Peebles & Xie 2023, "Scalable Diffusion
-Models with Transformers"), NHWC in and out. Initialised so the output is exactly zero."""
+Models with Transformers"), NHWC in and out. Initialised so the output is exactly zero.
+A text DiT (`context_dim > 0`) adds PixArt-α's cross-attention (Chen et al. 2023) to each block."""
+
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, Dense, Embedding, SelfAttention, TimestepEmbedding, layer_norm, normal, reinit,
-    sincos_pos_embed_2d, xavier_uniform, zero_init,
+    Conv2d, CrossAttention, Dense, Embedding, SelfAttention, TimestepEmbedding, layer_norm, normal, reinit,
+    sincos_pos_embed_2d, unpack_text_cond, xavier_uniform, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
 
@@ -22,14 +25,21 @@ def _modulate(
 
 class DiTBlock(eqx.Module):
     """x += gate·Attn(adaLN(x)); x += gate·MLP(adaLN(x)); the 6 modulations come from
-    SiLU(c) -> Dense, zero-initialised so the block starts as the identity (adaLN-Zero)."""
+    SiLU(c) -> Dense, zero-initialised so the block starts as the identity (adaLN-Zero).
+
+    With `context_dim > 0` (PixArt-α's block), between the two: x += CrossAttn(LN(x), context
+    [b, m, context_dim], mask [b, m]), LN without affine (the query projection absorbs it),
+    ungated as in PixArt-α, its out-proj zero-initialised so the block still starts as the
+    identity. Its key is folded from the block's, which leaves the rest of the init as without text.
+    """
 
     attn: SelfAttention
+    cross: CrossAttention | None
     fc1: Dense
     fc2: Dense
     ada: Dense
 
-    def __init__(self, hidden: int, num_heads: int, mlp_ratio: float, *, key: PRNGKeyArray):
+    def __init__(self, hidden: int, num_heads: int, mlp_ratio: float, *, context_dim: int = 0, key: PRNGKeyArray):
         k1, k2, k3, k4, k5 = jax.random.split(key, 5)
         attn = SelfAttention(hidden, num_heads, key=k1)
         self.attn = eqx.tree_at(
@@ -40,27 +50,57 @@ class DiTBlock(eqx.Module):
         self.fc1 = reinit(Dense(hidden, mlp, key=k4), xavier_uniform, key=k4)
         self.fc2 = reinit(Dense(mlp, hidden, key=k5), xavier_uniform, key=k5)
         self.ada = zero_init(Dense(hidden, 6 * hidden, key=k5))
+        self.cross = None
+        if context_dim:
+            kc, kq, kkv = jax.random.split(jax.random.fold_in(key, 1), 3)
+            cross = CrossAttention(hidden, context_dim, num_heads, key=kc)
+            self.cross = eqx.tree_at(
+                lambda a: (a.q, a.kv, a.proj), cross,
+                (reinit(cross.q, xavier_uniform, key=kq), reinit(cross.kv, xavier_uniform, key=kkv),
+                 zero_init(cross.proj)),
+            )  # fmt: skip
 
-    def __call__(self, x: Float[Array, "b n d"], c: Float[Array, "b d"]) -> Float[Array, "b n d"]:
+    def __call__(
+        self,
+        x: Float[Array, "b n d"],
+        c: Float[Array, "b d"],
+        *,
+        context: Float[Array, "b m e"] | None = None,
+        mask: Int[Array, "b m"] | Bool[Array, "b m"] | None = None,
+    ) -> Float[Array, "b n d"]:
+        if (context is None) != (self.cross is None):
+            has = "has cross-attention" if self.cross is not None else "was built with context_dim=0"
+            raise ValueError(f"DiTBlock: pass `context` exactly when the block has cross-attention; this one {has}")
         shift1, scale1, gate1, shift2, scale2, gate2 = jnp.split(self.ada(jax.nn.silu(c)), 6, axis=-1)
         x = x + gate1[:, None] * self.attn(_modulate(layer_norm(x), shift1, scale1))
+        if self.cross is not None:
+            x = x + self.cross(layer_norm(x), context, mask)
         mlp = self.fc2(jax.nn.gelu(self.fc1(_modulate(layer_norm(x), shift2, scale2)), approximate=True))
         return x + gate2[:, None] * mlp
 
 
 class DiT(eqx.Module):
     """`model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]` on `image_size`² images; `cond` is class
-    labels `int32[b]` (None: the null class) or None for `num_classes=0`.
+    labels `int32[b]` (None: the null class), None for an unconditional DiT, or for a text DiT
+    (`context_dim > 0`) the dict `{"context": f32[b, n, context_dim], "mask": int32[b, n]
+    (1 = token, 0 = padding), "pooled": f32[b, pooled_dim] (only when pooled_dim > 0)}`.
 
     Patchify (p×p stride-p conv) + fixed 2-D sin-cos positions (MAE), c = t_emb + y_emb
     (label table of num_classes + 1 rows, the last one null), `depth` adaLN-Zero blocks, a final
     adaLN + zero-init linear to p·p·c per token, unpatchify. Output is c channels (no learned
     sigma). DiT has no dropout, so `key` is accepted and unused.
+
+    Text (PixArt-α): the context goes through PixArt's caption projection (Dense -> GELU(tanh)
+    -> Dense to hidden_size, weights N(0, 0.02²)), then every block cross-attends to it (see
+    `DiTBlock`); `pooled` goes through a zero-initialised Dense(pooled_dim -> hidden_size) added
+    to the time embedding, so the adaLN modulations see it. One kind of condition per model.
     """
 
     patch_embed: Conv2d
     time_embed: TimestepEmbedding
     label_embed: Embedding | None
+    context_embed: tuple[Dense, Dense] | None
+    pooled_embed: Dense | None
     blocks: list[DiTBlock]
     final_ada: Dense
     final_linear: Dense
@@ -70,6 +110,8 @@ class DiT(eqx.Module):
     in_channels: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
     num_classes: int = eqx.field(static=True)
+    context_dim: int = eqx.field(static=True)
+    pooled_dim: int = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
 
     def __init__(
@@ -84,13 +126,22 @@ class DiT(eqx.Module):
         num_classes: int = 0,
         *,
         remat: bool = False,
+        context_dim: int = 0,
+        pooled_dim: int = 0,
         key: PRNGKeyArray,
     ):
         if image_size % patch_size:
             raise ValueError(f"DiT: image_size {image_size} is not divisible by patch_size {patch_size}")
+        if num_classes > 0 and (context_dim > 0 or pooled_dim > 0):
+            raise ValueError(
+                f"DiT: one kind of condition per model: num_classes={num_classes} (labels) or "
+                f"context_dim={context_dim}/pooled_dim={pooled_dim} (text), not both"
+            )
+        if pooled_dim > 0 and context_dim <= 0:
+            raise ValueError(f"DiT: pooled_dim={pooled_dim} needs a text context too (context_dim > 0)")
         self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
         self.hidden_size = hidden_size
-        self.num_classes, self.remat = num_classes, remat
+        self.num_classes, self.context_dim, self.pooled_dim, self.remat = num_classes, context_dim, pooled_dim, remat
 
         kp, kt, kt1, kt2, kl, kb, kf = jax.random.split(key, 7)
         p = patch_size
@@ -103,36 +154,57 @@ class DiT(eqx.Module):
         )  # fmt: skip
         # Row `num_classes` is the null label of classifier-free guidance.
         self.label_embed = Embedding(num_classes + 1, hidden_size, std=0.02, key=kl) if num_classes > 0 else None
-        self.blocks = [DiTBlock(hidden_size, num_heads, mlp_ratio, key=k) for k in jax.random.split(kb, depth)]
+        self.context_embed, self.pooled_embed = None, None
+        if context_dim:
+            # Text layers draw from a key folded from `key`: the other layers' init stays as without text.
+            kc1, kc2, kpool = jax.random.split(jax.random.fold_in(key, 1), 3)
+            fc1, fc2 = Dense(context_dim, hidden_size, key=kc1), Dense(hidden_size, hidden_size, key=kc2)
+            self.context_embed = (reinit(fc1, normal(0.02), key=kc1), reinit(fc2, normal(0.02), key=kc2))
+            self.pooled_embed = zero_init(Dense(pooled_dim, hidden_size, key=kpool)) if pooled_dim else None
+        block_context = hidden_size if context_dim else 0  # blocks attend to the projected context
+        self.blocks = [
+            DiTBlock(hidden_size, num_heads, mlp_ratio, context_dim=block_context, key=k)
+            for k in jax.random.split(kb, depth)
+        ]
         self.final_ada = zero_init(Dense(hidden_size, 2 * hidden_size, key=kf))
         self.final_linear = zero_init(Dense(hidden_size, p * p * in_channels, key=kf))
 
     def null_cond(self, batch_size: int) -> Int[Array, " b"] | None:
         """The "no class" condition of classifier-free guidance: label `num_classes` (the label
-        table's last row) for every example; None for an unconditional model."""
+        table's last row) for every example; None for an unconditional model.
+
+        None for a text model too: its null condition is the text encoder's output for "" (or
+        zeros), which depends on the encoder the run uses, not on the DiT, so the training
+        script builds it and passes it as `cond` (to condition dropout and guidance)."""
         return jnp.full((batch_size,), self.num_classes, jnp.int32) if self.num_classes else None
 
     @classmethod
     def small(
         cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, key: PRNGKeyArray,
+        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0, key: PRNGKeyArray,
     ) -> "DiT":  # fmt: skip
         """DiT-S/p: depth 12, hidden 384, 6 heads (≈33M params for S/2 at 32²×4, 1000 classes)."""
-        return cls(image_size, patch_size, in_channels, 384, 12, 6, 4.0, num_classes, remat=remat, key=key)
+        return cls(
+            image_size, patch_size, in_channels, 384, 12, 6, 4.0, num_classes,
+            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, key=key,
+        )  # fmt: skip
 
     @classmethod
     def base(
         cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, key: PRNGKeyArray,
+        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0, key: PRNGKeyArray,
     ) -> "DiT":  # fmt: skip
         """DiT-B/p: depth 12, hidden 768, 12 heads (≈130M params for B/2 at 32²×4, 1000 classes)."""
-        return cls(image_size, patch_size, in_channels, 768, 12, 12, 4.0, num_classes, remat=remat, key=key)
+        return cls(
+            image_size, patch_size, in_channels, 768, 12, 12, 4.0, num_classes,
+            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, key=key,
+        )  # fmt: skip
 
     def __call__(
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        cond: Int[Array, " b"] | None = None,
+        cond: Int[Array, " b"] | dict[str, Array] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -146,14 +218,23 @@ class DiT(eqx.Module):
         tokens = tokens + jnp.asarray(sincos_pos_embed_2d(self.hidden_size, g), tokens.dtype)
 
         emb = self.time_embed(t)
-        if self.label_embed is not None:
+        text: dict[str, Any] = {}  # the blocks' context and mask, for a text DiT
+        if self.context_embed is not None:
+            context, mask, pooled = unpack_text_cond(cond, b, self.context_dim, self.pooled_dim, "DiT")
+            fc1, fc2 = self.context_embed
+            text = {"context": fc2(jax.nn.gelu(fc1(context), approximate=True)), "mask": mask}
+            if self.pooled_embed is not None:
+                emb = emb + self.pooled_embed(pooled).astype(emb.dtype)
+        elif self.label_embed is not None:
+            if isinstance(cond, dict):
+                raise ValueError("A label DiT (num_classes > 0) takes int32[b] labels, got a dict (text?) condition.")
             labels = self.null_cond(b) if cond is None else cond
             emb = emb + self.label_embed(labels).astype(emb.dtype)
         elif cond is not None:
-            raise ValueError("A condition (labels) was given to an unconditional DiT (num_classes=0).")
+            raise ValueError("A condition was given to an unconditional DiT (num_classes=0, context_dim=0).")
 
         for blk in self.blocks:
-            tokens = checkpointed(blk, self.remat)(tokens, emb)
+            tokens = checkpointed(blk, self.remat)(tokens, emb, **text)
         shift, scale = jnp.split(self.final_ada(jax.nn.silu(emb)), 2, axis=-1)
         out = self.final_linear(_modulate(layer_norm(tokens), shift, scale))
         # Unpatchify: token (gi, gj) holds its p×p×c patch in (pi, pj, c) order.

@@ -6,13 +6,14 @@ normalisation statistics and the attention softmax are always computed in float3
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff import xla_cpu
 
@@ -174,6 +175,83 @@ class SelfAttention(eqx.Module):
         b, n, d = x.shape
         q, k, v = jnp.split(self.qkv(x).reshape(b, n, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
         return self.proj(jax.nn.dot_product_attention(q, k, v).reshape(b, n, d))
+
+
+class CrossAttention(eqx.Module):
+    """Multi-head cross-attention (Vaswani et al. 2017; the text conditioning of LDM, Rombach et
+    al. 2022): queries from tokens `x [b, n, dim]`, keys and values from a context
+    `[b, m, context_dim]`, `-> [b, n, dim]` through an output projection.
+
+    softmax(Q Kᵀ / sqrt(d_head)) V per head via `jax.nn.dot_product_attention` (logits and
+    softmax in float32, as `SelfAttention`). `mask [b, m]` (nonzero = attend, 0 = padding)
+    removes keys: a padded token's logit is replaced before the softmax, so its weight is exactly
+    0 and its value has no effect at all. A row whose mask is all zero attends to nothing and
+    reads zero (not softmax's uniform average over padding).
+    """
+
+    q: Dense
+    kv: Dense
+    proj: Dense
+    num_heads: int = eqx.field(static=True)
+
+    def __init__(self, dim: int, context_dim: int, num_heads: int, *, key: PRNGKeyArray):
+        if dim % num_heads:
+            raise ValueError(f"CrossAttention: dim {dim} is not divisible by num_heads {num_heads}")
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.q, self.kv = Dense(dim, dim, key=k1), Dense(context_dim, 2 * dim, key=k2)
+        self.proj, self.num_heads = Dense(dim, dim, key=k3), num_heads
+
+    def __call__(
+        self,
+        x: Float[Array, "b n d"],
+        context: Float[Array, "b m e"],
+        mask: Int[Array, "b m"] | Bool[Array, "b m"] | None = None,
+    ) -> Float[Array, "b n d"]:
+        b, n, d = x.shape
+        m, heads = context.shape[1], self.num_heads
+        q = self.q(x).reshape(b, n, heads, d // heads)
+        k, v = jnp.split(self.kv(context).reshape(b, m, 2 * heads, d // heads), 2, axis=2)
+        if mask is None:
+            out = jax.nn.dot_product_attention(q, k, v)
+        else:
+            keep = mask != 0
+            out = jax.nn.dot_product_attention(q, k, v, mask=jnp.broadcast_to(keep[:, None, None, :], (b, 1, n, m)))
+            out = jnp.where(keep.any(axis=-1)[:, None, None, None], out, jnp.zeros((), out.dtype))
+        return self.proj(out.reshape(b, n, d))
+
+
+def unpack_text_cond(
+    cond: Any, batch_size: int, context_dim: int, pooled_dim: int, model: str
+) -> tuple[Array, Array, Array | None]:
+    """Check a text-conditioned model's `cond` and return `(context [b, n, context_dim],
+    mask [b, n], pooled [b, pooled_dim] or None)`.
+
+    `cond` must be exactly `{"context": f32[b, n, context_dim], "mask": int32[b, n]}` (1 = token,
+    0 = padding), plus `"pooled": f32[b, pooled_dim]` when `pooled_dim > 0`. Runs at trace time:
+    a wrong condition raises before anything compiles.
+    """
+    want = ["context", "mask"] + (["pooled"] if pooled_dim else [])
+    config = f"{model}(context_dim={context_dim}, pooled_dim={pooled_dim})"
+    if cond is None:
+        raise ValueError(
+            f"{config} is text-conditioned and got cond=None. Pass the text condition, a dict with keys "
+            f"{want}; for 'no condition' (guidance, condition dropout) pass the run's null condition "
+            "(the text encoder's encoding of \"\", or zeros) - the model cannot make it: its null_cond() is None."
+        )
+    if not isinstance(cond, Mapping) or sorted(cond) != sorted(want):
+        got = sorted(cond) if isinstance(cond, Mapping) else type(cond).__name__
+        raise ValueError(f"{config} takes cond = a dict with keys {want} (no others); got {got}")
+    context, mask, pooled = cond["context"], cond["mask"], cond.get("pooled")
+    if context.ndim != 3 or context.shape[0] != batch_size or context.shape[2] != context_dim:
+        raise ValueError(f"{config}: cond['context'] must be [{batch_size}, n, {context_dim}]; got {context.shape}")
+    if mask.shape != context.shape[:2] or jnp.issubdtype(mask.dtype, jnp.floating):
+        raise ValueError(
+            f"{config}: cond['mask'] must be int32 (or bool) {context.shape[:2]}, 1 = token, 0 = padding; "
+            f"got {mask.dtype}{mask.shape}"
+        )
+    if pooled is not None and pooled.shape != (batch_size, pooled_dim):
+        raise ValueError(f"{config}: cond['pooled'] must be [{batch_size}, {pooled_dim}]; got {pooled.shape}")
+    return context, mask, pooled
 
 
 def timestep_embedding(t: Float[Array, " b"], dim: int, max_period: float = 10000.0) -> Float[Array, "b d"]:

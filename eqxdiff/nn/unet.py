@@ -2,19 +2,23 @@
 
 The topology follows FlaxDiff's `simple_unet.Unet` (0.2.x) so that `UNet.flaxdiff_simple`
 reproduces its parameter count exactly; the blocks themselves are ADM's (GroupNorm-SiLU-conv
-residual blocks with the embedding added, zero-initialised last convs).
+residual blocks with the embedding added, zero-initialised last convs). A text UNet
+(`context_dim > 0`) also cross-attends to a text context in its attention blocks (LDM, Rombach
+et al. 2022) and may add a pooled text vector to the time embedding.
 """
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, zero_init,
+    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
+    unpack_text_cond, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
 
@@ -63,28 +67,56 @@ class ResBlock(eqx.Module):
 
 
 class AttnBlock(eqx.Module):
-    """x + Attn(GN(x)) over the h*w pixels as tokens, `[b,h,w,c] -> [b,h,w,c]`; out-proj zero-init."""
+    """x + Attn(GN(x)) over the h*w pixels as tokens, `[b,h,w,c] -> [b,h,w,c]`; out-proj zero-init.
+
+    With `context_dim > 0` (a text UNet) the pixels then also attend to the text:
+    x + CrossAttn(LN(x), context [b, m, context_dim], mask [b, m]), LN per pixel without affine
+    (the query projection absorbs it), the cross-attention's out-proj zero-initialised too, so
+    the block still starts as the identity. Its key is folded from the block's, which leaves
+    the self-attention's init as without text.
+    """
 
     norm: GroupNorm
     attn: SelfAttention
+    cross: CrossAttention | None
 
-    def __init__(self, channels: int, groups: int, num_heads: int, *, key: PRNGKeyArray):
+    def __init__(self, channels: int, groups: int, num_heads: int, *, context_dim: int = 0, key: PRNGKeyArray):
         self.norm = GroupNorm(groups, channels)
         attn = SelfAttention(channels, num_heads, key=key)
         self.attn = eqx.tree_at(lambda a: a.proj, attn, zero_init(attn.proj))
+        self.cross = None
+        if context_dim:
+            cross = CrossAttention(channels, context_dim, num_heads, key=jax.random.fold_in(key, 1))
+            self.cross = eqx.tree_at(lambda a: a.proj, cross, zero_init(cross.proj))
 
     def __call__(
-        self, x: Float[Array, "b h w c"], emb: Float[Array, "b e"], *, key: PRNGKeyArray | None = None
+        self,
+        x: Float[Array, "b h w c"],
+        emb: Float[Array, "b e"],
+        *,
+        context: Float[Array, "b m d"] | None = None,
+        mask: Int[Array, "b m"] | Bool[Array, "b m"] | None = None,
+        key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
         # `emb` and `key` are unused: they give every block the same call signature.
+        if (context is None) != (self.cross is None):
+            has = "has cross-attention" if self.cross is not None else "was built with context_dim=0"
+            raise ValueError(f"AttnBlock: pass `context` exactly when the block has cross-attention; this one {has}")
         b, h, w, c = x.shape
         y = self.attn(self.norm(x).reshape(b, h * w, c)).reshape(b, h, w, c)
-        return x + y.astype(x.dtype)
+        x = x + y.astype(x.dtype)
+        if self.cross is None:
+            return x
+        tokens = x.reshape(b, h * w, c)
+        return (tokens + self.cross(layer_norm(tokens), context, mask).astype(x.dtype)).reshape(b, h, w, c)
 
 
 class UNet(eqx.Module):
-    """Time- and class-conditional UNet, `model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]`, where
-    `cond` is class labels `int32[b]` (None: the null class) or None for `num_classes=0`.
+    """Time- and class- or text-conditional UNet, `model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]`,
+    where `cond` is class labels `int32[b]` (None: the null class), None for an unconditional
+    UNet, or for a text UNet (`context_dim > 0`) the dict
+    `{"context": f32[b, n, context_dim], "mask": int32[b, n] (1 = token, 0 = padding),
+    "pooled": f32[b, pooled_dim] (only when pooled_dim > 0)}`.
 
     Layout (FlaxDiff's): conv_in to channels[0]; at level i, `num_res_blocks` blocks keep the
     incoming width (attention after the last one if i is in `attention_levels`), then a
@@ -94,10 +126,17 @@ class UNet(eqx.Module):
     then upsamples (nearest ×2 + conv to `upsample_channels[j]`, default: keep the width);
     a conv and one final block consume conv_in's skip; GN-SiLU-conv_out (zero-init).
     h and w must be divisible by 2**(len(channels)-1).
+
+    Text: every attention block also cross-attends to the context (see `AttnBlock`), so a text
+    UNet needs at least one attention level; `pooled` goes through a zero-initialised
+    Dense(pooled_dim -> emb_features) added to the time embedding (where labels are). At init
+    the output therefore does not depend on the text. One kind of condition per model: labels
+    or text.
     """
 
     time_embed: TimestepEmbedding
     label_embed: Embedding | None
+    pooled_embed: Dense | None
     conv_in: Conv2d
     down_blocks: list[list[ResBlock]]
     down_attn: list[AttnBlock | None]
@@ -114,6 +153,8 @@ class UNet(eqx.Module):
     in_channels: int = eqx.field(static=True)
     channels: tuple[int, ...] = eqx.field(static=True)
     num_classes: int = eqx.field(static=True)
+    context_dim: int = eqx.field(static=True)
+    pooled_dim: int = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
 
     def __init__(
@@ -132,17 +173,32 @@ class UNet(eqx.Module):
         scale_shift: bool = False,
         upsample_channels: Sequence[int] | None = None,
         remat: bool = False,
+        context_dim: int = 0,
+        pooled_dim: int = 0,
         key: PRNGKeyArray,
     ):
         channels, levels = tuple(channels), len(channels)
         if any(not 0 <= i < levels for i in attention_levels):
             raise ValueError(f"attention_levels {tuple(attention_levels)} must index channels {channels}")
+        if num_classes > 0 and (context_dim > 0 or pooled_dim > 0):
+            raise ValueError(
+                f"UNet: one kind of condition per model: num_classes={num_classes} (labels) or "
+                f"context_dim={context_dim}/pooled_dim={pooled_dim} (text), not both"
+            )
+        if pooled_dim > 0 and context_dim <= 0:
+            raise ValueError(f"UNet: pooled_dim={pooled_dim} needs a text context too (context_dim > 0)")
+        if context_dim > 0 and not attention_levels:
+            raise ValueError(
+                f"UNet: context_dim={context_dim} needs attention_levels (the text is read by the attention "
+                "blocks' cross-attention); got none, e.g. pass attention_levels=(len(channels) - 1,)"
+            )
         if upsample_channels is None:
             upsample_channels = tuple(reversed(channels[1:]))
         if len(upsample_channels) != levels - 1:
             raise ValueError(f"upsample_channels needs {levels - 1} entries, got {tuple(upsample_channels)}")
         # Only what __call__ reads is kept; the rest of the configuration is the module tree itself.
         self.in_channels, self.channels, self.num_classes, self.remat = in_channels, channels, num_classes, remat
+        self.context_dim, self.pooled_dim = context_dim, pooled_dim
         attention_levels, upsample_channels = tuple(attention_levels), tuple(upsample_channels)
 
         keys = (jax.random.fold_in(key, i) for i in itertools.count())  # one compile, any length
@@ -151,9 +207,14 @@ class UNet(eqx.Module):
             return ResBlock(cin, cout, emb_features, norm_groups, dropout, scale_shift, key=next(keys))
 
         def attn(c: int, on: bool) -> AttnBlock | None:
-            return AttnBlock(c, norm_groups, num_heads, key=next(keys)) if on else None
+            return AttnBlock(c, norm_groups, num_heads, context_dim=context_dim, key=next(keys)) if on else None
 
-        self.time_embed = TimestepEmbedding(emb_features, emb_features, key=next(keys))
+        time_key = next(keys)
+        self.time_embed = TimestepEmbedding(emb_features, emb_features, key=time_key)
+        # Zero-init: the pooled text starts with no effect. Its key is folded from the time
+        # embedding's, so the stream of every other layer stays as without text.
+        pooled = Dense(pooled_dim, emb_features, key=jax.random.fold_in(time_key, 1)) if pooled_dim else None
+        self.pooled_embed = None if pooled is None else zero_init(pooled)
         # Row `num_classes` is the null label of classifier-free guidance.
         self.label_embed = Embedding(num_classes + 1, emb_features, key=next(keys)) if num_classes > 0 else None
         self.conv_in = Conv2d(in_channels, channels[0], key=next(keys))
@@ -193,7 +254,11 @@ class UNet(eqx.Module):
 
     def null_cond(self, batch_size: int) -> Int[Array, " b"] | None:
         """The "no class" condition of classifier-free guidance: label `num_classes` (the label
-        table's last row) for every example; None for an unconditional model."""
+        table's last row) for every example; None for an unconditional model.
+
+        None for a text model too: its null condition is the text encoder's output for "" (or
+        zeros), which depends on the encoder the run uses, not on the UNet, so the training
+        script builds it and passes it as `cond` (to condition dropout and guidance)."""
         return jnp.full((batch_size,), self.num_classes, jnp.int32) if self.num_classes else None
 
     @classmethod
@@ -217,7 +282,7 @@ class UNet(eqx.Module):
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        cond: Int[Array, " b"] | None = None,
+        cond: Int[Array, " b"] | dict[str, Array] | None = None,
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -228,16 +293,25 @@ class UNet(eqx.Module):
                 f"UNet expects [b, h, w, {self.in_channels}] with h, w divisible by {factor}; got {x.shape}"
             )
         emb = self.time_embed(t)
-        if self.label_embed is not None:
+        text: dict[str, Any] = {}  # the attention blocks' context and mask, for a text UNet
+        if self.context_dim:
+            context, mask, pooled = unpack_text_cond(cond, b, self.context_dim, self.pooled_dim, "UNet")
+            text = {"context": context, "mask": mask}
+            if self.pooled_embed is not None:
+                emb = emb + self.pooled_embed(pooled).astype(emb.dtype)
+        elif self.label_embed is not None:
+            if isinstance(cond, dict):
+                raise ValueError("A label UNet (num_classes > 0) takes int32[b] labels, got a dict (text?) condition.")
             labels = self.null_cond(b) if cond is None else cond
             emb = emb + self.label_embed(labels).astype(emb.dtype)
         elif cond is not None:
-            raise ValueError("A condition (labels) was given to an unconditional UNet (num_classes=0).")
+            raise ValueError("A condition was given to an unconditional UNet (num_classes=0, context_dim=0).")
         emb = jax.nn.silu(emb)
 
         n_res = len(jax.tree.leaves(self, is_leaf=lambda m: isinstance(m, (ResBlock, AttnBlock))))
         keys = iter(jax.random.split(key, n_res) if key is not None else [None] * n_res)
         call = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys))  # noqa: E731
+        attend = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys), **text)  # noqa: E731
 
         hid = self.conv_in(x)
         skips = [hid]
@@ -245,19 +319,19 @@ class UNet(eqx.Module):
             for j, blk in enumerate(blocks):
                 hid = call(blk, hid)
                 if j == len(blocks) - 1 and self.down_attn[i] is not None:
-                    hid = call(self.down_attn[i], hid)
+                    hid = attend(self.down_attn[i], hid)
                 skips.append(hid)
             if i < len(self.downsample):
                 hid = self.downsample[i](hid)
         for first, attn, second in self.middle_blocks:
             hid = call(first, hid)
-            hid = hid if attn is None else call(attn, hid)
+            hid = hid if attn is None else attend(attn, hid)
             hid = call(second, hid)
         for i, blocks in enumerate(self.up_blocks):
             for blk in blocks:
                 hid = call(blk, jnp.concatenate([hid, skips.pop().astype(hid.dtype)], axis=-1))
             if self.up_attn[i] is not None:
-                hid = call(self.up_attn[i], hid)
+                hid = attend(self.up_attn[i], hid)
             if i < len(self.upsample):
                 hid = self.upsample[i](jnp.repeat(jnp.repeat(hid, 2, axis=1), 2, axis=2))
         hid = self.conv_mid_out(hid)

@@ -1,0 +1,177 @@
+"""Text conditioning: CrossAttention against a numpy reference, text UNet/DiT (zero-init text
+path, padding masked out, errors), gradients through remat, guidance over a text dict."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eqxdiff.diffusion import ClassifierFreeGuidance
+from eqxdiff.nn import DiT, UNet
+from eqxdiff.nn.layers import CrossAttention
+from eqxdiff.nn.remat import checkpointed
+
+B, N, CTX, POOLED = 2, 5, 12, 6
+KEY = jax.random.key(0)
+# Test data from numpy: eager jax.random on 3-/4-D shapes compiles slowly on CPU.
+RNG = np.random.default_rng(0)
+X = jnp.asarray(RNG.normal(size=(B, 8, 8, 1)), jnp.float32)
+T = jnp.array([0.3, 2.0])
+
+
+def text_cond(seed, mask=((1, 1, 1, 0, 0), (1, 1, 1, 1, 1))):
+    rng = np.random.default_rng(seed)
+    return {
+        "context": jnp.asarray(rng.normal(size=(B, N, CTX)), jnp.float32),
+        "mask": jnp.asarray(mask, jnp.int32),
+        "pooled": jnp.asarray(rng.normal(size=(B, POOLED)), jnp.float32),
+    }
+
+
+def perturbed(model, scale):
+    """Move every parameter off its (partly zero) init so every layer affects the output."""
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    rng = np.random.default_rng(42)  # numpy: eager jax.random would compile per shape
+    # Sums in numpy too: an eager jnp add compiles once per parameter shape.
+    params = jax.tree.map(lambda p: jnp.asarray(np.asarray(p) + scale * rng.normal(size=p.shape), p.dtype), params)
+    return eqx.combine(params, static)
+
+
+def with_cond_at(cond, name, index, value):
+    return cond | {name: cond[name].at[index].set(value)}
+
+
+# One text UNet (an attention block on the way down and up, no middle; remat, so the text also
+# travels through `checkpointed`) and one text DiT (depth 1), each compiled once for [2, 8, 8, 1]
+# and reused by every test below.
+UNET = UNet(
+    1, (16,), 1, (0,), 0, 16, norm_groups=4, num_heads=2, remat=True, context_dim=CTX, pooled_dim=POOLED, key=KEY
+)  # fmt: skip
+DIT = DiT(8, 2, 1, 32, 1, 4, context_dim=CTX, pooled_dim=POOLED, key=KEY)
+call = eqx.filter_jit(lambda m, x, t, cond: m(x, t, cond))
+
+
+def unet_text_projections(m):
+    """The zero-initialised layers through which the text enters the UNet."""
+    return m.down_attn[0].cross.proj, m.up_attn[0].cross.proj, m.pooled_embed
+
+
+def test_cross_attention_matches_numpy_reference_and_ignores_padding():
+    dim, heads, dh = 8, 2, 4
+    attn = perturbed(CrossAttention(dim, CTX, heads, key=KEY), 0.1)  # non-zero biases too
+    rng = np.random.default_rng(1)
+    x, ctx = rng.normal(size=(3, 4, dim)), rng.normal(size=(3, N, CTX))
+    mask = np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], np.int32)
+    as_f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    got = eqx.filter_jit(lambda a, *args: a(*args))(attn, as_f32(x), as_f32(ctx), jnp.asarray(mask))
+
+    w = jax.tree.map(lambda a: np.asarray(a, np.float64), attn)
+    q = (x @ w.q.weight + w.q.bias).reshape(3, 4, heads, dh)
+    kv = ctx @ w.kv.weight + w.kv.bias
+    k, v = kv[..., :dim].reshape(3, N, heads, dh), kv[..., dim:].reshape(3, N, heads, dh)
+    want = np.zeros((3, 4, heads, dh))
+    for i in range(2):  # row 2 has no token: it attends to nothing and reads zero
+        keep = mask[i] == 1
+        for h in range(heads):
+            logits = q[i, :, h] @ k[i, keep, h].T / np.sqrt(dh)
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            want[i, :, h] = (p / p.sum(-1, keepdims=True)) @ v[i, keep, h]
+    want = want.reshape(3, 4, dim) @ w.proj.weight + w.proj.bias
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_text_unet_reads_the_text_only_through_its_zero_initialised_projections():
+    # Every other layer perturbed (so the output is not trivially zero), the text projections as
+    # initialised: two very different conditions give the same output, bit for bit.
+    model = perturbed(UNET, 0.1)
+    init = unet_text_projections(UNET)
+    assert all(not np.any(leaf) for leaf in jax.tree.leaves(init))
+    at_init = eqx.tree_at(unet_text_projections, model, init)
+    a, b = text_cond(1), text_cond(2, mask=((1, 0, 0, 0, 0), (1, 1, 0, 0, 0)))
+    y = call(at_init, X, T, a)
+    assert float(jnp.abs(y).max()) > 1e-2
+    np.testing.assert_array_equal(y, call(at_init, X, T, b))
+    # With the projections perturbed too, the text matters; through the context and the pooled vector each.
+    y = call(model, X, T, a)
+    assert not np.allclose(y, call(model, X, T, b), atol=1e-4)
+    assert not np.allclose(y, call(model, X, T, a | {"pooled": b["pooled"]}), atol=1e-4)
+    assert not np.allclose(y, call(model, X, T, a | {"context": b["context"]}), atol=1e-4)
+
+
+@pytest.mark.parametrize("model", [UNET, DIT], ids=["unet", "dit"])
+def test_padded_tokens_have_no_effect_unpadded_ones_do(model):
+    model, cond = perturbed(model, 0.1), text_cond(3)
+    y = call(model, X, T, cond)
+    padded = with_cond_at(cond, "context", (0, slice(3, None)), 100.0)  # example 0's tokens 3, 4 are padding
+    np.testing.assert_allclose(call(model, X, T, padded), y, rtol=0, atol=1e-6)
+    token = with_cond_at(cond, "context", (0, 2), 1.0)
+    changed = np.asarray(call(model, X, T, token))
+    assert not np.allclose(changed[0], y[0], atol=1e-4)
+    np.testing.assert_allclose(changed[1], y[1], rtol=0, atol=1e-6)  # examples do not mix
+
+
+def test_dit_output_exactly_zero_at_init():
+    assert bool((call(DIT, X, T, text_cond(4)) == 0).all())
+
+
+@pytest.mark.parametrize("make", [UNet, DiT], ids=["unet", "dit"])
+def test_wrong_text_conditions_raise(make):
+    model = UNET if make is UNet else DIT
+    cond = text_cond(5)
+    with pytest.raises(ValueError, match="null condition"):
+        call(model, X, T, None)
+    with pytest.raises(ValueError, match=r"keys \['context', 'mask', 'pooled'\].*got \['context', 'mask'\]"):
+        call(model, X, T, {"context": cond["context"], "mask": cond["mask"]})
+    with pytest.raises(ValueError, match="keys"):
+        call(model, X, T, cond | {"extra": cond["pooled"]})
+    with pytest.raises(ValueError, match="keys"):
+        call(model, X, T, jnp.array([0, 1]))  # labels
+    with pytest.raises(ValueError, match=r"context.*\[2, n, 12\]"):
+        call(model, X, T, cond | {"context": cond["context"][..., :4]})
+    with pytest.raises(ValueError, match="mask"):
+        call(model, X, T, cond | {"mask": cond["mask"].astype(jnp.float32)})
+    assert model.null_cond(B) is None  # the run's encoder makes the null text, not the model
+    args = (1, (16,), 1, (0,)) if make is UNet else (8, 2, 1, 32, 1, 4)
+    with pytest.raises(ValueError, match="one kind of condition"):
+        make(*args, num_classes=3, context_dim=CTX, key=KEY)
+    with pytest.raises(ValueError, match="context_dim > 0"):
+        make(*args, pooled_dim=POOLED, key=KEY)
+
+
+def test_text_unet_without_attention_level_raises():
+    with pytest.raises(ValueError, match="attention_levels"):
+        UNet(1, (16,), 1, (), context_dim=CTX, key=KEY)
+
+
+def test_gradients_reach_cross_attention_through_remat_but_not_padding():
+    attn, mask = perturbed(DIT.blocks[0].cross, 0.1), text_cond(6)["mask"]  # the layer alone: a cheap compile
+    x, context = (jnp.asarray(RNG.normal(size=(B, n, 32)), jnp.float32) for n in (4, N))  # DiT width 32
+
+    @eqx.filter_jit
+    @eqx.filter_grad
+    def grads(attn_and_context):
+        layer, context = attn_and_context
+        return jnp.sum(checkpointed(layer, True)(x, context=context, mask=mask) ** 2)
+
+    g_attn, g_context = grads((attn, context))
+    for g in (g_attn.q.weight, g_attn.kv.weight, g_attn.proj.weight):
+        assert float(jnp.abs(g).max()) > 0
+    g_context = np.asarray(g_context)
+    assert np.abs(g_context[0, :3]).min() > 0 and np.abs(g_context[1]).min() > 0
+    np.testing.assert_array_equal(g_context[0, 3:], 0)  # example 0's tokens 3, 4 are padding
+
+
+def test_guidance_over_a_text_condition_with_a_one_row_null():
+    # b = 1 sample: the guided call's concatenated batch is [2, ...], the shape compiled above.
+    model, cond = perturbed(UNET, 0.1), jax.tree.map(lambda a: a[:1], text_cond(7))
+    # A null condition as a run might build it: one row, zeros with a single unmasked token.
+    null = {"context": jnp.zeros((1, N, CTX)), "mask": jnp.asarray([[1, 0, 0, 0, 0]]), "pooled": jnp.zeros((1, POOLED))}
+    denoiser = lambda x, sigma, c: call(model, x, jnp.full((x.shape[0],), sigma), c)  # noqa: E731
+    x, sigma, w = X[:1], jnp.float32(2.0), 3.0
+    guided = ClassifierFreeGuidance(denoiser, cond, w, null)(x, sigma)
+    twice = lambda c: jax.tree.map(lambda a: jnp.concatenate([a, a]), c)  # noqa: E731
+    d_cond = denoiser(twice(x), sigma, twice(cond))[:1]
+    d_null = denoiser(twice(x), sigma, twice(null))[:1]
+    assert not np.allclose(d_cond, d_null, atol=1e-4)
+    np.testing.assert_allclose(guided, d_null + w * (d_cond - d_null), rtol=1e-5, atol=1e-5)
