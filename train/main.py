@@ -46,8 +46,7 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid
-from eqxdiff.nn import CLIPTextModel, DiT, UNet, null_cond_of
-from eqxdiff.nn.text_conditioned import TextConditioned
+from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning, open_text_conditioning, tokenizer_folder
 from eqxdiff.training import (

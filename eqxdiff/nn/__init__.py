@@ -16,10 +16,11 @@ from eqxdiff.nn.layers import (
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.space_to_depth import SpaceToDepth
+from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "ConditionalModel", "Conv2d", "CrossAttention", "DiT",
-    "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth",
+    "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TextConditioned",
     "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip
