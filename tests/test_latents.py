@@ -1,6 +1,8 @@
 """Pre-encoded latents: SpaceToDepth against numpy, train/encode.py's shards and meta.json read
 back by LatentSource (digits through SpaceToDepth, the tiny AutoencoderKL fixture), resume after
-an interruption, refusals of mixed or incomplete folders, and the autoencoder specs."""
+an interruption, refusals of mixed or incomplete folders, and the autoencoder specs; captions
+(--text_encoder): token ids against the tokenizer, encoded text and the null against the tower
+run here, raw captions kept, missing captions and other text settings refused."""
 
 import hashlib
 import json
@@ -8,14 +10,21 @@ import shutil
 from pathlib import Path
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jaxtyping import install_import_hook
+from PIL import Image
+from safetensors.numpy import save_file
 
-from eqxdiff.data import ImageSource, open_source, stack_records
-from eqxdiff.data.latents import META, LatentSource, shard_name
-from eqxdiff.nn import AutoencoderKL, SpaceToDepth
+from eqxdiff.data import ImageSource, TokenizedSource, open_source, stack_records
+from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_tokenizer
+from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
+from eqxdiff.data.records import TextField
+from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
+from eqxdiff.nn.torch_weights import leaf_layouts
+from eqxdiff.text import load_tokenizer
 
 with install_import_hook("eqxdiff", "beartype.beartype"):  # conftest's hook does not list this module
     from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
@@ -200,3 +209,176 @@ def test_two_processes_write_the_same_shards_as_one(digits_latents, tmp_path):
     assert [p.name for p in shard_paths(out)] == names
     for name in [*names, META]:
         assert (out / name).read_bytes() == (digits_latents / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------- captions: tokens and encoded text (issue 12 §3)
+TOKENIZER = Path(__file__).parent / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids: bos 10512, eos = pad 10513
+TOWER_CONFIG = {
+    "model_type": "clip_text_model", "vocab_size": 10514, "max_position_embeddings": 16, "hidden_size": 32,
+    "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_act": "quick_gelu",
+    "eos_token_id": 10513,
+}  # fmt: skip
+CAPTIONS = {  # file stem -> its .txt (stored stripped); one longer than 16 tokens (truncated), one empty
+    "a": "a photo of a cat", "b": "  Ünïcode “quotes”, and punctuation!!\n", "c": "",
+    "d": "a very long caption that runs well past the sixteen positions of the tiny tower, so it is cut",
+    "e": "two dogs", "f": "a red square",
+}  # fmt: skip
+
+
+def random_transformers_folder(folder: Path) -> Path:
+    """A transformers CLIPTextModel folder of TOWER_CONFIG with random weights drawn in numpy (a random
+    CLIPTextModel.from_config takes seconds of small eager ops): config.json and model.safetensors, keys
+    "text_model." + our leaf names, each tensor in torch's layout (a Dense weight transposed: (out, in))."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(TOWER_CONFIG))
+    abstract = eqx.filter_eval_shape(CLIPTextModel.from_config, TOWER_CONFIG, key=jax.random.key(0))
+    leaves = [x for x in jax.tree.leaves(abstract) if isinstance(x, jax.ShapeDtypeStruct)]
+    rng, state = np.random.default_rng(7), {}
+    for (name, perm), leaf in zip(leaf_layouts(abstract).items(), leaves, strict=True):
+        ours = rng.normal(0, 0.2 if leaf.ndim == 2 else 0.1, leaf.shape)
+        ours += "layer_norm" in name and name.endswith(".weight")  # LayerNorm gains near 1
+        state[f"text_model.{name}"] = np.ascontiguousarray(np.transpose(ours, np.argsort(perm)), np.float32)
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+def captioned_folder(folder: Path, captions: dict[str, str]) -> Path:
+    """16×16 RGB PNGs, each with its caption in a .txt beside it."""
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    for stem, caption in captions.items():
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / f"{stem}.png")
+        (folder / f"{stem}.txt").write_text(caption, encoding="utf-8")
+    return folder
+
+
+def text_flags(images: Path, encoder: Path) -> list:
+    """The flags every text encode here shares: the folder's 6 images in 2 shards, one batch of 8."""
+    return ["--dataset", f"folder:{images}", "--image_size", 16, "--vae", "space_to_depth:2", "--shard_size", 4,
+            "--batch_size", 8, "--text_encoder", encoder]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def text_setup(tmp_path_factory) -> dict:
+    """An SD-like checkpoint folder (text_encoder/ with a random tower matching the tokenizer fixture's
+    vocabulary, tokenizer/ beside it), a captioned image folder, and its encode with --encode_text."""
+    root = tmp_path_factory.mktemp("text")
+    encoder = random_transformers_folder(root / "sd" / "text_encoder")
+    tower = CLIPTextModel.from_transformers(encoder)
+    shutil.copytree(TOKENIZER, root / "sd" / "tokenizer")
+    images = captioned_folder(root / "images", CAPTIONS)
+    out = root / "latents"
+    run_encode(out, *text_flags(images, encoder), "--encode_text")  # tokenizer: the one beside the encoder
+    return {"tower": tower, "encoder": encoder, "images": images, "out": out}
+
+
+@eqx.filter_jit
+def tower_outputs(tower: CLIPTextModel, ids, mask):
+    return tower(ids, mask)
+
+
+def within_float16(got: np.ndarray, want: np.ndarray) -> bool:
+    """float16 keeps 11 significant bits: within half a unit in the last place, plus float32 noise."""
+    error = np.abs(got.astype(np.float32) - want)
+    return got.dtype == np.float16 and bool(np.all(error <= np.abs(want) * 2**-11 + 1e-5))
+
+
+def test_encode_with_a_text_encoder_stores_tokens_and_the_encoded_captions(text_setup):
+    out, tower = text_setup["out"], text_setup["tower"]
+    latents = LatentSource(out, "latents:x")
+    n, d = 16, 32
+    # The raw caption is stored too, but declared only with captions=True: text cannot be batched.
+    assert {k: (f.shape, np.dtype(f.dtype).name) for k, f in latents.fields.items()} == {
+        "mean": ((8, 8, 12), "float16"), "logvar": ((8, 8, 12), "float16"), "input_ids": ((n,), "int32"),
+        "attention_mask": ((n,), "int32"), "context": ((n, d), "float16"), "pooled": ((d,), "float16"),
+    }  # fmt: skip
+    got = stack_records([latents[i] for i in range(len(latents))], latents.fields)
+    captions = [CAPTIONS[s].strip() for s in sorted(CAPTIONS)]  # the folder's order: sorted file names
+    ids, mask = load_tokenizer(TOKENIZER)([*captions, ""], n)  # the last row: the null's ""
+    np.testing.assert_array_equal(got["input_ids"], ids[:-1])
+    np.testing.assert_array_equal(got["attention_mask"], mask[:-1])
+    assert mask[3].all() and ids[3, -1] == 10513 and mask[2].sum() == 2  # truncated keeps eos; "" is bos, eos
+    hidden, pooled = (np.asarray(x) for x in tower_outputs(tower, ids, mask))
+    assert within_float16(got["context"], hidden[:-1]) and within_float16(got["pooled"], pooled[:-1])
+    assert np.abs(pooled).mean() > 0.1 and np.abs(pooled[0] - pooled[4]).max() > 0.1  # not degenerate
+    with_captions = LatentSource(out, "latents:x", captions=True)
+    assert isinstance(with_captions.fields["caption"], TextField)
+    assert [with_captions[i]["caption"] for i in range(len(latents))] == captions
+
+    text = latents.meta["text"]
+    null_file = out / text["null"]["file"]
+    assert text == {
+        "text_encoder": str(text_setup["encoder"].resolve()),
+        "weights_sha256": hashlib.sha256((text_setup["encoder"] / "model.safetensors").read_bytes()).hexdigest(),
+        "tokenizer": str((text_setup["encoder"].parent / "tokenizer").resolve()),
+        "tokenizer_sha256": tokenizer_files_sha256(TOKENIZER),  # by content: the copy hashes as the original
+        "max_length": n, "null_text": "empty", "encoded": True,
+        "null": {"file": "null_text.npz", "sha256": hashlib.sha256(null_file.read_bytes()).hexdigest()},
+    }  # fmt: skip
+    null = latents.text_null()
+    assert {k: (v.shape, v.dtype.name) for k, v in null.items()} == {
+        "context": ((1, n, d), "float32"), "mask": ((1, n), "int32"), "pooled": ((1, d), "float32")
+    }  # fmt: skip
+    np.testing.assert_array_equal(null["mask"], mask[-1:])
+    np.testing.assert_allclose(null["context"], hidden[-1:], atol=1e-5)
+    np.testing.assert_allclose(null["pooled"], pooled[-1:], atol=1e-5)
+    null_file.write_bytes(null_file.read_bytes()[:-1] + b"x")
+    with pytest.raises(ValueError, match="null_text.npz is not the file meta.json names"):
+        latents.text_null()
+    null_file.write_bytes(null_npz_bytes(null))  # the same arrays give the same bytes
+    assert latents.text_null() is not None
+
+
+def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_path):
+    images, encoder = text_setup["images"], text_setup["encoder"]
+    missing = tmp_path / "images"
+    shutil.copytree(images, missing)
+    (missing / "e.txt").unlink()
+    with pytest.raises(ValueError, match=r"No caption for image .*e\.png"):
+        run_encode(tmp_path / "refused", *text_flags(missing, encoder))
+    out = tmp_path / "tokens"
+    run_encode(out, *text_flags(missing, encoder), "--tokenizer", TOKENIZER, "--null_text", "zeros",
+               "--allow_uncaptioned")  # fmt: skip
+    latents = LatentSource(out, "latents:x")
+    assert list(latents.fields) == ["mean", "logvar", "input_ids", "attention_mask"]
+    full = LatentSource(text_setup["out"], "latents:x")
+    for i in range(len(latents)):  # e (index 4) lost its caption: the tokens of ""
+        want = full[2 if i == 4 else i]  # c (index 2) is ""
+        for name in ("input_ids", "attention_mask"):
+            np.testing.assert_array_equal(latents[i][name], want[name])
+    text = latents.meta["text"]
+    assert (text["tokenizer"], text["null_text"], text["encoded"]) == (str(TOKENIZER.resolve()), "zeros", False)
+    null = latents.text_null()
+    assert not null["context"].any() and not null["pooled"].any() and null["context"].shape == (1, 16, 32)
+    np.testing.assert_array_equal(null["mask"], full.text_null()["mask"])
+
+    copy = tmp_path / "copy"
+    shutil.copytree(text_setup["out"], copy)
+    with pytest.raises(SystemExit, match="another encode.*differs in fields, text"):
+        run_encode(copy, *text_flags(images, encoder))  # without --encode_text
+    with pytest.raises(SystemExit, match="another encode.*differs in text"):
+        run_encode(copy, *text_flags(images, encoder), "--encode_text", "--null_text", "zeros")
+    with pytest.raises(SystemExit, match="another encode.*differs in fields, text"):
+        run_encode(copy, *text_flags(images, encoder)[:-2])  # no text encoder at all
+    for flags in (["--encode_text"], ["--null_text", "zeros"], ["--tokenizer", TOKENIZER]):
+        with pytest.raises(SystemExit):  # argparse: "... only with --text_encoder DIR"
+            encode.parse_config(["--vae", "space_to_depth:2", "--out", str(copy), *map(str, flags)])
+
+
+def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_path, monkeypatch):
+    source = CaptionedDigitsSource(num_examples=100)  # the dataset's 20,000 examples would take seconds
+    monkeypatch.setattr(encode, "open_source", lambda spec, *args, **kwargs: source)
+    out = tmp_path / "latents"
+    run_encode(out, "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--shard_size", 64)
+    latents = LatentSource(out, "latents:x")
+    assert list(latents.fields) == ["mean", "logvar"] and latents.meta["fields"]["caption"] == {"dtype": "text"}
+    assert "text" not in latents.meta and latents.text_null() is None
+    with_captions = LatentSource(out, "latents:x", captions=True)
+    for i in (0, 1, len(source) - 1):
+        assert with_captions[i]["caption"] == source[i]["caption"]
+    # Tokenized again later, with any tokenizer: the records hold the text itself.
+    tokenized = TokenizedSource(with_captions, captioned_digits_tokenizer())
+    want, _ = captioned_digits_tokenizer()([source[1]["caption"]])
+    np.testing.assert_array_equal(tokenized[1]["input_ids"], want[0])
+    with pytest.raises(SystemExit, match="swap the digits"):
+        run_encode(tmp_path / "flipped", "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--hflip_copies")

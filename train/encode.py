@@ -3,18 +3,29 @@ and a meta.json that `--dataset latents:DIR` reads (the format: eqxdiff/data/lat
 
     python train/encode.py --dataset folder:~/data/pets --image_size 256 --vae ~/sd-vae --out ~/latents/pets
     python train/encode.py --dataset digits --vae space_to_depth:2 --out runs/digits_latents
+    python train/encode.py --dataset folder:~/data/pets --vae ~/sd/vae --text_encoder ~/sd/text_encoder \\
+        --encode_text --image_size 256 --out ~/latents/pets_text    # + the captions (a .txt beside each image)
 
 Every example of the source (with `--hflip_copies`, then every example mirrored: examples N..2N-1
 are 0..N-1 flipped left-right) is encoded to the posterior moments (mean, logvar, stored float16)
-with the source's other fields (label) kept as they are. The examples, in order, are cut into
-shards of `--shard_size`; shard k belongs to process k % process_count, which encodes it on its
-own devices (data-parallel over them) and writes it under a temporary name, renamed when
-complete. Run the same command again after an interruption: complete shards are skipped. Process
-0 writes meta.json once every shard exists; a folder holding another encode is refused.
+with the source's other fields (label; a captioned source's raw caption) kept as they are. With
+`--text_encoder DIR` (a transformers CLIP text folder) the source is read with its captions
+(`--allow_uncaptioned`: "" for an image without one), each tokenized on the host (`--tokenizer`,
+default the tokenizer/ folder beside DIR) and stored as input_ids and attention_mask;
+`--encode_text` also stores the tower's last hidden states ("context") and pooled vector, float16,
+encoded on the devices next to the VAE. The null condition of guidance (`--null_text`: the encoded
+"" or zeros) is written to null_text.npz beside meta.json.
+
+The examples, in order, are cut into shards of `--shard_size`; shard k belongs to process
+k % process_count, which encodes it on its own devices (data-parallel over them) and writes it
+under a temporary name, renamed when complete. Run the same command again after an interruption:
+complete shards are skipped. Process 0 writes meta.json once every shard exists; a folder holding
+another encode (other data, VAE or text settings) is refused.
 Multi-process flags as in train/main.py (`--coordinator`, `--num_processes`, `--process_id`).
 """
 
 import collections
+import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +38,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from eqxdiff.autoencoders import describe_autoencoder, open_autoencoder
+from eqxdiff.autoencoders import describe_autoencoder, open_autoencoder, sha256_file
 from eqxdiff.data import Prefetch, open_source
-from eqxdiff.data.latents import META, TMP_SUFFIX, fields_to_meta, record_bytes, shard_name, write_shard
+from eqxdiff.data.latents import (
+    META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
+    tokenizer_files_sha256, write_shard,
+)  # fmt: skip
 from eqxdiff.images import from_uint8
+from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.sharding import batch_sharding, make_mesh
+from eqxdiff.text.conditioning import NULL_TEXTS, SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
 from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
@@ -46,6 +62,11 @@ class Config:
     batch_size: int = 64  # global: every process encodes batch_size / num_processes at a time
     hflip_copies: bool = False  # also store every image mirrored left-right, as extra examples
     shard_size: int = 1024  # examples per shard file
+    text_encoder: str = ""  # a transformers CLIP text folder (SD's text_encoder/): store each caption's tokens
+    tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
+    encode_text: bool = False  # also store the encoded captions: hidden states and pooled vector, float16
+    null_text: str = "empty"  # the null condition stored in null_text.npz: the encoded "" | zeros
+    allow_uncaptioned: bool = False  # an image without a caption gets "" instead of stopping the encode
     cpu_devices: int = 0  # >0: simulate this many CPU devices
     compilation_cache_dir: str = ""
     coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
@@ -55,15 +76,26 @@ class Config:
 
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
-    parser = dataclass_parser(Config, __doc__, required=("vae", "out"))
+    parser = dataclass_parser(Config, __doc__, {"null_text": list(NULL_TEXTS)}, required=("vae", "out"))
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.shard_size < 1 or cfg.batch_size < 1:
         parser.error(f"--shard_size and --batch_size must be >= 1, got {cfg.shard_size} and {cfg.batch_size}")
+    text_flags = {"--tokenizer": cfg.tokenizer, "--encode_text": cfg.encode_text, "--null_text zeros":
+                  cfg.null_text != "empty", "--allow_uncaptioned": cfg.allow_uncaptioned}  # fmt: skip
+    given = [flag for flag, value in text_flags.items() if value]
+    if given and not cfg.text_encoder:
+        parser.error(f"{given[0]} applies to captions, which are read and tokenized only with --text_encoder DIR")
+    if cfg.text_encoder == SCRATCH:
+        parser.error(
+            "--text_encoder scratch is a tower trained with the model, which has nothing to store ahead of time: "
+            "encode without --text_encoder (a captioned dataset keeps its raw captions) and train with it"
+        )
     return cfg
 
 
-def plan_meta(cfg: Config, source, vae) -> dict:
-    """meta.json's content, known before anything is encoded (eqxdiff/data/latents.py lists the keys)."""
+def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, null_sha256: str = "") -> dict:
+    """meta.json's content, known before anything is encoded (eqxdiff/data/latents.py lists the keys);
+    `null_sha256`: of null_text.npz, with `text`."""
     images = jax.ShapeDtypeStruct((1, *source.image_shape), np.float32)
     try:  # shapes only: a size the VAE's factor does not divide, or other channels, fail here
         mean, _ = eqx.filter_eval_shape(type(vae).encode, vae, images)
@@ -72,20 +104,42 @@ def plan_meta(cfg: Config, source, vae) -> dict:
     latent = tuple(mean.shape[1:])
     latent_field = jax.ShapeDtypeStruct(latent, np.float16)
     fields = {"mean": latent_field, "logvar": latent_field, **{k: f for k, f in source.fields.items() if k != "image"}}
+    if text is not None:
+        tokens = jax.ShapeDtypeStruct((text.max_length,), np.int32)
+        fields |= {"input_ids": tokens, "attention_mask": tokens}
+        if cfg.encode_text:
+            width = text.encoder_width
+            fields |= {"context": jax.ShapeDtypeStruct((text.max_length, width), np.float16),
+                       "pooled": jax.ShapeDtypeStruct((width,), np.float16)}  # fmt: skip
     count = len(source) * (2 if cfg.hflip_copies else 1)
-    return {
+    meta = {
         "fields": fields_to_meta(fields), "vae": describe_autoencoder(cfg.vae),
         "scaling_factor": float(vae.scaling_factor), "shift_factor": float(vae.shift_factor),
         "latent_shape": list(latent), "count": count, "shard_size": cfg.shard_size,
         "num_shards": -(-count // cfg.shard_size), "num_classes": source.num_classes,
         "source": source.spec, "image_shape": list(source.image_shape), "hflip_copies": cfg.hflip_copies,
     }  # fmt: skip
+    if text is not None:  # no "text" key otherwise: encodes without text keep their bytes
+        resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
+        encoder, tokenizer = resolve(cfg.text_encoder), resolve(tokenizer_folder(cfg.text_encoder, cfg.tokenizer))
+        meta["text"] = {
+            "text_encoder": encoder, "weights_sha256": sha256_file(Path(encoder) / TEXT_WEIGHTS_FILE),
+            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(tokenizer),
+            "max_length": text.max_length, "null_text": text.null_text, "encoded": cfg.encode_text,
+            "null": {"file": NULL_FILE, "sha256": null_sha256},
+        }  # fmt: skip
+    return meta
 
 
 def identity(meta: dict) -> dict:
-    """What must agree for two encodes to share a folder: everything, the VAE by its weights
-    (or spec, when weightless) rather than by where its folder is."""
-    return {**meta, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"]}
+    """What must agree for two encodes to share a folder: everything, the VAE and the text side
+    by their weights and tokenizer files (or spec, when weightless) rather than by where their
+    folders are. The null's file hash is left out: it follows from the rest, and its last bits
+    may depend on the devices it was computed on."""
+    text = meta.get("text")
+    if text is not None:
+        text = {k: v for k, v in text.items() if k not in ("text_encoder", "tokenizer", "null")}
+    return {**meta, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
 
 
 def refuse_other_encode(out: Path, plan: dict) -> None:
@@ -104,8 +158,13 @@ def refuse_other_encode(out: Path, plan: dict) -> None:
 
 def write_json(path: Path, obj: dict) -> None:
     """Written whole or not at all (temporary file + rename)."""
+    write_bytes(path, json.dumps(obj, indent=1).encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Written whole or not at all (temporary file + rename)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_bytes(data)
     tmp.replace(path)
 
 
@@ -116,42 +175,71 @@ def read_example(source, g: int) -> dict:
     return {**example, "image": example["image"][:, ::-1]} if g >= n else example
 
 
-def host_batches(source, indices: list[int], batch_size: int, pool: ThreadPoolExecutor):
-    """(other fields, uint8 images padded to batch_size, rows) for consecutive runs of `indices`;
-    the padding repeats the last image so every batch has one shape (one compile)."""
+def host_batches(
+    source, indices: list[int], batch_size: int, pool: ThreadPoolExecutor, text: TextConditioning | None = None
+):
+    """(other fields, (uint8 images, tokens), rows) for consecutive runs of `indices`. With `text`, the
+    captions' tokens {"input_ids", "attention_mask"} (also kept in the other fields; else None). Images
+    and tokens are padded to batch_size by repeating the last row: every batch has one shape (one compile)."""
+    pad = lambda x: np.concatenate([x, np.repeat(x[-1:], batch_size - len(x), axis=0)])  # noqa: E731
     for start in range(0, len(indices), batch_size):
         examples = list(pool.map(lambda g: read_example(source, g), indices[start : start + batch_size]))
-        images = np.stack([e["image"] for e in examples])
-        rows = len(images)
-        images = np.concatenate([images, np.repeat(images[-1:], batch_size - rows, axis=0)])
+        images = pad(np.stack([e["image"] for e in examples]))
         others = [{k: v for k, v in e.items() if k != "image"} for e in examples]
-        yield others, images, rows
+        tokens = None
+        if text is not None:
+            tokens = text.tokens([e["caption"] for e in examples])
+            others = [{**o, **{k: v[i] for k, v in tokens.items()}} for i, o in enumerate(others)]
+            tokens = {k: pad(v) for k, v in tokens.items()}
+        yield others, (images, tokens), len(examples)
 
 
 @eqx.filter_jit
-def encode_uint8(vae, images):
-    """uint8 images -> float16 (mean, logvar), cast on device (half the bytes to copy back)."""
+def encode_uint8(vae, images, text_encoder=None, tokens: dict | None = None) -> dict:
+    """uint8 images -> float16 {"mean", "logvar"}; with a text tower, its tokens -> float16 "context"
+    (last hidden states) and "pooled". Cast on device: half the bytes to copy back."""
     mean, logvar = vae.encode(from_uint8(images))
-    return mean.astype(np.float16), logvar.astype(np.float16)
+    out = {"mean": mean, "logvar": logvar}
+    if text_encoder is not None:
+        out["context"], out["pooled"] = text_encoder(tokens["input_ids"], tokens["attention_mask"])
+    return {k: v.astype(np.float16) for k, v in out.items()}
+
+
+def open_text(cfg: Config, mesh) -> TextConditioning | None:
+    """The text side for --text_encoder DIR (the tower read into `mesh`'s layout), else None."""
+    if not cfg.text_encoder:
+        return None
+    return open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh)
 
 
 def main(cfg: Config) -> None:
     start_jax(cfg)
     out = Path(cfg.out).expanduser()
-    source = open_source(cfg.dataset, cfg.image_size)
+    captions = bool(cfg.text_encoder)
+    source = open_source(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
     if "image" not in source.fields:
         raise SystemExit(f"--dataset {cfg.dataset} has no image field to encode (fields: {sorted(source.fields)}).")
+    if cfg.hflip_copies and cfg.dataset == "captioned_digits":
+        raise SystemExit("--hflip_copies would swap the digits that captioned_digits' captions place left and right.")
     process, processes = jax.process_index(), jax.process_count()
     if cfg.batch_size % jax.device_count():
         raise SystemExit(f"--batch_size {cfg.batch_size} must be a multiple of the devices ({jax.device_count()}).")
     # Each process encodes its own shards on its own devices: no process waits for another until the end.
     mesh = make_mesh(devices=jax.local_devices())
     vae = open_autoencoder(cfg.vae, mesh=mesh)
-    plan = plan_meta(cfg, source, vae)
+    text = open_text(cfg, mesh)
+    null = None if text is None else null_npz_bytes(text.encoded_null())
+    plan = plan_meta(cfg, source, vae, text, "" if null is None else hashlib.sha256(null).hexdigest())
     out.mkdir(parents=True, exist_ok=True)
     refuse_other_encode(out, plan)
+    if null is not None and (out / NULL_FILE).is_file() and any((out / name).is_file() for name in (META, PLAN)):
+        null = (out / NULL_FILE).read_bytes()  # this encode's, resumed: keep the file meta.json names
+        plan["text"]["null"]["sha256"] = hashlib.sha256(null).hexdigest()
     if process == 0:
+        if null is not None:
+            write_bytes(out / NULL_FILE, null)
         write_json(out / PLAN, plan)
+    text_encoder = text.encoder if text is not None and cfg.encode_text else None
 
     num_shards, size = plan["num_shards"], cfg.shard_size
     mine = [k for k in range(num_shards) if k % processes == process]
@@ -161,17 +249,17 @@ def main(cfg: Config) -> None:
     shards = collections.deque((k, range(k * size, min((k + 1) * size, plan["count"]))) for k in pending)
     indices = [g for _, r in shards for g in r]
 
-    fields = {k: jax.ShapeDtypeStruct(tuple(f["shape"]), np.dtype(f["dtype"])) for k, f in plan["fields"].items()}
+    fields = fields_from_meta(plan["fields"])
     sharding = batch_sharding(mesh)
     records: list[bytes] = []
     bar = tqdm(total=len(indices), unit="img", desc="encode", disable=process != 0, smoothing=0.1)
     started = time.perf_counter()
 
-    def collect(others, rows, moments) -> None:
-        """Bring one batch's moments to the host; write every shard that is now complete."""
-        mean, logvar = (np.asarray(m)[:rows] for m in moments)
+    def collect(others, rows, encoded) -> None:
+        """Bring one batch's moments (and encoded text) to the host; write every shard that is now complete."""
+        encoded = {k: np.asarray(v)[:rows] for k, v in encoded.items()}
         for i, other in enumerate(others):
-            records.append(record_bytes({"mean": mean[i], "logvar": logvar[i], **other}, fields))
+            records.append(record_bytes({**{k: v[i] for k, v in encoded.items()}, **other}, fields))
         while shards and len(records) >= len(shards[0][1]):
             k, r = shards.popleft()
             write_shard(out, k, num_shards, records[: len(r)])
@@ -180,11 +268,12 @@ def main(cfg: Config) -> None:
 
     batch = cfg.batch_size // processes
     with ThreadPoolExecutor(8) as pool:
-        batches = host_batches(source, indices, batch, pool)
+        batches = host_batches(source, indices, batch, pool, text)
         with Prefetch(batches, lambda b: (b[0], jax.device_put(b[1], sharding), b[2]), depth=2) as device_batches:
             in_flight = collections.deque()  # one batch encodes while the previous one is collected
-            for others, images, rows in device_batches:
-                in_flight.append((others, rows, encode_uint8(vae, images)))
+            for others, (images, tokens), rows in device_batches:
+                tokens = None if text_encoder is None else tokens
+                in_flight.append((others, rows, encode_uint8(vae, images, text_encoder, tokens)))
                 if len(in_flight) > 1:
                     collect(*in_flight.popleft())
             while in_flight:
