@@ -20,7 +20,7 @@ CLIP-L/14 text tower is written as state_dict shapes and transformers' parameter
 full_size_shapes.json.
 
     /work/torchvenv/bin/python tools/make_reference_fixtures.py              # both
-    /work/torchvenv/bin/python tools/make_reference_fixtures.py --only clip  # or --only vae
+    /work/torchvenv/bin/python tools/make_reference_fixtures.py --only clip  # or --only vae, --only tokenizer
 """
 
 import argparse
@@ -254,13 +254,17 @@ def write_clip_fixtures() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["vae", "clip"], help="write one part's fixtures (default: both)")
+    parser.add_argument("--only", choices=["vae", "clip", "tokenizer"], help="write one part's fixtures (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.only in (None, "vae"):
         write_vae_fixtures()
     if args.only in (None, "clip"):
         write_clip_fixtures()
+    if args.only in (None, "tokenizer"):  # needs open_clip_torch, ftfy, wcwidth (tools/requirements.txt)
+        from make_tokenizer_fixtures import make_tokenizer_fixtures  # tools/ is on sys.path as the script's folder
+
+        make_tokenizer_fixtures()
 
 
 if __name__ == "__main__":
