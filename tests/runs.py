@@ -9,8 +9,11 @@ import threading
 import time
 from pathlib import Path
 
+import equinox as eqx
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from safetensors.numpy import save_file
 
 ROOT = Path(__file__).parent.parent
 # A tiny conditional UNet on digits: compiles in seconds, ~3 steps past each checkpoint per second.
@@ -125,3 +128,25 @@ def start_launcher(*args) -> Started:
 def kill_group(proc: Started) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every training process, like a lost node
     proc.finish(timeout=30)
+
+
+def random_clip_folder(folder: Path, config: dict, seed: int = 7) -> Path:
+    """A transformers CLIPTextModel folder of `config` with random weights drawn in numpy (a random
+    CLIPTextModel.from_config takes seconds of small eager ops): config.json and model.safetensors, keys
+    "text_model." + our leaf names, each tensor in torch's layout (a Dense weight transposed: (out, in)),
+    as SD's text_encoder/ holds them."""
+    from eqxdiff.nn import CLIPTextModel
+    from eqxdiff.nn.torch_weights import leaf_layouts
+
+    config = {"model_type": "clip_text_model", **config}
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    abstract = eqx.filter_eval_shape(CLIPTextModel.from_config, config, key=jax.random.key(0))
+    leaves = [x for x in jax.tree.leaves(abstract) if isinstance(x, jax.ShapeDtypeStruct)]
+    rng, state = np.random.default_rng(seed), {}
+    for (name, perm), leaf in zip(leaf_layouts(abstract).items(), leaves, strict=True):
+        ours = rng.normal(0, 0.2 if leaf.ndim == 2 else 0.1, leaf.shape)
+        ours += "layer_norm" in name and name.endswith(".weight")  # LayerNorm gains near 1
+        state[f"text_model.{name}"] = np.ascontiguousarray(np.transpose(ours, np.argsort(perm)), np.float32)
+    save_file(state, str(folder / "model.safetensors"))
+    return folder

@@ -247,3 +247,18 @@ def test_two_digit_accuracy_on_real_and_swapped_pairs():
     assert score["both"] >= 0.9, score
     with pytest.raises(ValueError, match=r"\(n, 8, 16, 1\)"):
         two_digit_accuracy(pairs[:, :, :8], digits)
+
+
+def test_caption_digits_reads_every_template_and_word_form():
+    from eqxdiff.data import caption_digits
+    from eqxdiff.data.captioned_digits import TEMPLATES, digits_caption
+
+    for template in range(len(TEMPLATES)):
+        for words in ((False, False), (True, False), (False, True), (True, True)):
+            for left, right in ((3, 7), (8, 0), (1, 9)):
+                assert caption_digits(digits_caption(left, right, template, *words)) == (left, right)
+    source = CaptionedDigitsSource(200)  # the dataset's own captions name its digits
+    assert all(caption_digits(source.caption(i)) == tuple(source.digits[i]) for i in range(200))
+    for bad in ("a 3 left of a", "a 3 left of a dog", "3 then 7 then 1"):
+        with pytest.raises(ValueError, match="not a captioned_digits caption"):
+            caption_digits(bad)

@@ -10,20 +10,17 @@ import shutil
 from pathlib import Path
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jaxtyping import install_import_hook
 from PIL import Image
-from safetensors.numpy import save_file
 
 from eqxdiff.data import ImageSource, TokenizedSource, open_source, stack_records
 from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_tokenizer
 from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
 from eqxdiff.data.records import TextField
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
-from eqxdiff.nn.torch_weights import leaf_layouts
 from eqxdiff.text import load_tokenizer
 
 with install_import_hook("eqxdiff", "beartype.beartype"):  # conftest's hook does not list this module
@@ -226,20 +223,7 @@ CAPTIONS = {  # file stem -> its .txt (stored stripped); one longer than 16 toke
 
 
 def random_transformers_folder(folder: Path) -> Path:
-    """A transformers CLIPTextModel folder of TOWER_CONFIG with random weights drawn in numpy (a random
-    CLIPTextModel.from_config takes seconds of small eager ops): config.json and model.safetensors, keys
-    "text_model." + our leaf names, each tensor in torch's layout (a Dense weight transposed: (out, in))."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(TOWER_CONFIG))
-    abstract = eqx.filter_eval_shape(CLIPTextModel.from_config, TOWER_CONFIG, key=jax.random.key(0))
-    leaves = [x for x in jax.tree.leaves(abstract) if isinstance(x, jax.ShapeDtypeStruct)]
-    rng, state = np.random.default_rng(7), {}
-    for (name, perm), leaf in zip(leaf_layouts(abstract).items(), leaves, strict=True):
-        ours = rng.normal(0, 0.2 if leaf.ndim == 2 else 0.1, leaf.shape)
-        ours += "layer_norm" in name and name.endswith(".weight")  # LayerNorm gains near 1
-        state[f"text_model.{name}"] = np.ascontiguousarray(np.transpose(ours, np.argsort(perm)), np.float32)
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
+    return runs.random_clip_folder(folder, TOWER_CONFIG)
 
 
 def captioned_folder(folder: Path, captions: dict[str, str]) -> Path:
@@ -382,3 +366,27 @@ def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_pat
     np.testing.assert_array_equal(tokenized[1]["input_ids"], want[0])
     with pytest.raises(SystemExit, match="swap the digits"):
         run_encode(tmp_path / "flipped", "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--hflip_copies")
+
+
+def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
+    """main.py on latents encoded with --encode_text: the tower and tokenizer of meta.json, no tower in
+    the step (only the stored null), the stored float16 context read as the condition."""
+    import main as train_main  # train/main.py
+    from eqxdiff.sharding import make_mesh
+
+    spec = f"latents:{text_setup['out']}"
+    source, mesh = open_source(spec), make_mesh(data=-1, fsdp=1)
+    text = train_main.text_conditioning(train_main.parse_config(["--dataset", spec]), source, mesh)
+    encoder = text_setup["encoder"].resolve()
+    assert text.specs == (str(encoder), str(encoder.parent / "tokenizer")) and text.encoder is not None
+    frozen = train_main.frozen_modules(text, source)
+    assert set(frozen) == {"null_cond"}  # captions encoded ahead of time: the step runs no tower
+    for name, value in source.text_null().items():
+        np.testing.assert_array_equal(frozen["null_cond"][name], value)
+    batch = stack_records([source[i] for i in range(2)], source.fields)
+    cond = train_main.condition(batch, frozen)
+    assert sorted(cond) == ["context", "mask", "pooled"] and cond["context"].dtype == jnp.float32
+    np.testing.assert_array_equal(cond["context"], batch["context"].astype(np.float32))
+    other = train_main.parse_config(["--dataset", spec, "--text_encoder", str(text_setup["images"])])
+    with pytest.raises(SystemExit, match="was encoded with"):
+        train_main.text_conditioning(other, source, mesh)

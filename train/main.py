@@ -120,9 +120,9 @@ class Config:
 # `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
 # wraps a one-example Equinox module).
 MODELS = {
-    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, text_levels((0, 1), cond), remat=remat, key=key, **cond),
+    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((0, 1), cond), **cond),
     # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, text_levels((0,), cond), norm_groups=4, remat=remat, key=key, **cond),
+    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((0,), cond), **cond),
     "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
     "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
     "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
@@ -147,19 +147,17 @@ CHOICES = {
 }
 
 
-def text_levels(levels: tuple[int, ...], cond: dict) -> tuple[int, ...]:
-    """The UNet levels with attention: `levels` for a text model (its cross-attention lives
-    there), none for a label or unconditional one."""
-    return levels if cond.get("context_dim") else ()
+def text_options(levels: tuple[int, ...], cond: dict) -> dict:
+    """What a text UNet adds: attention at `levels` (its cross-attention lives there) and a
+    position embedding (so "left of" in a caption can bind to places); nothing for labels."""
+    return dict(attention_levels=levels, position_embedding=True) if cond.get("context_dim") else {}
 
 
 # ---- where a batch of records meets the model, and the loss: edit these ----
 def condition(batch: dict, frozen: dict | None):
-    """The model's condition from a batch: class labels; caption tokens, encoded by the step's
-    frozen text tower when it has one (else the model's own tower reads them); captions encoded
-    ahead of time by train/encode.py; or None."""
-    if "label" in batch:
-        return batch["label"]
+    """The model's condition from a batch: captions encoded ahead of time by train/encode.py;
+    caption tokens, encoded by the step's frozen text tower when it has one (else the model's own
+    tower reads them); class labels; or None."""
     if "context" in batch:
         f32 = lambda name: batch[name].astype(jnp.float32)  # noqa: E731 — stored as float16
         return {"context": f32("context"), "mask": batch["attention_mask"], "pooled": f32("pooled")}
@@ -169,7 +167,7 @@ def condition(batch: dict, frozen: dict | None):
             return tokens
         hidden, pooled = frozen["text_encoder"](tokens["input_ids"], tokens["attention_mask"])
         return {"context": hidden, "mask": tokens["attention_mask"], "pooled": pooled}
-    return None
+    return batch.get("label")
 
 
 def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, schedule, cond_dropout: float, null_cond,
@@ -244,43 +242,68 @@ def latent_autoencoder(source, mesh) -> tuple:
     return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
 
 
-def text_conditioning(cfg: Config, mesh) -> TextConditioning | None:
+def wants_captions(cfg: Config) -> bool:
+    return bool(cfg.text_encoder) or cfg.dataset == "captioned_digits"
+
+
+def text_conditioning(cfg: Config, source, mesh) -> TextConditioning | None:
     """The run's text side (eqxdiff/text/conditioning.py), None for a run without captions: a
-    frozen CLIP tower from --text_encoder DIR, or a tower trained with the model ("scratch", the
-    default for captioned_digits, whose word-level tokenizer is built in)."""
-    tower = cfg.text_encoder or ("scratch" if cfg.dataset == "captioned_digits" else "")
+    frozen CLIP tower from --text_encoder DIR, the one latents were encoded with (their
+    meta.json), or a tower trained with the model ("scratch", the default for captioned_digits,
+    whose word-level tokenizer is built in)."""
+    encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
+    if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
+        if cfg.text_encoder and Path(cfg.text_encoder).expanduser().resolve() != Path(encoded["text_encoder"]):
+            raise SystemExit(f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
+                             f"{encoded['text_encoder']}; drop the flag to use that one.")  # fmt: skip
+        tower, tokenizer = encoded["text_encoder"], encoded["tokenizer"]
+    else:
+        tower = cfg.text_encoder or ("scratch" if cfg.dataset == "captioned_digits" else "")
+        builtin = tower == "scratch" and cfg.dataset == "captioned_digits"  # else a pretrained tower's own
+        tokenizer = cfg.tokenizer or ("captioned_digits" if builtin else "")
     if not tower:
         return None
-    tokenizer = cfg.tokenizer or ("captioned_digits" if cfg.dataset == "captioned_digits" else "")
     if tower == "scratch" and not tokenizer:
         raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
     return open_text(tower, tokenizer, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size)
 
 
 def open_text(tower: str, tokenizer: str, null_text: str, *, mesh, min_size: int) -> TextConditioning:
-    """`tokenizer` "captioned_digits" is that dataset's word-level tokenizer, else a folder."""
+    """`tower` "scratch" or a folder; `tokenizer` "captioned_digits" (that dataset's word-level
+    tokenizer), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
+    absolute specs, for checkpoints."""
     if tokenizer == "captioned_digits":
-        tokenizer = captioned_digits_tokenizer()
-    return open_text_conditioning(
+        tokenizer_spec, tokenizer = tokenizer, captioned_digits_tokenizer()
+    else:
+        tokenizer_spec = tokenizer = str(tokenizer_folder(tower, tokenizer).resolve())
+    text = open_text_conditioning(
         tower, tokenizer, null_text=null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh, min_size=min_size
     )
+    tower_spec = tower if tower == "scratch" else str(Path(tower).expanduser().resolve())
+    return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
 
 
-def text_config(cfg: Config, text: TextConditioning | None) -> dict:
+def frozen_modules(text: TextConditioning | None, source) -> dict | None:
+    """The step's frozen argument: a pretrained tower and its null condition (the one stored with
+    latents encoded by train/encode.py, else its encoded "" or zeros); only the null when the
+    captions were encoded ahead of time. None without a pretrained tower."""
+    if text is None or text.encoder is None:
+        return None
+    stored = source.text_null() if isinstance(source, LatentSource) else None
+    null = stored if stored is not None and source.meta["text"]["null_text"] == text.null_text else text.encoded_null()
+    if "context" in source.fields:
+        return {"null_cond": null}
+    return {"text_encoder": text.encoder, "null_cond": null}
+
+
+def text_config(text: TextConditioning | None) -> dict:
     """What a checkpoint stores of the run's text side, so train/sample.py rebuilds it: absolute
-    folders, the null text, the scratch tower's configuration."""
+    folders (or "scratch" / "captioned_digits"), the null text, the token count."""
     if text is None:
         return {}
-    resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
-    tower = cfg.text_encoder or "scratch"
-    if cfg.tokenizer:
-        tokenizer = resolve(cfg.tokenizer)
-    elif tower == "scratch":
-        tokenizer = "captioned_digits"
-    else:
-        tokenizer = str(tokenizer_folder(tower, ""))
-    return {"text": {"text_encoder": tower if tower == "scratch" else resolve(tower), "tokenizer": tokenizer,
-                     "null_text": text.null_text, "max_length": text.max_length}}  # fmt: skip
+    tower, tokenizer = text.specs
+    return {"text": {"text_encoder": tower, "tokenizer": tokenizer, "null_text": text.null_text,
+                     "max_length": text.max_length}}  # fmt: skip
 
 
 def default_prompts(cfg: Config, source) -> list[str]:
@@ -289,6 +312,8 @@ def default_prompts(cfg: Config, source) -> list[str]:
         return cfg.sample_prompts.split("|")
     if cfg.dataset == "captioned_digits":
         return captioned_digits_prompts(10, seed=0)[0]
+    if "caption" not in source.fields:
+        raise SystemExit(f"{cfg.dataset} holds no captions to draw sample prompts from: pass --sample_prompts 'a|b|...'.")
     return [str(source[i]["caption"]) for i in range(min(10, len(source)))]
 
 
@@ -381,13 +406,13 @@ def main(cfg: Config) -> None:
 
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
-    text = text_conditioning(cfg, mesh)  # None: a run without captions
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
-    source = open_source(cfg.dataset, cfg.image_size, captions=text is not None, allow_uncaptioned=cfg.allow_uncaptioned)
+    source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg), allow_uncaptioned=cfg.allow_uncaptioned)
+    text = text_conditioning(cfg, source, mesh)  # None: a run without captions
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     sample_prompts = None if text is None else default_prompts(cfg, source)
-    if text is not None:  # captions -> token ids as records are read, on the host
+    if text is not None and "caption" in source.fields:  # captions -> token ids as records are read, on the host
         source = TokenizedSource(source, text.tokenizer, text.max_length)
     autoencoder, latent_config = latent_autoencoder(source, mesh)
     latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
@@ -408,7 +433,7 @@ def main(cfg: Config) -> None:
     )
     data_sharding = batch_sharding(mesh)
     # A pretrained text tower and its encoded null: the step's frozen argument, laid out by size.
-    frozen = None if text is None else text.frozen()
+    frozen = frozen_modules(text, source)
     frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size)
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     train_step = make_train_step(
@@ -466,7 +491,7 @@ def main(cfg: Config) -> None:
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
-                      **text_config(cfg, text))  # fmt: skip
+                      **text_config(text))  # fmt: skip
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")

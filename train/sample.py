@@ -11,7 +11,8 @@ run on latents (train/encode.py) also `latents` (as the model drew them, before 
 the images are decoded with the autoencoder the checkpoint names. A text-to-image run samples
 `--per_prompt` images for each of `--prompts` (a grid row each; `.npz` adds `prompts`), guided
 against the null text the run trained with; a captioned_digits run without `--prompts` draws
-that dataset's prompts, and `--eval` scores both digits of each sample.
+that dataset's prompts, and `--eval` scores both digits of each sample (with `--prompts` too,
+when they are in that dataset's grammar).
 """
 
 import argparse
@@ -26,7 +27,7 @@ from main import Config, build_model, open_text, sigma_data, start_jax  # train/
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
-from eqxdiff.data.captioned_digits import captioned_digits_prompts
+from eqxdiff.data.captioned_digits import caption_digits, captioned_digits_prompts
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import save_image_grid, to_uint8
@@ -106,6 +107,11 @@ def main(args: argparse.Namespace) -> None:
             digits = np.repeat(digits, args.per_prompt, axis=0)
         elif prompts is None:
             raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
+        elif args.eval and cfg.dataset == "captioned_digits":  # the digits each prompt asks for
+            try:
+                digits = np.repeat(np.array([caption_digits(p) for p in prompts], np.int32), args.per_prompt, axis=0)
+            except ValueError as e:
+                raise SystemExit(f"--eval: {e}") from e
         cond, null_cond = text.sampling_condition(list(prompts))
         cond = jax.tree.map(lambda a: np.repeat(a, args.per_prompt, axis=0), cond)
         args.num = len(prompts) * args.per_prompt

@@ -1,6 +1,8 @@
 """Data for eqxdiff: record sources, per-process grain pipelines and the device prefetch thread."""
 
-from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_prompts, captioned_digits_tokenizer
+from eqxdiff.data.captioned_digits import (
+    CaptionedDigitsSource, caption_digits, captioned_digits_prompts, captioned_digits_tokenizer,
+)  # fmt: skip
 from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch
 from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records
@@ -15,6 +17,7 @@ __all__ = [
     "Source",
     "TextField",
     "TokenizedSource",
+    "caption_digits",
     "batch_spec",
     "batch_stream",
     "captioned_digits_prompts",

@@ -97,6 +97,19 @@ def captioned_digits_prompts(num: int, seed: int = 0) -> tuple[list[str], Int32[
     return prompts, digits
 
 
+def caption_digits(caption: str) -> tuple[int, int]:
+    """The (left, right) digits a caption of the grammar asks for: its two digits in the order written,
+    swapped by "right" or "after" ("a 7 right of a 3", "7 after 3": 3 on the left). A caption without
+    exactly two digits, or with words outside VOCAB, raises naming it."""
+    words = caption.lower().split()
+    unknown = [w for w in words if w not in VOCAB]
+    digits = [int(w) if w.isdigit() else NUMBER_WORDS.index(w) for w in words if w.isdigit() or w in NUMBER_WORDS]
+    if unknown or len(digits) != 2:
+        raise ValueError(f"{caption!r} is not a captioned_digits caption (two digits in its grammar: {TEMPLATES}).")
+    first, second = digits
+    return (second, first) if "right" in words or "after" in words else (first, second)
+
+
 def captioned_digits_tokenizer() -> TextTokenizer:
     """The word-level tokenizer of the grammar's VOCAB, MAX_LENGTH (8) positions (`word_tokenizer`)."""
     return word_tokenizer(VOCAB, MAX_LENGTH)

@@ -283,8 +283,9 @@ class TimestepEmbedding(eqx.Module):
         return self.fc2(jax.nn.silu(self.fc1(timestep_embedding(t, self.freq_dim))))
 
 
-def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
-    """Fixed 2-D sin-cos position embedding of MAE (He et al. 2022), `[grid*grid, dim]` numpy.
+def sincos_pos_embed_2d(dim: int, grid: int, grid_w: int | None = None) -> np.ndarray:
+    """Fixed 2-D sin-cos position embedding of MAE (He et al. 2022), `[grid*grid_w, dim]` numpy,
+    tokens in row-major order over a `grid` × `grid_w` grid (square when `grid_w` is None).
 
     Half the channels encode the row, half the column, each as [sin(p*ω), cos(p*ω)] with
     ω_i = 1 / 10000^(i / (dim/4)). Returned as numpy so it is a compile-time constant.
@@ -292,7 +293,8 @@ def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
     if dim % 4:
         raise ValueError(f"sincos_pos_embed_2d: dim {dim} must be divisible by 4")
     omega = 1.0 / 10000 ** (np.arange(dim // 4, dtype=np.float64) / (dim / 4))
-    gw, gh = np.meshgrid(np.arange(grid, dtype=np.float64), np.arange(grid, dtype=np.float64))
+    rows, cols = np.arange(grid, dtype=np.float64), np.arange(grid if grid_w is None else grid_w, dtype=np.float64)
+    gw, gh = np.meshgrid(cols, rows)
 
     def one_axis(pos: np.ndarray) -> np.ndarray:
         out = pos.reshape(-1)[:, None] * omega[None]

@@ -18,7 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
     Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
-    unpack_text_cond, zero_init,
+    sincos_pos_embed_2d, unpack_text_cond, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
 
@@ -70,10 +70,13 @@ class AttnBlock(eqx.Module):
     """x + Attn(GN(x)) over the h*w pixels as tokens, `[b,h,w,c] -> [b,h,w,c]`; out-proj zero-init.
 
     With `context_dim > 0` (a text UNet) the pixels then also attend to the text:
-    x + CrossAttn(LN(x), context [b, m, context_dim], mask [b, m]), LN per pixel without affine
-    (the query projection absorbs it), the cross-attention's out-proj zero-initialised too, so
-    the block still starts as the identity. Its key is folded from the block's, which leaves
-    the self-attention's init as without text.
+    x + CrossAttn(LN(x) + pos, context [b, m, context_dim], mask [b, m]), LN per pixel without
+    affine (the query projection absorbs it), the cross-attention's out-proj zero-initialised
+    too, so the block still starts as the identity. `pos` is the pixel's fixed 2-D sin-cos
+    position (MAE's): convolutions are translation-equivariant, so without it a shallow UNet has
+    almost no way to bind "left"/"right" in a caption to places (deep ones learn position from
+    the zero padding). Its key is folded from the block's, which leaves the self-attention's
+    init as without text.
     """
 
     norm: GroupNorm
@@ -108,7 +111,8 @@ class AttnBlock(eqx.Module):
         if self.cross is None:
             return x
         tokens = x.reshape(b, h * w, c)
-        return (tokens + self.cross(layer_norm(tokens), context, mask).astype(x.dtype)).reshape(b, h, w, c)
+        queries = layer_norm(tokens) + jnp.asarray(sincos_pos_embed_2d(c, h, w), tokens.dtype)
+        return (tokens + self.cross(queries, context, mask).astype(x.dtype)).reshape(b, h, w, c)
 
 
 class UNet(eqx.Module):
@@ -132,6 +136,10 @@ class UNet(eqx.Module):
     Dense(pooled_dim -> emb_features) added to the time embedding (where labels are). At init
     the output therefore does not depend on the text. One kind of condition per model: labels
     or text.
+
+    `position_embedding` adds MAE's fixed 2-D sin-cos position embedding to conv_in's output:
+    convolutions are translation-equivariant, so a shallow UNet otherwise knows where a pixel is
+    only from the zero padding, and a caption's "left of" has nothing to bind to.
     """
 
     time_embed: TimestepEmbedding
@@ -154,6 +162,7 @@ class UNet(eqx.Module):
     channels: tuple[int, ...] = eqx.field(static=True)
     num_classes: int = eqx.field(static=True)
     context_dim: int = eqx.field(static=True)
+    position_embedding: bool = eqx.field(static=True)
     pooled_dim: int = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
 
@@ -174,6 +183,7 @@ class UNet(eqx.Module):
         upsample_channels: Sequence[int] | None = None,
         remat: bool = False,
         context_dim: int = 0,
+        position_embedding: bool = False,
         pooled_dim: int = 0,
         key: PRNGKeyArray,
     ):
@@ -199,6 +209,9 @@ class UNet(eqx.Module):
         # Only what __call__ reads is kept; the rest of the configuration is the module tree itself.
         self.in_channels, self.channels, self.num_classes, self.remat = in_channels, channels, num_classes, remat
         self.context_dim, self.pooled_dim = context_dim, pooled_dim
+        if position_embedding and channels[0] % 4:
+            raise ValueError(f"position_embedding needs channels[0] divisible by 4 (sin-cos per axis), got {channels[0]}")
+        self.position_embedding = position_embedding
         attention_levels, upsample_channels = tuple(attention_levels), tuple(upsample_channels)
 
         keys = (jax.random.fold_in(key, i) for i in itertools.count())  # one compile, any length
@@ -314,6 +327,8 @@ class UNet(eqx.Module):
         attend = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys), **text)  # noqa: E731
 
         hid = self.conv_in(x)
+        if self.position_embedding:
+            hid = hid + jnp.asarray(sincos_pos_embed_2d(hid.shape[-1], h, w).reshape(h, w, -1), hid.dtype)
         skips = [hid]
         for i, blocks in enumerate(self.down_blocks):
             for j, blk in enumerate(blocks):

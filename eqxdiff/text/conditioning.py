@@ -38,6 +38,7 @@ class TextConditioning:
     null_text: str  # "empty" | "zeros"
     encoder: CLIPTextModel | None = None
     scratch_config: dict | None = None
+    specs: tuple[str, str] = ("", "")  # (tower, tokenizer) as a checkpoint names them, for the scripts
 
     def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
         """Captions -> {"input_ids", "attention_mask"}, int32[len(texts), max_length] each."""
@@ -52,13 +53,6 @@ class TextConditioning:
     @property
     def encoder_width(self) -> int:
         return self.encoder.final_layer_norm.weight.shape[-1]
-
-    def frozen(self) -> dict | None:
-        """The training step's frozen argument: the pretrained tower and the encoded null
-        condition (one row); None for a tower trained with the model."""
-        if self.encoder is None:
-            return None
-        return {"text_encoder": self.encoder, "null_cond": self.encoded_null()}
 
     def encoded_null(self) -> dict:
         """{"context": f32[1,n,d], "mask": int32[1,n], "pooled": f32[1,d]}: "" encoded, or zeros."""

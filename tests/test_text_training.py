@@ -1,0 +1,55 @@
+"""Text-to-image end to end: train/main.py on captions -> train/sample.py --prompts --eval, with a frozen
+pretrained CLIP tower read from a transformers folder (a random one here: nothing downloads) in SD's layout.
+A tower trained from scratch (captioned_digits' default) runs end to end in notebooks/text_to_image.ipynb."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.text import load_tokenizer
+from runs import ROOT, metric_rows, random_clip_folder, run
+
+TOKENIZER = ROOT / "tests" / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids, CLIP's real first merges
+SMOKE = ["--model", "unet_tiny", "--batch_size", 16, "--log_every", 1, "--sample_steps", 1, "--wandb", "disabled"]
+
+
+def stored_config(run_dir: Path) -> dict:
+    """The config the newest checkpoint stores (what sample.py rebuilds the run from)."""
+    with Checkpoints(run_dir / "checkpoints") as checkpoints:
+        return checkpoints.restore_config(checkpoints.latest())
+
+
+@pytest.mark.slow
+def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path):
+    """SD's layout: text_encoder/ with tokenizer/ beside it (found without --tokenizer); captioned_digits'
+    captions through CLIP's BPE; the zeros null; a grid row per prompt; prompts scored by the digits
+    classifier on each half."""
+    tokenizer = load_tokenizer(TOKENIZER)
+    config = dict(vocab_size=tokenizer.tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=37,
+                  num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16,
+                  eos_token_id=int(tokenizer([""])[0][0, 1]))  # fmt: skip
+    tower = random_clip_folder(tmp_path / "sd" / "text_encoder", config)
+    shutil.copytree(TOKENIZER, tmp_path / "sd" / "tokenizer")
+
+    run_dir = tmp_path / "run"
+    run("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--text_encoder", tower, "--null_text",
+        "zeros", "--steps", 2, "--sample_every", 2, *SMOKE)  # fmt: skip
+    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
+    with Image.open(run_dir / "samples" / "step_000002.png") as grid:
+        assert grid.size == ((10 * 17 + 1) * 4, (10 * 9 + 1) * 4)  # 10 prompts × 10 samples of 8×16
+    assert stored_config(run_dir)["text"] == {
+        "text_encoder": str(tower.resolve()), "tokenizer": str((tmp_path / "sd" / "tokenizer").resolve()),
+        "null_text": "zeros", "max_length": 16,
+    }  # fmt: skip
+
+    prompts = ["a 3 left of a 7", "nine then one"]
+    result = run("sample.py", "--run_dir", run_dir, "--prompts", *prompts, "--per_prompt", 3, "--steps", 1, "--cfg",
+                 3, "--out", tmp_path / "s.npz", "--eval")  # fmt: skip
+    assert "two digits: left" in result.stdout  # (3, 7) and (9, 1), read from the prompts
+    with np.load(tmp_path / "s.npz") as saved:
+        assert saved["images"].shape == (6, 8, 16, 1)
+        assert list(saved["prompts"]) == [p for p in prompts for _ in range(3)]
