@@ -23,8 +23,10 @@ from eqxdiff.training.step import TrainStep
 assert jax.default_backend() == "cpu"  # the workarounds under test apply on CPU only
 
 
-def tiny_unet(key, remat=False):
-    return UNet(3, (8, 16), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, remat=remat, key=key)
+def one_level_unet(key, remat=False):
+    # Every block kind the switch reaches (convs, ResBlocks with and without a 1x1 skip under
+    # remat) in fewer programs to compile; a second level adds only more of the same Conv2d.
+    return UNet(3, (8,), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, remat=remat, key=key)
 
 
 def tiny_dit(key, remat=False):
@@ -35,7 +37,8 @@ def perturbed(model, scale=0.1):
     """Every parameter moved off its (partly zero) init, so outputs and gradients are not 0."""
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)
-    params = jax.tree.map(lambda p: p + jnp.asarray(scale * rng.normal(size=p.shape), p.dtype), params)
+    # numpy, not eager jnp: an eager add compiles one program per parameter shape.
+    params = jax.tree.map(lambda p: jnp.asarray(np.asarray(p) + (scale * rng.normal(size=p.shape)).astype(p.dtype)), params)
     return eqx.combine(params, static)
 
 
@@ -58,7 +61,7 @@ def test_switch_is_on_in_tests_and_disabled_restores_it():
     assert xla_cpu.enabled() and xla_cpu.on_cpu()
 
 
-@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
+@pytest.mark.parametrize("make", [one_level_unet, tiny_dit], ids=["unet", "dit"])
 def test_jvp_through_models_works_only_with_the_workarounds_off(make):
     model = perturbed(make(jax.random.key(0), remat=True))
     tangent = jnp.asarray(np.random.default_rng(1).normal(size=X.shape), jnp.float32)
@@ -100,12 +103,13 @@ def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, str
     assert uses_custom_vjp(functools.partial(loss, conv2d), x, w)  # the matmul rule is under test
     with xla_cpu.disabled():
         assert not uses_custom_vjp(functools.partial(loss, conv2d), x, w)
-    got = jax.grad(functools.partial(loss, conv2d), (0, 1))(x, w)
-    want = jax.grad(functools.partial(loss, plain), (0, 1))(x, w)
+    # Jitted: op by op, every slice and matmul of the rule would compile on its own.
+    got = jax.jit(jax.grad(functools.partial(loss, conv2d), (0, 1)))(x, w)
+    want = jax.jit(jax.grad(functools.partial(loss, plain), (0, 1)))(x, w)
     for g, r in zip(got, want):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-4)
     # bf16 in, bf16 gradients out (accumulated in float32).
-    gx, gw = jax.grad(functools.partial(loss, conv2d), (0, 1))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
+    gx, gw = jax.jit(jax.grad(functools.partial(loss, conv2d), (0, 1)))(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
     assert gx.dtype == gw.dtype == jnp.bfloat16
     np.testing.assert_allclose(gw.astype(jnp.float32), want[1], rtol=0.05, atol=0.05 * float(jnp.abs(want[1]).max()))
 
@@ -114,8 +118,8 @@ def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, str
 def test_remat_gradients_with_the_workarounds_match_plain_autodiff():
     # Reference: no remat, workarounds off (plain lax convs, plain autodiff; remat with them off
     # is plain eqx.filter_checkpoint).
-    model = perturbed(tiny_unet(jax.random.key(0)))
-    remat = jax.tree.unflatten(jax.tree.structure(tiny_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model))
+    model = perturbed(one_level_unet(jax.random.key(0)))
+    remat = jax.tree.unflatten(jax.tree.structure(one_level_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model))
 
     def grads(m):
         return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(m)
@@ -156,8 +160,11 @@ def test_remat_block_dependency_is_added_only_when_on_and_keeps_input_gradients_
         jax.jvp(loss, (x,), (x,))
 
 
-@pytest.mark.parametrize("shape", [(7,), (17, 33), (3, 3, 4, 5)])
-@pytest.mark.parametrize("normal", [False, True])
+# 1-D and 2-D draws of both kinds; one 4-D draw (a conv kernel's, uniform as torch_uniform
+# draws it), since a 4-D jax.random draw alone takes seconds to compile on XLA:CPU.
+@pytest.mark.parametrize(
+    "shape, normal", [((7,), False), ((7,), True), ((17, 33), False), ((17, 33), True), ((3, 3, 4, 5), False)]
+)
 def test_padded_draws_are_bitwise_plain_jax_random_draws(shape, normal):
     # threefry_partitionable: element i of a draw depends on the key and i only, not the shape.
     assert jax.config.jax_threefry_partitionable
@@ -170,10 +177,6 @@ def test_padded_draws_are_bitwise_plain_jax_random_draws(shape, normal):
     # The padded length does not change the values either.
     short, long = (np.asarray(xla_cpu._flat(key, n, jnp.bool_(normal), jnp.float32(1.0))) for n in (1024, 8192))
     np.testing.assert_array_equal(short, long[:1024])
-
-
-def one_level_unet(key):
-    return UNet(3, (8,), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, key=key)  # fewer shapes to compile
 
 
 @pytest.mark.slow
