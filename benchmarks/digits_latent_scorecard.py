@@ -1,12 +1,15 @@
 """The default digits job in pixel space and in latent spaces, scored with the same scorecard.
 
     python benchmarks/digits_latent_scorecard.py --out /tmp/latent_scorecard.json [--steps 600] [--factors 1,2]
+        [--small_model unet_flat]
 
 The latent spaces are `space_to_depth:F` (8×8×1 digits -> (8/F)×(8/F)×F² latents; the decode is
 exact), so a gap in the scores is the diffusion model's, not the autoencoder's. F = 1 stores the
 images themselves (as float16) and runs the whole latent path (encode, posterior draw, scaling,
 decode): its scores must be the pixel job's. F = 2 is a real 4× spatial compression: the same
-UNet then sees 4×4 latents. Every run is the default job (`python train/main.py`, same seed,
+UNet then sees 4×4 latents, and is
+scored again as `--small_model` (default `unet_flat`, one level of 128 channels: a model for
+inputs that small). Every run is the default job (`python train/main.py`, same seed,
 steps and flags) with σ_data = 0.5 (these latents are the pixels rearranged, std unchanged);
 each is sampled with `train/sample.py --num 500 --cfg 1` (no guidance, 50 per class) and scored
 by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: per space, the scorecard, train wall time
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--factors", default="1,2", help="space_to_depth factors, comma-separated")
+    parser.add_argument("--small_model", default="unet_flat", help="also train F >= 2 latents with this model ('' : no)")
     args = parser.parse_args()
     result = {"steps": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,6 +62,10 @@ def main() -> None:
             script("encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents)
             flags = ["--dataset", f"latents:{latents}", "--sigma_data", 0.5]
             result[f"space_to_depth:{factor}"] = train_and_score(tmp / f"run_{factor}", args.steps, flags)
+            if factor >= 2 and args.small_model:
+                result[f"space_to_depth:{factor} {args.small_model}"] = train_and_score(
+                    tmp / f"run_{factor}_{args.small_model}", args.steps, [*flags, "--model", args.small_model]
+                )
     Path(args.out).write_text(json.dumps(result, indent=1))
     for space, r in result.items():
         if space != "steps":

@@ -222,6 +222,20 @@ def test_too_many_tokens_and_bad_hidden_layer_raise():
         clip(ids[:, :4], hidden_layer=3)
 
 
+def test_causal_false_lets_the_first_token_read_the_last():
+    """CLIP is causal: a later token never changes an earlier state. A scratch tower built with
+    causal=False reads both ways (its first digit must see "then" or "after")."""
+    ids = np.array([[5, 7, 9, 3], [5, 7, 9, 4]], np.int32)  # differ in the last token only
+    for causal in (True, False):
+        clip = CLIPTextModel.from_config(dict(SD_LIKE, eos_token_id=3), key=jax.random.key(0), causal=causal)
+        hidden, _ = clip(ids)
+        first_changed = np.abs(np.asarray(hidden[0, :3] - hidden[1, :3])).max(axis=-1)
+        if causal:  # equal up to summation order
+            assert first_changed.max() < 1e-5, first_changed
+        else:
+            assert first_changed.min() > 1e-3, first_changed
+
+
 def test_a_plain_pytree_of_arrays_passed_to_jit():
     """The frozen tower is an argument of a jitted step: every leaf an f32 array, nothing baked in."""
     clip, ref = load("sd_like"), reference("sd_like")

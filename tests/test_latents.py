@@ -373,13 +373,14 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
     the step (only the stored null), the stored float16 context read as the condition."""
     import main as train_main  # train/main.py
     from eqxdiff.sharding import make_mesh
+    from eqxdiff.text.run_text import frozen_modules
 
     spec = f"latents:{text_setup['out']}"
     source, mesh = open_source(spec), make_mesh(data=-1, fsdp=1)
     text = train_main.text_conditioning(train_main.parse_config(["--dataset", spec]), source, mesh)
     encoder = text_setup["encoder"].resolve()
     assert text.specs == (str(encoder), str(encoder.parent / "tokenizer")) and text.encoder is not None
-    frozen = train_main.frozen_modules(text, source)
+    frozen = frozen_modules(text, source)
     assert set(frozen) == {"null_cond"}  # captions encoded ahead of time: the step runs no tower
     for name, value in source.text_null().items():
         np.testing.assert_array_equal(frozen["null_cond"][name], value)

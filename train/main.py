@@ -31,7 +31,6 @@ from eqxdiff import xla_cpu
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position, open_source
-from eqxdiff.data.captioned_digits import captioned_digits_prompts, captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import (
     METHODS,
@@ -48,7 +47,8 @@ from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid
 from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
-from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning, open_text_conditioning, tokenizer_folder
+from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning
+from eqxdiff.text.run_text import frozen_modules, run_text, sample_prompts, text_config, wants_captions
 from eqxdiff.training import (
     PRECISIONS,
     LogWindow,
@@ -123,6 +123,8 @@ MODELS = {
     "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((0, 1), cond), **cond),
     # One level: every path of this script in a step that compiles in half the time of two levels.
     "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((0,), cond), **cond),
+    # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
+    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), cond), **cond),
     "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
     "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
     "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
@@ -131,6 +133,7 @@ MODELS = {
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
 # from the tokenizer).
 SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
+SCRATCH_TEXT_CAUSAL = False  # each word also reads the later ones: in "3 then 7" the "3" sees "then"
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
 # parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
 SHARDING_RULES = [
@@ -242,79 +245,11 @@ def latent_autoencoder(source, mesh) -> tuple:
     return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
 
 
-def wants_captions(cfg: Config) -> bool:
-    return bool(cfg.text_encoder) or cfg.dataset == "captioned_digits"
-
-
 def text_conditioning(cfg: Config, source, mesh) -> TextConditioning | None:
-    """The run's text side (eqxdiff/text/conditioning.py), None for a run without captions: a
-    frozen CLIP tower from --text_encoder DIR, the one latents were encoded with (their
-    meta.json), or a tower trained with the model ("scratch", the default for captioned_digits,
-    whose word-level tokenizer is built in)."""
-    encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
-    if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
-        if cfg.text_encoder and Path(cfg.text_encoder).expanduser().resolve() != Path(encoded["text_encoder"]):
-            raise SystemExit(f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
-                             f"{encoded['text_encoder']}; drop the flag to use that one.")  # fmt: skip
-        tower, tokenizer = encoded["text_encoder"], encoded["tokenizer"]
-    else:
-        tower = cfg.text_encoder or ("scratch" if cfg.dataset == "captioned_digits" else "")
-        builtin = tower == "scratch" and cfg.dataset == "captioned_digits"  # else a pretrained tower's own
-        tokenizer = cfg.tokenizer or ("captioned_digits" if builtin else "")
-    if not tower:
-        return None
-    if tower == "scratch" and not tokenizer:
-        raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
-    return open_text(tower, tokenizer, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size)
-
-
-def open_text(tower: str, tokenizer: str, null_text: str, *, mesh, min_size: int) -> TextConditioning:
-    """`tower` "scratch" or a folder; `tokenizer` "captioned_digits" (that dataset's word-level
-    tokenizer), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
-    absolute specs, for checkpoints."""
-    if tokenizer == "captioned_digits":
-        tokenizer_spec, tokenizer = tokenizer, captioned_digits_tokenizer()
-    else:
-        tokenizer_spec = tokenizer = str(tokenizer_folder(tower, tokenizer).resolve())
-    text = open_text_conditioning(
-        tower, tokenizer, null_text=null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh, min_size=min_size
-    )
-    tower_spec = tower if tower == "scratch" else str(Path(tower).expanduser().resolve())
-    return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
-
-
-def frozen_modules(text: TextConditioning | None, source) -> dict | None:
-    """The step's frozen argument: a pretrained tower and its null condition (the one stored with
-    latents encoded by train/encode.py, else its encoded "" or zeros); only the null when the
-    captions were encoded ahead of time. None without a pretrained tower."""
-    if text is None or text.encoder is None:
-        return None
-    stored = source.text_null() if isinstance(source, LatentSource) else None
-    null = stored if stored is not None and source.meta["text"]["null_text"] == text.null_text else text.encoded_null()
-    if "context" in source.fields:
-        return {"null_cond": null}
-    return {"text_encoder": text.encoder, "null_cond": null}
-
-
-def text_config(text: TextConditioning | None) -> dict:
-    """What a checkpoint stores of the run's text side, so train/sample.py rebuilds it: absolute
-    folders (or "scratch" / "captioned_digits"), the null text, the token count."""
-    if text is None:
-        return {}
-    tower, tokenizer = text.specs
-    return {"text": {"text_encoder": tower, "tokenizer": tokenizer, "null_text": text.null_text,
-                     "max_length": text.max_length}}  # fmt: skip
-
-
-def default_prompts(cfg: Config, source) -> list[str]:
-    """Sample-grid prompts: --sample_prompts, else captioned_digits' own, else the first ten captions."""
-    if cfg.sample_prompts:
-        return cfg.sample_prompts.split("|")
-    if cfg.dataset == "captioned_digits":
-        return captioned_digits_prompts(10, seed=0)[0]
-    if "caption" not in source.fields:
-        raise SystemExit(f"{cfg.dataset} holds no captions to draw sample prompts from: pass --sample_prompts 'a|b|...'.")
-    return [str(source[i]["caption"]) for i in range(min(10, len(source)))]
+    """The run's text side (eqxdiff/text/run_text.py), None for a run without captions."""
+    return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
+                    null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
+                    min_size=cfg.fsdp_min_param_size)  # fmt: skip
 
 
 def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None):
@@ -327,7 +262,7 @@ def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes:
     key_text, key_net = jax.random.split(key)
     null = text.tokens([""])
     net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
-    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text)
+    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=SCRATCH_TEXT_CAUSAL)
     return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
 
 
@@ -408,10 +343,11 @@ def main(cfg: Config) -> None:
     check_batch(cfg, mesh.size)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
-    source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg), allow_uncaptioned=cfg.allow_uncaptioned)
+    source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg.text_encoder, cfg.dataset),
+                         allow_uncaptioned=cfg.allow_uncaptioned)  # fmt: skip
     text = text_conditioning(cfg, source, mesh)  # None: a run without captions
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
-    sample_prompts = None if text is None else default_prompts(cfg, source)
+    prompts = None if text is None else sample_prompts(cfg.sample_prompts, cfg.dataset, source)
     if text is not None and "caption" in source.fields:  # captions -> token ids as records are read, on the host
         source = TokenizedSource(source, text.tokenizer, text.max_length)
     autoencoder, latent_config = latent_autoencoder(source, mesh)
@@ -475,8 +411,8 @@ def main(cfg: Config) -> None:
         cond = np.repeat(np.arange(rows, dtype=np.int32), 10) if num_classes else None  # one row per class
         null_cond = None  # the model's own (labels; a scratch tower's "")
         if text is not None:  # one row per prompt
-            rows = len(sample_prompts)
-            cond, null_cond = text.sampling_condition(sample_prompts)
+            rows = len(prompts)
+            cond, null_cond = text.sampling_condition(prompts)
             cond = jax.tree.map(lambda a: np.repeat(a, 10, axis=0), cond)
         out = generate(
             state.ema, schedule, parameterization, cond, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,

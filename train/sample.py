@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from main import Config, build_model, open_text, sigma_data, start_jax  # train/ is on sys.path when run as a script
+from main import SCRATCH_TEXT_TOWER, Config, build_model, sigma_data, start_jax  # train/ is on sys.path as a script
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
@@ -32,6 +32,7 @@ from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_nam
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
+from eqxdiff.text.run_text import open_text
 from eqxdiff.training import abstract_train_state, adamw_cosine
 
 
@@ -76,7 +77,8 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
         text = None
         if "text" in stored:  # the tower and null text the run trained with
             t = stored["text"]
-            text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], mesh=mesh, min_size=2**62)
+            text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], scratch_config=SCRATCH_TEXT_TOWER,
+                             mesh=mesh, min_size=2**62)  # fmt: skip
 
         def make_model(key):
             shape, n = tuple(stored["image_shape"]), stored["num_classes"]

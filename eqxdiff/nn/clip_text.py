@@ -192,8 +192,9 @@ class CLIPTextModel(eqx.Module):
     encoder: CLIPEncoder
     final_layer_norm: LayerNorm
     eos_token_id: int = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
 
-    def __init__(self, config: dict, *, key: PRNGKeyArray):
+    def __init__(self, config: dict, *, key: PRNGKeyArray, causal: bool = True):
         cfg = parse_config(config)
         k_tok, k_pos, *k_layers = jax.random.split(key, 2 + cfg["num_hidden_layers"])
         dim = cfg["hidden_size"]
@@ -204,12 +205,14 @@ class CLIPTextModel(eqx.Module):
         self.encoder = CLIPEncoder([CLIPEncoderLayer(cfg, key=k) for k in k_layers])
         self.final_layer_norm = LayerNorm(dim, cfg["layer_norm_eps"])
         self.eos_token_id = cfg["eos_token_id"]
+        self.causal = causal
 
     @classmethod
-    def from_config(cls, config: dict, *, key: PRNGKeyArray) -> "CLIPTextModel":
+    def from_config(cls, config: dict, *, key: PRNGKeyArray, causal: bool = True) -> "CLIPTextModel":
         """Random weights (Dense: PyTorch's default init; embeddings N(0, 0.02²); LayerNorm 1/0) for a
-        transformers CLIPTextConfig dict."""
-        return cls(config, key=key)
+        transformers CLIPTextConfig dict. `causal=False` lets every token attend to every other (not
+        CLIP: for a tower trained from scratch, whose first words may need the later ones)."""
+        return cls(config, key=key, causal=causal)
 
     @classmethod
     def from_transformers(cls, path: str | Path, *, mesh: Mesh | None = None, min_size: int = 2**12) -> "CLIPTextModel":
@@ -240,11 +243,11 @@ class CLIPTextModel(eqx.Module):
     ) -> tuple[Float[Array, "b n d"], Float[Array, "b d"]]:
         """(hidden states `[b, n, d]`, pooled `[b, d]`) for token ids `[b, n]`.
 
-        Attention is causal; `attention_mask` (1 = token, 0 = padding) also hides padded keys, as in
-        transformers. A row whose query sees no key (left padding) is not meaningful (transformers'
-        own eager and sdpa paths disagree there). pooled = the final-LayerNorm state at the largest
-        id when `eos_token_id == 2` (legacy configs), else at the first `eos_token_id` (position 0
-        if a row has none), as transformers' `pooler_output`.
+        Attention is causal (unless built with `causal=False`); `attention_mask` (1 = token, 0 =
+        padding) also hides padded keys, as in transformers. A row whose query sees no key (left
+        padding) is not meaningful (transformers' own eager and sdpa paths disagree there). pooled =
+        the final-LayerNorm state at the largest id when `eos_token_id == 2` (legacy configs), else
+        at the first `eos_token_id` (position 0 if a row has none), as transformers' `pooler_output`.
 
         `hidden_layer=None` gives `last_hidden_state` (after final_layer_norm); an int gives
         transformers' `hidden_states[hidden_layer]` instead (0 = embeddings, -1 = the last block,
@@ -258,7 +261,7 @@ class CLIPTextModel(eqx.Module):
             raise ValueError(f"CLIPTextModel: {n} tokens, more than max_position_embeddings {positions}")
         if hidden_layer is not None and not -(self.num_layers + 1) <= hidden_layer <= self.num_layers:
             raise ValueError(f"hidden_layer {hidden_layer} is not an index of {self.num_layers + 1} hidden states")
-        allowed = jnp.asarray(np.tril(np.ones((n, n), bool)))[None, None]
+        allowed = jnp.asarray(np.tril(np.ones((n, n), bool)) | (not self.causal))[None, None]
         if attention_mask is not None:
             allowed = allowed & (jnp.asarray(attention_mask) != 0)[:, None, None, :]
         x = self.embeddings(input_ids)
