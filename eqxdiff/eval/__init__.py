@@ -3,8 +3,10 @@ captioned_digits) and the Fréchet distance behind it."""
 
 from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.frechet import frechet_distance, frechet_distance_features, gaussian_stats
+from eqxdiff.eval.inception import InceptionV3
 
 __all__ = [
+    "InceptionV3",
     "digits_sample_metrics",
     "digits_split",
     "format_metrics",
