@@ -2,7 +2,8 @@
 -> a safetensors file with the same keys, dtypes and values, for
 `eqxdiff.eval.InceptionV3.from_pytorch_fid` (eqxdiff never unpickles anything).
 
-    /work/torchvenv/bin/python tools/convert_pytorch_fid.py pt_inception-2015-12-05-6726825d.pth fid_inception.safetensors
+    /work/torchvenv/bin/python tools/convert_pytorch_fid.py \
+        pt_inception-2015-12-05-6726825d.pth fid_inception.safetensors
 
 The .pth is read with `torch.load(weights_only=True)`, which refuses anything but tensors and plain
 containers. A file name carrying torch.hub's hash suffix (`-6726825d.pth`) must have a sha256 that

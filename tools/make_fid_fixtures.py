@@ -136,7 +136,8 @@ def images(shape: tuple[int, ...], seed: int) -> np.ndarray:
             out[i, :, :, c] = 128 + 60 * (a[0] * x + a[1] * y) + 50 * np.sin(f * (x + y) + p)
         for _ in range(4):
             y0, x0, r = rng.uniform(0, 1), rng.uniform(0, w / max(h, w)), rng.uniform(0.05, 0.25)
-            inside = (np.abs(y - y0) < r) & (np.abs(x - x0) < r) if rng.rand() < 0.5 else (y - y0) ** 2 + (x - x0) ** 2 < r**2
+            box = rng.rand() < 0.5
+            inside = (np.abs(y - y0) < r) & (np.abs(x - x0) < r) if box else (y - y0) ** 2 + (x - x0) ** 2 < r**2
             out[i][inside] = rng.uniform(0, 255, 3)
     return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
