@@ -1,0 +1,163 @@
+"""InceptionV3 (FID features) against pytorch-fid's own network on seeded random weights
+(tools/make_fid_fixtures.py): pool3 features at 299×299 and through the resize from 64×48,
+bilinear resizes against `F.interpolate`, every state_dict key read once or skipped by name,
+missing/unexpected/mis-shaped keys named, a zeroed conv caught, uint8 RGB input enforced."""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from eqxdiff.eval import InceptionV3
+from eqxdiff.eval.inception import IGNORED_KEYS, TORCH_LAYOUTS, BasicConv2d, resize_bilinear, skipped_keys
+from eqxdiff.nn.torch_weights import leaf_layouts
+
+DATA = Path(__file__).parent / "data" / "inception"
+TOLERANCE = 1e-4  # max abs difference / max abs reference; float32 pytorch-fid is 3e-7 from float64
+
+
+def fid_weights() -> dict[str, np.ndarray]:
+    """The fixture's random state_dict, replayed from weights.json as make_fid_fixtures.draw does
+    (float32 entries drawn in order from one RandomState, int64 counters constant)."""
+    meta = json.loads((DATA / "weights.json").read_text())
+    rng = np.random.RandomState(meta["seed"])
+    state = {}
+    for key, shape, dtype, low, high in meta["entries"]:
+        if dtype == "float32":
+            state[key] = rng.uniform(low, high, size=shape).astype(np.float32)
+        else:
+            state[key] = np.full(shape, low, dtype=dtype)
+    digest = hashlib.sha256()
+    for key, value in state.items():
+        digest.update(key.encode())
+        digest.update(value.tobytes())
+    assert digest.hexdigest() == meta["sha256"], "these are not the weights pytorch-fid's network ran with"
+    return state
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, np.ndarray]:
+    return fid_weights()
+
+
+@pytest.fixture(scope="module")
+def net(state, tmp_path_factory) -> InceptionV3:
+    """Loaded from the file tools/convert_pytorch_fid.py writes: every key, fc and counters too."""
+    path = tmp_path_factory.mktemp("inception") / "fid_inception.safetensors"
+    save_file(state, str(path))
+    return InceptionV3.from_pytorch_fid(path)
+
+
+@pytest.fixture(scope="module")
+def ref() -> dict[str, np.ndarray]:
+    with np.load(DATA / "reference.npz") as file:
+        return dict(file)
+
+
+@eqx.filter_jit
+def features(net: InceptionV3, images):
+    return net(images)
+
+
+def relative_error(ours, expected: np.ndarray) -> float:
+    return float(np.abs(np.asarray(ours) - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize("size", ["299", "64x48"])
+def test_pool3_matches_pytorch_fid(net, ref, size):
+    """pytorch-fid's InceptionV3([3]) on the same uint8 images (299: its resize is a copy)."""
+    ours = features(net, ref[f"images_{size}"])
+    assert ours.shape == ref[f"pool3_{size}"].shape and ours.dtype == jnp.float32
+    assert relative_error(ours, ref[f"pool3_{size}"]) < TOLERANCE
+
+
+def test_bilinear_resize_matches_torch(ref):
+    """F.interpolate(bilinear, align_corners=False) stretching to 299 (on a grid of rows and
+    columns with both edges), shrinking one axis while stretching the other, and shrinking both;
+    one compiled program."""
+    unit = {name: ref[f"images_{name}"].astype(np.float32) / 255 for name in ("299", "64x48", "32x32")}
+    sizes = {"64x48": (299, 299), "32x32": (299, 299), "64x48_to_23x71": (23, 71), "299_to_50x37": (50, 37)}
+    ours = jax.jit(lambda x: {name: resize_bilinear(x[name.split("_")[0]], size) for name, size in sizes.items()})(unit)
+    rows = ref["resize_index"]
+    for name in sizes:
+        out = np.asarray(ours[name])
+        out = out[:, rows][:, :, rows] if out.shape[1:3] == (299, 299) else out
+        np.testing.assert_allclose(out, ref[f"resized_{name}"], rtol=0, atol=1e-6, err_msg=name)
+    # jax.image.resize antialiases when it shrinks: a different function, the reason for ours.
+    jax_linear = np.asarray(jax.image.resize(jnp.asarray(unit["299"]), (2, 50, 37, 3), "linear"))
+    assert np.abs(jax_linear - ref["resized_299_to_50x37"]).max() > 1e-2
+
+
+def test_zeroed_conv_fails_parity(net, ref):
+    """The parity test can fail: one zeroed 1×7 conv deep in Mixed_6d moves the features."""
+    broken = eqx.tree_at(lambda n: n.Mixed_6d.branch7x7dbl_3.conv.weight, net, replace_fn=jnp.zeros_like)
+    assert relative_error(features(broken, ref["images_64x48"]), ref["pool3_64x48"]) > 100 * TOLERANCE
+
+
+def test_every_key_read_once_or_skipped_by_name(net, state):
+    """The network's leaves and the skipped keys (fc, BatchNorm counters) split the file's keys."""
+    leaves, skipped = set(leaf_layouts(net, TORCH_LAYOUTS)), skipped_keys(net)
+    assert not leaves & skipped and leaves | skipped == set(state)
+    assert {k for k in skipped if not k.endswith("num_batches_tracked")} == set(IGNORED_KEYS)
+    assert len([x for x in jax.tree.leaves(net) if eqx.is_array(x)]) == len(leaves) == 94 * 5
+
+
+MISSING, EXTRA = "Mixed_7c.branch_pool.bn.running_var", "Mixed_5b.branch1x1.conv.bias"
+FIRST = "Conv2d_1a_3x3.conv.weight"
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda s: s.pop(MISSING), f"missing keys (1): {MISSING}"),
+        (lambda s: s.update({EXTRA: np.zeros(1, np.float32)}), f"unexpected keys (1): {EXTRA}"),
+        (lambda s: s.update({FIRST: np.zeros((32, 3, 3, 1), np.float32)}), f"{FIRST}: shape (32, 3, 3, 1)"),
+    ],
+    ids=["missing", "unexpected", "shape"],
+)
+def test_key_errors_name_the_key(state, tmp_path, change, named):
+    """Placeholders stand in for the other tensors: names are checked before any tensor is read,
+    and Conv2d_1a_3x3's weight, the first leaf, before any other shape."""
+    placeholders = {key: np.zeros(1, value.dtype) for key, value in state.items()}
+    change(placeholders)
+    save_file(placeholders, str(tmp_path / "w.safetensors"))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        InceptionV3.from_pytorch_fid(tmp_path / "w.safetensors")
+
+
+def test_pth_refused_with_the_converter_named(tmp_path):
+    (tmp_path / "pt_inception-2015-12-05-6726825d.pth").write_bytes(b"not unpickled")
+    with pytest.raises(ValueError, match="convert_pytorch_fid.py"):
+        InceptionV3.from_pytorch_fid(tmp_path / "pt_inception-2015-12-05-6726825d.pth")
+
+
+def test_uint8_rgb_input_enforced(net, ref):
+    """FID is defined on 8-bit RGB images: floats and grey images raise before any compile."""
+    with pytest.raises(TypeError, match="(?i)uint8"):
+        net(ref["images_64x48"].astype(np.float32) / 255)
+    with pytest.raises((TypeError, ValueError)):
+        net(ref["images_64x48"][..., :1])
+
+
+def test_random_init_is_the_loaded_network_with_he_weights(net):
+    """InceptionV3(key=...) has the loaded network's structure and shapes (so one compiled program
+    serves both); its convs are He-normal, std sqrt(2/fan_in), and its BatchNorms the identity.
+    (Traced, not run: an eager init of all 94 layers costs seconds of per-shape compiles.)"""
+    def shapes(tree):
+        return jax.tree.map(lambda x: (x.shape, x.dtype), tree)
+
+    abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
+    assert jax.tree.structure(abstract) == jax.tree.structure(net) and shapes(abstract) == shapes(net)
+    layer = BasicConv2d(768, 192, (7, 1), padding=(3, 0), key=jax.random.key(1))  # Mixed_6e.branch7x7_3
+    std = float(np.std(np.asarray(layer.conv.weight)))
+    assert abs(std / np.sqrt(2 / (7 * 768)) - 1) < 0.02  # 1.0M draws: the sample std is within 0.1%
+    bn = layer.bn
+    x = jax.random.normal(jax.random.key(2), (1, 2, 2, 192))
+    np.testing.assert_allclose(bn(x), x / np.sqrt(1 + bn.eps), rtol=1e-6)
