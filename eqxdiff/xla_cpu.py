@@ -221,5 +221,5 @@ def padded_draw(key, shape: tuple[int, ...], normal: bool, scale: float):
     flat = _flat(key, _padded_length(size), jnp.bool_(normal), jnp.float32(scale))
     if isinstance(flat, jax.core.Tracer):
         return flat[:size].reshape(shape)
-    return jnp.asarray(np.asarray(flat)[:size].reshape(shape))
+    return jax.device_put(np.asarray(flat)[:size].reshape(shape))  # jnp.asarray would compile a copy per shape
 

@@ -9,8 +9,11 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 from jaxtyping import install_import_hook  # noqa: E402
+from typechecked import import_dependencies  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
 
-# Every jaxtyping annotation in eqxdiff is checked by beartype in every test.
+# Every jaxtyping annotation in eqxdiff is checked by beartype in every test. Its dependencies are
+# imported first, from their .pyc (tests/typechecked.py says why).
+import_dependencies()
 with install_import_hook("eqxdiff", "beartype.beartype"):
     import eqxdiff  # noqa: F401
     import eqxdiff.diffusion  # noqa: F401

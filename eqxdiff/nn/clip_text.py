@@ -95,7 +95,7 @@ class LayerNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     def __init__(self, dim: int, eps: float):
-        self.weight, self.bias = jnp.asarray(np.ones(dim, np.float32)), jnp.asarray(np.zeros(dim, np.float32))
+        self.weight, self.bias = jax.device_put(np.ones(dim, np.float32)), jax.device_put(np.zeros(dim, np.float32))
         self.eps = eps
 
     def __call__(self, x: Float[Array, "*batch d"]) -> Float[Array, "*batch d"]:

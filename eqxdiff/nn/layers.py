@@ -134,7 +134,8 @@ class GroupNorm(eqx.Module):
         if channels % groups:
             raise ValueError(f"GroupNorm: {channels} channels do not split into {groups} groups")
         self.groups, self.eps = groups, eps
-        self.weight, self.bias = jnp.asarray(np.ones(channels, np.float32)), jnp.asarray(np.zeros(channels, np.float32))
+        self.weight = jax.device_put(np.ones(channels, np.float32))  # not jnp.asarray: no compile per shape
+        self.bias = jax.device_put(np.zeros(channels, np.float32))
 
     def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h w c"]:
         b, h, w, c = x.shape
@@ -307,7 +308,7 @@ def sincos_pos_embed_2d(dim: int, grid: int, grid_w: int | None = None) -> np.nd
 def zero_init(module: eqx.Module) -> eqx.Module:
     """Return `module` with every floating-point array leaf set to zero (adaLN-Zero, ADM)."""
     # numpy zeros + transfer: no per-shape compile.
-    return jax.tree.map(lambda a: jnp.asarray(np.zeros(a.shape, a.dtype)) if eqx.is_inexact_array(a) else a, module)
+    return jax.tree.map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)) if eqx.is_inexact_array(a) else a, module)
 
 
 def reinit(
@@ -320,7 +321,7 @@ def reinit(
     """
     module = eqx.tree_at(lambda m: m.weight, module, init(key, module.weight.shape))
     if getattr(module, "bias", None) is not None:
-        module = eqx.tree_at(lambda m: m.bias, module, jnp.asarray(np.zeros(module.bias.shape, module.bias.dtype)))
+        module = eqx.tree_at(lambda m: m.bias, module, jax.device_put(np.zeros(module.bias.shape, module.bias.dtype)))
     return module
 
 
