@@ -31,7 +31,11 @@ def test_notebook_runs(path):
             break
     else:
         raise AssertionError(f"{path.name} has no `SMOKE = False` switch for the test run.")
-    hook = 'from jaxtyping import install_import_hook\n_hook = install_import_hook("eqxdiff", "beartype.beartype")'
+    hook = (  # dependencies first, from their .pyc (tests/typechecked.py says why)
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom typechecked import import_dependencies\n"
+        "import_dependencies()\nfrom jaxtyping import install_import_hook\n"
+        '_hook = install_import_hook("eqxdiff", "beartype.beartype")'
+    )
     nb.cells.insert(0, nbformat.v4.new_code_cell(hook))  # before the notebook imports eqxdiff
     nb.cells.append(nbformat.v4.new_code_cell(HOOK_WAS_ACTIVE))
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
