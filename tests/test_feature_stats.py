@@ -1,6 +1,6 @@
 """FID statistics: streaming float64 sums against np.mean / np.cov (pytorch-fid's formulas) in uneven
 batches, with a large offset, merged from parts and gathered over processes; pytorch-fid's npz layout
-and the errors for bad files."""
+and the errors for bad files; train/fid_stats.py on digits with a stand-in feature network."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,8 @@ from jaxtyping import TypeCheckError, install_import_hook
 with install_import_hook("eqxdiff.eval.feature_stats", "beartype.beartype"):
     from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
 
+import fid_stats  # noqa: E402 — train/fid_stats.py (conftest puts train/ on the path), after the hooked import
+from eqxdiff.data import open_source  # noqa: E402
 
 
 def streamed(x, sizes):
@@ -128,3 +130,42 @@ def test_missing_file_and_wrong_suffix(tmp_path):
         load_stats(tmp_path / "none.npz")
     with pytest.raises(ValueError, match=r"\*\.npz"):
         save_stats(tmp_path / "stats.npy", np.zeros(2), np.eye(2))
+
+
+def random_projection(dim=16):
+    """A stand-in feature network: uint8 RGB [b, h, w, 3] -> a fixed random projection [b, dim]."""
+    w = np.random.default_rng(5).normal(size=(8 * 8 * 3, dim)).astype(np.float32)
+    return lambda images: (images.reshape(len(images), -1).astype(np.float32) / 255) @ w, w
+
+
+def test_dataset_stats_of_digits_with_a_stand_in_network(tmp_path):
+    features_fn, w = random_projection()
+    source = open_source("digits")
+    images = np.stack([source[i]["image"] for i in range(len(source))])  # 1,797 8×8×1: the last batch is padded
+    x = np.repeat(images, 3, axis=-1).reshape(len(images), -1) / 255 @ w.astype(np.float64)
+    whole = fid_stats.dataset_stats(source, features_fn, 64, progress=False)
+    assert_matches_numpy(whole, x, rtol=1e-5)  # float32 features on the devices
+    # Two processes' slices (each 32 images a batch over the 8 devices), merged: the same statistics.
+    parts = [fid_stats.dataset_stats(source, features_fn, 64, process_index=p, process_count=2, progress=False)
+             for p in range(2)]  # fmt: skip
+    assert [s.count for s in parts] == [898, 899]
+    merged = parts[0].merge(parts[1])
+    for a, b in zip(merged.mean_cov(), whole.mean_cov(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    # The script: flags, the gather, process 0's file.
+    out = tmp_path / "digits.npz"
+    fid_stats.main(
+        fid_stats.parse_config(["--inception", "unused", "--out", str(out), "--batch_size", "64"]), features_fn
+    )
+    for a, b in zip(load_stats(out, dim=16), whole.mean_cov(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_fid_stats_flags_and_sources_are_checked():
+    with pytest.raises(SystemExit):
+        fid_stats.parse_config(["--inception", "x.pth", "--out", "stats.npy"])
+    features_fn, _ = random_projection()
+    with pytest.raises(ValueError, match="multiple of 8 devices"):
+        fid_stats.dataset_stats(open_source("digits"), features_fn, 12)
+    with pytest.raises(ValueError, match="one feature row per image"):
+        fid_stats.dataset_stats(open_source("digits"), lambda images: images.sum(), 64)

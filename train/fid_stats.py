@@ -1,0 +1,163 @@
+"""FID reference statistics of a dataset: the mean and covariance of InceptionV3's 2048-d pool3
+features (pytorch-fid's network and weights), written as the .npz pytorch-fid reads (`mu`, `sigma`).
+
+    python train/fid_stats.py --dataset folder:~/data/pets --image_size 256 \\
+        --inception ~/fid_inception.safetensors --out ~/fid/pets_256.npz
+    python train/fid_stats.py --dataset digits --inception fid_inception.safetensors --out runs/digits_fid.npz
+
+--inception is pytorch-fid's pt_inception-2015-12-05-6726825d.pth converted once by
+tools/convert_pytorch_fid.py (eqxdiff reads safetensors, never pickles).
+
+Every example of the source goes through the network once, as uint8 RGB at the dataset's size
+(grayscale repeated to three channels; the network resizes as pytorch-fid's does). Each process
+reads its contiguous block of the examples and runs it over its own devices (the batch split over
+them); the float64 partial sums (eqxdiff/eval/feature_stats.py) are merged across processes at the
+end and process 0 writes the file. Multi-process flags as in train/main.py (`--coordinator`,
+`--num_processes`, `--process_id`).
+"""
+
+import collections
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
+
+from eqxdiff.data import Prefetch, open_source
+from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
+from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.sharding import batch_sharding, make_mesh
+from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
+
+
+@dataclass
+class Config:
+    dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
+    inception: str = ""  # pytorch-fid's FID Inception weights as .safetensors (tools/convert_pytorch_fid.py)
+    out: str = ""  # the statistics file, *.npz (written by process 0)
+    image_size: int = 32  # folder: and arrayrecord: images are resized to this (the size samples are made at)
+    batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
+    cpu_devices: int = 0  # >0: simulate this many CPU devices
+    compilation_cache_dir: str = ""
+    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
+    num_processes: int = 1
+    process_id: int = 0
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
+    parser = dataclass_parser(Config, __doc__, required=("inception", "out"))
+    cfg = Config(**vars(parser.parse_args(argv)))
+    if not cfg.out.endswith(".npz"):
+        parser.error(f"--out must name an .npz file (pytorch-fid reads a path as statistics only then), got {cfg.out}")
+    if cfg.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {cfg.batch_size}")
+    return cfg
+
+
+@eqx.filter_jit
+def rgb_features(features_fn, images):
+    """uint8 [b, h, w, 1 or 3] -> the network's features [b, d]; grayscale repeated to RGB on device."""
+    if images.shape[-1] == 1:
+        images = jnp.repeat(images, 3, axis=-1)
+    return features_fn(images)
+
+
+def host_batches(source, indices: range, batch_size: int, pool: ThreadPoolExecutor):
+    """(uint8 images [batch_size, h, w, c], rows) for consecutive runs of `indices`; the last batch is
+    padded by repeating its last image (every batch has one shape: one compile), rows says how many are real."""
+    for start in range(0, len(indices), batch_size):
+        rows = indices[start : start + batch_size]
+        images = np.stack(list(pool.map(lambda g: source[g]["image"], rows)))
+        yield np.concatenate([images, np.repeat(images[-1:], batch_size - len(rows), axis=0)]), len(rows)
+
+
+def dataset_stats(
+    source,
+    features_fn,
+    batch_size: int,
+    *,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    progress: bool = True,
+) -> FeatureStats:
+    """This process's partial feature statistics of `source` (merge them with gather_feature_stats).
+
+    `features_fn(images uint8 [b, h, w, 3]) -> float32 [b, d]`: InceptionV3.from_pytorch_fid(path),
+    or any function or eqx.Module (its arrays are replicated over the devices). `batch_size` is
+    global: this process runs batch_size / process_count images at a time over its local devices.
+    The process owns examples [p N / P, (p + 1) N / P) of the N; `process_index`/`process_count`
+    default to JAX's.
+    """
+    p = jax.process_index() if process_index is None else process_index
+    processes = jax.process_count() if process_count is None else process_count
+    if "image" not in source.fields:
+        raise ValueError(f"{source.spec} has no image field to take features of (fields: {sorted(source.fields)}).")
+    image = source.fields["image"]
+    if image.dtype != np.uint8 or len(image.shape) != 3 or image.shape[-1] not in (1, 3):
+        raise ValueError(f"{source.spec}'s images are {image.dtype} {image.shape}; FID takes uint8 [h, w, 1 or 3].")
+    devices = jax.local_devices()
+    local = batch_size // processes
+    if batch_size % processes or local % len(devices):
+        raise ValueError(
+            f"batch_size {batch_size} must split into {processes} processes x a multiple of {len(devices)} devices."
+        )
+    mesh = make_mesh(devices=devices)
+    arrays, static = eqx.partition(features_fn, eqx.is_array)  # the network's weights on every device
+    features_fn = eqx.combine(jax.device_put(arrays, NamedSharding(mesh, P())), static)
+    out = eqx.filter_eval_shape(rgb_features, features_fn, jax.ShapeDtypeStruct((local, *image.shape), np.uint8))
+    if len(out.shape) != 2 or out.shape[0] != local:
+        raise ValueError(f"features_fn maps {local} images to {out.shape}; it must give one feature row per image.")
+
+    stats = FeatureStats(out.shape[1])
+    n = len(source)
+    indices = range(p * n // processes, (p + 1) * n // processes)
+    sharding = batch_sharding(mesh)
+    bar = tqdm(total=len(indices), unit="img", desc="fid stats", disable=not progress or p != 0, smoothing=0.1)
+    started = time.perf_counter()
+
+    def collect(features, rows: int) -> None:
+        stats.update(np.asarray(features)[:rows])
+        bar.update(rows)
+
+    with (
+        ThreadPoolExecutor(8) as pool,
+        Prefetch(
+            host_batches(source, indices, local, pool), lambda b: (jax.device_put(b[0], sharding), b[1]), depth=2
+        ) as device_batches,
+    ):
+        in_flight = collections.deque()  # one batch runs while the previous one is summed on the host
+        for images, rows in device_batches:
+            in_flight.append((rgb_features(features_fn, images), rows))
+            if len(in_flight) > 1:
+                collect(*in_flight.popleft())
+        while in_flight:
+            collect(*in_flight.popleft())
+    bar.close()
+    if progress and p == 0:
+        print(f"{len(indices)} images of {source.spec} in {time.perf_counter() - started:.1f} s on process 0")
+    return stats
+
+
+def main(cfg: Config, features_fn=None) -> None:
+    """`features_fn`: a stand-in feature network (tests); default InceptionV3 from --inception."""
+    start_jax(cfg)
+    source = open_source(cfg.dataset, cfg.image_size)
+    if features_fn is None:
+        features_fn = InceptionV3.from_pytorch_fid(Path(cfg.inception).expanduser())
+    stats = gather_feature_stats(dataset_stats(source, features_fn, cfg.batch_size))
+    if jax.process_index() == 0:
+        mu, sigma = stats.mean_cov()
+        save_stats(Path(cfg.out).expanduser(), mu, sigma)
+        print(f"FID statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features) -> {cfg.out}")
+
+
+if __name__ == "__main__":
+    main(parse_config())
