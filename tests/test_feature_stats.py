@@ -2,16 +2,13 @@
 batches, with a large offset, merged from parts and gathered over processes; pytorch-fid's npz layout
 and the errors for bad files; train/fid_stats.py on digits with a stand-in feature network."""
 
+import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
 import numpy as np
 import pytest
-from jaxtyping import TypeCheckError, install_import_hook
+from jaxtyping import TypeCheckError
 
-# Shape-checked like the modules conftest.py imports (eqxdiff.eval's __init__ does not import this one).
-with install_import_hook("eqxdiff.eval.feature_stats", "beartype.beartype"):
-    from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
-
-import fid_stats  # noqa: E402 — train/fid_stats.py (conftest puts train/ on the path), after the hooked import
-from eqxdiff.data import open_source  # noqa: E402
+from eqxdiff.data import open_source
+from eqxdiff.eval import FeatureStats, gather_feature_stats, load_stats, save_stats  # shape-checked (conftest)
 
 
 def streamed(x, sizes):
