@@ -14,6 +14,10 @@ reads its contiguous block of the examples and runs it over its own devices (the
 them); the float64 partial sums (eqxdiff/eval/feature_stats.py) are merged across processes at the
 end and process 0 writes the file. Multi-process flags as in train/main.py (`--coordinator`,
 `--num_processes`, `--process_id`).
+
+--keep_features N also stores N of the feature vectors, a uniform random subset (in random order),
+under the key `features`: train/sample.py --fid and training's --eval_every compute precision and
+recall (Kynkäänniemi et al. 2019) against them. 10,000 of 2048-d features add 80 MB to the file.
 """
 
 import collections
@@ -22,16 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from eqxdiff.data import Prefetch, open_source
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
+from eqxdiff.eval.fid import KeptFeatures, feature_dim, replicated, rgb_features, save_reference
 from eqxdiff.eval.inception import InceptionV3
 from eqxdiff.sharding import batch_sharding, make_mesh
 from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
@@ -44,6 +45,8 @@ class Config:
     out: str = ""  # the statistics file, *.npz (written by process 0)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this (the size samples are made at)
     batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
+    keep_features: int = 0  # >0: also keep this many random feature rows (key "features") for precision/recall
+    seed: int = 0  # which rows --keep_features keeps
     cpu_devices: int = 0  # >0: simulate this many CPU devices
     compilation_cache_dir: str = ""
     coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
@@ -59,15 +62,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
         parser.error(f"--out must name an .npz file (pytorch-fid reads a path as statistics only then), got {cfg.out}")
     if cfg.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {cfg.batch_size}")
+    if cfg.keep_features < 0:
+        parser.error(f"--keep_features must be >= 0, got {cfg.keep_features}")
     return cfg
-
-
-@eqx.filter_jit
-def rgb_features(features_fn, images):
-    """uint8 [b, h, w, 1 or 3] -> the network's features [b, d]; grayscale repeated to RGB on device."""
-    if images.shape[-1] == 1:
-        images = jnp.repeat(images, 3, axis=-1)
-    return features_fn(images)
 
 
 def host_batches(source, indices: range, batch_size: int, pool: ThreadPoolExecutor):
@@ -79,6 +76,16 @@ def host_batches(source, indices: range, batch_size: int, pool: ThreadPoolExecut
         yield np.concatenate([images, np.repeat(images[-1:], batch_size - len(rows), axis=0)]), len(rows)
 
 
+def image_field(source):
+    """The source's image field (its dtype and [h, w, c] shape), checked to be what FID takes."""
+    if "image" not in source.fields:
+        raise ValueError(f"{source.spec} has no image field to take features of (fields: {sorted(source.fields)}).")
+    image = source.fields["image"]
+    if image.dtype != np.uint8 or len(image.shape) != 3 or image.shape[-1] not in (1, 3):
+        raise ValueError(f"{source.spec}'s images are {image.dtype} {image.shape}; FID takes uint8 [h, w, 1 or 3].")
+    return image
+
+
 def dataset_stats(
     source,
     features_fn,
@@ -87,8 +94,10 @@ def dataset_stats(
     process_index: int | None = None,
     process_count: int | None = None,
     progress: bool = True,
+    keep: KeptFeatures | None = None,
 ) -> FeatureStats:
-    """This process's partial feature statistics of `source` (merge them with gather_feature_stats).
+    """This process's partial feature statistics of `source` (merge them with gather_feature_stats);
+    `keep`: also keep its chosen rows of the features (their indices are examples of `source`).
 
     `features_fn(images uint8 [b, h, w, 3]) -> float32 [b, d]`: InceptionV3.from_pytorch_fid(path),
     or any function or eqx.Module (its arrays are replicated over the devices). `batch_size` is
@@ -98,11 +107,7 @@ def dataset_stats(
     """
     p = jax.process_index() if process_index is None else process_index
     processes = jax.process_count() if process_count is None else process_count
-    if "image" not in source.fields:
-        raise ValueError(f"{source.spec} has no image field to take features of (fields: {sorted(source.fields)}).")
-    image = source.fields["image"]
-    if image.dtype != np.uint8 or len(image.shape) != 3 or image.shape[-1] not in (1, 3):
-        raise ValueError(f"{source.spec}'s images are {image.dtype} {image.shape}; FID takes uint8 [h, w, 1 or 3].")
+    image = image_field(source)
     devices = jax.local_devices()
     local = batch_size // processes
     if batch_size % processes or local % len(devices):
@@ -110,21 +115,22 @@ def dataset_stats(
             f"batch_size {batch_size} must split into {processes} processes x a multiple of {len(devices)} devices."
         )
     mesh = make_mesh(devices=devices)
-    arrays, static = eqx.partition(features_fn, eqx.is_array)  # the network's weights on every device
-    features_fn = eqx.combine(jax.device_put(arrays, NamedSharding(mesh, P())), static)
-    out = eqx.filter_eval_shape(rgb_features, features_fn, jax.ShapeDtypeStruct((local, *image.shape), np.uint8))
-    if len(out.shape) != 2 or out.shape[0] != local:
-        raise ValueError(f"features_fn maps {local} images to {out.shape}; it must give one feature row per image.")
-
-    stats = FeatureStats(out.shape[1])
+    features_fn = replicated(features_fn, mesh)  # the network's weights on every device
+    stats = FeatureStats(feature_dim(features_fn, image.shape, local))
     n = len(source)
     indices = range(p * n // processes, (p + 1) * n // processes)
     sharding = batch_sharding(mesh)
     bar = tqdm(total=len(indices), unit="img", desc="fid stats", disable=not progress or p != 0, smoothing=0.1)
     started = time.perf_counter()
+    done = 0  # rows of `indices` summed so far
 
     def collect(features, rows: int) -> None:
-        stats.update(np.asarray(features)[:rows])
+        nonlocal done
+        features = np.asarray(features)[:rows]
+        stats.update(features)
+        if keep is not None:
+            keep.update(features, indices.start + done)
+        done += rows
         bar.update(rows)
 
     with (
@@ -152,11 +158,21 @@ def main(cfg: Config, features_fn=None) -> None:
     source = open_source(cfg.dataset, cfg.image_size)
     if features_fn is None:
         features_fn = InceptionV3.from_pytorch_fid(Path(cfg.inception).expanduser())
-    stats = gather_feature_stats(dataset_stats(source, features_fn, cfg.batch_size))
+    keep = None  # a random subset of the features, for precision and recall
+    if cfg.keep_features:
+        dim = feature_dim(features_fn, image_field(source).shape)
+        keep = KeptFeatures(len(source), min(cfg.keep_features, len(source)), dim, cfg.seed)
+    stats = gather_feature_stats(dataset_stats(source, features_fn, cfg.batch_size, keep=keep))
+    features = None if keep is None else keep.gather()
     if jax.process_index() == 0:
         mu, sigma = stats.mean_cov()
-        save_stats(Path(cfg.out).expanduser(), mu, sigma)
-        print(f"FID statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features) -> {cfg.out}")
+        out = Path(cfg.out).expanduser()
+        if features is None:
+            save_stats(out, mu, sigma)
+        else:  # pytorch-fid's file plus the kept rows (a key pytorch-fid ignores)
+            save_reference(out, mu, sigma, features)
+        kept = "" if features is None else f" and {len(features)} of their feature vectors"
+        print(f"FID statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
 
 
 if __name__ == "__main__":

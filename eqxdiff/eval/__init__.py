@@ -1,24 +1,36 @@
 """Sample-quality metrics: the digits job's scorecard (and its two-digit form for
 captioned_digits), the Fréchet distance behind it, and FID's pieces (pytorch-fid's Inception
-network, streaming feature statistics in its npz layout, its distance)."""
+network, streaming feature statistics in its npz layout, its distance), FID of a model's samples
+streamed chunk by chunk, and improved precision/recall in the same features."""
 
 from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
+from eqxdiff.eval.fid import FIDReference, KeptFeatures, fid_of_samples, load_reference, open_fid, save_reference
 from eqxdiff.eval.frechet import fid_from_stats, frechet_distance, frechet_distance_features, gaussian_stats
 from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.eval.precision_recall import knn_radii, precision_recall, within_manifold
 
 __all__ = [
+    "FIDReference",
     "FeatureStats",
     "InceptionV3",
+    "KeptFeatures",
     "digits_sample_metrics",
     "digits_split",
     "fid_from_stats",
+    "fid_of_samples",
     "format_metrics",
     "frechet_distance",
     "frechet_distance_features",
     "gather_feature_stats",
     "gaussian_stats",
+    "knn_radii",
+    "load_reference",
     "load_stats",
+    "open_fid",
+    "precision_recall",
+    "save_reference",
     "save_stats",
     "two_digit_accuracy",
+    "within_manifold",
 ]

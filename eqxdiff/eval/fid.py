@@ -1,0 +1,237 @@
+"""FID of a model's samples against a dataset's reference statistics (Heusel et al. 2017), and
+Kynkäänniemi et al.'s precision and recall when the reference keeps some of its features.
+
+The samples are made and streamed through the feature network a chunk at a time (50,000 images
+never sit in memory): every process samples each chunk (the model may be sharded over all of
+them), runs its own share of the chunk's rows over its own devices, and adds the features to its
+float64 sums (FeatureStats), merged across processes at the end. Precision and recall need
+feature vectors, not only (mu, sigma): a fixed random subset of rows is kept while streaming
+(KeptFeatures), as train/fid_stats.py --keep_features keeps one of the dataset's in the reference
+file (key `features`, which pytorch-fid ignores).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Float
+
+from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats
+from eqxdiff.eval.frechet import fid_from_stats, frechet_distance
+from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.eval.precision_recall import precision_recall
+from eqxdiff.sharding import batch_sharding, make_mesh
+
+FEATURES_KEY = "features"  # the reference file's kept feature rows [n, d] float32, in random order
+NEIGHBOURS = 3  # precision/recall's k (the paper's)
+
+
+@eqx.filter_jit
+def rgb_features(features_fn, images):
+    """uint8 [b, h, w, 1 or 3] -> the network's features [b, d]; grayscale repeated to RGB on device
+    (as pytorch-fid converts every image to RGB)."""
+    if images.shape[-1] == 1:
+        images = jnp.repeat(images, 3, axis=-1)
+    return features_fn(images)
+
+
+def replicated(features_fn: Any, mesh) -> Any:
+    """`features_fn` with its arrays (a network's weights) on every device of `mesh`."""
+    arrays, static = eqx.partition(features_fn, eqx.is_array)
+    return eqx.combine(jax.device_put(arrays, NamedSharding(mesh, P())), static)
+
+
+def feature_dim(features_fn: Any, image_shape: tuple[int, int, int], batch: int = 2) -> int:
+    """The dimension of `features_fn`'s features of uint8 images `image_shape` (traced, not run);
+    an error unless it maps a batch to one feature row per image."""
+    out = eqx.filter_eval_shape(rgb_features, features_fn, jax.ShapeDtypeStruct((batch, *image_shape), np.uint8))
+    if len(out.shape) != 2 or out.shape[0] != batch:
+        raise ValueError(f"features_fn maps {batch} images to {out.shape}; it must give one feature row per image.")
+    return int(out.shape[1])
+
+
+def chunk_seed(seed: int, start: int) -> int:
+    """The sampling seed of the chunk of samples that starts at row `start`: chunks of one seed, and
+    runs of different seeds, draw independent noise (seed + start would share chunks across seeds)."""
+    return int(np.random.SeedSequence([seed, start]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class FIDReference:
+    """A dataset's FID statistics (float64 mu [d], sigma [d, d]) and, if the file keeps them, a random
+    subset of its feature rows (float32 [n, d], in random order) for precision and recall."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    features: np.ndarray | None
+    path: str
+
+
+def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
+    """A statistics .npz (train/fid_stats.py's, or pytorch-fid's --save-stats) with its kept
+    `features` if it has them; `dim`: the feature network's dimension (2048 for InceptionV3), an
+    error if the file's differs."""
+    path = Path(path).expanduser()
+    mu, sigma = load_stats(path, dim)
+    with np.load(path, allow_pickle=False) as f:
+        features = np.asarray(f[FEATURES_KEY], np.float32) if FEATURES_KEY in f.files else None
+    if features is not None:
+        if features.ndim != 2 or features.shape[1] != len(mu) or len(features) <= NEIGHBOURS:
+            raise ValueError(
+                f"{path}: '{FEATURES_KEY}' has shape {features.shape}; it must hold more than {NEIGHBOURS} rows of "
+                f"{len(mu)}-dimensional features (rewrite it with train/fid_stats.py --keep_features N)."
+            )
+        if not np.isfinite(features).all():
+            raise ValueError(f"{path}: '{FEATURES_KEY}' holds NaN/inf values.")
+    return FIDReference(mu, sigma, features, str(path))
+
+
+def save_reference(
+    path: str | Path,
+    mu: Float[np.ndarray, " d"],
+    sigma: Float[np.ndarray, "d d"],
+    features: Float[np.ndarray, "n d"],
+) -> None:
+    """pytorch-fid's statistics file (float64 `mu`, `sigma`) plus kept feature rows (float32
+    `features`, which pytorch-fid never reads); eqxdiff.eval.save_stats writes one without them."""
+    path = Path(path)
+    if path.suffix != ".npz":
+        raise ValueError(f"{path}: name statistics files *.npz; pytorch-fid reads a path as statistics only then.")
+    d = len(mu)
+    if np.shape(sigma) != (d, d) or np.ndim(features) != 2 or np.shape(features)[1] != d:
+        raise ValueError(f"{path}: mu {np.shape(mu)}, sigma {np.shape(sigma)}, features {np.shape(features)}; "
+                         "they must be [d], [d, d] and [n, d].")  # fmt: skip
+    tmp = path.with_name(path.name + ".tmp")  # whole or not at all: a rename
+    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
+        arrays = {"mu": np.asarray(mu, np.float64), "sigma": np.asarray(sigma, np.float64)}
+        np.savez_compressed(f, **arrays, **{FEATURES_KEY: np.asarray(features, np.float32)})
+    tmp.replace(path)
+
+
+class KeptFeatures:
+    """`num` rows of a stream of `total` feature vectors, a uniform random subset chosen before the
+    stream starts: every process keeps the chosen rows it sees (`update(features, start)`, rows
+    start.. of the stream) and `gather()` joins them across processes, in a random order (so
+    any first n of them are a random subset too)."""
+
+    def __init__(self, total: int, num: int, dim: int, seed: int = 0):
+        if not 0 < num <= total:
+            raise ValueError(f"Cannot keep {num} of {total} feature vectors; keep between 1 and {total}.")
+        rng = np.random.default_rng(seed)
+        self.indices = np.sort(rng.choice(total, num, replace=False))
+        self.order = rng.permutation(num)
+        self.rows = np.zeros((num, dim), np.float32)
+        self.seen = np.zeros(num, np.int32)
+
+    def update(self, features: Float[np.ndarray, "b d"], start: int) -> "KeptFeatures":
+        """Keep the chosen ones of rows start .. start + b of the stream. Returns self."""
+        lo, hi = np.searchsorted(self.indices, (start, start + len(features)))
+        self.rows[lo:hi] = features[self.indices[lo:hi] - start]
+        self.seen[lo:hi] += 1
+        return self
+
+    def gather(self) -> Float[np.ndarray, "n d"]:
+        """Every chosen row, joined across processes (a collective: all processes call it; each
+        row comes from the one process that saw it, the others send zeros), in random order."""
+        rows, seen = self.rows, self.seen
+        if jax.process_count() > 1:
+            g = multihost_utils.process_allgather({"rows": rows, "seen": seen})  # float32: exact on devices
+            rows, seen = g["rows"].sum(axis=0), g["seen"].sum(axis=0)
+        if (seen != 1).any():
+            raise RuntimeError(
+                f"{np.count_nonzero(seen != 1)} of the {len(seen)} kept rows were seen {sorted(set(seen.tolist()))} "
+                "times, not once: the stream must pass each of its rows once, to one process."
+            )
+        return rows[self.order]
+
+
+def fid_of_samples(
+    sample_chunk: Callable[[int, int], np.ndarray],
+    num: int,
+    features_fn: Any,
+    reference: FIDReference,
+    *,
+    chunk_size: int,
+    seed: int = 0,
+) -> dict[str, float | int]:
+    """FID of `num` samples against `reference`, and precision/recall (k = 3) when it keeps features.
+
+    `sample_chunk(start, size)` -> uint8 images [size, h, w, 1 or 3] (rows start .. start + size of
+    the samples): called for consecutive chunks of `chunk_size` rows by every process alike, each
+    getting all of a chunk's rows (as eqxdiff.generate.generate gives them). `features_fn`: uint8
+    RGB [b, h, w, 3] -> float32 [b, d], e.g. InceptionV3; replicated over this process's devices.
+
+    Returns {"num", "fid", and with reference features "precision", "recall"} on every process.
+    The samples' FID is pytorch-fid's (fid_from_stats) when num > d; with fewer samples than
+    dimensions their covariance is singular and pytorch-fid would run scipy's sqrtm to decide on its
+    eps offset (~45 s at d = 2048), so the exact distance (frechet_distance) is taken instead, which
+    differs from pytorch-fid's only where its sqrtm fails (~1e-3 relative). Precision/recall compare
+    min(num, kept) rows of each side: a uniform random subset of the samples (seeded by `seed`).
+    """
+    if num < 2 or chunk_size < 1:
+        raise ValueError(f"FID needs num >= 2 samples and chunk_size >= 1, got num {num}, chunk_size {chunk_size}.")
+    p, processes = jax.process_index(), jax.process_count()
+    devices = jax.local_devices()
+    mesh = make_mesh(devices=devices)
+    features_fn = replicated(features_fn, mesh)
+    per_device = -(-chunk_size // (processes * len(devices)))  # this process's share of a chunk, padded
+    local_batch = per_device * len(devices)  # ... to one shape over its devices: one compile
+    dim = len(reference.mu)
+    stats = FeatureStats(dim)
+    kept_num = 0 if reference.features is None else min(num, len(reference.features))
+    kept = KeptFeatures(num, kept_num, dim, seed) if kept_num > NEIGHBOURS else None  # k-NN needs k + 1 points
+    for start in range(0, num, chunk_size):
+        size = min(chunk_size, num - start)
+        images = np.asarray(sample_chunk(start, size))
+        if images.dtype != np.uint8 or images.ndim != 4 or len(images) != size:
+            raise ValueError(f"sample_chunk({start}, {size}) gave {images.dtype} {images.shape}; "
+                             f"FID takes uint8 [{size}, h, w, 1 or 3].")  # fmt: skip
+        lo, hi = p * size // processes, (p + 1) * size // processes  # this process's rows of the chunk
+        if hi > lo:
+            mine = images[lo:hi]
+            padded = np.concatenate([mine, np.repeat(mine[-1:], local_batch - len(mine), axis=0)])
+            features = np.asarray(rgb_features(features_fn, jax.device_put(padded, batch_sharding(mesh))))
+            stats.update(features[: len(mine)])
+            if kept is not None:
+                kept.update(features[: len(mine)], start + lo)
+    mu, sigma = gather_feature_stats(stats).mean_cov()
+    distance = fid_from_stats if num > dim else frechet_distance
+    result = {"num": num, "fid": distance(mu, sigma, reference.mu, reference.sigma)}
+    if kept is not None:
+        fake = kept.gather()
+        result["precision"], result["recall"] = precision_recall(reference.features[:kept_num], fake, NEIGHBOURS)
+    return result
+
+
+def image_shape_of_samples(sample_shape: tuple[int, ...], autoencoder: Any = None) -> tuple[int, ...]:
+    """The [h, w, c] of the images FID sees: a model's samples, or for a run on latents their
+    decoding by `autoencoder` (traced, not run)."""
+    if autoencoder is None:
+        return tuple(sample_shape)
+    return jax.eval_shape(autoencoder.decode, jax.ShapeDtypeStruct((1, *sample_shape), np.float32)).shape[1:]
+
+
+def open_fid(
+    inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None
+) -> tuple[Any, FIDReference]:
+    """(feature network, reference) for FID of images `image_shape`, checked against each other
+    before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`, a .safetensors
+    file), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
+    dimension must be the network's: 2048 for InceptionV3). Errors are ValueError/FileNotFoundError
+    naming the file and the fix."""
+    if features_fn is None:
+        if not str(inception):
+            raise ValueError("FID needs the Inception weights: pass --inception FILE.safetensors "
+                             "(pytorch-fid's .pth converted by tools/convert_pytorch_fid.py).")  # fmt: skip
+        features_fn = InceptionV3.from_pytorch_fid(Path(inception).expanduser())
+    if not str(reference):
+        raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")
+    return features_fn, load_reference(reference, dim=feature_dim(features_fn, image_shape))
