@@ -3,6 +3,7 @@
     python train/sample.py --run_dir runs/digits --out samples.png
     python train/sample.py --run_dir runs/digits --num 1000 --out samples.npz --eval
     python train/sample.py --run_dir runs/t2i --prompts "a 3 left of a 7" "nine then one" --cfg 4 --out grid.png
+    python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception fid_inception.safetensors
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -13,15 +14,23 @@ the images are decoded with the autoencoder the checkpoint names. A text-to-imag
 against the null text the run trained with; a captioned_digits run without `--prompts` draws
 that dataset's prompts, and `--eval` scores both digits of each sample (with `--prompts` too,
 when they are in that dataset's grammar).
+
+`--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
+are made `--batch_size` at a time on every device of every process and streamed through
+pytorch-fid's InceptionV3 (`--inception`, converted by tools/convert_pytorch_fid.py), grayscale
+repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
+precision and recall when the statistics keep features, ref, sampler) appended to `--fid_out`.
 """
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from main import SCRATCH_TEXT_TOWER, Config, build_model, sigma_data, start_jax  # train/ is on sys.path as a script
 
@@ -50,12 +59,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
     parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
+    parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
+    parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights as .safetensors")
+    parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
+    parser.add_argument("--batch_size", type=int, default=500,
+                        help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
     parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
     args = parser.parse_args(argv)
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
     if args.num < 1 or args.steps < 1 or args.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
+    if args.fid and not args.inception:
+        parser.error("--fid needs --inception FILE: pytorch-fid's weights converted by tools/convert_pytorch_fid.py")
+    if args.fid and args.eval:
+        parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
+    if args.fid and (args.num < 2 or args.batch_size < 1):
+        parser.error("--fid needs --num >= 2 and --batch_size >= 1")
     return args
 
 
@@ -91,7 +111,48 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     return state.ema, cfg, stored, step, text
 
 
-def main(args: argparse.Namespace) -> None:
+def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, sample_shape: tuple, autoencoder,
+                features_fn=None) -> dict:  # fmt: skip
+    """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
+    chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
+    the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
+    `sample_images(num, cond, seed)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
+    `sample_shape`: the model's, decoded by `autoencoder` (a latent run) into the images FID sees."""
+    # Imported here: scipy's import is start-up time the other paths need not pay.
+    from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid
+
+    try:
+        image_shape = image_shape_of_samples(sample_shape, autoencoder)
+        net, reference = open_fid(args.inception, args.fid, image_shape, features_fn)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--fid: {e}") from e
+    chunk = -(-min(args.batch_size, args.num) // mesh.size) * mesh.size  # rows split over every device
+    bar = tqdm(total=args.num, unit="img", desc="fid", disable=jax.process_index() != 0)
+
+    def sample_chunk(start: int, size: int) -> np.ndarray:
+        rows = np.minimum(np.arange(start, start + chunk), args.num - 1)  # past the end: the last row again
+        chunk_cond = None if cond is None else jax.tree.map(lambda a: a[rows], cond)
+        images, _ = sample_images(chunk, chunk_cond, chunk_seed(args.seed, start))
+        bar.update(size)
+        return to_uint8(images[:size])
+
+    result = fid_of_samples(sample_chunk, args.num, net, reference, chunk_size=chunk, seed=args.seed)
+    bar.close()
+    if jax.process_index() == 0:
+        record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
+                  "cfg": args.cfg, "seed": args.seed}  # fmt: skip
+        print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
+                                 for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
+        out = Path(args.fid_out or Path(args.run_dir) / "fid.jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"step {step}: {args.num} samples against {reference.path} -> {out}")
+    return result
+
+
+def main(args: argparse.Namespace, features_fn=None) -> None:
+    """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     start_jax(Config(cpu_devices=args.cpu_devices))
     mesh = make_mesh(data=-1, fsdp=1)
     ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
@@ -121,14 +182,24 @@ def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
     autoencoder_spec = stored.get("autoencoder")  # runs on latents: the VAE their meta.json named
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder_spec is not None))
-    images = generate(
-        ema, schedule_by_name(cfg.schedule), parameterization, cond,
-        args.num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
-        cfg_scale=args.cfg, null_cond=null_cond, seed=args.seed,
-    )  # fmt: skip
-    latents = None
-    if autoencoder_spec is not None:
-        latents, images = images, decode_latents(open_autoencoder(autoencoder_spec, mesh=mesh), images, mesh=mesh)
+    autoencoder = None if autoencoder_spec is None else open_autoencoder(autoencoder_spec, mesh=mesh)
+
+    def sample_images(num: int, cond, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(images [num, h, w, c] in about [-1, 1], the latents they decode or None)."""
+        images = generate(
+            ema, schedule_by_name(cfg.schedule), parameterization, cond,
+            num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
+            cfg_scale=args.cfg, null_cond=null_cond, seed=seed,
+        )  # fmt: skip
+        if autoencoder is None:
+            return images, None
+        return decode_latents(autoencoder, images, mesh=mesh), images
+
+    if args.fid:
+        args.method = args.method or cfg.sample_method  # recorded with the FID
+        measure_fid(args, step, mesh, sample_images, cond, image_shape, autoencoder, features_fn)
+        return
+    images, latents = sample_images(args.num, cond, args.seed)
     if jax.process_index() == 0:
         out = Path(args.out)
         if out.suffix == ".png":

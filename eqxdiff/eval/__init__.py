@@ -5,7 +5,15 @@ streamed chunk by chunk, and improved precision/recall in the same features."""
 
 from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
-from eqxdiff.eval.fid import FIDReference, KeptFeatures, fid_of_samples, load_reference, open_fid, save_reference
+from eqxdiff.eval.fid import (
+    FIDReference,
+    KeptFeatures,
+    fid_of_samples,
+    frechet_distance_of_few,
+    load_reference,
+    open_fid,
+    save_reference,
+)
 from eqxdiff.eval.frechet import fid_from_stats, frechet_distance, frechet_distance_features, gaussian_stats
 from eqxdiff.eval.inception import InceptionV3
 from eqxdiff.eval.precision_recall import knn_radii, precision_recall, within_manifold
@@ -22,6 +30,7 @@ __all__ = [
     "format_metrics",
     "frechet_distance",
     "frechet_distance_features",
+    "frechet_distance_of_few",
     "gather_feature_stats",
     "gaussian_stats",
     "knn_radii",

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Float
 
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats
-from eqxdiff.eval.frechet import fid_from_stats, frechet_distance
+from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
 from eqxdiff.eval.inception import InceptionV3
 from eqxdiff.eval.precision_recall import precision_recall
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -153,6 +153,22 @@ class KeptFeatures:
         return rows[self.order]
 
 
+def frechet_distance_of_few(
+    x: Float[np.ndarray, "n d"], mu: Float[np.ndarray, " d"], sigma: Float[np.ndarray, "d d"]
+) -> float:
+    """The Fréchet distance (frechet_distance's value) between N(mean, cov) of n <= d feature rows
+    `x` and N(mu, sigma), computed with n × n matrices: cov = YᵀY / (n - 1) for the centred rows Y,
+    and the nonzero eigenvalues of sigma·cov, whose square roots sum to tr((sigma cov)^½), are
+    those of the n × n PSD matrix Y sigma Yᵀ / (n - 1) (AB and BA share them). O(n d²) work
+    instead of eigendecompositions of d × d matrices (at d = 2048, tens of seconds on a slow CPU)."""
+    x = np.asarray(x, np.float64)
+    n, mean = len(x), x.mean(axis=0)
+    y, diff = x - mean, mean - mu
+    lam = np.linalg.eigvalsh(y @ np.asarray(sigma, np.float64) @ y.T / (n - 1))
+    fd = diff @ diff + (y * y).sum() / (n - 1) + np.trace(sigma) - 2.0 * _trace_sqrt(lam)
+    return float(max(fd, 0.0))  # as frechet_distance: identical sets give ±round-off
+
+
 def fid_of_samples(
     sample_chunk: Callable[[int, int], np.ndarray],
     num: int,
@@ -170,11 +186,12 @@ def fid_of_samples(
     RGB [b, h, w, 3] -> float32 [b, d], e.g. InceptionV3; replicated over this process's devices.
 
     Returns {"num", "fid", and with reference features "precision", "recall"} on every process.
-    The samples' FID is pytorch-fid's (fid_from_stats) when num > d; with fewer samples than
+    The samples' FID is pytorch-fid's (fid_from_stats) when num > d. With fewer samples than
     dimensions their covariance is singular and pytorch-fid would run scipy's sqrtm to decide on its
-    eps offset (~45 s at d = 2048), so the exact distance (frechet_distance) is taken instead, which
-    differs from pytorch-fid's only where its sqrtm fails (~1e-3 relative). Precision/recall compare
-    min(num, kept) rows of each side: a uniform random subset of the samples (seeded by `seed`).
+    eps offset (~45 s at d = 2048); the exact distance is taken instead, from all the features kept
+    (frechet_distance_of_few: n × n matrices), which differs from pytorch-fid's only where its sqrtm
+    fails (~1e-3 relative). Precision/recall compare min(num, kept) rows of each side: a uniform
+    random subset of the samples (seeded by `seed`).
     """
     if num < 2 or chunk_size < 1:
         raise ValueError(f"FID needs num >= 2 samples and chunk_size >= 1, got num {num}, chunk_size {chunk_size}.")
@@ -185,7 +202,9 @@ def fid_of_samples(
     per_device = -(-chunk_size // (processes * len(devices)))  # this process's share of a chunk, padded
     local_batch = per_device * len(devices)  # ... to one shape over its devices: one compile
     dim = len(reference.mu)
-    stats = FeatureStats(dim)
+    few = num <= dim  # a singular covariance: the distance from all the features (frechet_distance_of_few)
+    stats = None if few else FeatureStats(dim)
+    every = KeptFeatures(num, num, dim) if few else None
     kept_num = 0 if reference.features is None else min(num, len(reference.features))
     kept = KeptFeatures(num, kept_num, dim, seed) if kept_num > NEIGHBOURS else None  # k-NN needs k + 1 points
     for start in range(0, num, chunk_size):
@@ -198,13 +217,17 @@ def fid_of_samples(
         if hi > lo:
             mine = images[lo:hi]
             padded = np.concatenate([mine, np.repeat(mine[-1:], local_batch - len(mine), axis=0)])
-            features = np.asarray(rgb_features(features_fn, jax.device_put(padded, batch_sharding(mesh))))
-            stats.update(features[: len(mine)])
-            if kept is not None:
-                kept.update(features[: len(mine)], start + lo)
-    mu, sigma = gather_feature_stats(stats).mean_cov()
-    distance = fid_from_stats if num > dim else frechet_distance
-    result = {"num": num, "fid": distance(mu, sigma, reference.mu, reference.sigma)}
+            features = np.asarray(rgb_features(features_fn, jax.device_put(padded, batch_sharding(mesh))))[: len(mine)]
+            if stats is not None:
+                stats.update(features)
+            for rows in (every, kept):
+                if rows is not None:
+                    rows.update(features, start + lo)
+    if few:
+        fid = frechet_distance_of_few(every.gather(), reference.mu, reference.sigma)
+    else:
+        fid = fid_from_stats(*gather_feature_stats(stats).mean_cov(), reference.mu, reference.sigma)
+    result = {"num": num, "fid": fid}
     if kept is not None:
         fake = kept.gather()
         result["precision"], result["recall"] = precision_recall(reference.features[:kept_num], fake, NEIGHBOURS)

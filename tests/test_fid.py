@@ -1,0 +1,180 @@
+"""FID of streamed samples (eqxdiff/eval/fid.py) against the whole feature set at once, the kept
+random subset behind precision/recall, reference files that keep features, train/fid_stats.py
+--keep_features, the flag checks of train/sample.py --fid and train/main.py --eval_every, and one
+run of train/sample.py --fid on a checkpoint with a stand-in feature network."""
+
+import json
+
+import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
+import numpy as np
+import pytest
+
+from eqxdiff.data import open_source
+from eqxdiff.eval import (  # shape-checked (conftest)
+    FIDReference,
+    KeptFeatures,
+    fid_from_stats,
+    fid_of_samples,
+    frechet_distance,
+    frechet_distance_of_few,
+    load_reference,
+    load_stats,
+    open_fid,
+    precision_recall,
+    save_reference,
+    save_stats,
+)
+
+DIM = 16
+W = np.random.default_rng(5).normal(size=(8 * 8 * 3, DIM)).astype(np.float32)
+
+
+def projection(images):
+    """A stand-in feature network: uint8 RGB [b, 8, 8, 3] -> a fixed random projection [b, 16]."""
+    return (images.reshape(len(images), -1).astype(np.float32) / 255) @ W
+
+
+def host_features(images: np.ndarray) -> np.ndarray:
+    """`projection` of grayscale images repeated to RGB, in float64 on the host (the reference)."""
+    return np.repeat(images, 3, axis=-1).reshape(len(images), -1) / 255 @ W.astype(np.float64)
+
+
+def random_images(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 8, 8, 1), dtype=np.uint8)
+
+
+def test_streamed_fid_equals_fid_of_all_features_at_once():
+    images = random_images(100, 0)  # grayscale: repeated to RGB on device
+    x, ref_x = host_features(images), host_features(random_images(60, 1))
+    reference = FIDReference(ref_x.mean(axis=0), np.cov(ref_x, rowvar=False), ref_x.astype(np.float32), "ref")
+    calls = []
+
+    def sample_chunk(start, size):
+        calls.append((start, size))
+        return images[start : start + size]
+
+    result = fid_of_samples(sample_chunk, 100, projection, reference, chunk_size=24, seed=3)
+    assert calls == [(0, 24), (24, 24), (48, 24), (72, 24), (96, 4)]
+    expected = fid_from_stats(x.mean(axis=0), np.cov(x, rowvar=False), reference.mu, reference.sigma)
+    assert result["num"] == 100 and result["fid"] == pytest.approx(expected, rel=1e-5)
+    # Precision/recall: 60 reference rows against the 60 sample rows KeptFeatures(seed) chooses.
+    chosen = KeptFeatures(100, 60, DIM, seed=3).indices
+    assert (result["precision"], result["recall"]) == precision_recall(ref_x, x[chosen])
+    # Fewer samples than dimensions: the exact distance from n × n matrices; no reference features, no P/R.
+    few = fid_of_samples(sample_chunk, 12, projection, FIDReference(reference.mu, reference.sigma, None, "r"),
+                         chunk_size=24)  # fmt: skip
+    expected = frechet_distance(x[:12].mean(axis=0), np.cov(x[:12], rowvar=False), reference.mu, reference.sigma)
+    assert few.keys() == {"num", "fid"} and few["fid"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_distance_of_few_features_equals_the_full_eigenvalue_form():
+    # n < d samples against a full-rank and a rank-deficient reference: the d × d computation.
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(9, 30)) * rng.uniform(0.1, 3, size=30) + 2
+    for ref_rows in (100, 12):
+        r = rng.normal(size=(ref_rows, 30)) + 1
+        mu, sigma = r.mean(axis=0), np.cov(r, rowvar=False)
+        expected = frechet_distance(x.mean(axis=0), np.cov(x, rowvar=False), mu, sigma)
+        assert frechet_distance_of_few(x, mu, sigma) == pytest.approx(expected, rel=1e-10)
+    assert frechet_distance_of_few(x, x.mean(axis=0), np.cov(x, rowvar=False)) == pytest.approx(0, abs=1e-9)
+
+
+def test_kept_features_are_the_chosen_rows_whatever_the_chunks():
+    x = np.random.default_rng(2).normal(size=(50, 3)).astype(np.float32)
+    kept = KeptFeatures(50, 10, 3, seed=4)
+    for start, stop in [(0, 7), (7, 8), (8, 31), (31, 50)]:
+        kept.update(x[start:stop], start)
+    rows = kept.gather()
+    assert len(np.unique(kept.indices)) == 10 and rows.shape == (10, 3)
+    np.testing.assert_array_equal(np.sort(rows[:, 0]), np.sort(x[kept.indices, 0]))  # those rows, in some order
+    # Every index is as likely: over 2,000 seeds each of 50 is kept 2000 * 10/50 = 400 ± 18 times.
+    counts = np.bincount(np.concatenate([KeptFeatures(50, 10, 1, seed=s).indices for s in range(2000)]), minlength=50)
+    assert np.abs(counts - 400).max() < 5 * 18
+    kept.update(x, 0)  # a stream that passed its rows twice
+    with pytest.raises(RuntimeError, match="seen \\[2\\] times"):
+        kept.gather()
+    with pytest.raises(ValueError, match="keep between 1 and 50"):
+        KeptFeatures(50, 51, 3)
+
+
+def test_reference_files_keep_features_that_pytorch_fid_ignores(tmp_path):
+    x = host_features(random_images(30, 3))
+    mu, sigma = x.mean(axis=0), np.cov(x, rowvar=False)
+    save_reference(tmp_path / "ref.npz", mu, sigma, x[:20])
+    with np.load(tmp_path / "ref.npz") as f:
+        assert sorted(f.files) == ["features", "mu", "sigma"] and f["features"].dtype == np.float32
+    np.testing.assert_array_equal(load_stats(tmp_path / "ref.npz")[0], mu)  # what pytorch-fid reads
+    reference = load_reference(tmp_path / "ref.npz", dim=DIM)
+    np.testing.assert_array_equal(reference.features, x[:20].astype(np.float32))
+    save_stats(tmp_path / "plain.npz", mu, sigma)
+    assert load_reference(tmp_path / "plain.npz").features is None
+    with pytest.raises(ValueError, match="16-dimensional features; 2048 are expected"):
+        load_reference(tmp_path / "ref.npz", dim=2048)
+    np.savez(tmp_path / "bad.npz", mu=mu, sigma=sigma, features=np.zeros((5, 3)))
+    with pytest.raises(ValueError, match=r"'features' has shape \(5, 3\).*--keep_features"):
+        load_reference(tmp_path / "bad.npz")
+
+
+def test_open_fid_checks_the_network_against_the_statistics(tmp_path):
+    save_stats(tmp_path / "five.npz", np.zeros(5), np.eye(5))
+    with pytest.raises(ValueError, match="5-dimensional features; 16 are expected"):
+        open_fid("", tmp_path / "five.npz", (8, 8, 1), projection)
+    with pytest.raises(ValueError, match="--inception"):
+        open_fid("", tmp_path / "five.npz", (8, 8, 1))
+    with pytest.raises(ValueError, match="train/fid_stats.py"):
+        open_fid("", "", (8, 8, 1), projection)
+
+
+def test_fid_stats_keeps_a_random_subset_of_the_dataset_features(tmp_path):
+    out = tmp_path / "digits.npz"
+    argv = ["--inception", "unused", "--out", str(out), "--batch_size", "64", "--keep_features", "100"]
+    fid_stats.main(fid_stats.parse_config(argv), projection)
+    reference = load_reference(out, dim=DIM)
+    source = open_source("digits")
+    x = host_features(np.stack([source[i]["image"] for i in range(len(source))]))
+    np.testing.assert_allclose(reference.mu, x.mean(axis=0), rtol=1e-5, atol=1e-6)
+    # The rows KeptFeatures(seed 0) chooses, spread over the dataset (float32 features on the devices).
+    chosen = KeptFeatures(len(source), 100, DIM, seed=0).indices
+    assert chosen.max() > 1000 and len(np.unique(chosen)) == 100
+    kept, expected = reference.features, x[chosen]
+    np.testing.assert_allclose(kept[np.argsort(kept[:, 0])], expected[np.argsort(expected[:, 0])], atol=1e-5)
+
+
+def test_flags_for_fid_are_checked_before_anything_loads(capsys):
+    import main as train_main
+    import sample
+
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--run_dir", "r", "--fid", "stats.npz"])
+    assert "--fid needs --inception" in capsys.readouterr().err
+
+    def check(*argv):
+        train_main.check_eval(train_main.parse_config(["--eval_every", "100", *argv]))
+
+    with pytest.raises(SystemExit, match="pass --fid_ref and --inception"):
+        check()
+    files = ["--fid_ref", "ref.npz", "--inception", "w.safetensors"]
+    with pytest.raises(SystemExit, match="--eval_num must be >= 2"):
+        check(*files, "--eval_num", "1")
+    with pytest.raises(SystemExit, match="train/sample.py --fid --prompts"):
+        check(*files, "--eval_num", "128", "--dataset", "captioned_digits")
+    check(*files, "--eval_num", "100")  # not a multiple of --batch_size 64: the last batch is cut
+
+
+@pytest.mark.slow
+def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
+    """train/sample.py --fid on a checkpoint, in-process with the stand-in network (InceptionV3's compile
+    would cost a slow CPU ~15 s; its loading is open_fid's, its parity test_inception's)."""
+    import sample
+
+    x = host_features(random_images(8, 7))
+    save_reference(tmp_path / "ref.npz", x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
+    out = tmp_path / "fid.jsonl"
+    # 12 samples in chunks of 8 (one per device): the second chunk padded to 8 and cut to 4.
+    argv = ["--run_dir", str(eight_device_run), "--num", "12", "--batch_size", "8", "--steps", "2",
+            "--fid", str(tmp_path / "ref.npz"), "--inception", "unused", "--fid_out", str(out)]  # fmt: skip
+    sample.main(sample.parse_args(argv), features_fn=projection)
+    (line,) = [json.loads(s) for s in out.read_text().splitlines()]
+    assert line["step"] == 24 and line["num"] == 12 and line["ref"] == str(tmp_path / "ref.npz")
+    assert line["method"] == "heun" and line["fid"] > 0 and 0 <= line["precision"] <= 1 and 0 <= line["recall"] <= 1
+    assert f"FID {line['fid']:.4f}  precision {line['precision']:.4f}" in capsys.readouterr().out
