@@ -44,7 +44,7 @@ from eqxdiff.diffusion import (
     schedule_by_name,
 )
 from eqxdiff.generate import decode_latents, generate
-from eqxdiff.images import from_uint8, save_image_grid
+from eqxdiff.images import from_uint8, save_image_grid, to_uint8
 from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning
@@ -104,6 +104,10 @@ class Config:
     sample_steps: int = 18
     sample_method: str = "heun"
     cfg_scale: float = 1.5
+    eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
+    eval_num: int = 10000  # sampled --batch_size at a time
+    fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
+    inception: str = ""  # pytorch-fid's Inception weights as .safetensors (tools/convert_pytorch_fid.py)
     ckpt_every: int = 500  # and always at the end (or on SIGTERM/SIGINT)
     keep_checkpoints: int = 3
     resume_step: int = -1  # -1: the newest checkpoint in run_dir, if any
@@ -278,6 +282,24 @@ def check_batch(cfg: Config, num_devices: int) -> None:
         )
 
 
+def check_eval(cfg: Config) -> None:
+    """--eval_every's flags, before anything loads or compiles."""
+    if cfg.eval_every <= 0:
+        return
+    missing = [f"--{name}" for name in ("fid_ref", "inception") if not getattr(cfg, name)]
+    if missing:
+        raise SystemExit(
+            f"--eval_every {cfg.eval_every} measures FID: pass {' and '.join(missing)} (--fid_ref: the dataset's "
+            "statistics from train/fid_stats.py; --inception: pytorch-fid's weights from tools/convert_pytorch_fid.py)."
+        )
+    if cfg.eval_num < 2:
+        raise SystemExit(f"--eval_num must be >= 2 (a covariance needs two samples; FID is usually taken of 10,000 to "
+                         f"50,000), got {cfg.eval_num}.")  # fmt: skip
+    if wants_captions(cfg.text_encoder, cfg.dataset):
+        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
+                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip
+
+
 def start_jax(cfg: Config) -> None:
     """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
     before the backend starts."""
@@ -295,9 +317,11 @@ def start_jax(cfg: Config) -> None:
 
 
 def train_loop(cfg: Config, state, train_step, batches, logger: MetricsLogger, *, start_step: int,
-               log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop) -> object:  # fmt: skip
+               log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop,
+               evaluate=None) -> object:  # fmt: skip
     """Steps start_step+1 .. cfg.steps; returns the state. At most two steps are in flight, and the
-    host reads metrics only at the log cadence."""
+    host reads metrics only at the log cadence. `evaluate(step, state)`: metrics logged every
+    --eval_every steps."""
     previous, first = None, start_step + 1
     bar = tqdm(range(first, cfg.steps + 1), desc="train", total=cfg.steps, initial=start_step, mininterval=2.0,
                disable=not logger.enabled)  # fmt: skip
@@ -323,9 +347,11 @@ def train_loop(cfg: Config, state, train_step, batches, logger: MetricsLogger, *
                     f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
                 )
         stopping = stop.should_stop(step, cfg.log_every)
-        with log_window.paused():  # sampling and saving are not training time
+        with log_window.paused():  # sampling, FID and saving are not training time
             if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
                 write_samples(step, state)
+            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
+                logger.log(step, evaluate(step, state))
             if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 save_checkpoint(step, state)
         if stopping:
@@ -341,6 +367,7 @@ def main(cfg: Config) -> None:
 
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
+    check_eval(cfg)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
     source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg.text_encoder, cfg.dataset),
@@ -354,6 +381,14 @@ def main(cfg: Config) -> None:
     latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
     schedule = schedule_by_name(cfg.schedule)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder is not None))
+    if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
+        from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid  # scipy: only here
+
+        try:  # FID sees images: a latent run's samples decoded
+            fid_images = image_shape_of_samples(image_shape, autoencoder)
+            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images)
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"--eval_every: {e}") from e
 
     def make_model(key):
         return build_model(cfg.model, image_shape, cfg.remat, key, num_classes=num_classes, text=text)
@@ -424,6 +459,25 @@ def main(cfg: Config) -> None:
             path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
             tqdm.write(f"step {step}: samples -> {path}")
 
+    def evaluate(step: int, state) -> dict:
+        """FID of --eval_num EMA samples (every class alike, the same noise at every evaluation), and
+        precision/recall if --fid_ref keeps features, as eval/* metrics; --batch_size at a time (the last
+        batch padded: one sampler program)."""
+        labels = np.resize(np.arange(num_classes, dtype=np.int32), cfg.eval_num) if num_classes else None
+
+        def sample_chunk(start: int, size: int) -> np.ndarray:
+            rows = np.minimum(np.arange(start, start + cfg.batch_size), cfg.eval_num - 1)
+            out = generate(
+                state.ema, schedule, parameterization, None if labels is None else labels[rows],
+                cfg.batch_size, image_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method,
+                cfg_scale=cfg.cfg_scale, seed=chunk_seed(cfg.seed, start),
+            )  # fmt: skip
+            return to_uint8((out if autoencoder is None else decode_latents(autoencoder, out, mesh=mesh))[:size])
+
+        result = fid_of_samples(sample_chunk, cfg.eval_num, fid_network, fid_reference, chunk_size=cfg.batch_size,
+                                seed=cfg.seed)  # fmt: skip
+        return {f"eval/{name}": value for name, value in result.items() if name != "num"}
+
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
@@ -455,7 +509,7 @@ def main(cfg: Config) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_samples, save_checkpoint=save_checkpoint, stop=stop,
+            write_samples=write_samples, save_checkpoint=save_checkpoint, stop=stop, evaluate=evaluate,
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
 
