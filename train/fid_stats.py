@@ -32,8 +32,7 @@ from tqdm import tqdm
 
 from eqxdiff.data import Prefetch, open_source
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
-from eqxdiff.eval.fid import KeptFeatures, feature_dim, replicated, rgb_features, save_reference
-from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.eval.fid import KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference
 from eqxdiff.sharding import batch_sharding, make_mesh
 from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
 
@@ -157,7 +156,7 @@ def main(cfg: Config, features_fn=None) -> None:
     start_jax(cfg)
     source = open_source(cfg.dataset, cfg.image_size)
     if features_fn is None:
-        features_fn = InceptionV3.from_pytorch_fid(Path(cfg.inception).expanduser())
+        features_fn = load_inception(cfg.inception)
     keep = None  # a random subset of the features, for precision and recall
     if cfg.keep_features:
         dim = feature_dim(features_fn, image_field(source).shape)

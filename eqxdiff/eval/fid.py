@@ -26,8 +26,9 @@ from jaxtyping import Float
 
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats
 from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
-from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, skipped_keys
 from eqxdiff.eval.precision_recall import precision_recall
+from eqxdiff.nn.torch_weights import load_safetensors
 from eqxdiff.sharding import batch_sharding, make_mesh
 
 FEATURES_KEY = "features"  # the reference file's kept feature rows [n, d] float32, in random order
@@ -242,6 +243,20 @@ def image_shape_of_samples(sample_shape: tuple[int, ...], autoencoder: Any = Non
     return jax.eval_shape(autoencoder.decode, jax.ShapeDtypeStruct((1, *sample_shape), np.float32)).shape[1:]
 
 
+def load_inception(path: str | Path) -> InceptionV3:
+    """InceptionV3.from_pytorch_fid(path); in a job of several processes, with its weights on this
+    process's first device: from_pytorch_fid puts them on jax.devices()[0], which only process 0
+    can address."""
+    path = Path(path).expanduser()
+    if jax.process_count() == 1:
+        return InceptionV3.from_pytorch_fid(path)
+    if path.suffix != ".safetensors" or not path.is_file():
+        return InceptionV3.from_pytorch_fid(path)  # its errors name the converter
+    abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
+    local = make_mesh(devices=jax.local_devices()[:1])
+    return load_safetensors(abstract, path, ignore=skipped_keys(abstract), mesh=local, layouts=TORCH_LAYOUTS)
+
+
 def open_fid(
     inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None
 ) -> tuple[Any, FIDReference]:
@@ -254,7 +269,7 @@ def open_fid(
         if not str(inception):
             raise ValueError("FID needs the Inception weights: pass --inception FILE.safetensors "
                              "(pytorch-fid's .pth converted by tools/convert_pytorch_fid.py).")  # fmt: skip
-        features_fn = InceptionV3.from_pytorch_fid(Path(inception).expanduser())
+        features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")
     return features_fn, load_reference(reference, dim=feature_dim(features_fn, image_shape))
