@@ -256,9 +256,11 @@ def text_conditioning(cfg: Config, source, mesh) -> TextConditioning | None:
                     min_size=cfg.fsdp_min_param_size)  # fmt: skip
 
 
-def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None):
+def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
+                causal: bool = SCRATCH_TEXT_CAUSAL):  # fmt: skip
     """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
-    read by a text tower trained with it (`TextConditioned`, its null the tokens of "")."""
+    read by a text tower trained with it (`TextConditioned`, its null the tokens of "", `causal`
+    its attention: checkpoints store it)."""
     if text is None:
         return MODELS[name](image_shape, remat, key, num_classes=num_classes)
     if text.encoder is not None:
@@ -266,7 +268,7 @@ def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes:
     key_text, key_net = jax.random.split(key)
     null = text.tokens([""])
     net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
-    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=SCRATCH_TEXT_CAUSAL)
+    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=causal)
     return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
 
 
@@ -482,6 +484,8 @@ def main(cfg: Config) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
                       **text_config(text))  # fmt: skip
+        if text is not None and text.encoder is None:  # a scratch tower: how it attends, for train/sample.py
+            config["text"]["causal"] = SCRATCH_TEXT_CAUSAL
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")

@@ -102,7 +102,9 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
 
         def make_model(key):
             shape, n = tuple(stored["image_shape"]), stored["num_classes"]
-            return build_model(cfg.model, shape, False, key, num_classes=n, text=text)
+            # Scratch towers saved before `causal` was stored were causal.
+            causal = stored.get("text", {}).get("causal", True)
+            return build_model(cfg.model, shape, False, key, num_classes=n, text=text, causal=causal)
 
         # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
         optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
