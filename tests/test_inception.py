@@ -16,7 +16,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from eqxdiff.eval import InceptionV3
-from eqxdiff.eval.inception import IGNORED_KEYS, TORCH_LAYOUTS, BasicConv2d, resize_bilinear, skipped_keys
+from eqxdiff.eval.inception import IGNORED_KEYS, TORCH_LAYOUTS, BasicConv2d, skipped_keys
+from eqxdiff.eval.resize import resize_bilinear
 from eqxdiff.nn.torch_weights import leaf_layouts
 
 DATA = Path(__file__).parent / "data" / "inception"
