@@ -66,7 +66,8 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
 
     run_dir = tmp_path / "run"
     run("main.py", "--run_dir", run_dir, "--dataset", f"latents:{latents}", "--model", "unet_tiny", "--batch_size", 16,
-        "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled")  # fmt: skip
+        "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled",
+        "--schedule", "vp_cosine", "--parameterization", "v")  # main.py's run of these: see test_train_main.py  # fmt: skip
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
     with Image.open(run_dir / "samples" / "step_000003.png") as grid:
         assert grid.size == ((10 * 9 + 1) * 4,) * 2 and grid.mode == "RGB"  # 10×10 decoded 8×8×3 images

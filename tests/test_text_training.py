@@ -27,7 +27,8 @@ def stored_config(run_dir: Path) -> dict:
 def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path):
     """SD's layout: text_encoder/ with tokenizer/ beside it (found without --tokenizer); captioned_digits'
     captions through CLIP's BPE; the zeros null; a grid row per prompt; prompts scored by the digits
-    classifier on each half."""
+    classifier on each half. Also the scripts' run of the flow schedule and parameterization
+    (tests/test_train_main.py's SMOKE says which test runs which)."""
     tokenizer = load_tokenizer(TOKENIZER)
     config = dict(vocab_size=tokenizer.tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=37,
                   num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16,
@@ -37,7 +38,7 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path):
 
     run_dir = tmp_path / "run"
     run("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--text_encoder", tower, "--null_text",
-        "zeros", "--steps", 2, "--sample_every", 2, *SMOKE)  # fmt: skip
+        "zeros", "--steps", 2, "--sample_every", 2, *SMOKE, "--schedule", "flow", "--parameterization", "flow")  # fmt: skip
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
     with Image.open(run_dir / "samples" / "step_000002.png") as grid:
         assert grid.size == ((10 * 17 + 1) * 4, (10 * 9 + 1) * 4)  # 10 prompts × 10 samples of 8×16
