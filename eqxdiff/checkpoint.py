@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
 
+from eqxdiff import xla_cpu
+
 # orbax splits every replicated array into per-replica slices before writing ("replica
 # parallel"): thousands of small slice dispatches for a small UNet's state, most of each save's
 # blocking time (BENCHMARKS.md). Kept only where the slices are large enough to pay for it
@@ -52,6 +54,13 @@ def _differences(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
     out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
     return sorted(out)[:limit]
+
+
+def all_finite(tree) -> bool:
+    """Whether every inexact array of `tree` is finite: one host read of a jitted reduction, or
+    numpy on the host on a single-process CPU run with `eqxdiff.xla_cpu` on (xla_cpu.py, 6)."""
+    on_host = xla_cpu.host_all_finite(jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array)))
+    return bool(_all_finite(tree)) if on_host is None else on_host
 
 
 @eqx.filter_jit
@@ -97,7 +106,7 @@ class Checkpoints:
             return "exists"
         if self.steps and step < self.steps[-1]:
             return "not_newest"
-        if not bool(_all_finite(state)):  # one host read, at the checkpoint cadence only
+        if not all_finite(state):  # at the checkpoint cadence only
             return "non_finite"
         args = ocp.args.Composite(
             state=ocp.args.PyTreeSave(eqx.filter(state, eqx.is_array)),

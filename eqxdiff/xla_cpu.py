@@ -17,7 +17,8 @@ scripts call `enable()`):
    moving to earlier blocks before the block's parameter gradients exist.
 3. init draws in a few shared programs (`padded_draw`). Eager `jax.random` compiles one
    program per parameter shape (a 4-D threefry draw takes seconds on XLA:CPU); instead each
-   draw is a slice of one flat jitted draw whose length is rounded up to a few sizes. The values
+   draw is a slice of one flat jitted draw: 2^16 values for every draw up to that size, powers
+   of 2 past it, so a small model's init lowers and compiles one draw program. The values
    are bitwise those of `jax.random` with `jax_threefry_partitionable` (the default): element i
    of a draw depends only on the key and on i (row-major), not on the shape.
 4. compiler options (`compiler_options()`, for steps compiled on a CPU mesh): LLVM at -O1
@@ -29,6 +30,9 @@ scripts call `enable()`):
    faster with XLA's own kernels (Eigen convs and matmuls, its fused loops), per core and more so
    on two. Off in `compiler_options()` and, for everything else a script compiles, in
    `XLA_FLAGS` (read when the backend starts, so `enable()` must come first, as in start_jax).
+6. checkpoint finiteness on the host (`host_all_finite`, single-process CPU only). A jitted
+   "every leaf finite" compiles one reduction kernel per leaf on XLA:CPU (seconds for a UNet's
+   state, once per run); the arrays already live in host memory, so numpy reads them instead.
 
 Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
 (custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
@@ -202,11 +206,10 @@ def _flat(key, length: int, normal, scale):
 
 
 def _padded_length(size: int) -> int:
-    """16, 256, 4096, 65536, then powers of 2: few distinct lengths (compiles) for small draws;
-    past 2^16 the draw itself costs more than a compile, so at most 2x is drawn."""
-    length = 16
-    while length < min(size, 2**16):
-        length *= 16
+    """2^16 up to 2^16, then powers of 2: one program for every small draw (lowering and compiling
+    each distinct length costs far more than drawing 2^16 values); past 2^16 the draw itself
+    costs more than a compile, so at most 2x is drawn."""
+    length = 2**16
     while length < size:
         length *= 2
     return length
@@ -223,3 +226,16 @@ def padded_draw(key, shape: tuple[int, ...], normal: bool, scale: float):
         return flat[:size].reshape(shape)
     return jax.device_put(np.asarray(flat)[:size].reshape(shape))  # jnp.asarray would compile a copy per shape
 
+
+# --- 6. checkpoint finiteness on the host ------------------------------------------------------
+
+
+def host_all_finite(leaves: list[jax.Array]) -> bool | None:
+    """Whether every array in `leaves` is finite, read with numpy when the workarounds are on,
+    this is the only process and every leaf lives on CPU devices (each shard once: replicas
+    skipped); None otherwise (the caller's jitted reduction then decides, across processes)."""
+    if not _enabled or jax.process_count() != 1:
+        return None
+    if any(d.platform != "cpu" for x in leaves for d in x.devices()):
+        return None
+    return all(np.isfinite(np.asarray(s.data)).all() for x in leaves for s in x.addressable_shards if s.replica_id == 0)

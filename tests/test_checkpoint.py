@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqxdiff.checkpoint import CheckpointError, Checkpoints
+from eqxdiff import xla_cpu
+from eqxdiff.checkpoint import CheckpointError, Checkpoints, all_finite
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state
 
@@ -112,6 +113,31 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path):
             restore_on(checkpoints, 3, mesh, make=lambda key: make_model(key, width=32))
         with pytest.raises(CheckpointError, match=r"No checkpoint for step 5 .* complete ones: \[3\]"):
             restore_on(checkpoints, 5, mesh)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_on_the_host_and_jitted_agree_on_each_shard(bad):
+    # A leaf sharded over 8 devices (the bad value in the last device's shard), a replicated one,
+    # bf16 and an integer leaf (never checked: counters are finite by construction).
+    mesh = make_mesh(data=8)
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    good = {
+        "sharded": jax.device_put(np.arange(32, dtype=np.float32), sharded),
+        "replicated": jax.device_put(np.ones((3, 3), jnp.bfloat16), replicated),
+        "count": jax.device_put(np.int32(7), replicated),
+    }
+    trees = {
+        "good": (good, True),
+        "last_shard": ({**good, "sharded": good["sharded"].at[31].set(bad)}, False),
+        "bf16": ({**good, "replicated": good["replicated"].at[2, 1].set(bad)}, False),
+    }
+    for name, (tree, expected) in trees.items():
+        assert xla_cpu.host_all_finite(jax.tree.leaves(tree)) is not None  # the host path is the one taken
+        with xla_cpu.disabled():
+            assert xla_cpu.host_all_finite(jax.tree.leaves(tree)) is None
+            assert all_finite(tree) is expected, name  # the jitted reduction
+        assert all_finite(tree) is expected, name
 
 
 def test_a_non_finite_state_never_replaces_a_good_checkpoint(tmp_path):
