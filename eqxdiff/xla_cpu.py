@@ -17,8 +17,8 @@ scripts call `enable()`):
    moving to earlier blocks before the block's parameter gradients exist.
 3. init draws in a few shared programs (`padded_draw`). Eager `jax.random` compiles one
    program per parameter shape (a 4-D threefry draw takes seconds on XLA:CPU); instead each
-   draw is a slice of one flat jitted draw: 2^16 values for every draw up to that size, powers
-   of 2 past it, so a small model's init lowers and compiles one draw program. The values
+   draw is a slice of one flat jitted draw of 2^12 or 2^16 values (powers of 2 past that), so a
+   small model's init lowers and compiles one or two draw programs. The values
    are bitwise those of `jax.random` with `jax_threefry_partitionable` (the default): element i
    of a draw depends only on the key and on i (row-major), not on the shape.
 4. compiler options (`compiler_options()`, for steps compiled on a CPU mesh): LLVM at -O1
@@ -206,10 +206,12 @@ def _flat(key, length: int, normal, scale):
 
 
 def _padded_length(size: int) -> int:
-    """2^16 up to 2^16, then powers of 2: one program for every small draw (lowering and compiling
-    each distinct length costs far more than drawing 2^16 values); past 2^16 the draw itself
-    costs more than a compile, so at most 2x is drawn."""
-    length = 2**16
+    """2^12, 2^16, then powers of 2: two programs for every draw up to 2^16 (lowering and compiling
+    each distinct length costs far more than drawing a few thousand values more); past 2^16 the
+    draw itself costs more than a compile, so at most 2x is drawn."""
+    length = 2**12
+    while length < min(size, 2**16):
+        length *= 16
     while length < size:
         length *= 2
     return length
