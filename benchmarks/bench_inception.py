@@ -1,0 +1,222 @@
+"""FID feature extraction throughput, side by side: eqxdiff's `InceptionV3` vs pytorch-fid's PyTorch network.
+
+pytorch-fid's FID Inception (`pytorch_fid.inception.InceptionV3([3])`: pool3, 2048-d, 23.9M
+params) with random weights, the SAME weights on both sides: the torch peer draws them
+(tools/make_fid_fixtures.py's seeded recipe: BatchNorm statistics not the identity), loads them
+into pytorch-fid's network through its own `fid_inception_v3()`, and writes them as the safetensors
+file tools/convert_pytorch_fid.py produces (its `convert`, on the state_dict saved as a .pth);
+eqxdiff reads that with `InceptionV3.from_pytorch_fid(path)`. No real weights exist on this machine
+(nothing is downloaded); speed does not depend on the values.
+
+    python benchmarks/bench_inception.py            # 32² and 299² inputs, batch 50, 5 rounds (~5 min on a 2-core CPU)
+    python benchmarks/bench_inception.py --quick    # smoke: 32², batch 2, one round
+
+The torch side runs in its own venv (tools/README.md: /work/torchvenv, pytorch-fid installed
+--no-deps; torch is never a project dependency) as ONE child process, benchmarks/inception_torch_peer.py,
+started once and driven over stdin/stdout; the two sides never run at the same time. pytorch-fid's
+network needs torchvision's pure-Python inception.py, read from a torchvision wheel under stub
+packages (`--torchvision`; `/work/torchvenv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv`).
+
+Per input size, both sides get the same uint8 NHWC images (uniform random bytes) and the same batch
+(default 50, pytorch-fid's fid_score default; every input is resized to 299×299 inside the network
+on both sides, so the work per image hardly depends on the input size: 32² is what FID of CIFAR-size
+models feeds it, 299² skips the upsampling's interpolation work):
+- eqxdiff: `eqxdiff.eval.fid.rgb_features(net, images)`, the `eqx.filter_jit` function
+  `fid_of_samples` (train/sample.py, train/main.py) calls per chunk, on uint8 images already on
+  the device; it is `net(images)`: /255, bilinear resize to 299, 2x - 1, pool3, float32 (convs at
+  `Precision.HIGHEST`). `xla_cpu.enable()` as the train scripts do (it changes nothing in a forward
+  pass). Compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call.
+- torch: `torch.set_num_threads(--threads)` (the cores XLA uses), the images as fid_score's
+  DataLoader hands them over (ToTensor: NCHW float32 in [0, 1], converted once, outside the timing),
+  `model(batch)[0]` under `torch.no_grad()` as fid_score calls it (F.interpolate to 299 and 2x - 1
+  inside the network), one warm-up call.
+Then ALTERNATING rounds: eqxdiff `calls` calls, torch `calls` calls, eqxdiff, torch, ... (each
+eqxdiff call blocks on its output before the next). images/s = batch·calls·rounds / summed round
+seconds; `ratio` = eqxdiff / torch images/s (> 1 favours eqxdiff); `paired_ratio_median` = the
+median over rounds of (eqxdiff round images/s / the torch round right after it), less sensitive to
+load from other jobs drifting over the run.
+
+Agreement: the warm-up features of the two sides, max abs difference, with the features' max abs for
+scale; `relative_diff` = their ratio, to be within 1e-4 (tests/test_inception.py's parity tolerance;
+float32 through ~95 conv layers). stdout gets one JSON line; progress goes to stderr.
+"""
+
+import argparse
+import datetime
+import glob
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from eqxdiff import xla_cpu
+from eqxdiff.eval import InceptionV3
+from eqxdiff.eval.fid import rgb_features
+from eqxdiff.training.metrics import measured_cpu_matmul_flops
+
+xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
+
+PEER = Path(__file__).resolve().parent / "inception_torch_peer.py"
+TORCH_PYTHON = "/work/torchvenv/bin/python"
+TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
+TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/test_inception.py
+
+
+def version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class TorchPeer:
+    """benchmarks/inception_torch_peer.py in the torch venv: one JSON command per line, one answer."""
+
+    def __init__(self, python: str):
+        self.process = subprocess.Popen(
+            [python, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+
+    def __call__(self, cmd: str, **kwargs) -> dict:
+        self.process.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the torch peer exited (code {self.process.wait()}); its stderr is above")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise RuntimeError(f"torch peer, {cmd}: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def cpu_model() -> str | None:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng) -> dict:
+    """Compile, warm up, check agreement and time alternating rounds for one input size."""
+    batch, calls, rounds = args.batch, args.calls, args.rounds
+    images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    x = jax.device_put(images)
+    result = {"size": size, "batch": batch, "calls_per_round": calls, "rounds": rounds}
+
+    start = time.perf_counter()
+    rgb_features.lower(net, x).compile()
+    result["eqxdiff_compile_s"] = round(time.perf_counter() - start, 3)
+    start = time.perf_counter()
+    eqx_out = np.asarray(jax.block_until_ready(rgb_features(net, x)))
+    result["eqxdiff_first_call_s"] = round(time.perf_counter() - start, 3)
+
+    np.save(tmp / "input.npy", images)
+    answer = peer("prepare", input=str(tmp / "input.npy"), output=str(tmp / "output.npy"))
+    result["torch_first_call_s"] = round(answer["first_call_s"], 3)
+    torch_out = np.load(tmp / "output.npy")
+    if eqx_out.shape != torch_out.shape:
+        raise RuntimeError(f"feature shapes differ: eqxdiff {eqx_out.shape}, torch {torch_out.shape}")
+    diff, scale = float(np.max(np.abs(eqx_out - torch_out))), float(np.max(np.abs(torch_out)))
+    result.update(max_abs_diff=diff, feature_max_abs=scale, feature_mean=float(torch_out.mean()))
+    result["relative_diff"] = diff / scale
+    result["agrees"] = bool(diff <= TOLERANCE * scale)
+
+    def eqx_round() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            jax.block_until_ready(rgb_features(net, x))
+        return time.perf_counter() - start
+
+    seconds = {"eqxdiff": [], "torch": []}
+    for _ in range(rounds):
+        seconds["eqxdiff"].append(eqx_round())
+        seconds["torch"].append(peer("time", calls=calls)["seconds"])
+
+    n = batch * calls
+    for side, s in seconds.items():
+        result[f"{side}_images_per_s"] = round(n * len(s) / sum(s), 3)
+        result[f"{side}_round_images_per_s"] = [round(n / t, 3) for t in s]
+    result["ratio"] = round(result["eqxdiff_images_per_s"] / result["torch_images_per_s"], 3)
+    paired = [t / e for e, t in zip(seconds["eqxdiff"], seconds["torch"])]
+    result["paired_ratio_median"] = round(statistics.median(paired), 3)
+    print(json.dumps(result), file=sys.stderr, flush=True)  # progress
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",") if v], default=[32, 299],
+                        help="input sizes (square), resized to 299 inside the network")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=50, help="images per call, both sides (fid_score's default)")
+    parser.add_argument("--calls", type=int, default=1, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per size")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
+    parser.add_argument("--torch_python", default=TORCH_PYTHON)
+    parser.add_argument("--torchvision", default=TORCHVISION_WHEEL, help="a torchvision wheel (glob; .py files read)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 32², batch 2, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.batch, args.calls, args.rounds = [32], 2, 1, 1
+    wheels = sorted(glob.glob(args.torchvision))
+    if not wheels:
+        raise SystemExit(
+            f"no torchvision wheel at {args.torchvision}: "
+            "/work/torchvenv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv"
+        )
+
+    matmul_gflops = measured_cpu_matmul_flops() / 1e9
+    rng = np.random.default_rng(args.seed)
+    peer = TorchPeer(args.torch_python)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_inception_") as tmp:
+        tmp = Path(tmp)
+        weights = tmp / "fid_inception.safetensors"
+        build = peer("build", torchvision=wheels[-1], weights=str(weights), seed=args.seed, threads=args.threads)
+        start = time.perf_counter()
+        net = InceptionV3.from_pytorch_fid(weights)
+        eqx_load_s = time.perf_counter() - start
+        eqx_params = int(sum(a.size for a in jax.tree.leaves(eqx.filter(net, eqx.is_array))))
+        for size in args.sizes:
+            results.append(run_size(args, peer, net, tmp, size, rng))
+        peer.close()
+
+    print(
+        json.dumps(
+            {
+                "bench": "inception_vs_pytorch_fid",
+                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
+                "cpu": cpu_model(),
+                "cpu_count": os.cpu_count(),
+                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
+                "date": str(datetime.date.today()),
+                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy"]},
+                "torch_peer": {"python": args.torch_python, "threads": build["threads"], **build["versions"]},
+                "dtype": "fp32",
+                "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
+                "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
+                "quick": args.quick,
+                "results": results,
+                "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
