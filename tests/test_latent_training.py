@@ -12,6 +12,7 @@ from PIL import Image
 
 import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 import main as train_main  # train/main.py
+import sample as train_sample  # train/sample.py
 from eqxdiff.data import open_source
 from eqxdiff.images import to_uint8
 from eqxdiff.nn import AutoencoderKL
@@ -27,13 +28,18 @@ def test_sigma_data_follows_the_data_unless_given():
     assert train_main.sigma_data(given, on_latents=True) == 0.7
 
 
+def sample(run_dir: Path, *args) -> None:
+    """train/sample.py in this process (its script runs: tests/test_multihost.py)."""
+    train_sample.main(train_sample.parse_args(["--run_dir", str(run_dir), *map(str, args)]))
+
+
 def encode(out: Path, dataset: str, vae: str) -> Path:
     train_encode.main(train_encode.parse_config(["--dataset", dataset, "--vae", vae, "--out", str(out)]))
     return out
 
 
 @pytest.mark.slow
-def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path):
+def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys):
     """space_to_depth:1 stores the images themselves (as float16): the default job on those
     latents must give the stored pixel-space losses of tests/data/default_job_20_steps.json, since
     the latent draw has a key of its own and σ, ε and the label dropout draw as for images."""
@@ -49,8 +55,8 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path):
         assert grid.size == ((10 * 9 + 1) * 4,) * 2  # decoded to 8×8 digits
 
     out = tmp_path / "s.npz"
-    result = run("sample.py", "--run_dir", run_dir, "--num", 20, "--steps", 2, "--out", out, "--eval")
-    assert "class_accuracy" in result.stdout  # scored as digits: the images these latents encode
+    sample(run_dir, "--num", 20, "--steps", 2, "--out", out, "--eval")
+    assert "class_accuracy" in capsys.readouterr().out  # scored as digits: the images these latents encode
     with np.load(out) as saved:
         assert saved["images"].shape == (20, 8, 8, 1) and saved["latents"].shape == (20, 8, 8, 1)
         np.testing.assert_array_equal(saved["images"], to_uint8(saved["latents"]))  # decode is the identity
@@ -73,7 +79,7 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
         assert grid.size == ((10 * 9 + 1) * 4,) * 2 and grid.mode == "RGB"  # 10×10 decoded 8×8×3 images
 
     out = tmp_path / "s.npz"
-    run("sample.py", "--run_dir", run_dir, "--num", 8, "--steps", 1, "--out", out)
+    sample(run_dir, "--num", 8, "--steps", 1, "--out", out)
     with np.load(out) as saved:
         sampled, images = saved["latents"], saved["images"]
     assert sampled.shape == (8, 4, 4, 16) and images.shape == (8, 8, 8, 3)

@@ -24,7 +24,7 @@ def stored_config(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path):
+def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, capsys):
     """SD's layout: text_encoder/ with tokenizer/ beside it (found without --tokenizer); captioned_digits'
     captions through CLIP's BPE; the zeros null; a grid row per prompt; prompts scored by the digits
     classifier on each half. Also the scripts' run of the flow schedule and parameterization
@@ -48,9 +48,11 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path):
     }  # fmt: skip
 
     prompts = ["a 3 left of a 7", "nine then one"]
-    result = run("sample.py", "--run_dir", run_dir, "--prompts", *prompts, "--per_prompt", 3, "--steps", 1, "--cfg",
-                 3, "--out", tmp_path / "s.npz", "--eval")  # fmt: skip
-    assert "two digits: left" in result.stdout  # (3, 7) and (9, 1), read from the prompts
+    import sample  # train/sample.py, in this process (its script runs: tests/test_multihost.py)
+
+    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
+                                   "--cfg", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip
+    assert "two digits: left" in capsys.readouterr().out  # (3, 7) and (9, 1), read from the prompts
     with np.load(tmp_path / "s.npz") as saved:
         assert saved["images"].shape == (6, 8, 16, 1)
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(3)]
