@@ -15,7 +15,8 @@ def perturbed(model, scale):
     """Move every parameter off its (partly zero) init so every layer affects the output."""
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)  # numpy: eager jax.random would compile per shape
-    params = jax.tree.map(lambda p: p + jnp.asarray(scale * rng.normal(size=p.shape), p.dtype), params)
+    # The sum in numpy too: an eager jnp add (or jnp.asarray) compiles one program per shape.
+    params = jax.tree.map(lambda p: jax.device_put(np.asarray(p) + scale * rng.normal(size=p.shape).astype(p.dtype)), params)
     return eqx.combine(params, static)
 
 
@@ -43,8 +44,9 @@ def test_output_exactly_zero_at_init_and_shape():
 def test_null_cond_and_labels_change_output():
     model = perturbed(tiny(), 0.05)
     np.testing.assert_array_equal(model.null_cond(2), [10, 10])  # label num_classes: the table's last row
-    assert DiT(8, 2, 3, 32, 1, 4, key=jax.random.key(0)).null_cond(2) is None  # unconditional
-    np.testing.assert_allclose(call(model, X, T), call(model, X, T, jnp.full((2,), 10)), rtol=1e-6, atol=1e-6)
+    assert eqx.filter_eval_shape(DiT, 8, 2, 3, 32, 1, 4, key=jax.random.key(0)).null_cond(2) is None  # unconditional
+    # int32 like LABELS (jnp.full alone is weakly typed): the labelled call's compiled program.
+    np.testing.assert_allclose(call(model, X, T), call(model, X, T, jnp.full((2,), 10, jnp.int32)), rtol=1e-6, atol=1e-6)
     assert not np.allclose(call(model, X, T), call(model, X, T, LABELS))
 
 
@@ -119,7 +121,9 @@ def test_each_output_pixel_comes_from_its_own_patch_and_slot():
 
 
 def test_bf16_model_runs_in_bf16():
-    model = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if eqx.is_inexact_array(a) else a, perturbed(tiny(), 0.05))
+    # Cast in numpy: an eager astype compiles one program per parameter shape.
+    to_bf16 = lambda a: jax.device_put(np.asarray(a).astype(jnp.bfloat16)) if eqx.is_inexact_array(a) else a  # noqa: E731
+    model = jax.tree.map(to_bf16, perturbed(tiny(), 0.05))
     y = call(model, X.astype(jnp.bfloat16), T, LABELS)
     assert y.dtype == jnp.bfloat16 and bool(jnp.isfinite(y).all())
 
