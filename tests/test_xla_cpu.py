@@ -23,14 +23,21 @@ from eqxdiff.training.step import TrainStep
 assert jax.default_backend() == "cpu"  # the workarounds under test apply on CPU only
 
 
+# Initialising with the switch off compiles one jax.random draw per parameter shape (a 4-D one
+# takes seconds), so the models repeat shapes: both take 8 input channels, the UNet's width and
+# embedding size (conv_in and conv_out have the ResBlock convs' kernel shape, the time embedding
+# the block projections' one); the DiT's final linear is then hidden × hidden, and its MLP
+# (ratio 2) has the final adaLN's shape.
+
+
 def one_level_unet(key, remat=False):
     # Every block kind the switch reaches (convs, ResBlocks with and without a 1x1 skip under
     # remat) in fewer programs to compile; a second level adds only more of the same Conv2d.
-    return UNet(3, (8,), 1, num_middle_res_blocks=0, emb_features=16, norm_groups=4, remat=remat, key=key)
+    return UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, remat=remat, key=key)
 
 
 def tiny_dit(key, remat=False):
-    return DiT(8, 2, 3, 32, 1, 4, remat=remat, key=key)
+    return DiT(8, 2, 8, 32, 1, 4, mlp_ratio=2.0, remat=remat, key=key)
 
 
 def perturbed(model, scale=0.1):
@@ -42,7 +49,7 @@ def perturbed(model, scale=0.1):
     return eqx.combine(params, static)
 
 
-X = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 3)), jnp.float32)
+X = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 8)), jnp.float32)
 T = jnp.array([0.3, 2.0])
 
 
