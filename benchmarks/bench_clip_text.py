@@ -29,12 +29,10 @@ warm-up outputs (last_hidden_state, pooler_output). stdout gets one JSON line.
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +44,7 @@ import numpy as np
 from eqxdiff import xla_cpu
 from eqxdiff.nn import CLIPTextModel
 from eqxdiff.training.metrics import measured_cpu_matmul_flops
+from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
@@ -60,35 +59,7 @@ CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape th
 BOS, EOS, LENGTH = 49406, 49407, 77
 
 
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
-
-class TorchPeer:
-    """benchmarks/clip_torch_peer.py in the torch venv: one JSON command per line, one answer."""
-
-    def __init__(self, python: str):
-        self.process = subprocess.Popen(
-            [python, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-
-    def __call__(self, cmd: str, **kwargs) -> dict:
-        self.process.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the torch peer exited (code {self.process.wait()}); its stderr is above")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise RuntimeError(f"torch peer, {cmd}: {answer['error']}")
-        return answer
-
-    def close(self) -> None:
-        self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def prompts(batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -121,7 +92,7 @@ def main() -> None:
 
     matmul_gflops = measured_cpu_matmul_flops() / 1e9
     ids = prompts(args.batch, np.random.default_rng(args.seed))
-    peer = TorchPeer(args.torch_python)
+    peer = TorchPeer(args.torch_python, PEER)
     result = {"batch": args.batch, "tokens": LENGTH, "dtype": "fp32", "calls_per_round": args.calls}
     with tempfile.TemporaryDirectory(prefix="bench_clip_") as tmp:
         tmp = Path(tmp)

@@ -44,12 +44,10 @@ float32 through ~95 conv layers). stdout gets one JSON line; progress goes to st
 import argparse
 import datetime
 import glob
-import importlib.metadata
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +61,7 @@ from eqxdiff import xla_cpu
 from eqxdiff.eval import InceptionV3
 from eqxdiff.eval.fid import rgb_features
 from eqxdiff.training.metrics import measured_cpu_matmul_flops
+from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
@@ -72,35 +71,7 @@ TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
 TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/test_inception.py
 
 
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
-
-class TorchPeer:
-    """benchmarks/inception_torch_peer.py in the torch venv: one JSON command per line, one answer."""
-
-    def __init__(self, python: str):
-        self.process = subprocess.Popen(
-            [python, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-
-    def __call__(self, cmd: str, **kwargs) -> dict:
-        self.process.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the torch peer exited (code {self.process.wait()}); its stderr is above")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise RuntimeError(f"torch peer, {cmd}: {answer['error']}")
-        return answer
-
-    def close(self) -> None:
-        self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def cpu_model() -> str | None:
@@ -182,7 +153,7 @@ def main() -> None:
 
     matmul_gflops = measured_cpu_matmul_flops() / 1e9
     rng = np.random.default_rng(args.seed)
-    peer = TorchPeer(args.torch_python)
+    peer = TorchPeer(args.torch_python, PEER)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_inception_") as tmp:
         tmp = Path(tmp)

@@ -41,12 +41,10 @@ torch bf16 on a CPU without native bf16 (AVX512-BF16/AMX) runs its convolutions 
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +58,7 @@ import numpy as np
 from eqxdiff import xla_cpu
 from eqxdiff.nn import AutoencoderKL
 from eqxdiff.training.metrics import measured_cpu_matmul_flops
+from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
@@ -77,35 +76,7 @@ SMALL_VAE = {  # --quick
 JNP_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
-
-class TorchPeer:
-    """benchmarks/vae_torch_peer.py in the torch venv: one JSON command per line, one answer."""
-
-    def __init__(self, python: str):
-        self.process = subprocess.Popen(
-            [python, str(PEER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-
-    def __call__(self, cmd: str, **kwargs) -> dict:
-        self.process.stdin.write(json.dumps({"cmd": cmd, **kwargs}) + "\n")
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the torch peer exited (code {self.process.wait()}); its stderr is above")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise RuntimeError(f"torch peer, {cmd}: {answer['error']}")
-        return answer
-
-    def close(self) -> None:
-        self.process.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def cast(vae: AutoencoderKL, dtype) -> AutoencoderKL:
@@ -220,7 +191,7 @@ def main() -> None:
 
     matmul_gflops = measured_cpu_matmul_flops() / 1e9
     rng = np.random.default_rng(args.seed)
-    peer = TorchPeer(args.torch_python)
+    peer = TorchPeer(args.torch_python, PEER)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_vae_") as tmp:
         tmp = Path(tmp)

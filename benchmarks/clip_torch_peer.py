@@ -23,14 +23,13 @@ Every call is `model(input_ids)` (no attention mask, as SD pipelines call their 
 `torch.inference_mode()`.
 """
 
-import json
-import sys
 import time
 
 import numpy as np
 import torch
 import transformers
 from transformers import CLIPTextConfig, CLIPTextModel
+from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 
 class Peer:
@@ -71,22 +70,6 @@ class Peer:
             return {"seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    answers = sys.stdout
-    sys.stdout = sys.stderr  # transformers' and torch's prints must not reach the protocol stream
-    peer = Peer()
-    for line in sys.stdin:
-        command = json.loads(line)
-        name = command.pop("cmd")
-        if name == "exit":
-            break
-        try:
-            answer = {"ok": True, **getattr(peer, name)(**command)}
-        except Exception as error:  # reported to the driver, which stops
-            answer = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
-
 
 if __name__ == "__main__":
-    main()
+    serve(Peer())

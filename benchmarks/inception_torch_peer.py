@@ -36,14 +36,13 @@ and maps to [-1, 1] inside).
 
 import importlib.metadata
 import importlib.util
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -113,22 +112,6 @@ class Peer:
             return {"seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    answers = sys.stdout
-    sys.stdout = sys.stderr  # torch's and pytorch-fid's prints must not reach the protocol stream
-    peer = Peer()
-    for line in sys.stdin:
-        command = json.loads(line)
-        name = command.pop("cmd")
-        if name == "exit":
-            break
-        try:
-            answer = {"ok": True, **getattr(peer, name)(**command)}
-        except Exception as error:  # reported to the driver, which stops
-            answer = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
-
 
 if __name__ == "__main__":
-    main()
+    serve(Peer())

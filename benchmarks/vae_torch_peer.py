@@ -24,7 +24,6 @@ split and clamped, as diffusers' encode returns them); decode = `vae.decode(z).s
 """
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 from safetensors.torch import save_file
+from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -99,22 +99,6 @@ class Peer:
             return {"seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    answers = sys.stdout
-    sys.stdout = sys.stderr  # diffusers' and torch's prints must not reach the protocol stream
-    peer = Peer()
-    for line in sys.stdin:
-        command = json.loads(line)
-        name = command.pop("cmd")
-        if name == "exit":
-            break
-        try:
-            answer = {"ok": True, **getattr(peer, name)(**command)}
-        except Exception as error:  # reported to the driver, which stops
-            answer = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
-
 
 if __name__ == "__main__":
-    main()
+    serve(Peer())
