@@ -33,6 +33,7 @@ with install_import_hook("eqxdiff", "beartype.beartype"):
 # the library without them, under `xla_cpu.disabled()`).
 eqxdiff.xla_cpu.enable()
 
+import gc  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -66,3 +67,13 @@ def eight_device_run(tmp_path_factory, compile_cache):
     run("main.py", "--run_dir", run_dir, *REFERENCE, "--cpu_devices", 8)
     assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3
     return run_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clear_jax_caches():
+    """After each test module, jax's caches (traces, lowerings, compiled programs) are dropped: kept
+    for the whole session they grow with every program of every module, and a later module's
+    in-process runs take longer than they do alone (BENCHMARKS.md, "Test suite")."""
+    yield
+    jax.clear_caches()
+    gc.collect()
