@@ -39,6 +39,15 @@ def run(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess
     return result
 
 
+def train_here(*args, features_fn=None) -> None:
+    """train/main.py's own parse_config and main in this process: the test process's 8 devices, jit
+    caches and import hook, without a process start. Runs that must be processes of their own
+    (killed, resumed, several processes, the persistent compile cache) go through `run`."""
+    import main as train_main  # train/ is on sys.path (conftest)
+
+    train_main.main(train_main.parse_config([*map(str, args)]), features_fn=features_fn)
+
+
 class Started(subprocess.Popen):
     """A Popen whose merged stdout/stderr is read as it comes (tqdm writes no newlines), into
     `output()`; `finish(timeout)` waits and returns (returncode, all output)."""

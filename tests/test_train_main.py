@@ -1,4 +1,5 @@
-"""`python train/main.py` end to end: flags, outputs, the persistent compile cache, the NaN stop."""
+"""`python train/main.py` end to end: flags, outputs, the persistent compile cache, the NaN stop. Runs
+that need no process of their own call the script's main here (runs.train_here)."""
 
 import json
 import re
@@ -14,7 +15,7 @@ from PIL import Image
 
 from eqxdiff.data import open_source
 from eqxdiff.sharding import make_mesh
-from runs import saved_arrays
+from runs import saved_arrays, train_here
 
 ROOT = Path(__file__).parent.parent
 SMALL = ["--model", "unet_tiny", "--batch_size", "16", "--sample_steps", "2", "--wandb", "disabled"]
@@ -59,11 +60,11 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run"
 
     # The same run again: every program comes from the persistent cache (none is compiled and
-    # written anew), and the first step comes sooner.
+    # written anew), and the first step comes sooner. (Logging and profiling change no program.)
     entries = sorted(p.name for p in cache.iterdir())
     assert len(entries) > 10, entries
     again = tmp_path / "again"
-    result = run_main("--run_dir", str(again), *args)
+    result = run_main("--run_dir", str(again), *args, "--wandb", "disabled", "--profile_steps", "")
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in cache.iterdir()) == entries
     second = json.loads((again / "run.json").read_text())
@@ -74,10 +75,9 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
 @pytest.mark.slow
 def test_consecutive_nonfinite_steps_stop_with_the_documented_error(tmp_path):
     # lr = 1e38 sends the weights to inf after one update; every later step is non-finite.
-    result = run_main("--run_dir", str(tmp_path), *SMALL, "--steps", "12", "--log_every", "6", "--lr", "1e38",
-                      "--max_bad_steps", "3", "--sample_every", "1000")  # fmt: skip
-    assert result.returncode != 0
-    assert "consecutive non-finite steps" in result.stderr and "--max_bad_steps" in result.stderr
+    with pytest.raises(RuntimeError, match=r"consecutive non-finite steps .* raise --max_bad_steps"):
+        train_here("--run_dir", tmp_path, *SMALL, "--steps", 12, "--log_every", 6, "--lr", 1e38, "--max_bad_steps", 3,
+                   "--sample_every", 1000)  # fmt: skip
     assert rows(tmp_path)[-1]["train/bad_steps"] >= 3
 
 
@@ -134,8 +134,8 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
 # Every schedule and every parameterization runs through this script: edm/edm (the default job above),
 # edm/eps (the logging test above), vp_cosine/v (tests/test_latent_training.py's AutoencoderKL run),
 # flow/flow (tests/test_text_training.py's CLIP run) and vp_linear/x0 here, with the script's other
-# paths in the same run (each run is a process and a step to compile: most of a minute on 2 cores):
-# npz images without labels (an unconditional model), bf16, remat, gradient accumulation, and the DiT
+# paths in the same run (each run is a step to compile: tens of seconds on 2 cores):
+# npz images without labels (an unconditional model), bf16, remat, gradient accumulation, FID, and the DiT
 # as dit_tiny (dit_s's code at 2 blocks of width 64; dit_s's 12-block step takes most of a minute to
 # compile on a 2-core CPU).
 SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "bf16", "--remat", "--grad_accum_steps",
@@ -143,15 +143,26 @@ SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "
 
 
 @pytest.mark.slow
-def test_main_smoke_unlabeled_bf16_remat_accumulated_dit(tmp_path):
+def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path):
+    """Also --eval_every: FID with a stand-in feature network (tests/test_fid.py; InceptionV3's own
+    compile would double this test) at step 2 and at the end."""
+    from test_fid import DIM, host_features, projection, random_images
+
+    from eqxdiff.eval import save_reference
+
+    x = host_features(random_images(8, 7))
+    save_reference(tmp_path / "ref.npz", x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
     digits = open_source("digits")
     np.savez(tmp_path / "digits.npz", images=digits.images[:64])  # no labels: an unconditional model
     args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "1", *SMOKE,
-            "--dataset", f"npz:{tmp_path / 'digits.npz'}"]  # fmt: skip
-    result = run_main("--run_dir", tmp_path / "run", *args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    logged = rows(tmp_path / "run")
+            "--dataset", f"npz:{tmp_path / 'digits.npz'}", "--eval_every", 2, "--eval_num", 20,
+            "--fid_ref", tmp_path / "ref.npz", "--inception", "unused"]  # fmt: skip
+    train_here("--run_dir", tmp_path / "run", *args, features_fn=projection)
+    logged = [r for r in rows(tmp_path / "run") if "train/loss" in r]
     assert [r["step"] for r in logged] == [1, 2, 3] and all(np.isfinite(r["train/loss"]) for r in logged)
+    evals = [r for r in rows(tmp_path / "run") if "eval/fid" in r]  # 20 samples: a chunk of 16, one cut to 4
+    assert [r["step"] for r in evals] == [2, 3]
+    assert all(r["eval/fid"] > 0 and 0 <= r["eval/precision"] <= 1 and 0 <= r["eval/recall"] <= 1 for r in evals)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "3" / "config" / "metadata").read_text())
     assert saved["num_classes"] == 0 and saved["model"] == "dit_tiny" and saved["schedule"] == "vp_linear"
     assert saved["precision"] == "bf16" and saved["remat"] and saved["grad_accum_steps"] == 2

@@ -362,7 +362,8 @@ def train_loop(cfg: Config, state, train_step, batches, logger: MetricsLogger, *
     return state
 
 
-def main(cfg: Config) -> None:
+def main(cfg: Config, features_fn=None) -> None:
+    """`features_fn`: --eval_every's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     start_jax(cfg)
     run_dir = Path(cfg.run_dir)
     is_main = jax.process_index() == 0
@@ -388,7 +389,7 @@ def main(cfg: Config) -> None:
 
         try:  # FID sees images: a latent run's samples decoded
             fid_images = image_shape_of_samples(image_shape, autoencoder)
-            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images)
+            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images, features_fn)
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"--eval_every: {e}") from e
 
