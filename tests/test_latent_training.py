@@ -2,7 +2,6 @@
 train/sample.py, with an exact autoencoder (the pixel-space numbers must come back) and with a
 tiny random AutoencoderKL (the diffusers fixture of tests/test_autoencoder_kl.py)."""
 
-import json
 from pathlib import Path
 
 import equinox as eqx
@@ -16,7 +15,7 @@ import sample as train_sample  # train/sample.py
 from eqxdiff.data import open_source
 from eqxdiff.images import to_uint8
 from eqxdiff.nn import AutoencoderKL
-from runs import ROOT, metric_rows, run
+from runs import REFERENCE, REFERENCE_STEPS, ROOT, metric_rows, run, train_here
 
 FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
 
@@ -26,6 +25,10 @@ def test_sigma_data_follows_the_data_unless_given():
     assert train_main.sigma_data(default, on_latents=False) == 0.5  # images in [-1, 1]
     assert train_main.sigma_data(default, on_latents=True) == 1.0  # latents scaled to std ≈ 1
     assert train_main.sigma_data(given, on_latents=True) == 0.7
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["train/loss"] for r in metric_rows(run_dir)]
 
 
 def sample(run_dir: Path, *args) -> None:
@@ -39,19 +42,17 @@ def encode(out: Path, dataset: str, vae: str) -> Path:
 
 
 @pytest.mark.slow
-def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys):
-    """space_to_depth:1 stores the images themselves (as float16): the default job on those
-    latents must give the stored pixel-space losses of tests/data/default_job_20_steps.json, since
-    the latent draw has a key of its own and σ, ε and the label dropout draw as for images."""
+def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys, eight_device_run):
+    """space_to_depth:1 stores the images themselves (as float16): the reference job on those latents
+    must give the losses of the same job on the images (conftest's eight_device_run), since the
+    latent draw has a key of its own and σ, ε and the label dropout draw as for images."""
     latents = encode(tmp_path / "latents", "digits", "space_to_depth:1")
-    stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
     run_dir = tmp_path / "run"
-    run("main.py", "--run_dir", run_dir, *stored["args"], "--dataset", f"latents:{latents}", "--sigma_data", 0.5,
-        "--sample_every", 20)  # fmt: skip
-    rows = metric_rows(run_dir)
-    # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative: observed 2.4e-6 on the loss
-    np.testing.assert_allclose([r["train/loss"] for r in rows], stored["loss"], rtol=1e-4)
-    with Image.open(run_dir / "samples" / "step_000020.png") as grid:
+    train_here("--run_dir", run_dir, *REFERENCE, "--dataset", f"latents:{latents}", "--sigma_data", 0.5,
+               "--sample_every", REFERENCE_STEPS, "--ckpt_every", REFERENCE_STEPS)  # fmt: skip
+    # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative
+    np.testing.assert_allclose(losses(run_dir), losses(eight_device_run), rtol=1e-4)
+    with Image.open(run_dir / "samples" / f"step_{REFERENCE_STEPS:06d}.png") as grid:
         assert grid.size == ((10 * 9 + 1) * 4,) * 2  # decoded to 8×8 digits
 
     out = tmp_path / "s.npz"
