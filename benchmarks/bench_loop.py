@@ -39,6 +39,8 @@ from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, peak_flops
 from eqxdiff.training.preemption import StopRequest
 from unconditional_edm import train_main  # train/main.py
 
+from loop import train_loop  # train/loop.py (unconditional_edm put train/ on sys.path)
+
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 TARGET = 0.95
@@ -88,10 +90,10 @@ def main() -> None:
     peak, _ = peak_flops_per_device(dtype="fp32")
 
     def full(state, batches, logger, steps):
-        """train/main.py's own `train_loop`, without sampling, checkpoints or profiling."""
+        """train/main.py's own loop (train/loop.py), without sampling, checkpoints or profiling."""
         cfg = train_main.Config(steps=steps, log_every=args.log_every, sample_every=0, ckpt_every=10**9)
         with StopRequest() as stop:
-            state = train_main.train_loop(
+            state = train_loop(
                 cfg, state, train_step, batches, logger, start_step=0,
                 log_window=LogWindow(args.batch, flops_per_device, peak), profile=ProfileWindow("", Path(".")),
                 write_samples=lambda step, state: None, save_checkpoint=lambda step, state: None, stop=stop,

@@ -143,13 +143,14 @@ def test_fid_stats_keeps_a_random_subset_of_the_dataset_features(tmp_path):
 def test_flags_for_fid_are_checked_before_anything_loads(capsys):
     import main as train_main
     import sample
+    from checks import check_eval  # train/checks.py
 
     with pytest.raises(SystemExit):
         sample.parse_args(["--run_dir", "r", "--fid", "stats.npz"])
     assert "--fid needs --inception" in capsys.readouterr().err
 
     def check(*argv):
-        train_main.check_eval(train_main.parse_config(["--eval_every", "100", *argv]))
+        check_eval(train_main.parse_config(["--eval_every", "100", *argv]))
 
     with pytest.raises(SystemExit, match="pass --fid_ref and --inception"):
         check()

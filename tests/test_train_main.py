@@ -84,6 +84,7 @@ def test_consecutive_nonfinite_steps_stop_with_the_documented_error(tmp_path):
 def test_bad_flag_values_are_clear_errors(capsys):
     # In-process: the script's own parse_config and check_batch, without a process start each.
     import main as train_main
+    from checks import check_batch  # train/checks.py
 
     with pytest.raises(SystemExit):
         train_main.parse_config(["--schedule", "cosine"])
@@ -93,7 +94,7 @@ def test_bad_flag_values_are_clear_errors(capsys):
         train_main.parse_config(["--profile_steps", "5"])
     assert "--profile_steps must look like A:B" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"must be a multiple of devices \(4\)"):
-        train_main.check_batch(train_main.parse_config(["--batch_size", "10"]), 4)
+        check_batch(train_main.parse_config(["--batch_size", "10"]), 4)
 
 
 def leaf_paths(tree) -> dict[tuple, np.ndarray]:

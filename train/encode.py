@@ -48,7 +48,7 @@ from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import NULL_TEXTS, SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
-from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
+from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass; devices, cache, jax.distributed
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 

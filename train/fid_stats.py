@@ -34,7 +34,7 @@ from eqxdiff.data import Prefetch, open_source
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
 from eqxdiff.eval.fid import KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference
 from eqxdiff.sharding import batch_sharding, make_mesh
-from main import dataclass_parser, start_jax  # train/main.py's; start_jax: devices, cache, jax.distributed, XLA:CPU
+from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass; devices, cache, jax.distributed
 
 
 @dataclass

@@ -8,13 +8,12 @@
 A run resumes by itself from the newest checkpoint in --run_dir (same command again); SIGTERM or
 Ctrl-C finishes the current step, saves and exits 0.
 
-Everything a researcher changes is in this file: the Config, the model table, the sharding
-rules, `prepare` (a batch of records -> the model's input and condition), `loss_fn` (its
-weighting is one line) and the loop. The step itself (sharding, donation, NaN guard,
-accumulation) is `eqxdiff.training.make_train_step`.
+Everything a researcher changes is in this file: the Config, the sharding rules, `prepare` (a
+batch of records -> the model's input and condition), `loss_fn` (its weighting is one line) and
+the run's setup in `main`; the model table is train/models.py, the loop train/loop.py. The step
+itself (sharding, donation, NaN guard, accumulation) is `eqxdiff.training.make_train_step`.
 """
 
-import argparse
 import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,6 @@ import numpy as np
 from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entries
 from tqdm import tqdm
 
-from eqxdiff import xla_cpu
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position, open_source
@@ -45,7 +43,7 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid, to_uint8
-from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet, null_cond_of
+from eqxdiff.nn import null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning
 from eqxdiff.text.run_text import frozen_modules, run_text, sample_prompts, text_config, wants_captions
@@ -60,11 +58,15 @@ from eqxdiff.training import (
     make_train_step,
     parse_step_range,
     peak_flops_per_device,
-    process_age_s,
     step_flops,
 )
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
+
+from checks import check_batch, check_eval  # train/: the flag checks argparse cannot make
+from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
+from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_TOWER, build_model  # train/models.py: the model table
+from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass, JAX's start
 
 
 @dataclass
@@ -119,25 +121,6 @@ class Config:
     process_id: int = 0
 
 
-# name -> (image shape, remat, key, **cond) -> model, where cond is `num_classes=n` (labels) or
-# `context_dim=d, pooled_dim=p` (text). Add yours here: any callable
-# `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
-# wraps a one-example Equinox module).
-MODELS = {
-    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((0, 1), cond), **cond),
-    # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((0,), cond), **cond),
-    # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
-    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), cond), **cond),
-    "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
-    "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
-    "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
-}
-# A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
-# small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
-# from the tokenizer).
-SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
-SCRATCH_TEXT_CAUSAL = False  # each word also reads the later ones: in "3 then 7" the "3" sees "then"
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
 # parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
 SHARDING_RULES = [
@@ -152,12 +135,6 @@ CHOICES = {
     "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
 }
-
-
-def text_options(levels: tuple[int, ...], cond: dict) -> dict:
-    """What a text UNet adds: attention at `levels` (its cross-attention lives there) and a
-    position embedding (so "left of" in a caption can bind to places); nothing for labels."""
-    return dict(attention_levels=levels, position_embedding=True) if cond.get("context_dim") else {}
 
 
 # ---- where a batch of records meets the model, and the loss: edit these ----
@@ -211,19 +188,6 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
     return jnp.mean(weight * pred.mse)
 
 
-def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = ()) -> argparse.ArgumentParser:
-    """A flag `--name value` per field of the dataclass `config_type`; booleans are `--name` /
-    `--no-name`. Shared by the scripts in train/."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for field in dataclasses.fields(config_type):
-        if field.type is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=field.default,
-                                choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
-    return parser
-
-
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
     parser = dataclass_parser(Config, __doc__, CHOICES)
@@ -254,112 +218,6 @@ def text_conditioning(cfg: Config, source, mesh) -> TextConditioning | None:
     return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
                     null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
                     min_size=cfg.fsdp_min_param_size)  # fmt: skip
-
-
-def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
-                causal: bool = SCRATCH_TEXT_CAUSAL):  # fmt: skip
-    """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
-    read by a text tower trained with it (`TextConditioned`, its null the tokens of "", `causal`
-    its attention: checkpoints store it)."""
-    if text is None:
-        return MODELS[name](image_shape, remat, key, num_classes=num_classes)
-    if text.encoder is not None:
-        return MODELS[name](image_shape, remat, key, **text.model_dims())
-    key_text, key_net = jax.random.split(key)
-    null = text.tokens([""])
-    net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
-    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=causal)
-    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
-
-
-def check_batch(cfg: Config, num_devices: int) -> None:
-    """The global batch must split into micro-batches that split over every device."""
-    if cfg.ckpt_every < 1:
-        raise SystemExit(f"--ckpt_every must be >= 1, got {cfg.ckpt_every}.")
-    per_update = num_devices * cfg.grad_accum_steps
-    if cfg.batch_size % per_update:
-        raise SystemExit(
-            f"--batch_size {cfg.batch_size} must be a multiple of devices ({num_devices}) x "
-            f"--grad_accum_steps ({cfg.grad_accum_steps}) = {per_update}."
-        )
-
-
-def check_eval(cfg: Config) -> None:
-    """--eval_every's flags, before anything loads or compiles."""
-    if cfg.eval_every <= 0:
-        return
-    missing = [f"--{name}" for name in ("fid_ref", "inception") if not getattr(cfg, name)]
-    if missing:
-        raise SystemExit(
-            f"--eval_every {cfg.eval_every} measures FID: pass {' and '.join(missing)} (--fid_ref: the dataset's "
-            "statistics from train/fid_stats.py; --inception: pytorch-fid's weights from tools/convert_pytorch_fid.py)."
-        )
-    if cfg.eval_num < 2:
-        raise SystemExit(f"--eval_num must be >= 2 (a covariance needs two samples; FID is usually taken of 10,000 to "
-                         f"50,000), got {cfg.eval_num}.")  # fmt: skip
-    if wants_captions(cfg.text_encoder, cfg.dataset):
-        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
-                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip
-
-
-def start_jax(cfg: Config) -> None:
-    """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
-    before the backend starts."""
-    if cfg.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
-    if cfg.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if cfg.coordinator == "auto":  # SLURM, Open MPI, TPU pods, ...: jax reads the cluster's env
-        jax.distributed.initialize()
-    elif cfg.coordinator:
-        jax.distributed.initialize(cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
-    xla_cpu.enable()  # XLA:CPU workarounds; same results, on CPU faster (eqxdiff/xla_cpu.py says why)
-
-
-def train_loop(cfg: Config, state, train_step, batches, logger: MetricsLogger, *, start_step: int,
-               log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop,
-               evaluate=None) -> object:  # fmt: skip
-    """Steps start_step+1 .. cfg.steps; returns the state. At most two steps are in flight, and the
-    host reads metrics only at the log cadence. `evaluate(step, state)`: metrics logged every
-    --eval_every steps."""
-    previous, first = None, start_step + 1
-    bar = tqdm(range(first, cfg.steps + 1), desc="train", total=cfg.steps, initial=start_step, mininterval=2.0,
-               disable=not logger.enabled)  # fmt: skip
-    for step in bar:
-        profile.before(step)
-        state, metrics = train_step(state, next(batches))
-        if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
-            jax.block_until_ready(previous["loss"])
-        previous = metrics
-        log_window.add(metrics)
-        if step == first:  # the compile (or the cache load) is not a step time
-            jax.block_until_ready(metrics)
-            logger.log_once({"startup/time_to_first_step_s": process_age_s()})
-            log_window.restart_clock()
-        profile.after(step, metrics)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            logged, worst = log_window.read()
-            logger.log(step, logged)
-            bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
-            if worst >= cfg.max_bad_steps:
-                raise RuntimeError(
-                    f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
-                    f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
-                )
-        stopping = stop.should_stop(step, cfg.log_every)
-        with log_window.paused():  # sampling, FID and saving are not training time
-            if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
-                write_samples(step, state)
-            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
-                logger.log(step, evaluate(step, state))
-            if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
-                save_checkpoint(step, state)
-        if stopping:
-            bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
-            break
-    return state
 
 
 def main(cfg: Config, features_fn=None) -> None:

@@ -32,7 +32,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from main import SCRATCH_TEXT_TOWER, Config, build_model, sigma_data, start_jax  # train/ is on sys.path as a script
+from main import Config, sigma_data  # train/ is on sys.path as a script
+from models import SCRATCH_TEXT_TOWER, build_model
+from startup import start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints

@@ -1,0 +1,34 @@
+"""train/main.py's flag checks that argparse cannot make (`cfg`: its Config): each a SystemExit
+that names the fix, before anything loads or compiles."""
+
+from eqxdiff.text.run_text import wants_captions
+
+
+def check_batch(cfg, num_devices: int) -> None:
+    """The global batch must split into micro-batches that split over every device."""
+    if cfg.ckpt_every < 1:
+        raise SystemExit(f"--ckpt_every must be >= 1, got {cfg.ckpt_every}.")
+    per_update = num_devices * cfg.grad_accum_steps
+    if cfg.batch_size % per_update:
+        raise SystemExit(
+            f"--batch_size {cfg.batch_size} must be a multiple of devices ({num_devices}) x "
+            f"--grad_accum_steps ({cfg.grad_accum_steps}) = {per_update}."
+        )
+
+
+def check_eval(cfg) -> None:
+    """--eval_every's flags, before anything loads or compiles."""
+    if cfg.eval_every <= 0:
+        return
+    missing = [f"--{name}" for name in ("fid_ref", "inception") if not getattr(cfg, name)]
+    if missing:
+        raise SystemExit(
+            f"--eval_every {cfg.eval_every} measures FID: pass {' and '.join(missing)} (--fid_ref: the dataset's "
+            "statistics from train/fid_stats.py; --inception: pytorch-fid's weights from tools/convert_pytorch_fid.py)."
+        )
+    if cfg.eval_num < 2:
+        raise SystemExit(f"--eval_num must be >= 2 (a covariance needs two samples; FID is usually taken of 10,000 to "
+                         f"50,000), got {cfg.eval_num}.")  # fmt: skip
+    if wants_captions(cfg.text_encoder, cfg.dataset):
+        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
+                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip

@@ -1,0 +1,51 @@
+"""train/main.py's training loop: steps, logging, sample grids, FID, checkpoints and the stop on
+SIGTERM or too many non-finite steps (`cfg`: its Config)."""
+
+import jax
+from tqdm import tqdm
+
+from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, process_age_s
+
+
+def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_step: int,
+               log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop,
+               evaluate=None) -> object:  # fmt: skip
+    """Steps start_step+1 .. cfg.steps; returns the state. At most two steps are in flight, and the
+    host reads metrics only at the log cadence. `evaluate(step, state)`: metrics logged every
+    --eval_every steps."""
+    previous, first = None, start_step + 1
+    bar = tqdm(range(first, cfg.steps + 1), desc="train", total=cfg.steps, initial=start_step, mininterval=2.0,
+               disable=not logger.enabled)  # fmt: skip
+    for step in bar:
+        profile.before(step)
+        state, metrics = train_step(state, next(batches))
+        if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
+            jax.block_until_ready(previous["loss"])
+        previous = metrics
+        log_window.add(metrics)
+        if step == first:  # the compile (or the cache load) is not a step time
+            jax.block_until_ready(metrics)
+            logger.log_once({"startup/time_to_first_step_s": process_age_s()})
+            log_window.restart_clock()
+        profile.after(step, metrics)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            logged, worst = log_window.read()
+            logger.log(step, logged)
+            bar.set_postfix(loss=f"{logged['train/loss']:.4f}", img_s=f"{logged['train/samples_per_sec']:.0f}")
+            if worst >= cfg.max_bad_steps:
+                raise RuntimeError(
+                    f"{worst} consecutive non-finite steps (loss or gradients) by step {step}; the state "
+                    f"was kept from before them. Lower --lr, try --precision fp32, or raise --max_bad_steps."
+                )
+        stopping = stop.should_stop(step, cfg.log_every)
+        with log_window.paused():  # sampling, FID and saving are not training time
+            if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
+                write_samples(step, state)
+            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
+                logger.log(step, evaluate(step, state))
+            if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
+                save_checkpoint(step, state)
+        if stopping:
+            bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
+            break
+    return state

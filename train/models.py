@@ -1,0 +1,50 @@
+"""The model table: a name (--model) -> a diffusion network for the run's image shape and
+condition (class labels, a pretrained tower's encoded text, or tokens read by a text tower
+trained with the model). Used by train/main.py and train/sample.py."""
+
+import jax
+
+from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet
+from eqxdiff.text.conditioning import TextConditioning
+
+# name -> (image shape, remat, key, **cond) -> model, where cond is `num_classes=n` (labels) or
+# `context_dim=d, pooled_dim=p` (text). Add yours here: any callable
+# `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
+# wraps a one-example Equinox module).
+MODELS = {
+    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((0, 1), cond), **cond),
+    # One level: every path of this script in a step that compiles in half the time of two levels.
+    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((0,), cond), **cond),
+    # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
+    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), cond), **cond),
+    "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
+    "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
+    "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
+}
+# A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
+# small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
+# from the tokenizer).
+SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
+SCRATCH_TEXT_CAUSAL = False  # each word also reads the later ones: in "3 then 7" the "3" sees "then"
+
+
+def text_options(levels: tuple[int, ...], cond: dict) -> dict:
+    """What a text UNet adds: attention at `levels` (its cross-attention lives there) and a
+    position embedding (so "left of" in a caption can bind to places); nothing for labels."""
+    return dict(attention_levels=levels, position_embedding=True) if cond.get("context_dim") else {}
+
+
+def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
+                causal: bool = SCRATCH_TEXT_CAUSAL):  # fmt: skip
+    """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
+    read by a text tower trained with it (`TextConditioned`, its null the tokens of "", `causal`
+    its attention: checkpoints store it)."""
+    if text is None:
+        return MODELS[name](image_shape, remat, key, num_classes=num_classes)
+    if text.encoder is not None:
+        return MODELS[name](image_shape, remat, key, **text.model_dims())
+    key_text, key_net = jax.random.split(key)
+    null = text.tokens([""])
+    net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
+    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=causal)
+    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
