@@ -1,5 +1,5 @@
 """The training step's arithmetic against numpy: clipped AdamW under the warm-up/cosine lr, the
-logged lr, the EMA recurrence, and the bf16 policy (bf16 compute, float32 gradients and state).
+logged lr, the EMA recurrence (constant and warmed-up decay), and the bf16 policy (bf16 compute, float32 gradients and state).
 
 The AdamW/EMA tests train a linear regression (one `Dense`), whose gradient has a closed form,
 so the numpy reference needs nothing from JAX: gradients, clipping, Adam, decoupled weight
@@ -17,7 +17,14 @@ import pytest
 
 from eqxdiff.nn import Dense, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.training import abstract_train_state, adamw_cosine, cast_for_compute, create_train_state, make_train_step
+from eqxdiff.training import (
+    abstract_train_state,
+    adamw_cosine,
+    cast_for_compute,
+    create_train_state,
+    ema_warmup,
+    make_train_step,
+)
 
 IN, OUT, BATCH = 8, 4, 16
 LR, STEPS, WARMUP, WEIGHT_DECAY, CLIP, EMA_DECAY = 0.05, 6, 2, 0.1, 1.0, 0.8
@@ -95,6 +102,10 @@ def dense_arrays(dense) -> dict:
 
 @pytest.fixture(scope="module")
 def regression_run():
+    return train_regression(EMA_DECAY)
+
+
+def train_regression(ema_decay):
     """(initial params, what the step reported and held after each of len(TARGET_SCALES) steps)
     on a (data=2, fsdp=4) mesh, through the public training API."""
     mesh = make_mesh(-1, 4)
@@ -102,7 +113,7 @@ def regression_run():
     abstract, shardings = abstract_train_state(make_dense, optimizer, mesh, MIN_SIZE)
     step = make_train_step(
         prepare=identity_prepare, loss_fn=regression_loss, optimizer=optimizer, lr_schedule=schedule,
-        ema_decay=EMA_DECAY, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
+        ema_decay=ema_decay, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
     )  # fmt: skip
     state, _ = create_train_state(make_dense, optimizer, jax.random.key(1), mesh, MIN_SIZE, shardings=shardings)
     assert state.model.weight.sharding.spec == jax.sharding.PartitionSpec("fsdp")
@@ -165,6 +176,19 @@ def test_ema_follows_its_recurrence_over_real_updates(regression_run):
             ema[k] = EMA_DECAY * ema[k] + (1 - EMA_DECAY) * got["params"][k]
             np.testing.assert_allclose(got["ema"][k], ema[k], rtol=1e-6, atol=1e-7, err_msg=f"step {t} ema.{k}")
     assert np.abs(observed[-1]["ema"]["weight"] - observed[-1]["params"]["weight"]).max() > 1e-2  # EMA lags
+
+
+def test_ema_warmup_follows_tensorflows_num_updates_decay():
+    # tf.train.ExponentialMovingAverage(decay, num_updates=t): d_t = min(decay, (1 + t) / (10 + t)) at
+    # the update that follows t earlier ones. Decay 0.25 is reached at t = 2: both branches in 5 updates.
+    params0, observed = train_regression(ema_warmup(0.25))
+    ema = {k: v.astype(np.float64) for k, v in params0.items()}
+    decays = [min(0.25, (1 + t) / (10 + t)) for t in range(len(observed))]
+    assert decays[0] == 0.1 and decays[-1] == 0.25 and decays[1] < 0.25
+    for t, (got, d) in enumerate(zip(observed, decays, strict=True)):
+        for k in ema:
+            ema[k] = d * ema[k] + (1 - d) * got["params"][k]
+            np.testing.assert_allclose(got["ema"][k], ema[k], rtol=1e-6, atol=1e-7, err_msg=f"update {t} ema.{k}")
 
 
 # --- bf16 --------------------------------------------------------------------------------------

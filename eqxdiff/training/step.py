@@ -48,7 +48,7 @@ def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     lr_schedule: optax.Schedule,
-    ema_decay: float,
+    ema_decay: float | optax.Schedule,
     state_shardings,
     batch_sharding,
     seed: int,
@@ -57,6 +57,8 @@ def make_train_step(
     frozen_shardings=None,
 ) -> "TrainStep":
     """Build `train_step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
+
+    `ema_decay`: a float, or a schedule of the step count (`ema_warmup(d)`).
 
     `frozen` is a pytree of modules the step reads but never trains (a pretrained text tower that
     encodes captions in `prepare`): an ARGUMENT of the jitted step, so its weights are neither
@@ -109,8 +111,9 @@ def make_train_step(
         params = eqx.filter(state.model, eqx.is_inexact_array)
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
+        decay = ema_decay(state.step) if callable(ema_decay) else ema_decay  # a schedule: e.g. ema_warmup
         ema_params = jax.tree.map(
-            lambda e, p: e + (1 - ema_decay) * (p - e),
+            lambda e, p: e + (1 - decay) * (p - e),
             eqx.filter(state.ema, eqx.is_inexact_array),
             eqx.filter(model, eqx.is_inexact_array),
         )
