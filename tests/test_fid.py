@@ -148,6 +148,9 @@ def test_flags_for_fid_are_checked_before_anything_loads(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--run_dir", "r", "--fid", "stats.npz"])
     assert "--fid needs --inception" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--run_dir", "r", "--json"])
+    assert "--json prints --eval's scores: pass --eval too" in capsys.readouterr().err
 
     def check(*argv):
         check_eval(train_main.parse_config(["--eval_every", "100", *argv]))

@@ -57,10 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
     parser.add_argument("--method", default=None, choices=sorted(METHODS), help="sampler (default: the run's)")
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
-    parser.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
+    parser.add_argument("--cfg", type=float, default=None,
+                        help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
     parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
+    parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
     parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
     parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights as .safetensors")
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
@@ -76,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fid needs --inception FILE: pytorch-fid's weights converted by tools/convert_pytorch_fid.py")
     if args.fid and args.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
+    if args.json and not args.eval:
+        parser.error("--json prints --eval's scores: pass --eval too")
     if args.fid and (args.num < 2 or args.batch_size < 1):
         parser.error("--fid needs --num >= 2 and --batch_size >= 1")
     return args
@@ -160,6 +164,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     start_jax(Config(cpu_devices=args.cpu_devices))
     mesh = make_mesh(data=-1, fsdp=1)
     ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
+    args.cfg = cfg.cfg_scale if args.cfg is None else args.cfg  # the guidance of the run's own grids
     image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
 
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
@@ -221,12 +226,19 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
         if args.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
-            print("two digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()) + " (fraction classified as prompted)")
+            if args.json:
+                print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
+            else:
+                print("two digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()) + " (fraction classified as prompted)")
         elif args.eval:
             dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
             if dataset != "digits" or labels is None:
                 raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + dataset)
-            print(format_metrics(digits_sample_metrics(to_uint8(images), labels)))  # scored as saved: clipped
+            scores = digits_sample_metrics(to_uint8(images), labels)  # scored as saved: clipped
+            if args.json:
+                print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
+            else:
+                print(f"step {step}, {args.num} samples, guidance {args.cfg:g}:\n" + format_metrics(scores))
 
 
 if __name__ == "__main__":
