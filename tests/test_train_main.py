@@ -105,8 +105,9 @@ def leaf_paths(tree) -> dict[tuple, np.ndarray]:
 
 @pytest.mark.slow
 def test_default_job_end_to_end_at_reduced_steps(tmp_path):
-    """`python train/main.py` as shipped (model, data, schedule, sampler), only shorter. Its losses
-    are the stored trajectory of the same job written before the record/conditioning redesign."""
+    """`python train/main.py` (model, data, schedule, sampler), only shorter and with the batch, warm-up
+    and label dropout it shipped with before issue 14 (the stored args). Its losses are the stored
+    trajectory of that job written before the record/conditioning redesign."""
     stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
     result = run_main("--run_dir", tmp_path, *stored["args"], "--sample_every", "20")  # the later flag wins
     assert result.returncode == 0, result.stderr[-3000:]

@@ -55,6 +55,7 @@ from eqxdiff.training import (
     abstract_train_state,
     adamw_cosine,
     create_train_state,
+    ema_warmup,
     make_train_step,
     parse_step_range,
     peak_flops_per_device,
@@ -72,10 +73,10 @@ from startup import dataclass_parser, start_jax  # train/startup.py: flags from 
 @dataclass
 class Config:
     run_dir: str = "runs/digits"
-    steps: int = 600
-    batch_size: int = 64  # global, per optimizer update
+    steps: int = 900
+    batch_size: int = 128  # global, per optimizer update
     lr: float = 2e-3
-    warmup_steps: int = 60
+    warmup_steps: int = 100
     weight_decay: float = 1e-4
     seed: int = 0
     dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
@@ -85,7 +86,7 @@ class Config:
     schedule: str = "edm"
     parameterization: str = "edm"
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
-    label_dropout: float = 0.1  # classifier-free guidance training
+    label_dropout: float = 0.05  # classifier-free guidance training
     # Text-to-image: captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field).
     text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
@@ -100,9 +101,10 @@ class Config:
     remat: bool = False
     precision: str = "fp32"
     ema_decay: float = 0.995
+    ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
     max_bad_steps: int = 5
     log_every: int = 50
-    sample_every: int = 200  # 0: no sample grids
+    sample_every: int = 300  # 0: no sample grids
     sample_steps: int = 18
     sample_method: str = "heun"
     cfg_scale: float = 1.5
@@ -274,7 +276,8 @@ def main(cfg: Config, features_fn=None) -> None:
             null_cond=null_cond_of(abstract.model, 1), latent_scaling=latent_scaling,
         ),
         loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
-        optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=cfg.ema_decay,
+        optimizer=optimizer, lr_schedule=lr_schedule,
+        ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
     )  # fmt: skip
