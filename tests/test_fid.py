@@ -43,6 +43,14 @@ def random_images(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, 8, 8, 1), dtype=np.uint8)
 
 
+def stand_in_reference(path) -> str:
+    """A reference file for `projection`: statistics (covariance made well-conditioned) and kept
+    features of 8 random images. Returns the path as a flag value."""
+    x = host_features(random_images(8, 7))
+    save_reference(path, x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
+    return str(path)
+
+
 def test_streamed_fid_equals_fid_of_all_features_at_once():
     images = random_images(100, 0)  # grayscale: repeated to RGB on device
     x, ref_x = host_features(images), host_features(random_images(60, 1))
@@ -171,8 +179,7 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     would cost a slow CPU ~15 s; its loading is open_fid's, its parity test_inception's)."""
     import sample
 
-    x = host_features(random_images(8, 7))
-    save_reference(tmp_path / "ref.npz", x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
+    stand_in_reference(tmp_path / "ref.npz")
     out = tmp_path / "fid.jsonl"
     # 12 samples in chunks of 8 (one per device): the second chunk padded to 8 and cut to 4.
     argv = ["--run_dir", str(eight_device_run), "--num", "12", "--batch_size", "8", "--steps", "2",

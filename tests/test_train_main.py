@@ -148,12 +148,9 @@ SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "
 def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path):
     """Also --eval_every: FID with a stand-in feature network (tests/test_fid.py; InceptionV3's own
     compile would double this test) at step 2 and at the end."""
-    from test_fid import DIM, host_features, projection, random_images
+    from test_fid import projection, stand_in_reference
 
-    from eqxdiff.eval import save_reference
-
-    x = host_features(random_images(8, 7))
-    save_reference(tmp_path / "ref.npz", x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
+    stand_in_reference(tmp_path / "ref.npz")
     digits = open_source("digits")
     np.savez(tmp_path / "digits.npz", images=digits.images[:64])  # no labels: an unconditional model
     args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "1", *SMOKE,
