@@ -12,7 +12,9 @@ from jaxtyping import Bool, Int
 from PIL import Image
 
 from eqxdiff.data import batch_stream as threaded_batch_stream
-from eqxdiff.data import batch_spec, check_position, data_position, open_source, write_arrayrecord
+from eqxdiff.data import (
+    UnreadableImagesError, batch_spec, check_position, data_position, describe_source, open_source, write_arrayrecord,
+)  # fmt: skip
 
 N = 13  # odd, so batches straddle epoch boundaries
 # Read in the test thread (tiny in-memory data); test_stream_does_not_depend_on_num_threads covers threads.
@@ -202,17 +204,99 @@ def test_folder_source_unlabeled_grayscale(tmp_path: Path):
     np.testing.assert_array_equal(source[2]["image"], np.full((4, 4, 1), 80, np.uint8))
 
 
+def write_truncated(path: Path, mode: str = "RGB") -> None:
+    """A noise image whose header is intact but whose pixel data is cut in half."""
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).convert(mode).save(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
 def test_folder_corrupt_files_are_named(tmp_path: Path):
     write_png(tmp_path / "ok.png", (1, 2, 3))
     (tmp_path / "bad.png").write_bytes(b"definitely not a png")
     with pytest.raises(ValueError, match="bad.png"):
         open_source(f"folder:{tmp_path}")
-    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    Image.fromarray(noise).save(tmp_path / "bad.png")
-    (tmp_path / "bad.png").write_bytes((tmp_path / "bad.png").read_bytes()[:300])  # header fine, pixels cut
-    source = open_source(f"folder:{tmp_path}")  # headers are read at open; pixels when the element is read
+    write_truncated(tmp_path / "bad.png")  # header fine, pixels cut: found at open too, since every file is decoded
+    with pytest.raises(ValueError, match="bad.png"):
+        open_source(f"folder:{tmp_path}")
+    write_png(tmp_path / "bad.png", (4, 5, 6))
+    source = open_source(f"folder:{tmp_path}")
+    write_truncated(tmp_path / "bad.png")  # broken after the open: the read names it
     with pytest.raises(ValueError, match="bad.png"):
         source[0]
+
+
+def broken_folder(root: Path) -> list[str]:
+    """Two good images (a PNG and a JPEG), a truncated PNG, a truncated JPEG and a text file named .png;
+    returns the names of the three bad ones."""
+    write_png(root / "good.png", (10, 20, 30))
+    Image.new("RGB", (16, 16), (200, 100, 50)).save(root / "good.jpg")
+    write_truncated(root / "cut.png")
+    write_truncated(root / "cut.jpg")
+    (root / "fake.png").write_text("not an image")
+    return ["cut.jpg", "cut.png", "fake.png"]
+
+
+def test_folder_lists_every_unreadable_file_in_one_error(tmp_path: Path):
+    bad = broken_folder(tmp_path)
+    with pytest.raises(UnreadableImagesError) as error:
+        open_source(f"folder:{tmp_path}")
+    message = str(error.value)
+    assert message.startswith(f"3 of 5 image files in {tmp_path} cannot be read:")
+    for name in bad:
+        assert f"{tmp_path / name}: " in message
+    assert "truncated" in message  # pillow's reason is kept
+    assert message.endswith("skip_bad_images=True (train/main.py: --skip_bad_images) to go without them.")
+    assert sorted(p.name for p, _ in error.value.bad) == bad
+
+
+def test_folder_skip_bad_images_keeps_the_readable_ones(tmp_path: Path):
+    bad = broken_folder(tmp_path)
+    source = open_source(f"folder:{tmp_path}", image_size=4, skip_bad_images=True)
+    assert len(source) == 2 and sorted(p.name for p, _ in source.skipped) == bad
+    assert all(reason for _, reason in source.skipped)
+    np.testing.assert_array_equal(source[1]["image"], np.broadcast_to(np.uint8([10, 20, 30]), (4, 4, 3)))
+    assert abs(source[0]["image"].astype(int) - [200, 100, 50]).max() <= 3  # good.jpg (JPEG: near, not exact)
+    assert describe_source(source).endswith("3 unreadable files skipped")
+    (batch,) = take(batch_stream(source, 4, 0), 1)  # every kept record reads through the pipeline
+    assert batch["image"].shape == (4, 4, 4, 3)
+
+
+def test_folder_skip_bad_images_channels_and_captions_come_from_the_kept_files(tmp_path: Path):
+    write_png(tmp_path / "gray.png", 90, mode="L")
+    (tmp_path / "gray.txt").write_text("a gray square")
+    write_truncated(tmp_path / "color.png")  # RGB and uncaptioned: neither counts once it is skipped
+    source = open_source(f"folder:{tmp_path}", image_size=4, captions=True, skip_bad_images=True)
+    assert (len(source), source.image_shape, source[0]["caption"]) == (1, (4, 4, 1), "a gray square")
+
+
+def test_folder_unreadable_errors_stay_short_and_all_bad_is_an_error(tmp_path: Path):
+    for i in range(23):
+        (tmp_path / f"x{i:02d}.png").write_text("not an image")
+    with pytest.raises(UnreadableImagesError, match="none of the images is readable") as error:
+        open_source(f"folder:{tmp_path}", skip_bad_images=True)
+    lines = str(error.value).splitlines()
+    assert len(lines) == 1 + 20 + 1 + 1 and lines[-2] == "  ... and 3 more"
+
+
+def test_describe_source(tmp_path: Path):
+    write_png(tmp_path / "pets" / "dogs" / "b.png", (0, 0, 255))
+    write_png(tmp_path / "pets" / "cats" / "a.png", (255, 0, 0))
+    write_png(tmp_path / "pets" / "dogs" / "c.png", (0, 255, 0))
+    pets = open_source(f"folder:{tmp_path / 'pets'}", image_size=8)
+    want = f"folder:{tmp_path / 'pets'}: 3 images, classes 0=cats, 1=dogs, model input 8×8×3 after resizing"
+    assert describe_source(pets) == want
+    assert describe_source(open_source("digits")) == "digits: 1,797 images, labels 0..9, model input 8×8×1"
+    images = np.zeros((5, 4, 6, 3), np.uint8)
+    np.savez(tmp_path / "plain.npz", images=images)
+    assert describe_source(open_source(f"npz:{tmp_path / 'plain.npz'}")) == (
+        f"npz:{tmp_path / 'plain.npz'}: 5 images, unlabeled, model input 4×6×3"
+    )
+    for k in range(12):
+        write_png(tmp_path / "many" / f"class{k:02d}" / "a.png", (k, k, k))
+    many = describe_source(open_source(f"folder:{tmp_path / 'many'}", image_size=4))
+    assert "classes 0=class00, 1=class01," in many and "9=class09, ... (12 classes)," in many
+    assert "class10" not in many
 
 
 def test_missing_paths_raise_file_not_found(tmp_path: Path):
@@ -257,12 +341,19 @@ def test_data_position_round_trip_and_mismatch():
     assert check_position(position, 5, source) == 1234
     with pytest.raises(ValueError, match="written for a dataset of 13 records.*seed differ"):
         check_position(position, 6, source)
-    with pytest.raises(ValueError, match="this run has 14.*dataset_size differ"):
+    with pytest.raises(ValueError, match="this run has 14.*dataset_size differ.*pass --allow_dataset_change to continue"
+                       " from example 1234; else resume with the checkpoint's --dataset and --seed"):
         check_position(position, 5, IndexedSource(14))
+    changed = IndexedSource(14)
+    changed.spec = "indexed:new"
+    assert check_position(position, 5, changed, allow_dataset_change=True) == 1234
+    with pytest.raises(ValueError, match="seed differ. Resume with"):  # a changed dataset never excuses another seed
+        check_position(position, 6, changed, allow_dataset_change=True)
     older = {k: v for k, v in position.items() if k != "fields"}  # written before sources declared fields
     assert check_position(older, 5, source) == 1234
-    with pytest.raises(ValueError, match="fields differ"):
-        check_position(dict(position, fields={"image": "uint8[2, 2, 1]"}), 5, source)
+    for allow in (False, True):  # different fields cannot feed the same model
+        with pytest.raises(ValueError, match="fields differ. Resume with"):
+            check_position(dict(position, fields={"image": "uint8[2, 2, 1]"}), 5, source, allow_dataset_change=allow)
 
 
 class LatentSource:

@@ -6,7 +6,7 @@ from eqxdiff.data.captioned_digits import (
 from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch
 from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records
-from eqxdiff.data.sources import ImageSource, open_source, write_arrayrecord
+from eqxdiff.data.sources import ImageSource, UnreadableImagesError, describe_source, open_source, write_arrayrecord
 from eqxdiff.data.tokenized import TokenizedSource
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Source",
     "TextField",
     "TokenizedSource",
+    "UnreadableImagesError",
     "caption_digits",
     "batch_spec",
     "batch_stream",
@@ -25,6 +26,7 @@ __all__ = [
     "check_position",
     "data_position",
     "describe_fields",
+    "describe_source",
     "open_source",
     "stack_records",
     "write_arrayrecord",

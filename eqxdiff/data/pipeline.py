@@ -83,17 +83,29 @@ def data_position(examples_consumed: int, seed: int, source: Source) -> dict:
     }
 
 
-def check_position(position: dict, seed: int, source: Source) -> int:
+def check_position(position: dict, seed: int, source: Source, allow_dataset_change: bool = False) -> int:
     """`position["examples_consumed"]`, after checking that the checkpoint's dataset and seed are
-    this run's (a different one would silently resume a different stream)."""
+    this run's (a different one would silently resume a different stream). `allow_dataset_change`
+    accepts another dataset size (and spec) with the same fields and seed; the example count goes
+    on, the epoch order restarts (example k is example k of the new data's own shuffled stream)."""
     now = data_position(position["examples_consumed"], seed, source)
+    k = now["examples_consumed"]
     # "fields" is absent from positions written before sources declared fields: not compared then.
-    differs = [k for k in ("dataset_size", "fields", "seed") if k in position and position[k] != now[k]]
-    if differs:
-        raise ValueError(
-            f"The checkpoint was written for a dataset of {position.get('dataset_size')} records with fields"
-            f" {position.get('fields')} ({position.get('dataset')}, seed {position.get('seed')}), but this run has"
-            f" {now['dataset_size']} with fields {now['fields']} ({now['dataset']}, seed {seed});"
-            f" {', '.join(differs)} differ. Resume with the checkpoint's --dataset and --seed, or start a new run."
+    compared = ("fields", "seed") if allow_dataset_change else ("dataset_size", "fields", "seed")
+    differs = [key for key in compared if key in position and position[key] != now[key]]
+    if not differs:
+        return k
+    if differs == ["dataset_size"]:
+        fix = (
+            "If you changed the data on purpose (e.g. removed unreadable files), pass --allow_dataset_change to"
+            f" continue from example {k}; else resume with the checkpoint's --dataset and --seed, or start a new"
+            " --run_dir."
         )
-    return now["examples_consumed"]
+    else:
+        fix = "Resume with the checkpoint's --dataset and --seed, or start a new --run_dir."
+    raise ValueError(
+        f"The checkpoint was written for a dataset of {position.get('dataset_size')} records with fields"
+        f" {position.get('fields')} ({position.get('dataset')}, seed {position.get('seed')}), but this run has"
+        f" {now['dataset_size']} with fields {now['fields']} ({now['dataset']}, seed {seed});"
+        f" {', '.join(differs)} differ. {fix}"
+    )

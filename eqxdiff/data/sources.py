@@ -3,7 +3,10 @@
 Every image source is a record source (`eqxdiff.data.records.Source`) with the fields
 `{"image": uint8[H, W, C]}`, plus `"label": int32[]` when labeled, plus `"caption": TEXT` (a str)
 when opened with `captions=True`, and carries `image_shape` (H, W, C), `num_classes` (0:
-unlabeled, no label field) and `spec` (its string). Images stay uint8 on the way to the device;
+unlabeled, no label field) and `spec` (its string). `class_names` holds the label names (index =
+label) where the data names its classes (`folder:` sub-folders; [] when unlabeled), else None
+(digits, npz, arrayrecord: bare label ids); latent and captioned sources have no such attribute.
+`describe_source` prints any of them in one line. Images stay uint8 on the way to the device;
 `eqxdiff.images.from_uint8` maps them to [-1, 1] there. A caption is tokenized when its record is
 read (`eqxdiff.data.TokenizedSource`). Specs (`open_source`):
 
@@ -13,9 +16,11 @@ read (`eqxdiff.data.TokenizedSource`). Specs (`open_source`):
 - `npz:PATH`: arrays `images` (N, H, W, C) uint8 and optional `labels` (N,) int; stored size kept.
   Captions: an optional `captions` (N,) numpy str array (`np.array(list_of_str)`).
 - `folder:PATH`: image files decoded with pillow. Class sub-folders (sorted names -> labels
-  0..K-1), or images directly in PATH (unlabeled). Opening reads every file's header, so a
-  non-image file fails at once, naming it; the folder is L (1 channel) when every file is
-  grayscale, else RGB. Images are center-cropped to a square and resized to `image_size`.
+  0..K-1), or images directly in PATH (unlabeled). Opening decodes every file in full (JPEG at
+  its smallest DCT scale, which still reads all its data; in threads), so a non-image or truncated
+  file fails at once: one `UnreadableImagesError` lists them all, or, with `skip_bad_images`, they
+  are dropped and kept in `source.skipped`. The folder is L (1 channel) when every readable file
+  is grayscale, else RGB. Images are center-cropped to a square and resized to `image_size`.
   Captions: a `.txt` beside each image or a `captions.jsonl` (`eqxdiff.data.captions`).
 - `arrayrecord:GLOB`: grain ArrayRecord files in the record format below (`write_arrayrecord`
   writes it). Channels come from the first record (L stays 1 channel, anything else is RGB);
@@ -41,6 +46,7 @@ import importlib.util
 import json
 import struct
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -57,6 +63,8 @@ from eqxdiff.data.records import TEXT, Source
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 GRAYSCALE_MODES = {"1", "L", "LA"}
+MAX_LISTED = 20  # unreadable files named one per line in an error; the rest are counted
+MAX_NAMED_CLASSES = 10  # class names shown by describe_source; the rest are counted
 _HEADER_LEN = struct.Struct("<I")
 
 
@@ -102,6 +110,7 @@ class ArraySource:
         self.labels = np.zeros(len(images), np.int32) if labels is None else labels.astype(np.int32)
         self.captions = captions
         self.num_classes = 0 if labels is None else int(labels.max()) + 1
+        self.class_names = None  # bare label ids
         self.image_shape = tuple(int(d) for d in images.shape[1:])
         self.fields = image_fields(self.image_shape, self.num_classes, captions is not None)
         self.spec = spec
@@ -129,10 +138,38 @@ def decode_image(data: bytes, channels: int, size: int, name: str) -> UInt8[np.n
     return np.asarray(image, np.uint8).reshape(size, size, channels)
 
 
-class FolderSource:
-    """Image files on disk, decoded (and resized) when an element is read; captions beside them if asked."""
+class UnreadableImagesError(ValueError):
+    """Image files pillow cannot decode; `bad` holds (path, pillow's reason) for every one of them."""
 
-    def __init__(self, root: Path, image_size: int, spec: str, captions: bool = False, allow_uncaptioned: bool = False):
+    def __init__(self, root: Path, bad: list[tuple[Path, str]], total: int):
+        self.bad = bad
+        lines = [f"  {path}: {reason}" for path, reason in bad[:MAX_LISTED]]
+        if len(bad) > MAX_LISTED:
+            lines.append(f"  ... and {len(bad) - MAX_LISTED} more")
+        if len(bad) < total:
+            fix = ("Remove or fix them, or open the folder with skip_bad_images=True (train/main.py: "
+                   "--skip_bad_images) to go without them.")
+        else:
+            fix = "Remove or fix them: none of the images is readable, so skipping them would leave nothing."
+        listing = "\n".join(lines)
+        super().__init__(f"{len(bad)} of {total} image files in {root} cannot be read:\n{listing}\n{fix}")
+
+
+class FolderSource:
+    """Image files on disk, decoded (and resized) when an element is read; captions beside them if asked.
+
+    Opening decodes every file once (see the module docstring); with `skip_bad` the unreadable ones
+    are dropped and `skipped` lists them as (path, pillow's reason)."""
+
+    def __init__(
+        self,
+        root: Path,
+        image_size: int,
+        spec: str,
+        captions: bool = False,
+        allow_uncaptioned: bool = False,
+        skip_bad: bool = False,
+    ):
         if not root.is_dir():
             raise FileNotFoundError(f"Dataset folder not found: {root} (from --dataset {spec}).")
         class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -140,13 +177,20 @@ class FolderSource:
         if class_dirs and loose:
             raise ValueError(f"{root} has both class sub-folders and loose images ({loose[0]}); use one layout.")
         if class_dirs:
-            self.files = [(f, k) for k, d in enumerate(class_dirs) for f in _image_files(d)]
+            files = [(f, k) for k, d in enumerate(class_dirs) for f in _image_files(d)]
         else:
-            self.files = [(f, 0) for f in loose]
-        if not self.files:
+            files = [(f, 0) for f in loose]
+        if not files:
             raise ValueError(f"No images ({', '.join(sorted(IMAGE_SUFFIXES))}) found in {root}.")
+        with ThreadPoolExecutor() as pool:  # pillow releases the GIL while it decodes
+            checked = list(pool.map(_check_image, [f for f, _ in files]))
+        self.skipped = [(f, reason) for (f, _), (_, reason) in zip(files, checked) if reason is not None]
+        if self.skipped and (not skip_bad or len(self.skipped) == len(files)):
+            raise UnreadableImagesError(root, self.skipped, len(files))
+        self.files = [file for file, (_, reason) in zip(files, checked) if reason is None]
+        modes = [mode for mode, reason in checked if reason is None]
         self.num_classes = len(class_dirs)
-        channels = 1 if all(_image_mode(f) in GRAYSCALE_MODES for f, _ in self.files) else 3
+        channels = 1 if all(mode in GRAYSCALE_MODES for mode in modes) else 3
         self.image_shape = (image_size, image_size, channels)
         self.fields = image_fields(self.image_shape, self.num_classes, captions)
         self.class_names = [d.name for d in class_dirs]
@@ -167,13 +211,17 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def _image_mode(path: Path) -> str:
-    """Pillow mode from the file header (cheap: no pixel decode)."""
+def _check_image(path: Path) -> tuple[str | None, str | None]:
+    """(pillow mode, None) when the whole file decodes, else (None, pillow's reason)."""
     try:
         with Image.open(path) as image:
-            return image.mode
-    except Exception as e:  # noqa: BLE001 — re-raised with the file name
-        raise ValueError(f"Could not read image {path}: {e}") from e
+            mode = image.mode
+            if image.format == "JPEG":
+                image.draft(mode, (1, 1))  # 1/8 scale: less work, yet the whole entropy-coded stream is read
+            image.load()  # a truncated file raises here
+        return mode, None
+    except Exception as e:  # noqa: BLE001 — pillow raises many types; each becomes a listed reason
+        return None, str(e) or type(e).__name__
 
 
 def encode_record(image: UInt8[np.ndarray, "h w c"], label: int, num_classes: int, caption: str | None = None) -> bytes:
@@ -250,6 +298,7 @@ class ArrayRecordSource:
         with Image.open(io.BytesIO(data)) as first:
             channels = 1 if first.mode in GRAYSCALE_MODES else 3
         self.num_classes = int(header["num_classes"])
+        self.class_names = None  # bare label ids
         self.image_shape = (image_size, image_size, channels)
         self.fields = image_fields(self.image_shape, self.num_classes, captions)
         self.captions, self.allow_uncaptioned = captions, allow_uncaptioned
@@ -324,13 +373,20 @@ def load_digits_source() -> ArraySource:
 
 
 def open_source(
-    spec: str, image_size: int = 32, *, captions: bool = False, allow_uncaptioned: bool = False
+    spec: str,
+    image_size: int = 32,
+    *,
+    captions: bool = False,
+    allow_uncaptioned: bool = False,
+    skip_bad_images: bool = False,
 ) -> ImageSource:
     """Open the dataset named by `spec` (see the module docstring). `image_size` applies to
     `folder:` and `arrayrecord:` (resize); digits stay 8×8, captioned_digits 8×16 and npz keeps its
     stored size. `captions` adds the "caption" text field to image sources; a missing caption raises
-    naming the image unless `allow_uncaptioned` (then ""). Missing paths raise FileNotFoundError
-    and bad specs ValueError, here, before any compile."""
+    naming the image unless `allow_uncaptioned` (then ""). `skip_bad_images` applies to `folder:`
+    only (other kinds ignore it): unreadable files are dropped (`source.skipped`) instead of raising
+    `UnreadableImagesError`. Missing paths raise FileNotFoundError and bad specs ValueError, here,
+    before any compile."""
     kind, _, arg = spec.partition(":")
     if image_size < 1:
         raise ValueError(f"image_size must be >= 1, got {image_size}.")
@@ -346,9 +402,39 @@ def open_source(
     if kind == "npz" and arg:
         return load_npz(Path(arg).expanduser(), spec, captions, allow_uncaptioned)
     if kind == "folder" and arg:
-        return FolderSource(Path(arg).expanduser(), image_size, spec, captions, allow_uncaptioned)
+        return FolderSource(Path(arg).expanduser(), image_size, spec, captions, allow_uncaptioned, skip_bad_images)
     if kind == "arrayrecord" and arg:
         return ArrayRecordSource(arg, image_size, spec, captions, allow_uncaptioned)
     if kind == "latents" and arg:
         return LatentSource(Path(arg).expanduser(), spec)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")
+
+
+def describe_source(source: ImageSource) -> str:
+    """One line for start-up printing: spec, count, classes, the shape the model sees and, for a
+    folder, the unreadable files skipped. E.g. "folder:pets: 1,234 images, classes 0=cats, 1=dogs,
+    model input 32×32×3 after resizing, 2 unreadable files skipped"."""
+    noun = ("latent" if isinstance(source, LatentSource) else "image") + ("s" if len(source) != 1 else "")
+    h, w, c = source.image_shape
+    resized = " after resizing" if isinstance(source, (FolderSource, ArrayRecordSource)) else ""
+    parts = [
+        f"{len(source):,} {noun}",
+        describe_classes(source.num_classes, getattr(source, "class_names", None)),
+        *(["captioned"] if "caption" in source.fields else []),
+        f"model input {h}×{w}×{c}{resized}",
+    ]
+    skipped = len(source.skipped) if isinstance(source, FolderSource) else 0
+    if skipped:
+        parts.append(f"{skipped} unreadable file{'s' if skipped > 1 else ''} skipped")
+    return f"{source.spec}: {', '.join(parts)}"
+
+
+def describe_classes(num_classes: int, names: Sequence[str] | None) -> str:
+    """"unlabeled", "labels 0..K-1" (no names) or "classes 0=cats, 1=dogs" (the first few, then the count)."""
+    if not num_classes:
+        return "unlabeled"
+    if not names:
+        return f"labels 0..{num_classes - 1}"
+    shown = ", ".join(f"{k}={name}" for k, name in enumerate(names[:MAX_NAMED_CLASSES]))
+    more = f", ... ({num_classes} classes)" if num_classes > MAX_NAMED_CLASSES else ""
+    return f"classes {shown}{more}"
