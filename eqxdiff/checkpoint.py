@@ -76,11 +76,15 @@ class Checkpoints:
     are written in the background. `wait()` (also called by `close()`) blocks until they are.
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+        """`read_only`: for readers (train/sample.py): nothing is created, saved or deleted (orbax's own
+        read_only mode logs warnings at every open; without `create` and saves it writes nothing)."""
         if keep < 1:
             raise ValueError(f"--keep_checkpoints must be >= 1, got {keep}.")
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        self.read_only = read_only
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                               create=not read_only)  # fmt: skip
         handlers = {
             "state": ocp.PyTreeCheckpointHandler(type_handler_registry=_REGISTRY),
             "data": ocp.JsonCheckpointHandler(),
@@ -102,6 +106,8 @@ class Checkpoints:
         (a newer step is saved: e.g. a run resumed with an older --resume_step; orbax keeps
         steps in order) or "non_finite" (the state holds a NaN or inf: a bad state never
         replaces a good checkpoint)."""
+        if self.read_only:
+            raise CheckpointError(f"{self.directory} was opened read-only; step {step} not saved.")
         if step in self._manager.all_steps():
             return "exists"
         if self.steps and step < self.steps[-1]:
@@ -135,7 +141,8 @@ class Checkpoints:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
                 f"which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags changed "
-                f"since it was written, use the original flags or a new --run_dir; --resume_step picks another step."
+                f"since it was written, use the original flags or a new --run_dir; another step restores with "
+                f"--resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
             state=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
@@ -148,7 +155,8 @@ class Checkpoints:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
                 f"{type(e).__name__}: {e}. If the model or optimizer flags changed since it was written, "
-                f"use the original flags or a new --run_dir; --resume_step picks another step."
+                f"use the original flags or a new --run_dir; another step restores with --resume_step "
+                f"(train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(restored.state, static), restored.data, restored.config
 

@@ -209,13 +209,14 @@ def digits_sample_metrics(images: ArrayLike, labels: ArrayLike, trained_on: str 
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    """A small table of `digits_sample_metrics` output: one row per figure, samples next to real."""
+    """A table of `digits_sample_metrics` output a person reads: one row per figure, the samples next to
+    real held-out digits scored the same way, and what the figure means with which way is better."""
     notes = {
-        "class_accuracy": "ceiling; (a) right class",
-        "diversity_ratio": "1 = as varied as real; 0 = collapse",
-        "nn_distance": f"ratio {metrics['nn_ratio']:.2f}; 0 = copies",
-        "copy_fraction": f"closer than {COPY_PERCENTILE:g}% of real",
-        "fd": "floor at the same n",
+        "class_accuracy": "classified as the asked digit; higher is better, real is the ceiling",
+        "diversity_ratio": "spread within a class / real's; near 1 is better, 0 = one image per class",
+        "nn_distance": f"to the nearest training digit (ratio {metrics['nn_ratio']:.2f}); near real, 0 = copies",
+        "copy_fraction": f"closer to a training digit than {100 - COPY_PERCENTILE:g}% of real are; lower is better",
+        "fd": "Fréchet distance of PCA features to real; lower is better, real is the floor at this n",
     }
     lines = [f"{'n=' + str(int(metrics['n'])):<16}{'samples':>9}{'real':>9}"]
     lines += [f"{k:<16}{metrics[k]:>9.3f}{metrics[k + '_real']:>9.3f}  {note}" for k, note in notes.items()]

@@ -7,6 +7,7 @@ is a viewer. Call `log` at the logging cadence only: values are read to the host
 import json
 import math
 import os
+import secrets
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,7 +85,19 @@ class MetricsLogger:
                 mode=wandb_mode,
                 name=self.run_dir.name,
                 config=dict(config or {}),
+                id=self.wandb_run_id(),
+                # Online, the same id continues the run; offline, each resume is a folder with that id
+                # (wandb resumes only online; `wandb sync --id ID --append` joins the folders).
+                **({"resume": "allow"} if wandb_mode == "online" else {}),
             )
+
+    def wandb_run_id(self) -> str:
+        """The run directory's wandb id, made on its first start and kept in RUN_DIR/wandb_run_id: one
+        training run is one wandb run across resumes."""
+        path = self.run_dir / "wandb_run_id"
+        if not path.exists():
+            _write_atomic(path, secrets.token_hex(4) + "\n")  # wandb's own ids: 8 of [a-z0-9]
+        return path.read_text().strip()
 
     def log(self, step: int, metrics: Mapping[str, Scalar]) -> None:
         """Append `{"step": step, **metrics}` to metrics.jsonl (flushed) and log it to wandb at `step`."""
