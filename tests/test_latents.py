@@ -318,7 +318,7 @@ def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_pa
     missing = tmp_path / "images"
     shutil.copytree(images, missing)
     (missing / "e.txt").unlink()
-    with pytest.raises(ValueError, match=r"No caption for image .*e\.png"):
+    with pytest.raises(SystemExit, match=r"No caption for image .*e\.png"):  # one line, status 2 (train/startup.py)
         run_encode(tmp_path / "refused", *text_flags(missing, encoder))
     out = tmp_path / "tokens"
     run_encode(out, *text_flags(missing, encoder), "--tokenizer", TOKENIZER, "--null_text", "zeros",

@@ -1,6 +1,8 @@
 """The notebooks run top to bottom (at smoke size: the test sets SMOKE = True), with eqxdiff's
 shapes checked by the jaxtyping import hook as in every other test."""
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import nbformat
@@ -39,3 +41,14 @@ def test_notebook_runs(path):
     nb.cells.insert(0, nbformat.v4.new_code_cell(hook))  # before the notebook imports eqxdiff
     nb.cells.append(nbformat.v4.new_code_cell(HOOK_WAS_ACTIVE))
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+
+
+def test_the_readme_tutorial_opens_and_runs_with_the_dev_extra():
+    """The README names notebooks/quickstart.ipynb as the tutorial and the two commands that run and open
+    it; both come with `pip install -e ".[dev]"` (the suite's own environment)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "The tutorial is `notebooks/quickstart.ipynb`" in readme
+    assert "`jupyter execute notebooks/quickstart.ipynb`" in readme and "`jupyter lab notebooks/`" in readme
+    scripts = Path(sys.executable).parent  # the entry points `jupyter execute` and `jupyter lab` dispatch to
+    assert (scripts / "jupyter-execute").is_file() and (scripts / "jupyter-lab").is_file()
+    assert importlib.util.find_spec("jupyterlab") and importlib.util.find_spec("nbclient")

@@ -35,16 +35,33 @@ def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def digits_folder(folder: Path, per_class: int = 20) -> Path:
+    """The first `per_class` digits of each class as PNGs in class sub-folders named by `NAMES`."""
+    digits = open_source("digits")
+    for k, name in enumerate(NAMES):
+        (folder / name).mkdir(parents=True)
+        for i in np.flatnonzero(digits.labels == k)[:per_class]:
+            Image.fromarray(digits.images[i, :, :, 0]).save(folder / name / f"{i}.png")
+    return folder
+
+
 @pytest.mark.slow
 def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
-    # Also the smoke run of ε-prediction with the EDM schedule (see SMOKE_CASES).
+    # Also the smoke run of ε-prediction with the EDM schedule (see SMOKE_CASES), on your own data: a
+    # folder of 8×8 PNGs in class sub-folders (the digits' shapes: the same program as --dataset digits).
+    folder = digits_folder(tmp_path / "digits")
     args = [*SMALL, "--steps", "6", "--log_every", "3", "--sample_every", "6", "--cpu_devices", "4",
             "--fsdp_size", "2", "--profile_steps", "2:4", "--compilation_cache_dir", str(cache), "--wandb", "offline",
-            "--parameterization", "eps"]  # fmt: skip
+            "--parameterization", "eps", "--dataset", f"folder:{folder}", "--image_size", "8"]  # fmt: skip
     result = run_main("--run_dir", str(run_dir), *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh {'data': 2, 'fsdp': 2}" in result.stderr + result.stdout
+    classes = ", ".join(f"{k}={name}" for k, name in enumerate(sorted(NAMES)))  # labels: sorted folder names
+    assert f"dataset folder:{folder}: 200 images, classes {classes[:40]}" in result.stderr + result.stdout
 
     logged = rows(run_dir)
     assert [r["step"] for r in logged] == [3, 6]
@@ -55,7 +72,10 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
     startup = json.loads((run_dir / "run.json").read_text())
     assert startup["startup/step_flops_per_device"] > 0
     with Image.open(run_dir / "samples" / "step_000006.png") as grid:
-        assert grid.size == ((10 * 9 + 1) * 4, (10 * 9 + 1) * 4)  # 10×10 tiles of 8×8, upscaled 4×
+        margin = grid.width - (10 * 9 + 1) * 4  # each row labeled with its class folder's name on the left
+        assert 20 < margin < 100 and grid.height == (10 * 9 + 1) * 4  # 10×10 tiles of 8×8, upscaled 4×
+        labels = np.asarray(grid)[:, :margin]
+        assert labels.max() > 128 and labels.min() == 0  # white text on black
     assert list((run_dir / "profile").rglob("*.xplane.pb")), "no profiler trace"
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run"
 

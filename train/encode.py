@@ -48,7 +48,7 @@ from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import NULL_TEXTS, SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
-from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass; devices, cache, jax.distributed
+from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
@@ -216,7 +216,10 @@ def main(cfg: Config) -> None:
     start_jax(cfg)
     out = Path(cfg.out).expanduser()
     captions = bool(cfg.text_encoder)
-    source = open_source(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
+    try:
+        source = open_source(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
+        raise SystemExit(str(e)) from e
     if "image" not in source.fields:
         raise SystemExit(f"--dataset {cfg.dataset} has no image field to encode (fields: {sorted(source.fields)}).")
     if cfg.hflip_copies and cfg.dataset == "captioned_digits":
@@ -297,4 +300,4 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config())
+    exit_on_user_error(lambda: main(parse_config()))

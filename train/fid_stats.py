@@ -34,7 +34,7 @@ from eqxdiff.data import Prefetch, open_source
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
 from eqxdiff.eval.fid import KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference
 from eqxdiff.sharding import batch_sharding, make_mesh
-from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass; devices, cache, jax.distributed
+from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 
 @dataclass
@@ -154,7 +154,10 @@ def dataset_stats(
 def main(cfg: Config, features_fn=None) -> None:
     """`features_fn`: a stand-in feature network (tests); default InceptionV3 from --inception."""
     start_jax(cfg)
-    source = open_source(cfg.dataset, cfg.image_size)
+    try:
+        source = open_source(cfg.dataset, cfg.image_size)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
+        raise SystemExit(str(e)) from e
     if features_fn is None:
         features_fn = load_inception(cfg.inception)
     keep = None  # a random subset of the features, for precision and recall
@@ -175,4 +178,4 @@ def main(cfg: Config, features_fn=None) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config())
+    exit_on_user_error(lambda: main(parse_config()))

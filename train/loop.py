@@ -18,7 +18,17 @@ def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_
                disable=not logger.enabled)  # fmt: skip
     for step in bar:
         profile.before(step)
-        state, metrics = train_step(state, next(batches))
+        try:
+            batch = next(batches)
+        except Exception as e:  # a record that does not decode, a file gone: keep what was trained first
+            saved = step - 1 > start_step and jax.process_count() == 1  # a lone process cannot save a shared state
+            if saved:
+                save_checkpoint(step - 1, state)
+            kept = f"saved step {step - 1}" if saved else "nothing new saved"
+            raise SystemExit(f"data error at step {step} ({kept}): {e} Fix the file and run the same command to "
+                             f"resume, or drop it (folder: --skip_bad_images) and resume with --allow_dataset_change."
+                             ) from e  # fmt: skip
+        state, metrics = train_step(state, batch)
         if previous is not None:  # at most 2 in flight: more deadlocks XLA:CPU's collective rendezvous
             jax.block_until_ready(previous["loss"])
         previous = metrics

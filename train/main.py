@@ -5,8 +5,10 @@
     python train/main.py --precision bf16 --remat --grad_accum_steps 2
     python train/launch_local.py --num_processes 2 -- --cpu_devices 4   # multi-host on one machine
 
-A run resumes by itself from the newest checkpoint in --run_dir (same command again); SIGTERM or
-Ctrl-C finishes the current step, saves and exits 0.
+A run is its --run_dir (default runs/DATASET-MODEL) and resumes by itself from the newest checkpoint
+there: the same command again, or a shorter one (flags left off come from the checkpoint; those that
+define the run cannot change, train/resume.py). SIGTERM or Ctrl-C finishes the current step, saves and
+exits 0; an expected error (data, flags, a checkpoint that does not fit) prints one line, exits 2.
 
 Everything a researcher changes is in this file: the Config, the sharding rules, `prepare` (a
 batch of records -> the model's input and condition), `loss_fn` (its weighting is one line) and
@@ -26,10 +28,8 @@ import numpy as np
 from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entries
 from tqdm import tqdm
 
-from eqxdiff.autoencoders import open_autoencoder
-from eqxdiff.checkpoint import Checkpoints
-from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position, open_source
-from eqxdiff.data.latents import LatentSource
+from eqxdiff.checkpoint import CheckpointError, Checkpoints
+from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position
 from eqxdiff.diffusion import (
     METHODS,
     PARAMETERIZATIONS,
@@ -45,8 +45,8 @@ from eqxdiff.generate import decode_latents, generate
 from eqxdiff.images import from_uint8, save_image_grid, to_uint8
 from eqxdiff.nn import null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
-from eqxdiff.text.conditioning import NULL_TEXTS, TextConditioning
-from eqxdiff.text.run_text import frozen_modules, run_text, sample_prompts, text_config, wants_captions
+from eqxdiff.text.conditioning import NULL_TEXTS
+from eqxdiff.text.run_text import frozen_modules, sample_prompts, text_config
 from eqxdiff.training import (
     PRECISIONS,
     LogWindow,
@@ -66,27 +66,33 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_TOWER, build_model  # train/models.py: the model table
-from startup import dataclass_parser, start_jax  # train/startup.py: flags from a dataclass, JAX's start
+from models import MODELS, SCRATCH_TEXT_CAUSAL, build_model  # train/models.py: the model table
+from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
+from run_data import latent_autoencoder, open_dataset, text_conditioning  # train/run_data.py: data, its VAE, text
+from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
 
 @dataclass
 class Config:
-    run_dir: str = "runs/digits"
-    steps: int = 900
-    batch_size: int = 128  # global, per optimizer update
-    lr: float = 2e-3
-    warmup_steps: int = 100
-    weight_decay: float = 1e-4
-    seed: int = 0
+    """train/main.py's flags: each field is `--name`, its comment the flag's help (train/startup.py)."""
+
+    run_dir: str = ""  # where checkpoints, grids and logs go; a run resumes from it (default: runs/DATASET-MODEL)
+    steps: int = 900  # optimizer updates in the whole run (a resumed run trains up to this step)
+    batch_size: int = 128  # global, per optimizer update (split over every device and process)
+    lr: float = 2e-3  # AdamW's peak learning rate, reached after --warmup_steps, then cosine to 0 at --steps
+    warmup_steps: int = 100  # linear learning-rate warm-up
+    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
+    seed: int = 0  # the model's initialisation, the data order and every draw of σ, ε and dropout
     dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
     image_size: int = 32  # folder: and arrayrecord: images are resized to this; digits stay 8×8
+    skip_bad_images: bool = False  # folder: train without the files that do not decode (else: listed, no run)
+    allow_dataset_change: bool = False  # resume on other data, from the saved example count
     hflip: bool = False  # random horizontal flips (not for digits)
-    model: str = "unet"
-    schedule: str = "edm"
-    parameterization: str = "edm"
+    model: str = "unet"  # the network, train/models.py
+    schedule: str = "edm"  # the training noise distribution p(σ), eqxdiff/diffusion/schedules.py
+    parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
-    label_dropout: float = 0.05  # classifier-free guidance training
+    label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
     # Text-to-image: captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field).
     text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
@@ -94,33 +100,33 @@ class Config:
     null_text: str = "empty"  # the null text: the encoded "" | zeros
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of an error
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
-    fsdp_size: int = 1
+    fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
     fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
     cpu_devices: int = 0  # >0: simulate this many CPU devices
-    grad_accum_steps: int = 1
-    remat: bool = False
-    precision: str = "fp32"
-    ema_decay: float = 0.995
+    grad_accum_steps: int = 1  # micro-batches per optimizer update
+    remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
+    ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
-    max_bad_steps: int = 5
-    log_every: int = 50
-    sample_every: int = 300  # 0: no sample grids
-    sample_steps: int = 18
-    sample_method: str = "heun"
-    cfg_scale: float = 1.5
+    max_bad_steps: int = 5  # stop after this many consecutive non-finite steps (each is skipped, the state kept)
+    log_every: int = 50  # steps between metrics.jsonl rows (the host reads metrics only then)
+    sample_every: int = 300  # steps between sample grids in RUN_DIR/samples (and one at the end); 0: none
+    sample_steps: int = 18  # sampler steps of the grids
+    sample_method: str = "heun"  # the grids' sampler, eqxdiff/diffusion/samplers.py
+    cfg_scale: float = 1.5  # the grids' classifier-free guidance (1: none); train/sample.py's default too
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
     eval_num: int = 10000  # sampled --batch_size at a time
     fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
     inception: str = ""  # pytorch-fid's Inception weights as .safetensors (tools/convert_pytorch_fid.py)
-    ckpt_every: int = 500  # and always at the end (or on SIGTERM/SIGINT)
-    keep_checkpoints: int = 3
-    resume_step: int = -1  # -1: the newest checkpoint in run_dir, if any
-    profile_steps: str = ""  # "A:B" traces steps A..B-1 to run_dir/profile
-    compilation_cache_dir: str = ""
-    wandb: str = "offline"
+    ckpt_every: int = 500  # steps between checkpoints, and always at the end (or on SIGTERM/SIGINT)
+    keep_checkpoints: int = 3  # the newest N are kept
+    resume_step: int = -1  # the checkpoint to resume from; -1: the newest in --run_dir, if any
+    profile_steps: str = ""  # "A:B" traces steps A..B-1 to RUN_DIR/profile
+    compilation_cache_dir: str = ""  # JAX's persistent compile cache: a rerun loads its programs instead of compiling
+    wandb: str = "offline"  # Weights & Biases: offline (files in RUN_DIR/wandb) | online | disabled
     coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
-    num_processes: int = 1
-    process_id: int = 0
+    num_processes: int = 1  # with --coordinator: processes in the job
+    process_id: int = 0  # with --coordinator: this process's index
 
 
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
@@ -191,9 +197,12 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
-    """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
+    """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`. Flags left
+    off come from the run's checkpoint when --run_dir holds one, else from Config (train/resume.py)."""
     parser = dataclass_parser(Config, __doc__, CHOICES)
-    cfg = Config(**vars(parser.parse_args(argv)))
+    parser.parse_args(argv)  # --help, and argparse's checks of every flag
+    given = vars(dataclass_parser(Config, __doc__, CHOICES, given_only=True).parse_args(argv))
+    cfg = run_config(Config, given, say=tqdm.write if given.get("process_id", 0) == 0 else lambda _: None)
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
     return cfg
@@ -204,26 +213,17 @@ def sigma_data(cfg: Config, on_latents: bool) -> float:
     return cfg.sigma_data or (1.0 if on_latents else 0.5)
 
 
-def latent_autoencoder(source, mesh) -> tuple:
-    """(autoencoder, what checkpoints store of it) for latents from train/encode.py: the one their
-    meta.json names (its absolute folder, or a weightless spec), which decodes sample grids here
-    and in train/sample.py. (None, {}) for images."""
-    if not isinstance(source, LatentSource):
-        return None, {}
-    vae = source.meta["vae"]
-    stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
-    return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
-
-
-def text_conditioning(cfg: Config, source, mesh) -> TextConditioning | None:
-    """The run's text side (eqxdiff/text/run_text.py), None for a run without captions."""
-    return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
-                    null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                    min_size=cfg.fsdp_min_param_size)  # fmt: skip
-
-
 def main(cfg: Config, features_fn=None) -> None:
     """`features_fn`: --eval_every's feature network, a stand-in (tests); default InceptionV3 from --inception."""
+    cfg = cfg if cfg.run_dir else dataclasses.replace(cfg, run_dir=default_run_dir(cfg.dataset, cfg.model))
+    saved = checkpoint_steps(cfg.run_dir)
+    resume = cfg.resume_step if cfg.resume_step >= 0 else (saved[-1] if saved else None)
+    if resume is not None and resume >= cfg.steps:  # before JAX, wandb or the data start
+        if cfg.process_id == 0:
+            tqdm.write(f"{cfg.run_dir} is already at step {resume} of --steps {cfg.steps}: nothing to train. To "
+                       f"train longer, run it again with a larger --steps, e.g. --steps {2 * cfg.steps} (the "
+                       f"learning rate's cosine then stretches to it).")  # fmt: skip
+        return
     start_jax(cfg)
     run_dir = Path(cfg.run_dir)
     is_main = jax.process_index() == 0
@@ -233,10 +233,10 @@ def main(cfg: Config, features_fn=None) -> None:
     check_eval(cfg)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
-    source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg.text_encoder, cfg.dataset),
-                         allow_uncaptioned=cfg.allow_uncaptioned)  # fmt: skip
+    source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
     text = text_conditioning(cfg, source, mesh)  # None: a run without captions
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
+    class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
     prompts = None if text is None else sample_prompts(cfg.sample_prompts, cfg.dataset, source)
     if text is not None and "caption" in source.fields:  # captions -> token ids as records are read, on the host
         source = TokenizedSource(source, text.tokenizer, text.max_length)
@@ -257,7 +257,7 @@ def main(cfg: Config, features_fn=None) -> None:
         return build_model(cfg.model, image_shape, cfg.remat, key, num_classes=num_classes, text=text)
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
-    if warmup != cfg.warmup_steps:
+    if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
@@ -285,7 +285,6 @@ def main(cfg: Config, features_fn=None) -> None:
     # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
     # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL).
     checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    resume = checkpoints.latest() if cfg.resume_step < 0 else cfg.resume_step
     spec = batch_spec(source, cfg.batch_size)
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
@@ -295,14 +294,15 @@ def main(cfg: Config, features_fn=None) -> None:
             )
             start_step, start_example = 0, 0
         else:
-            state, position, _ = checkpoints.restore(resume, abstract, shardings)
-            check_position(position, cfg.seed, source)
+            try:
+                state, position, _ = checkpoints.restore(resume, abstract, shardings)
+                check_position(position, cfg.seed, source, allow_dataset_change=cfg.allow_dataset_change)
+            except (CheckpointError, ValueError) as e:  # the files, or the data they continue, do not fit
+                raise SystemExit(str(e)) from e
             start_step, start_example = resume, position["examples_consumed"]
             tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
         tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
         compiling.result()  # a compile error surfaces here
-    if start_step >= cfg.steps:
-        tqdm.write(f"the checkpoint at step {start_step} already reaches --steps {cfg.steps}; nothing to train")
 
     def write_samples(step: int, state) -> None:
         """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
@@ -320,7 +320,9 @@ def main(cfg: Config, features_fn=None) -> None:
         if autoencoder is not None:
             out = decode_latents(autoencoder, out, mesh=mesh)
         if is_main:
-            path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4)
+            row_labels = class_names if num_classes and class_names and text is None else None
+            path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4,
+                                   row_labels=row_labels)  # fmt: skip
             tqdm.write(f"step {step}: samples -> {path}")
 
     def evaluate(step: int, state) -> dict:
@@ -381,4 +383,4 @@ def main(cfg: Config, features_fn=None) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_config())
+    exit_on_user_error(lambda: main(parse_config()))

@@ -1,8 +1,8 @@
 """Samples from a trained run's EMA model: a PNG grid or an .npz, and (digits) quality numbers.
 
-    python train/sample.py --run_dir runs/digits --out samples.png
-    python train/sample.py --run_dir runs/digits --num 1000 --out samples.npz --eval
-    python train/sample.py --run_dir runs/t2i --prompts "a 3 left of a 7" "nine then one" --cfg 4 --out grid.png
+    python train/sample.py --run_dir runs/digits-unet --out samples.png
+    python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
+    python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --cfg 4 --out g.png
     python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception fid_inception.safetensors
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
@@ -25,7 +25,6 @@ precision and recall when the statistics keep features, ref, sampler) appended t
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -34,7 +33,8 @@ from tqdm import tqdm
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import SCRATCH_TEXT_TOWER, build_model
-from startup import start_jax
+from resume import checkpoint_steps
+from startup import HelpFormatter, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
@@ -48,18 +48,19 @@ from eqxdiff.training import abstract_train_state, adamw_cosine
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run_dir", required=True)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--run_dir", required=True, help="a train/main.py run directory (read only)")
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
-    parser.add_argument("--method", default=None, choices=sorted(METHODS), help="sampler (default: the run's)")
+    parser.add_argument("--method", default=None, choices=sorted(METHODS),
+                        help="sampler (default: the run's --sample_method)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
     parser.add_argument("--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the sampler's noise")
     parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
     parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
     parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
@@ -69,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
     parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
+    parser.add_argument("--coordinator", default="",
+                        help="HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py --script "
+                             "sample.py); \"auto\": cluster env")  # fmt: skip
+    parser.add_argument("--num_processes", type=int, default=1, help="with --coordinator: processes in the job")
+    parser.add_argument("--process_id", type=int, default=0, help="with --coordinator: this process's index")
     args = parser.parse_args(argv)
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
@@ -94,10 +100,14 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
     checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
     newest."""
-    with Checkpoints(Path(run_dir) / "checkpoints") as checkpoints:
-        step = checkpoints.latest() if step < 0 else step
-        if step is None:
-            raise SystemExit(f"No checkpoint under {checkpoints.directory}: train first (train/main.py --run_dir ...).")
+    saved = checkpoint_steps(run_dir)  # read before orbax opens the folder: a typo leaves nothing behind
+    if not saved:
+        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: train first "
+                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
+    if step >= 0 and step not in saved:
+        raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
+    with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
+        step = saved[-1] if step < 0 else step
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         text = None
@@ -161,7 +171,8 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
 
 def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
-    start_jax(Config(cpu_devices=args.cpu_devices))
+    start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
+                     process_id=args.process_id))  # fmt: skip
     mesh = make_mesh(data=-1, fsdp=1)
     ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
     args.cfg = cfg.cfg_scale if args.cfg is None else args.cfg  # the guidance of the run's own grids
@@ -224,12 +235,16 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         print(f"step {step}: {args.num} samples -> {out}")
         if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
+
+            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method or cfg.sample_method} {args.steps} "
+                      f"steps, guidance {args.cfg:g}, seed {args.seed}")  # fmt: skip
         if args.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
             if args.json:
                 print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
             else:
-                print("two digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()) + " (fraction classified as prompted)")
+                print(f"{scored}\ntwo digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
+                      + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)")  # fmt: skip
         elif args.eval:
             dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
             if dataset != "digits" or labels is None:
@@ -238,11 +253,15 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             if args.json:
                 print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
             else:
-                print(f"step {step}, {args.num} samples, guidance {args.cfg:g}:\n" + format_metrics(scores))
+                print(f"{scored}; real = held-out real digits scored the same way\n{format_metrics(scores)}")
+
+
+def cli() -> None:
+    try:
+        main(parse_args())
+    except CheckpointError as e:  # a checkpoint that does not fit: one line, as for every user error
+        raise SystemExit(str(e)) from e
 
 
 if __name__ == "__main__":
-    try:
-        main(parse_args())
-    except CheckpointError as e:
-        sys.exit(f"error: {e}")
+    exit_on_user_error(cli)

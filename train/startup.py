@@ -4,23 +4,65 @@ backend exists."""
 
 import argparse
 import dataclasses
+import inspect
+import re
+import sys
 
 import jax
 
 from eqxdiff import xla_cpu
 
 
-def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = ()) -> argparse.ArgumentParser:
-    """A flag `--name value` per field of the dataclass `config_type`; booleans are `--name` /
-    `--no-name`."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and each flag's default after its help, unless the help
+    already says it or there is none ("" or None: unset, the help says what that means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, "", argparse.SUPPRESS) or action.option_strings == []:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def field_comments(config_type) -> dict[str, str]:
+    """The `# ...` comment on each field's line of a dataclass's source: that flag's --help text."""
+    comments = {}
+    for line in inspect.getsource(config_type).splitlines():
+        if match := re.match(r"\s+(\w+): [^#]*?#\s*(.*)$", line):
+            comments[match[1]] = match[2]
+    return comments
+
+
+def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
+                     given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
+    """A flag `--name value` per field of the dataclass `config_type`, its help the field's comment
+    and its default the field's; booleans are `--name` / `--no-name`. `given_only`: flags left off
+    the command line are absent from the parsed namespace (which flags a command gives)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    helps = field_comments(config_type)
     for field in dataclasses.fields(config_type):
+        default = argparse.SUPPRESS if given_only else field.default
+        help_text = helps.get(field.name, "").replace("%", "%%")
         if field.type is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=field.default)
+            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)  # fmt: skip
         else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=field.default,
+            parser.add_argument(f"--{field.name}", type=field.type, default=default, help=help_text,
                                 choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
     return parser
+
+
+def exit_on_user_error(fn, *args) -> None:
+    """`fn(*args)`, where an expected user error — a `SystemExit` with a message: a missing or bad
+    dataset, a checkpoint that does not fit, a flag argparse could not check — prints that one line
+    and exits with status 2 (argparse's own status), without a traceback."""
+    try:
+        fn(*args)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(f"error: {e.code}", file=sys.stderr)
+            sys.exit(2)
+        raise
 
 
 def start_jax(cfg) -> None:

@@ -1,0 +1,87 @@
+"""What the README's train/main.py examples cost on this machine: seconds per step of each, run as
+the README writes it (only shorter), and each one's ratio to the default job's step.
+
+Each example runs `--steps N` with `--log_every N/2`, sampling and wandb off, in a fresh run
+directory; its step time is metrics.jsonl's `train/step_time_ms` of the second window (the first
+holds no compile, but the second is past every warm-up). The DiT example trains on a folder of
+32×32 RGB PNGs (the digits upscaled, in class sub-folders), as `--dataset folder:... --image_size 32`
+reads them. The default job runs first and last, so drift shows. Prints one JSON line.
+
+    python benchmarks/readme_examples.py [--steps 40] [--dit_steps 4 --dit_batch 16]
+
+The DiT runs a smaller batch by default (`--dit_batch`): on a CPU one step of the default 128 takes minutes.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).parent.parent
+EXAMPLES = {
+    "default": [],
+    "fsdp_8_cpu_devices": ["--cpu_devices", "8", "--fsdp_size", "4"],
+    "bf16_remat_accum2": ["--precision", "bf16", "--remat", "--grad_accum_steps", "2"],
+    "dit_s_folder_32": ["--image_size", "32", "--hflip", "--model", "dit_s"],  # + --dataset folder:
+}
+
+
+def rgb_digits_folder(folder: Path, per_class: int = 30) -> Path:
+    from eqxdiff.data import open_source
+
+    digits = open_source("digits")
+    for k in range(10):
+        (folder / str(k)).mkdir(parents=True)
+        for i in np.flatnonzero(digits.labels == k)[:per_class]:
+            tile = Image.fromarray(digits.images[i, :, :, 0]).resize((32, 32), Image.Resampling.BICUBIC)
+            tile.convert("RGB").save(folder / str(k) / f"{i}.png")
+    return folder
+
+
+def step_ms(args: list[str], steps: int, work: Path, name: str) -> dict:
+    run_dir = work / name
+    cmd = [sys.executable, str(ROOT / "train" / "main.py"), "--run_dir", str(run_dir), "--steps", str(steps),
+           "--log_every", str(steps // 2), "--sample_every", "0", "--wandb", "disabled", *args]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"step_ms": rows[-1]["train/step_time_ms"], "wall_s": round(wall, 1), "steps": steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--dit_steps", type=int, default=4)
+    parser.add_argument("--dit_batch", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        folder = rgb_digits_folder(work / "digits32")
+        results = {}
+        for name, flags in [*EXAMPLES.items(), ("default_again", [])]:
+            if name.startswith("dit"):
+                flags = [*flags, "--dataset", f"folder:{folder}", "--batch_size", str(args.dit_batch)]
+            steps = args.dit_steps if name.startswith("dit") else args.steps
+            results[name] = step_ms(flags, steps, work, name)
+    base = (results["default"]["step_ms"] + results["default_again"]["step_ms"]) / 2
+    for r in results.values():
+        r["vs_default"] = round(r["step_ms"] / base, 2)
+    results["dit_s_folder_32"]["batch_size"] = args.dit_batch
+    print(json.dumps({
+        "bench": "readme_examples", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
+        "cpus": os.cpu_count(), "results": results,
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The train/ scripts as a new user meets them: --help, the run directory, resuming with the flags a
+checkpoint saved, one-line errors with status 2, read-only sampling, a data error mid-run. Most
+checks call the scripts' own functions here; the CLI's wiring (status, no traceback, nothing
+started) runs as processes."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+import main as train_main  # train/ is on sys.path (conftest)
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.data import open_source
+from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow
+from eqxdiff.training.preemption import StopRequest
+from runs import command
+
+ROOT = Path(__file__).parent.parent
+
+
+def saved_run(run_dir: Path, step: int, **flags) -> dict:
+    """A run directory holding one real orbax checkpoint at `step` whose saved config is Config(**flags)
+    plus what train/main.py stores beside it; returns that config."""
+    config = dict(dataclasses.asdict(train_main.Config(**flags)), image_shape=[8, 8, 1], num_classes=10)
+    with Checkpoints(run_dir / "checkpoints", async_save=False) as checkpoints:
+        assert checkpoints.save(step, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
+    return config
+
+
+def cli(script: str, *args, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(command(script, *args), cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_flag_with_its_comment_and_default(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_main.parse_config(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    from startup import field_comments  # train/startup.py
+
+    comments = field_comments(train_main.Config)
+    for field in dataclasses.fields(train_main.Config):
+        assert f"--{field.name}" in text, field.name
+        assert " ".join(comments[field.name].split())[:30] in text, field.name  # every flag has its one line
+    assert "--steps STEPS optimizer updates in the whole run" in text and "(default: 900)" in text
+    assert "--remat, --no-remat" in text and "(default: runs/DATASET-MODEL)" in text
+
+    import sample  # train/sample.py
+
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--num NUM number of images (default: 100)" in text
+    assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
+
+
+def test_the_default_run_dir_is_named_by_dataset_and_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no runs/ of a developer's own here
+    assert train_main.parse_config([]).run_dir == "runs/digits-unet"
+    for dataset, model, expected in [
+        ("folder:~/data/pets/", "dit_s", "runs/pets-dit_s"),
+        ("npz:/x/faces64.npz", "unet", "runs/faces64-unet"),
+        ("arrayrecord:/data/pets/train-*.arrayrecord", "unet", "runs/pets-unet"),
+        ("latents:runs/pets_latents", "dit_s", "runs/pets_latents-dit_s"),
+    ]:
+        assert train_main.parse_config(["--dataset", dataset, "--model", model]).run_dir == expected
+    assert train_main.parse_config(["--run_dir", "mine"]).run_dir == "mine"
+
+
+def test_resuming_takes_left_off_flags_from_the_checkpoint(tmp_path, capsys):
+    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, cfg_scale=2.5, coordinator="h:1",
+                      resume_step=4, remat=True)  # fmt: skip
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
+    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.cfg_scale, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
+    assert (cfg.coordinator, cfg.resume_step) == ("", -1)  # how one command starts is never inherited
+    assert capsys.readouterr().out == ""  # nothing changed, nothing echoed
+
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path), "--lr", "1e-3", "--steps", "20", "--no-remat"])
+    assert (cfg.lr, cfg.steps, cfg.remat, cfg.model) == (1e-3, 20, False, "unet_tiny")
+    out = capsys.readouterr().out
+    assert f"--lr {saved['lr']} -> 0.001" in out and "--steps 10 -> 20" in out and "--remat True -> False" in out
+
+
+def test_flags_that_define_a_run_cannot_change_on_resume(tmp_path, capsys):
+    saved_run(tmp_path, 6, model="unet_tiny", image_size=32)
+    with pytest.raises(SystemExit) as refused:
+        train_main.parse_config(["--run_dir", str(tmp_path), "--model", "unet", "--image_size", "64", "--lr", "1"])
+    message = refused.value.code
+    assert "--model unet (saved: unet_tiny), --image_size 64 (saved: 32) cannot change" in message
+    assert "new --run_dir" in message and "\n" not in message
+    assert capsys.readouterr().out == ""  # refused before anything is echoed
+
+    with pytest.raises(SystemExit, match=r"--dataset folder:elsewhere \(saved: digits\).*--allow_dataset_change"):
+        train_main.parse_config(["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere"])
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere",
+                                   "--allow_dataset_change"])  # fmt: skip
+    assert cfg.dataset == "folder:elsewhere" and "--dataset digits -> folder:elsewhere" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--resume_step 3: .* no checkpoint of step 3 \(saved: 6\)"):
+        train_main.parse_config(["--run_dir", str(tmp_path), "--resume_step", "3"])
+
+
+def test_a_finished_run_says_so_and_starts_nothing(tmp_path):
+    saved_run(tmp_path / "run", 6, model="unet_tiny", steps=6, wandb="offline")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = cli("main.py", "--run_dir", tmp_path / "run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "is already at step 6 of --steps 6: nothing to train" in result.stdout + result.stderr
+    assert "--steps 12" in result.stdout + result.stderr  # how to train longer
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no wandb, no log, no file
+
+
+def test_user_errors_are_one_line_with_status_2(tmp_path):
+    saved_run(tmp_path / "run", 6, model="unet_tiny", steps=12)
+    result = cli("main.py", "--run_dir", tmp_path / "run", "--model", "dit_s")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'run'} is a run of step 6 whose --model dit_s (saved: unet_tiny) cannot change: leave it "
+        "off to continue that run, or pass a new --run_dir to start another."
+    ]
+    # Read-only: a mistyped run directory leaves nothing behind.
+    result = cli("sample.py", "--run_dir", tmp_path / "typo", "--out", tmp_path / "grid.png")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"No checkpoint under {tmp_path / 'typo' / 'checkpoints'}: train first" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_missing_or_unreadable_dataset_stops_before_anything_compiles(tmp_path):
+    config = lambda *args: train_main.parse_config(["--run_dir", str(tmp_path / "run"), *args])  # noqa: E731
+    with pytest.raises(SystemExit, match=r"Dataset folder not found: .*nowhere"):
+        train_main.main(config("--dataset", f"folder:{tmp_path / 'nowhere'}"))
+    folder = tmp_path / "pets"
+    for name in ("cat", "dog"):
+        (folder / name).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(folder / name / f"{i}.png")
+    (folder / "dog" / "3.png").write_bytes(b"not a png")
+    good = (folder / "cat" / "0.png").read_bytes()
+    (folder / "cat" / "3.png").write_bytes(good[: len(good) // 2])  # a valid header, cut pixels
+    with pytest.raises(SystemExit) as bad:
+        train_main.main(config("--dataset", f"folder:{folder}"))
+    assert "2 of 8 image files" in bad.value.code and "cat/3.png" in bad.value.code and "dog/3.png" in bad.value.code
+    assert not (tmp_path / "run").exists()
+
+    said = []
+    source = train_main.open_dataset(config("--dataset", f"folder:{folder}", "--skip_bad_images"), said.append)
+    assert len(source) == 6
+    assert said == [f"dataset folder:{folder}: 6 images, classes 0=cat, 1=dog, model input 32×32×3 after resizing, "
+                    "2 unreadable files skipped"]  # fmt: skip
+
+
+def test_a_data_error_mid_run_saves_the_state_first(tmp_path):
+    """train/loop.py: a batch that cannot be read at step 4 saves step 3 (what SIGTERM would), then one line."""
+
+    def batches():
+        yield from range(3)
+        raise ValueError("Could not decode image pets/cat/9.png: truncated.")
+
+    def train_step(state, batch):
+        metrics = dict(loss=jnp.float32(1), finite=jnp.bool_(True), grad_norm=jnp.float32(1), lr=jnp.float32(1),
+                       bad_steps=jnp.int32(0))  # fmt: skip
+        return state + 1, metrics
+
+    saved = []
+    cfg = train_main.Config(steps=10, log_every=2, sample_every=0, ckpt_every=100)
+    with StopRequest() as stop, pytest.raises(SystemExit) as error:
+        train_main.train_loop(
+            cfg, 0, train_step, iter(batches()), MetricsLogger(tmp_path, enabled=False), start_step=0,
+            log_window=LogWindow(16, 1.0, 1.0), profile=ProfileWindow("", tmp_path), write_samples=None,
+            save_checkpoint=lambda step, state: saved.append((step, state)), stop=stop,
+        )  # fmt: skip
+    assert saved == [(3, 3)]  # the state after 3 steps, saved as step 3
+    assert error.value.code.startswith("data error at step 4 (saved step 3): Could not decode image pets/cat/9.png")
+    assert "--allow_dataset_change" in error.value.code
+
+
+def test_one_wandb_run_across_resumes(tmp_path):
+    """Each start of a run directory logs under the id kept there (offline: one folder per start, one id)."""
+    for _ in range(2):
+        with MetricsLogger(tmp_path, wandb_mode="offline") as logger:
+            logger.log(1, {"x": 1.0})
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs), runs
+
+
+def test_eval_scorecard_says_what_each_row_means():
+    from eqxdiff.eval import digits_sample_metrics, format_metrics
+
+    digits = open_source("digits")
+    table = format_metrics(digits_sample_metrics(digits.images[:200], digits.labels[:200]))
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert set(rows) == {"class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd"}
+    assert "higher is better" in rows["class_accuracy"] and "lower is better" in rows["fd"]
+    assert "lower is better" in rows["copy_fraction"] and "near 1" in rows["diversity_ratio"]
+
+
+def test_scripts_have_json_readable_checkpoint_configs(tmp_path):
+    """train/resume.py reads the config as JSON where orbax put it, without orbax (before JAX starts)."""
+    from resume import saved_config  # train/resume.py
+
+    config = saved_run(tmp_path, 4, model="unet_tiny")
+    assert saved_config(tmp_path) == (4, json.loads(json.dumps(config)))
+    assert saved_config(tmp_path / "empty") is None
+    assert sys.modules["resume"].checkpoint_steps(tmp_path) == [4]

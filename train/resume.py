@@ -1,0 +1,100 @@
+"""The run a command names: its directory and, once that holds a checkpoint, the flags saved with it.
+
+A run is its --run_dir, by default runs/DATASET-MODEL, so a run on other data or with another model
+is never silently an old one. Resuming, flags left off the command line come from the checkpoint's
+saved config, so the same command (or a shorter one) continues the run; the flags that define what
+is trained (FIXED) must equal the saved ones, and a change to any other is echoed. The config is
+read as plain JSON, before JAX starts: flags like --cpu_devices must be set before its backend is.
+"""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+# What a checkpoint's arrays and data order were made for: a change is a different run.
+FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder",
+         "tokenizer", "null_text")  # fmt: skip
+# How this one command starts, not what the run is: never taken from a checkpoint.
+PER_COMMAND = ("run_dir", "resume_step", "allow_dataset_change", "coordinator", "num_processes", "process_id")
+
+
+def dataset_name(spec: str) -> str:
+    """A short name for a --dataset spec: digits; folder:~/data/pets -> pets; npz:a/b.npz -> b;
+    arrayrecord:~/data/pets/*.arrayrecord -> pets."""
+    kind, _, arg = spec.partition(":")
+    if not arg:
+        return re.sub(r"[^\w.-]", "_", spec)
+    path = Path(arg.rstrip("/"))
+    while any(c in path.name for c in "*?[") and path.name:
+        path = path.parent  # a glob: the folder that holds the files
+    name = path.stem or kind
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def default_run_dir(dataset: str, model: str) -> str:
+    return f"runs/{dataset_name(dataset)}-{model}"
+
+
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    """The saved steps under RUN_DIR/checkpoints, oldest first (orbax writes a step under a temporary
+    name and renames it when complete, so a numeric folder is a committed one)."""
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(d.name) for d in folder.iterdir() if d.name.isdigit() and d.is_dir())
+
+
+def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None:
+    """(step, its saved config) of checkpoint `step` of the run (-1: the newest), None when the run
+    has no checkpoint yet."""
+    steps = checkpoint_steps(run_dir)
+    if step >= 0 and step not in steps:
+        saved = ", ".join(map(str, steps)) or "none"
+        raise SystemExit(f"--resume_step {step}: {run_dir} holds no checkpoint of step {step} (saved: {saved}).")
+    if not steps:
+        return None
+    step = steps[-1] if step < 0 else step
+    path = Path(run_dir) / "checkpoints" / str(step) / "config" / "metadata"
+    try:
+        return step, json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"Checkpoint step {step} of {run_dir}: cannot read its config {path} ({e}); pass "
+                         f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
+
+
+def same_dataset(a: str, b: str) -> bool:
+    """Two --dataset specs naming the same data (`~` and relative paths resolved)."""
+    def resolved(spec: str) -> str:
+        kind, _, arg = spec.partition(":")
+        return f"{kind}:{Path(arg).expanduser().absolute()}" if arg else spec
+
+    return resolved(a) == resolved(b)
+
+
+def run_config(config_type, given: dict, say=print):
+    """The command's config: `given` (the flags on its command line, by name) over the config saved
+    with the run's checkpoint over `config_type`'s defaults. Refuses (SystemExit, one line) a given
+    FIXED flag that differs from the saved one; `say`s each other change as `--lr 0.002 -> 0.001`."""
+    defaults = config_type()
+    run_dir = given.get("run_dir") or default_run_dir(given.get("dataset", defaults.dataset),
+                                                      given.get("model", defaults.model))  # fmt: skip
+    found = saved_config(run_dir, given.get("resume_step", -1))
+    if found is None:
+        return dataclasses.replace(defaults, **{**given, "run_dir": run_dir})
+    step, saved = found
+    names = {f.name for f in dataclasses.fields(config_type)} - set(PER_COMMAND)
+    inherited = {k: v for k, v in saved.items() if k in names}
+    changed = {k: (inherited[k], v) for k, v in given.items() if k in inherited and inherited[k] != v}
+    if "dataset" in changed and (given.get("allow_dataset_change") or same_dataset(*changed["dataset"])):
+        say(f"--dataset {changed['dataset'][0]} -> {changed['dataset'][1]}")
+        del changed["dataset"]
+    refused = [f"--{k} {new} (saved: {old})" for k, (old, new) in changed.items() if k in FIXED]
+    if refused:
+        other_data = " (other data: --allow_dataset_change)" if "dataset" in changed else ""
+        raise SystemExit(f"{run_dir} is a run of step {step} whose {', '.join(refused)} cannot change: leave "
+                         f"{'it' if len(refused) == 1 else 'them'} off to continue that run{other_data}, or pass a "
+                         f"new --run_dir to start another.")  # fmt: skip
+    for k, (old, new) in changed.items():
+        say(f"--{k} {old} -> {new}")
+    return dataclasses.replace(defaults, **{**inherited, **given, "run_dir": run_dir})

@@ -1,0 +1,40 @@
+"""train/main.py's data side (`cfg`: its Config): the dataset opened and described, the autoencoder of a
+latent dataset, and the text side of a captioned one."""
+
+from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.data import describe_source, open_source
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.text.conditioning import TextConditioning
+from eqxdiff.text.run_text import run_text, wants_captions
+
+from models import SCRATCH_TEXT_TOWER  # train/models.py
+
+
+def latent_autoencoder(source, mesh) -> tuple:
+    """(autoencoder, what checkpoints store of it) for latents from train/encode.py: the one their
+    meta.json names (its absolute folder, or a weightless spec), which decodes sample grids here
+    and in train/sample.py. (None, {}) for images."""
+    if not isinstance(source, LatentSource):
+        return None, {}
+    vae = source.meta["vae"]
+    stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
+    return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
+
+
+def text_conditioning(cfg, source, mesh) -> TextConditioning | None:
+    """The run's text side (eqxdiff/text/run_text.py), None for a run without captions."""
+    return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
+                    null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
+                    min_size=cfg.fsdp_min_param_size)  # fmt: skip
+
+
+def open_dataset(cfg, say) -> object:
+    """--dataset as a record source (eqxdiff/data/sources.py), every folder image decoded once first: the
+    unreadable ones listed, or dropped with --skip_bad_images; what was found is `say`d."""
+    try:
+        source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg.text_encoder, cfg.dataset),
+                             allow_uncaptioned=cfg.allow_uncaptioned, skip_bad_images=cfg.skip_bad_images)  # fmt: skip
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+        raise SystemExit(str(e)) from e
+    say(f"dataset {describe_source(source)}")
+    return source
