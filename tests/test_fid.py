@@ -189,3 +189,16 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     assert line["step"] == 24 and line["num"] == 12 and line["ref"] == str(tmp_path / "ref.npz")
     assert line["method"] == "heun" and line["fid"] > 0 and 0 <= line["precision"] <= 1 and 0 <= line["recall"] <= 1
     assert f"FID {line['fid']:.4f}  precision {line['precision']:.4f}" in capsys.readouterr().out
+
+    # The same on 2 processes × 4 devices (train/launch_local.py): every process samples its rows of
+    # each chunk, the features are gathered across processes, process 0 writes the one line.
+    from runs import run
+
+    out2 = tmp_path / "fid_two_processes.jsonl"
+    argv2 = [*argv[:-1], str(out2), "--cpu_devices", "4"]
+    result = run("launch_local.py", "--num_processes", 2, "--script", "tests/sample_stand_in.py", "--", *argv2)
+    assert "[p0] FID" in result.stdout and "[p1] FID" not in result.stdout
+    (line2,) = [json.loads(s) for s in out2.read_text().splitlines()]
+    assert line2["num"] == 12 and line2["step"] == 24
+    for key in ("fid", "precision", "recall"):  # the same samples and features as on one process
+        np.testing.assert_allclose(line2[key], line[key], rtol=1e-5, err_msg=key)
