@@ -129,16 +129,6 @@ def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> 
     assert not different, f"{len(different)} of {len(a)} arrays differ, e.g. {different[:3]}"
 
 
-def start_launcher(*args) -> Started:
-    """`train/launch_local.py` in its own session, so a SIGKILL can take its whole process group."""
-    return Started(command("launch_local.py", *args), start_new_session=True)
-
-
-def kill_group(proc: Started) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every training process, like a lost node
-    proc.finish(timeout=30)
-
-
 def random_clip_folder(folder: Path, config: dict, seed: int = 7) -> Path:
     """A transformers CLIPTextModel folder of `config` with random weights drawn in numpy (a random
     CLIPTextModel.from_config takes seconds of small eager ops): config.json and model.safetensors, keys
