@@ -86,9 +86,10 @@ class MetricsLogger:
                 name=self.run_dir.name,
                 config=dict(config or {}),
                 id=self.wandb_run_id(),
-                # Online, the same id continues the run; offline, each resume is a folder with that id
-                # (wandb resumes only online; `wandb sync --id ID --append` joins the folders).
-                **({"resume": "allow"} if wandb_mode == "online" else {}),
+                # Online, the same id continues the run (a resume may change flags, e.g. --lr: they
+                # overwrite its config); offline, each resume is a folder with that id (wandb resumes
+                # only online; `wandb sync --id ID --append` joins the folders).
+                **({"resume": "allow", "allow_val_change": True} if wandb_mode == "online" else {}),
             )
 
     def wandb_run_id(self) -> str:
