@@ -101,6 +101,13 @@ def test_flags_that_define_a_run_cannot_change_on_resume(tmp_path, capsys):
     cfg = train_main.parse_config(["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere",
                                    "--allow_dataset_change"])  # fmt: skip
     assert cfg.dataset == "folder:elsewhere" and "--dataset digits -> folder:elsewhere" in capsys.readouterr().out
+    # The same data or tower written another way is no change: nothing refused, nothing echoed.
+    folder_run = tmp_path / "folder_run"
+    saved_run(folder_run, 6, dataset=f"folder:{tmp_path}/pets", text_encoder=f"{tmp_path}/clip")
+    capsys.readouterr()
+    cfg = train_main.parse_config(["--run_dir", str(folder_run), "--dataset", f"folder:{tmp_path}/x/../pets/",
+                                   "--text_encoder", f"{tmp_path}/clip/"])  # fmt: skip
+    assert cfg.dataset == f"folder:{tmp_path}/x/../pets/" and capsys.readouterr().out == ""
     with pytest.raises(SystemExit, match=r"--resume_step 3: .* no checkpoint of step 3 \(saved: 6\)"):
         train_main.parse_config(["--run_dir", str(tmp_path), "--resume_step", "3"])
 

@@ -63,13 +63,15 @@ def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None
                          f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
 
 
-def same_dataset(a: str, b: str) -> bool:
-    """Two --dataset specs naming the same data (`~` and relative paths resolved)."""
-    def resolved(spec: str) -> str:
-        kind, _, arg = spec.partition(":")
-        return f"{kind}:{Path(arg).expanduser().absolute()}" if arg else spec
-
-    return resolved(a) == resolved(b)
+def resolved(name: str, value):
+    """A flag's value as compared on resume: --dataset's path and the text tower's folders with `~`,
+    relative parts and a trailing slash resolved (the same data written another way is no change)."""
+    if name == "dataset" and ":" in value:
+        kind, _, arg = value.partition(":")
+        return f"{kind}:{Path(arg).expanduser().resolve()}"
+    if name in ("text_encoder", "tokenizer") and value not in ("", "scratch"):
+        return str(Path(value).expanduser().resolve())
+    return value
 
 
 def run_config(config_type, given: dict, say=print):
@@ -85,8 +87,9 @@ def run_config(config_type, given: dict, say=print):
     step, saved = found
     names = {f.name for f in dataclasses.fields(config_type)} - set(PER_COMMAND)
     inherited = {k: v for k, v in saved.items() if k in names}
-    changed = {k: (inherited[k], v) for k, v in given.items() if k in inherited and inherited[k] != v}
-    if "dataset" in changed and (given.get("allow_dataset_change") or same_dataset(*changed["dataset"])):
+    changed = {k: (inherited[k], v) for k, v in given.items()
+               if k in inherited and resolved(k, inherited[k]) != resolved(k, v)}  # fmt: skip
+    if "dataset" in changed and given.get("allow_dataset_change"):
         say(f"--dataset {changed['dataset'][0]} -> {changed['dataset'][1]}")
         del changed["dataset"]
     refused = [f"--{k} {new} (saved: {old})" for k, (old, new) in changed.items() if k in FIXED]

@@ -100,7 +100,7 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
     checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
     newest."""
-    saved = checkpoint_steps(run_dir)  # read before orbax opens the folder: a typo leaves nothing behind
+    saved = checkpoint_steps(run_dir)  # a missing run or step named in one line, before orbax opens anything
     if not saved:
         raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: train first "
                          f"(train/main.py --run_dir {run_dir}).")  # fmt: skip

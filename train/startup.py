@@ -52,12 +52,12 @@ def dataclass_parser(config_type, description: str, choices: dict | None = None,
     return parser
 
 
-def exit_on_user_error(fn, *args) -> None:
-    """`fn(*args)`, where an expected user error — a `SystemExit` with a message: a missing or bad
+def exit_on_user_error(fn) -> None:
+    """`fn()`, where an expected user error — a `SystemExit` with a message: a missing or bad
     dataset, a checkpoint that does not fit, a flag argparse could not check — prints that one line
     and exits with status 2 (argparse's own status), without a traceback."""
     try:
-        fn(*args)
+        fn()
     except SystemExit as e:
         if isinstance(e.code, str):
             print(f"error: {e.code}", file=sys.stderr)
