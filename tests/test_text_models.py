@@ -9,7 +9,7 @@ import pytest
 
 from eqxdiff.diffusion import ClassifierFreeGuidance
 from eqxdiff.nn import DiT, UNet
-from eqxdiff.nn.layers import CrossAttention
+from eqxdiff.nn.layers import CrossAttention, sincos_pos_embed_2d
 from eqxdiff.nn.remat import checkpointed
 
 B, N, CTX, POOLED = 2, 5, 12, 6
@@ -142,6 +142,26 @@ def test_wrong_text_conditions_raise(make):
 def test_text_unet_without_attention_level_raises():
     with pytest.raises(ValueError, match="attention_levels"):
         UNet(1, (16,), 1, (), context_dim=CTX, key=KEY)
+
+
+def test_a_cross_attention_only_level_has_no_self_attention():
+    """`cross_attention_levels` beyond `attention_levels`: those blocks read the text without attending
+    among pixels (x + CrossAttn(LN(x) + pos, context)); the other levels keep both."""
+    unet = UNet(1, (8, 16), 1, (1,), context_dim=CTX, cross_attention_levels=(0, 1), norm_groups=4, num_heads=2, key=KEY)
+    level0, level1 = unet.down_attn
+    assert level0.attn is None and level0.norm is None and level0.cross is not None
+    assert level1.attn is not None and level1.cross is not None and unet.middle_blocks[0][1].attn is not None
+    block, cond = perturbed(level0, 0.1), text_cond(8)
+    x = jnp.asarray(RNG.normal(size=(B, 4, 2, 8)), jnp.float32)
+    tokens = x.reshape(B, 8, 8)
+    normed = (tokens - tokens.mean(-1, keepdims=True)) / jnp.sqrt(tokens.var(-1, keepdims=True) + 1e-6)
+    expected = tokens + block.cross(normed + sincos_pos_embed_2d(8, 4, 2), cond["context"], cond["mask"])
+    got = block(x, jnp.zeros((B, 16)), context=cond["context"], mask=cond["mask"])
+    np.testing.assert_allclose(got.reshape(B, 8, 8), expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="needs a text context"):
+        UNet(1, (8, 16), 1, (1,), cross_attention_levels=(0, 1), key=KEY)
+    with pytest.raises(ValueError, match=r"cross_attention_levels \(2,\) must index"):
+        UNet(1, (8, 16), 1, (1,), context_dim=CTX, cross_attention_levels=(2,), key=KEY)
 
 
 def test_gradients_reach_cross_attention_through_remat_but_not_padding():

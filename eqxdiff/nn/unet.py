@@ -77,16 +77,26 @@ class AttnBlock(eqx.Module):
     almost no way to bind "left"/"right" in a caption to places (deep ones learn position from
     the zero padding). Its key is folded from the block's, which leaves the self-attention's
     init as without text.
+
+    `self_attention=False` (text only) keeps just the cross-attention: self-attention's cost
+    grows with (h·w)², and on large maps (8×16 already, on a CPU) it is most of a step.
     """
 
-    norm: GroupNorm
-    attn: SelfAttention
+    norm: GroupNorm | None
+    attn: SelfAttention | None
     cross: CrossAttention | None
 
-    def __init__(self, channels: int, groups: int, num_heads: int, *, context_dim: int = 0, key: PRNGKeyArray):
-        self.norm = GroupNorm(groups, channels)
-        attn = SelfAttention(channels, num_heads, key=key)
-        self.attn = eqx.tree_at(lambda a: a.proj, attn, zero_init(attn.proj))
+    def __init__(
+        self, channels: int, groups: int, num_heads: int, *, context_dim: int = 0, self_attention: bool = True,
+        key: PRNGKeyArray,
+    ):  # fmt: skip
+        if not (self_attention or context_dim):
+            raise ValueError("AttnBlock: without self-attention a block needs a text context (context_dim > 0)")
+        self.norm, self.attn = None, None
+        if self_attention:
+            self.norm = GroupNorm(groups, channels)
+            attn = SelfAttention(channels, num_heads, key=key)
+            self.attn = eqx.tree_at(lambda a: a.proj, attn, zero_init(attn.proj))
         self.cross = None
         if context_dim:
             cross = CrossAttention(channels, context_dim, num_heads, key=jax.random.fold_in(key, 1))
@@ -106,8 +116,9 @@ class AttnBlock(eqx.Module):
             has = "has cross-attention" if self.cross is not None else "was built with context_dim=0"
             raise ValueError(f"AttnBlock: pass `context` exactly when the block has cross-attention; this one {has}")
         b, h, w, c = x.shape
-        y = self.attn(self.norm(x).reshape(b, h * w, c)).reshape(b, h, w, c)
-        x = x + y.astype(x.dtype)
+        if self.attn is not None:
+            y = self.attn(self.norm(x).reshape(b, h * w, c)).reshape(b, h, w, c)
+            x = x + y.astype(x.dtype)
         if self.cross is None:
             return x
         tokens = x.reshape(b, h * w, c)
@@ -131,8 +142,9 @@ class UNet(eqx.Module):
     a conv and one final block consume conv_in's skip; GN-SiLU-conv_out (zero-init).
     h and w must be divisible by 2**(len(channels)-1).
 
-    Text: every attention block also cross-attends to the context (see `AttnBlock`), so a text
-    UNet needs at least one attention level; `pooled` goes through a zero-initialised
+    Text: the attention blocks at `cross_attention_levels` (default: `attention_levels`) also
+    cross-attend to the context (see `AttnBlock`); a level there but not in `attention_levels`
+    gets a block with cross-attention only. A text UNet needs at least one such level; `pooled` goes through a zero-initialised
     Dense(pooled_dim -> emb_features) added to the time embedding (where labels are). At init
     the output therefore does not depend on the text. One kind of condition per model: labels
     or text.
@@ -183,13 +195,19 @@ class UNet(eqx.Module):
         upsample_channels: Sequence[int] | None = None,
         remat: bool = False,
         context_dim: int = 0,
+        cross_attention_levels: Sequence[int] | None = None,
         position_embedding: bool = False,
         pooled_dim: int = 0,
         key: PRNGKeyArray,
     ):
         channels, levels = tuple(channels), len(channels)
-        if any(not 0 <= i < levels for i in attention_levels):
-            raise ValueError(f"attention_levels {tuple(attention_levels)} must index channels {channels}")
+        attention_levels = tuple(attention_levels)
+        cross_levels = attention_levels if cross_attention_levels is None else tuple(cross_attention_levels)
+        for name, given in (("attention_levels", attention_levels), ("cross_attention_levels", cross_levels)):
+            if any(not 0 <= i < levels for i in given):
+                raise ValueError(f"{name} {given} must index channels {channels}")
+        if cross_attention_levels is not None and not context_dim:
+            raise ValueError(f"UNet: cross_attention_levels={cross_levels} needs a text context (context_dim > 0)")
         if num_classes > 0 and (context_dim > 0 or pooled_dim > 0):
             raise ValueError(
                 f"UNet: one kind of condition per model: num_classes={num_classes} (labels) or "
@@ -197,7 +215,7 @@ class UNet(eqx.Module):
             )
         if pooled_dim > 0 and context_dim <= 0:
             raise ValueError(f"UNet: pooled_dim={pooled_dim} needs a text context too (context_dim > 0)")
-        if context_dim > 0 and not attention_levels:
+        if context_dim > 0 and not cross_levels:
             raise ValueError(
                 f"UNet: context_dim={context_dim} needs attention_levels (the text is read by the attention "
                 "blocks' cross-attention); got none, e.g. pass attention_levels=(len(channels) - 1,)"
@@ -212,15 +230,18 @@ class UNet(eqx.Module):
         if position_embedding and channels[0] % 4:
             raise ValueError(f"position_embedding needs channels[0] divisible by 4 (sin-cos per axis), got {channels[0]}")
         self.position_embedding = position_embedding
-        attention_levels, upsample_channels = tuple(attention_levels), tuple(upsample_channels)
+        upsample_channels = tuple(upsample_channels)
 
         keys = (jax.random.fold_in(key, i) for i in itertools.count())  # one compile, any length
 
         def res(cin: int, cout: int) -> ResBlock:
             return ResBlock(cin, cout, emb_features, norm_groups, dropout, scale_shift, key=next(keys))
 
-        def attn(c: int, on: bool) -> AttnBlock | None:
-            return AttnBlock(c, norm_groups, num_heads, context_dim=context_dim, key=next(keys)) if on else None
+        def attn(c: int, level: int) -> AttnBlock | None:
+            if level not in attention_levels + cross_levels:
+                return None
+            return AttnBlock(c, norm_groups, num_heads, context_dim=context_dim if level in cross_levels else 0,
+                             self_attention=level in attention_levels, key=next(keys))  # fmt: skip
 
         time_key = next(keys)
         self.time_embed = TimestepEmbedding(emb_features, emb_features, key=time_key)
@@ -236,7 +257,7 @@ class UNet(eqx.Module):
         self.down_blocks, self.down_attn, self.downsample = [], [], []
         for i, ch in enumerate(channels):
             self.down_blocks.append([res(width, width) for _ in range(num_res_blocks)])
-            self.down_attn.append(attn(width, i in attention_levels))
+            self.down_attn.append(attn(width, i))
             skips += [width] * num_res_blocks
             if i < levels - 1:
                 self.downsample.append(Conv2d(width, ch, stride=2, key=next(keys)))
@@ -246,7 +267,7 @@ class UNet(eqx.Module):
         for _ in range(num_middle_res_blocks):
             first = res(width, channels[-1])
             width = channels[-1]
-            self.middle_blocks.append((first, attn(width, levels - 1 in attention_levels), res(width, width)))
+            self.middle_blocks.append((first, attn(width, levels - 1), res(width, width)))
 
         self.up_blocks, self.up_attn, self.upsample = [], [], []
         for j, i in enumerate(reversed(range(levels))):
@@ -255,7 +276,7 @@ class UNet(eqx.Module):
                 blocks.append(res(width + skips.pop(), channels[i]))
                 width = channels[i]
             self.up_blocks.append(blocks)
-            self.up_attn.append(attn(width, i in attention_levels))
+            self.up_attn.append(attn(width, i))
             if i > 0:
                 self.upsample.append(Conv2d(width, upsample_channels[j], key=next(keys)))
                 width = upsample_channels[j]
@@ -324,7 +345,8 @@ class UNet(eqx.Module):
         n_res = len(jax.tree.leaves(self, is_leaf=lambda m: isinstance(m, (ResBlock, AttnBlock))))
         keys = iter(jax.random.split(key, n_res) if key is not None else [None] * n_res)
         call = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys))  # noqa: E731
-        attend = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys), **text)  # noqa: E731
+        def attend(blk: AttnBlock, hid):  # only a block that cross-attends reads the text
+            return checkpointed(blk, self.remat)(hid, emb, key=next(keys), **(text if blk.cross is not None else {}))
 
         hid = self.conv_in(x)
         if self.position_embedding:
