@@ -137,6 +137,13 @@ def test_user_errors_are_one_line_with_status_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_edm_p_mean_is_refused_for_another_schedule(tmp_path):
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--schedule", "flow", "--edm_p_mean", "-0.3"])
+    with pytest.raises(SystemExit, match="--edm_p_mean sets the edm schedule's training σ; --schedule flow"):
+        train_main.main(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_or_unreadable_dataset_stops_before_anything_compiles(tmp_path):
     config = lambda *args: train_main.parse_config(["--run_dir", str(tmp_path / "run"), *args])  # noqa: E731
     with pytest.raises(SystemExit, match=r"Dataset folder not found: .*nowhere"):

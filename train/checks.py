@@ -1,6 +1,7 @@
 """train/main.py's flag checks that argparse cannot make (`cfg`: its Config): each a SystemExit
 that names the fix, before anything loads or compiles."""
 
+from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.text.run_text import wants_captions
 
 
@@ -14,6 +15,13 @@ def check_batch(cfg, num_devices: int) -> None:
             f"--batch_size {cfg.batch_size} must be a multiple of devices ({num_devices}) x "
             f"--grad_accum_steps ({cfg.grad_accum_steps}) = {per_update}."
         )
+
+
+def check_schedule(cfg) -> None:
+    """--edm_p_mean belongs to the EDM schedule; the others have their own training p(σ)."""
+    if cfg.schedule != "edm" and cfg.edm_p_mean != EDMSchedule().p_mean:
+        raise SystemExit(f"--edm_p_mean sets the edm schedule's training σ; --schedule {cfg.schedule} draws its own. "
+                         "Drop --edm_p_mean or use --schedule edm.")  # fmt: skip
 
 
 def check_eval(cfg) -> None:

@@ -34,6 +34,7 @@ from eqxdiff.diffusion import (
     METHODS,
     PARAMETERIZATIONS,
     SCHEDULES,
+    EDMSchedule,
     denoising_prediction,
     draw_sigma_and_noise,
     drop_condition,
@@ -64,7 +65,7 @@ from eqxdiff.training import (
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
-from checks import check_batch, check_eval  # train/: the flag checks argparse cannot make
+from checks import check_batch, check_eval, check_schedule  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, SCRATCH_TEXT_CAUSAL, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
@@ -90,6 +91,7 @@ class Config:
     hflip: bool = False  # random horizontal flips (not for digits)
     model: str = "unet"  # the network, train/models.py
     schedule: str = "edm"  # the training noise distribution p(σ), eqxdiff/diffusion/schedules.py
+    edm_p_mean: float = -1.2  # edm: the mean of ln σ in training (EDM's -1.2); higher trains more where the condition decides the image
     parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
@@ -231,6 +233,7 @@ def main(cfg: Config, features_fn=None) -> None:
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
     check_batch(cfg, mesh.size)
     check_eval(cfg)
+    check_schedule(cfg)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
@@ -243,6 +246,8 @@ def main(cfg: Config, features_fn=None) -> None:
     autoencoder, latent_config = latent_autoencoder(source, mesh)
     latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
     schedule = schedule_by_name(cfg.schedule)
+    if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
+        schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder is not None))
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid  # scipy: only here

@@ -12,11 +12,11 @@ from eqxdiff.text.conditioning import TextConditioning
 # `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
 # wraps a one-example Equinox module).
 MODELS = {
-    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((0, 1), cond), **cond),
+    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((1,), (0, 1), cond), **cond),
     # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((0,), cond), **cond),
+    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((), (0,), cond), **cond),
     # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
-    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), cond), **cond),
+    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), (0,), cond), **cond),
     "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
     "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
     "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
@@ -25,13 +25,20 @@ MODELS = {
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
 # from the tokenizer).
 SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
-SCRATCH_TEXT_CAUSAL = False  # each word also reads the later ones: in "3 then 7" the "3" sees "then"
+# Causal, as CLIP: the second digit of "a 7 right of a 3" reads the words before it, "right" among them,
+# so its token alone says where it goes. Bidirectional towers learned which digits, not where
+# (BENCHMARKS.md "Text-to-image without weights").
+SCRATCH_TEXT_CAUSAL = True
 
 
-def text_options(levels: tuple[int, ...], cond: dict) -> dict:
-    """What a text UNet adds: attention at `levels` (its cross-attention lives there) and a
-    position embedding (so "left of" in a caption can bind to places); nothing for labels."""
-    return dict(attention_levels=levels, position_embedding=True) if cond.get("context_dim") else {}
+def text_options(self_levels: tuple[int, ...], cross_levels: tuple[int, ...], cond: dict) -> dict:
+    """What a text UNet adds: cross-attention to the caption at `cross_levels`, self-attention at
+    `self_levels` only (on a full-resolution map it costs most of a CPU step; the convolutions
+    and the coarser level carry the image's own context), and a position embedding (so "left
+    of" in a caption can bind to places); nothing for labels."""
+    if not cond.get("context_dim"):
+        return {}
+    return dict(attention_levels=self_levels, cross_attention_levels=cross_levels, position_embedding=True)
 
 
 def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
