@@ -144,8 +144,9 @@ class UNet(eqx.Module):
 
     Text: the attention blocks at `cross_attention_levels` (default: `attention_levels`) also
     cross-attend to the context (see `AttnBlock`); a level there but not in `attention_levels`
-    gets a block with cross-attention only. A text UNet needs at least one such level; `pooled` goes through a zero-initialised
-    Dense(pooled_dim -> emb_features) added to the time embedding (where labels are). At init
+    gets a block with cross-attention only. A text UNet needs at least one such level; `pooled`
+    goes through a zero-initialised Dense(pooled_dim -> emb_features) added to the time
+    embedding (where labels are). At init
     the output therefore does not depend on the text. One kind of condition per model: labels
     or text.
 
@@ -217,8 +218,8 @@ class UNet(eqx.Module):
             raise ValueError(f"UNet: pooled_dim={pooled_dim} needs a text context too (context_dim > 0)")
         if context_dim > 0 and not cross_levels:
             raise ValueError(
-                f"UNet: context_dim={context_dim} needs attention_levels (the text is read by the attention "
-                "blocks' cross-attention); got none, e.g. pass attention_levels=(len(channels) - 1,)"
+                f"UNet: context_dim={context_dim} needs attention_levels or cross_attention_levels (the text is "
+                "read by the attention blocks' cross-attention); got none, e.g. attention_levels=(len(channels) - 1,)"
             )
         if upsample_channels is None:
             upsample_channels = tuple(reversed(channels[1:]))
@@ -345,6 +346,7 @@ class UNet(eqx.Module):
         n_res = len(jax.tree.leaves(self, is_leaf=lambda m: isinstance(m, (ResBlock, AttnBlock))))
         keys = iter(jax.random.split(key, n_res) if key is not None else [None] * n_res)
         call = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys))  # noqa: E731
+
         def attend(blk: AttnBlock, hid):  # only a block that cross-attends reads the text
             return checkpointed(blk, self.remat)(hid, emb, key=next(keys), **(text if blk.cross is not None else {}))
 
