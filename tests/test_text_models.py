@@ -1,5 +1,6 @@
 """Text conditioning: CrossAttention against a numpy reference, text UNet/DiT (zero-init text
-path, padding masked out, errors), gradients through remat, guidance over a text dict."""
+path, padding masked out, errors), gradients through remat, guidance over a text dict, and what
+TextConditioned hands its network."""
 
 import equinox as eqx
 import jax
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from eqxdiff.diffusion import ClassifierFreeGuidance
-from eqxdiff.nn import DiT, UNet
+from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet
 from eqxdiff.nn.layers import CrossAttention, sincos_pos_embed_2d
 from eqxdiff.nn.remat import checkpointed
 
@@ -195,3 +196,24 @@ def test_guidance_over_a_text_condition_with_a_one_row_null():
     d_null = denoiser(twice(x), sigma, twice(null))[:1]
     assert not np.allclose(d_cond, d_null, atol=1e-4)
     np.testing.assert_allclose(guided, d_null + w * (d_cond - d_null), rtol=1e-5, atol=1e-5)
+
+
+def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_only_if_asked():
+    """TextConditioned(pooled=False) passes `net` {"context": hidden states, "mask"} and no pooled
+    vector (captioned_digits' scratch wiring: a net built with pooled_dim=0); with the default
+    (pooled) that same net refuses the extra key."""
+    config = dict(vocab_size=20, hidden_size=CTX, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+                  max_position_embeddings=N, hidden_act="gelu", eos_token_id=2)  # fmt: skip
+    tower = CLIPTextModel.from_config(config, key=jax.random.key(1))
+    net = perturbed(UNet(1, (16,), 1, (0,), 0, 16, norm_groups=4, num_heads=2, context_dim=CTX, key=KEY), 0.1)
+    ids = jnp.asarray([[0, 5, 7, 2, 1], [0, 9, 2, 1, 1]], jnp.int32)
+    mask = jnp.asarray([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], jnp.int32)
+    tokens = {"input_ids": ids, "attention_mask": mask}
+    hidden, _ = tower(ids, mask)
+    model = TextConditioned(tower, net, (0, 2), (1, 1), pooled=False)
+    y = call(model, X, T, tokens)
+    np.testing.assert_allclose(y, call(net, X, T, {"context": hidden, "mask": mask}), rtol=1e-5, atol=1e-6)
+    other = call(model, X, T, tokens | {"input_ids": ids.at[0, 1].set(6)})
+    assert not np.allclose(other[0], y[0], atol=1e-4)  # the tokens reach the net
+    with pytest.raises(ValueError, match="pooled"):
+        call(TextConditioned(tower, net, (0, 2), (1, 1)), X, T, tokens)

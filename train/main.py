@@ -67,7 +67,7 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, SCRATCH_TEXT_CAUSAL, build_model  # train/models.py: the model table
+from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_data import latent_autoencoder, open_dataset, text_conditioning  # train/run_data.py: data, its VAE, text
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
@@ -353,8 +353,8 @@ def main(cfg: Config, features_fn=None) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
                       **text_config(text))  # fmt: skip
-        if text is not None and text.encoder is None:  # a scratch tower: how it attends, for train/sample.py
-            config["text"]["causal"] = SCRATCH_TEXT_CAUSAL
+        if text is not None and text.encoder is None:  # a scratch tower's wiring, for train/sample.py
+            config["text"] |= {"causal": SCRATCH_TEXT_CAUSAL, "pooled": SCRATCH_TEXT_POOLED}
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")

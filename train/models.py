@@ -12,7 +12,7 @@ from eqxdiff.text.conditioning import TextConditioning
 # `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
 # wraps a one-example Equinox module).
 MODELS = {
-    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((1,), (0, 1), cond), **cond),
+    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((), (0, 1), cond), **cond),
     # One level: every path of this script in a step that compiles in half the time of two levels.
     "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((), (0,), cond), **cond),
     # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
@@ -29,29 +29,33 @@ SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_laye
 # so its token alone says where it goes. Bidirectional towers learned which digits, not where
 # (BENCHMARKS.md "Text-to-image without weights").
 SCRATCH_TEXT_CAUSAL = True
+# No pooled vector into the time embedding: it names the digits but not their places, and networks
+# given it learned "which" through it and "where" (cross-attention) late or, for some seeds, not in
+# 600 steps (BENCHMARKS.md "Text-to-image without weights").
+SCRATCH_TEXT_POOLED = False
 
 
 def text_options(self_levels: tuple[int, ...], cross_levels: tuple[int, ...], cond: dict) -> dict:
     """What a text UNet adds: cross-attention to the caption at `cross_levels`, self-attention at
-    `self_levels` only (on a full-resolution map it costs most of a CPU step; the convolutions
-    and the coarser level carry the image's own context), and a position embedding (so "left
-    of" in a caption can bind to places); nothing for labels."""
+    `self_levels` only (attention over pixels costs much of a CPU step, and captioned_digits learned
+    the order of its digits sooner without it: the convolutions carry the image's own context),
+    and a position embedding (so "left of" in a caption can bind to places); nothing for labels."""
     if not cond.get("context_dim"):
         return {}
     return dict(attention_levels=self_levels, cross_attention_levels=cross_levels, position_embedding=True)
 
 
 def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
-                causal: bool = SCRATCH_TEXT_CAUSAL):  # fmt: skip
+                causal: bool = SCRATCH_TEXT_CAUSAL, pooled: bool = SCRATCH_TEXT_POOLED):  # fmt: skip
     """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
     read by a text tower trained with it (`TextConditioned`, its null the tokens of "", `causal`
-    its attention: checkpoints store it)."""
+    its attention, `pooled` whether the network takes its pooled vector: checkpoints store both)."""
     if text is None:
         return MODELS[name](image_shape, remat, key, num_classes=num_classes)
     if text.encoder is not None:
         return MODELS[name](image_shape, remat, key, **text.model_dims())
     key_text, key_net = jax.random.split(key)
     null = text.tokens([""])
-    net = MODELS[name](image_shape, remat, key_net, **text.model_dims())
+    net = MODELS[name](image_shape, remat, key_net, **(text.model_dims() | ({} if pooled else {"pooled_dim": 0})))
     tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=causal)
-    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0])
+    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0], pooled=pooled)

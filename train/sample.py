@@ -118,9 +118,10 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
 
         def make_model(key):
             shape, n = tuple(stored["image_shape"]), stored["num_classes"]
-            # Scratch towers saved before `causal` was stored were causal.
-            causal = stored.get("text", {}).get("causal", True)
-            return build_model(cfg.model, shape, False, key, num_classes=n, text=text, causal=causal)
+            # Scratch towers saved before `causal` and `pooled` were stored were causal and pooled.
+            saved_text = stored.get("text", {})
+            wiring = {name: saved_text.get(name, True) for name in ("causal", "pooled")}
+            return build_model(cfg.model, shape, False, key, num_classes=n, text=text, **wiring)
 
         # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
         optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]

@@ -17,7 +17,8 @@ from eqxdiff.nn.clip_text import CLIPTextModel
 
 class TextConditioned(eqx.Module):
     """`model(x[b,h,w,c], t[b], {"input_ids": int32[b,n], "attention_mask": int32[b,n]})`: the text
-    tower's (hidden states, pooled) become `net`'s condition `{"context", "mask", "pooled"}`.
+    tower's (hidden states, pooled) become `net`'s condition `{"context", "mask", "pooled"}`; with
+    `pooled=False` only `{"context", "mask"}` (a net built with pooled_dim=0).
 
     `null_ids`/`null_mask` are the tokens of the empty caption "", the null condition of
     classifier-free guidance (`null_cond`): dropping a caption in training and the unconditional
@@ -28,11 +29,12 @@ class TextConditioned(eqx.Module):
     net: Any
     null_ids: tuple[int, ...] = eqx.field(static=True)
     null_mask: tuple[int, ...] = eqx.field(static=True)
+    pooled: bool = eqx.field(static=True)
 
-    def __init__(self, text_encoder: CLIPTextModel, net: Any, null_ids, null_mask):
+    def __init__(self, text_encoder: CLIPTextModel, net: Any, null_ids, null_mask, *, pooled: bool = True):
         if len(null_ids) != len(null_mask):
             raise ValueError(f"null_ids has {len(null_ids)} tokens but null_mask {len(null_mask)}")
-        self.text_encoder, self.net = text_encoder, net
+        self.text_encoder, self.net, self.pooled = text_encoder, net, pooled
         self.null_ids, self.null_mask = tuple(int(i) for i in null_ids), tuple(int(m) for m in null_mask)
 
     def null_cond(self, batch_size: int) -> dict:
@@ -55,5 +57,5 @@ class TextConditioned(eqx.Module):
             got = sorted(cond) if isinstance(cond, dict) else type(cond).__name__
             raise ValueError(f"TextConditioned takes cond = {{'input_ids', 'attention_mask'}} (int32[b, n]); got {got}")
         hidden, pooled = self.text_encoder(cond["input_ids"], cond["attention_mask"])
-        text = {"context": hidden, "mask": cond["attention_mask"], "pooled": pooled}
+        text = {"context": hidden, "mask": cond["attention_mask"]} | ({"pooled": pooled} if self.pooled else {})
         return self.net(x, t, text, key=key)
