@@ -3,9 +3,9 @@
 (each an ordered pair of different digits, "a 3 left of a 7", "seven then three", ...) scored by
 the digits classifier on each 8×8 half (`eqxdiff.eval.two_digit_accuracy`), guided and unguided.
 
-    python benchmarks/captioned_digits_job.py --out /tmp/captioned_digits.json [--steps 600] [--cfg 1,1.5,4]
+    python benchmarks/captioned_digits_job.py --out /tmp/captioned_digits.json [--steps 500] [--cfg 1,1.5,4]
 
-The recipe (RECIPE below, README "Text-to-image"): 600 steps of batch 128 with EDM's training ln σ centred at
+The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with EDM's training ln σ centred at
 0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
 6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
 
@@ -35,7 +35,7 @@ def script(name: str, *args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--cfg", default="1,1.5,4", help="guidance scales to sample at, comma-separated")
     parser.add_argument("--per_prompt", type=int, default=5, help="samples per prompt (90 prompts)")
     parser.add_argument("--run_dir", default="", help="keep the run here (default: a temporary folder)")
