@@ -29,9 +29,9 @@ SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_laye
 # so its token alone says where it goes. Bidirectional towers learned which digits, not where
 # (BENCHMARKS.md "Text-to-image without weights").
 SCRATCH_TEXT_CAUSAL = True
-# No pooled vector into the time embedding: it names the digits but not their places, and networks
-# given it learned "which" through it and "where" (cross-attention) late or, for some seeds, not in
-# 600 steps (BENCHMARKS.md "Text-to-image without weights").
+# No pooled vector into the time embedding: it names the digits but not their places, and a network
+# given it learned "which" through it and "where" (cross-attention) later: seed 0 learned the order
+# within 450 steps without it, not with it (BENCHMARKS.md "Text-to-image without weights").
 SCRATCH_TEXT_POOLED = False
 
 
