@@ -9,8 +9,10 @@ The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with E
 0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
 6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
 
-Writes JSON: the training wall time (the whole main.py process), final loss, and per guidance
-scale the fractions of samples whose left digit, right digit and both are the prompted ones.
+Writes JSON: the training wall time (the whole main.py process), its time to the first step, its logged
+step times (ms, one per 50 steps) and the fp32 matmul rate it measured at start-up (GFLOP/s: the box's speed
+then, as this 2-core class varies by 1.5x over a day), final loss, and per guidance scale the fractions of
+samples whose left digit, right digit and both are the prompted ones.
 """
 
 import argparse
@@ -53,6 +55,10 @@ def main() -> None:
                   "train_wall_s": time.perf_counter() - start}
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         result["final_loss"] = [r["train/loss"] for r in rows if "train/loss" in r][-1]
+        result["step_time_ms"] = [round(r["train/step_time_ms"]) for r in rows if "train/step_time_ms" in r]
+        startup = json.loads((run_dir / "run.json").read_text())
+        result["time_to_first_step_s"] = startup["startup/time_to_first_step_s"]
+        result["matmul_gflops"] = startup["startup/peak_flops_per_device"] / 1e9
         _, digits = captioned_digits_prompts(90, seed=0)
         for scale in args.cfg.split(","):
             out = run_dir / f"cfg_{scale}.npz"
