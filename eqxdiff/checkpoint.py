@@ -140,9 +140,9 @@ class Checkpoints:
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
-                f"which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags changed "
-                f"since it was written, use the original flags or a new --run_dir; another step restores with "
-                f"--resume_step (train/main.py) or --step (train/sample.py)."
+                f"which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags (or the model's "
+                f"entry in train/models.py) changed since it was written, use the original flags or a new --run_dir; "
+                f"another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
             state=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
@@ -154,9 +154,9 @@ class Checkpoints:
         except Exception as e:  # orbax/tensorstore raise many kinds; the user needs the step and why
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
-                f"{type(e).__name__}: {e}. If the model or optimizer flags changed since it was written, "
-                f"use the original flags or a new --run_dir; another step restores with --resume_step "
-                f"(train/main.py) or --step (train/sample.py)."
+                f"{type(e).__name__}: {e}. If the model or optimizer flags (or the model's entry in train/models.py) "
+                f"changed since it was written, use the original flags or a new --run_dir; another step restores "
+                f"with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(restored.state, static), restored.data, restored.config
 
