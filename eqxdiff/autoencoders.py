@@ -3,8 +3,10 @@
 Specs (`open_autoencoder`):
 
 - `space_to_depth:F`: `eqxdiff.nn.SpaceToDepth(F)`, exact and weightless (scale 1, shift 0);
-- `PATH`: a diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model.safetensors),
-  e.g. the `vae/` folder of a Stable Diffusion checkpoint.
+- `PATH`: a diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model.safetensors, or
+  the shards its `.safetensors.index.json` lists), e.g. the `vae/` folder of a Stable Diffusion
+  checkpoint. A folder holding only a variant (`.fp16.safetensors`) is named as such: load it with
+  `AutoencoderKL.from_diffusers(folder, variant="fp16")`, or save it plainly.
 
 A diffusion model sees `(mean + exp(logvar / 2)·ε - shift_factor) · scaling_factor`; samples are
 decoded with `decode(z / scaling_factor + shift_factor)`.
@@ -18,6 +20,7 @@ from jax.sharding import Mesh
 
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
+from eqxdiff.nn.weight_files import weight_files
 
 SPEC_FORMS = f"space_to_depth:F (F an integer >= 1), or a diffusers AutoencoderKL folder (config.json + {WEIGHTS_FILE})"
 _HASH_CHUNK = 1 << 20  # bytes read at a time: a large VAE file is never held whole
@@ -51,11 +54,16 @@ def _space_to_depth_factor(spec: str) -> int | None:
 def _folder(spec: str) -> Path:
     """The absolute diffusers folder a spec names; raises if it does not hold a VAE."""
     path = Path(spec).expanduser().resolve()
-    if not (path / "config.json").is_file() or not (path / WEIGHTS_FILE).is_file():
+    if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder (needs config.json and {WEIGHTS_FILE}); "
             f"the accepted forms are {SPEC_FORMS}."
         )
+    try:
+        weight_files(path, WEIGHTS_FILE)
+    except (FileNotFoundError, ValueError) as e:  # no plain weights (a variant's only), or them twice
+        raise type(e)(f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder ({e}); "
+                      f"the accepted forms are {SPEC_FORMS}.") from e  # fmt: skip
     return path
 
 
@@ -68,19 +76,20 @@ def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:
     return AutoencoderKL.from_diffusers(_folder(spec), mesh=mesh)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
+def sha256_file(path: Path | list[Path]) -> str:
+    """Hex SHA-256 of a file, or of several files' bytes one after another (shards), read in chunks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
+    for one in [path] if isinstance(path, Path) else path:
+        with open(one, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
 def describe_autoencoder(spec: str) -> dict:
     """`{"spec", "path", "weights_sha256"}` (json-able, for meta.json): the absolute folder and
-    the hash of its weights file, both None for a weightless autoencoder."""
+    the hash of its weights file (of its shards' bytes in order), both None for a weightless autoencoder."""
     if _space_to_depth_factor(spec) is not None:
         return {"spec": spec, "path": None, "weights_sha256": None}
     path = _folder(spec)
-    return {"spec": spec, "path": str(path), "weights_sha256": sha256_file(path / WEIGHTS_FILE)}
+    return {"spec": spec, "path": str(path), "weights_sha256": sha256_file(weight_files(path, WEIGHTS_FILE))}

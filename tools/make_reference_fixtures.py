@@ -41,7 +41,7 @@ def blocks(n: int) -> dict:
     return {"down_block_types": ["DownEncoderBlock2D"] * n, "up_block_types": ["UpDecoderBlock2D"] * n}
 
 
-# name: (config, image size, batch)
+# name: (config, image size (square) or (height, width), batch)
 SMALL = {
     # SD 1/2-style: 4 latent channels, quant convs, mid attention, three levels.
     "sd_like": (dict(block_out_channels=[4, 8, 8], layers_per_block=2, latent_channels=4, norm_num_groups=2,
@@ -54,6 +54,9 @@ SMALL = {
     "no_attention": (dict(block_out_channels=[4, 8], layers_per_block=1, latent_channels=4, norm_num_groups=4,
                           in_channels=1, out_channels=1, use_quant_conv=True, use_post_quant_conv=False,
                           mid_block_add_attention=False, **blocks(2)), 16, 2),
+    # Non-square images (16x24, latents 4x6): a height/width mix-up in a reshape or pad shows here only.
+    "non_square": (dict(block_out_channels=[4, 8], layers_per_block=1, latent_channels=4, norm_num_groups=2,
+                        scaling_factor=0.18215, **blocks(2)), (16, 24), 2),
 }  # fmt: skip
 FULL_SIZE = {
     "sd": dict(block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=4, norm_num_groups=32,
@@ -80,12 +83,13 @@ def nhwc(t: torch.Tensor) -> np.ndarray:
     return t.detach().permute(0, 2, 3, 1).contiguous().numpy().astype(np.float32)
 
 
-def reference(vae: AutoencoderKL, size: int, batch: int, seed: int) -> dict:
+def reference(vae: AutoencoderKL, size: int | tuple[int, int], batch: int, seed: int) -> dict:
     """x ~ U(-1, 1), its posterior moments, z ~ N(0, 1) and decode(z), all NHWC."""
     gen = torch.Generator().manual_seed(seed)
     cfg, f = vae.config, 2 ** (len(vae.config.block_out_channels) - 1)
-    x = torch.rand(batch, cfg.in_channels, size, size, generator=gen) * 2 - 1
-    z = torch.randn(batch, cfg.latent_channels, size // f, size // f, generator=gen)
+    h, w = (size, size) if isinstance(size, int) else size
+    x = torch.rand(batch, cfg.in_channels, h, w, generator=gen) * 2 - 1
+    z = torch.randn(batch, cfg.latent_channels, h // f, w // f, generator=gen)
     with torch.no_grad():
         posterior = vae.encode(x).latent_dist
         y = vae.decode(z).sample
@@ -105,8 +109,11 @@ def write(name: str, vae: AutoencoderKL, refs: dict, dtype: torch.dtype = torch.
     print(name, sum(v.numel() for v in state.values()), "params", dtype)
 
 
-def write_vae_fixtures() -> None:
+def write_vae_fixtures(names: list[str] | None = None) -> None:
+    """Every fixture, or only `names` (then full_size_shapes.json is left as it is)."""
     for seed, (name, (config, size, batch)) in enumerate(SMALL.items()):
+        if names is not None and name not in names:
+            continue
         vae = random_vae(config, seed)
         write(name, vae, reference(vae, size, batch, seed=100 + seed))
         if name == "sd_like":
@@ -116,6 +123,8 @@ def write_vae_fixtures() -> None:
                     for p in rounded.parameters():
                         p.copy_(p.to(dtype).to(torch.float32))
                 write(f"{name}_{suffix}", rounded, reference(rounded, size, batch, seed=100 + seed), dtype)
+    if names is not None:
+        return
     full = {}
     for name, config in FULL_SIZE.items():
         with torch.device("meta"):
@@ -255,10 +264,11 @@ def write_clip_fixtures() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["vae", "clip", "tokenizer"], help="write one part's fixtures (default: all)")
+    parser.add_argument("--vae_names", nargs="+", choices=list(SMALL), help="with --only vae: just these fixtures")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.only in (None, "vae"):
-        write_vae_fixtures()
+        write_vae_fixtures(args.vae_names)
     if args.only in (None, "clip"):
         write_clip_fixtures()
     if args.only in (None, "tokenizer"):  # needs open_clip_torch, ftfy, wcwidth (tools/requirements.txt)

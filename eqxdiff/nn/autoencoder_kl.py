@@ -1,5 +1,6 @@
 """diffusers' `AutoencoderKL` (Rombach et al. 2022, the KL-regularised VAE of latent diffusion) in
-Equinox, NHWC, loading diffusers model folders (config.json + diffusion_pytorch_model.safetensors).
+Equinox, NHWC, loading diffusers model folders (config.json + diffusion_pytorch_model.safetensors,
+a variant such as `.fp16.safetensors`, or an index's shards) and single LDM-named files.
 
 `encode` gives the posterior moments (mean, logvar clamped to [-30, 20] as diffusers'
 `DiagonalGaussianDistribution` does); `decode` takes an unscaled latent. A diffusion model sees
@@ -7,8 +8,12 @@ Equinox, NHWC, loading diffusers model folders (config.json + diffusion_pytorch_
 """
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from safetensors import safe_open
 
 import equinox as eqx
 import jax
@@ -17,8 +22,10 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, GroupNorm
+from eqxdiff.nn.ldm_vae import config_from_shapes, diffusers_name, vae_prefix
 from eqxdiff.nn.torch_weights import load_safetensors
 from eqxdiff.nn.vae_blocks import EPS, DownEncoderBlock, MidBlock, UpDecoderBlock
+from eqxdiff.nn.weight_files import weight_files
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 # diffusers' AutoencoderKL.__init__ defaults, for fields a config.json leaves out.
@@ -35,24 +42,45 @@ OLD_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_at
 
 
 def parse_config(config: dict) -> dict:
-    """diffusers' config with defaults filled in; an option this port does not implement raises
-    a ValueError naming it. Keys starting with `_` are metadata (`_class_name` must be ours)."""
+    """diffusers' config with defaults filled in. A key diffusers' AutoencoderKL does not take is
+    ignored with a warning, as diffusers' `ConfigMixin` does (it cannot change diffusers' network); a
+    value of one it takes that this port does not implement raises a ValueError naming it. Keys
+    starting with `_` are metadata (`_class_name` must be ours)."""
     if config.get("_class_name", "AutoencoderKL") != "AutoencoderKL":
         raise ValueError(f"_class_name {config['_class_name']!r}: only diffusers' AutoencoderKL is supported")
     unknown = sorted(k for k in config if k not in DEFAULTS and not k.startswith("_"))
     if unknown:
-        raise ValueError(f"AutoencoderKL config options not supported: {unknown}")
-    cfg = {**DEFAULTS, **{k: v for k, v in config.items() if not k.startswith("_")}}
+        warnings.warn(f"AutoencoderKL config keys {unknown} are not options of diffusers' AutoencoderKL: ignored, "
+                      "as diffusers ignores them", stacklevel=3)  # fmt: skip
+    cfg = {**DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS}}
     levels = len(cfg["block_out_channels"])
     for name, block in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
         if list(cfg[name]) != [block] * levels:
             raise ValueError(f"{name} {cfg[name]} not supported: only {block!r}, one per block_out_channels ({levels})")
     if cfg["act_fn"] not in ("silu", "swish"):
         raise ValueError(f"act_fn {cfg['act_fn']!r} not supported: only 'silu'")
-    for name in ("latents_mean", "latents_std"):
-        if cfg[name] is not None:
-            raise ValueError(f"{name} not supported: latents are normalised by scaling_factor and shift_factor only")
+    _check_latent_statistics(cfg)
     return cfg
+
+
+def _check_latent_statistics(cfg: dict) -> None:
+    """latents_mean/latents_std: one value per latent channel, and not with a shift_factor (no
+    diffusers pipeline combines the two). SDXL's pipelines use them only together: one alone is
+    ignored with a warning (set to None in `cfg`)."""
+    given = [name for name in ("latents_mean", "latents_std") if cfg[name] is not None]
+    if len(given) == 1:
+        warnings.warn(f"{given[0]} without {({'latents_mean', 'latents_std'} - set(given)).pop()}: ignored, as "
+                      "diffusers' pipelines use them only together", stacklevel=4)  # fmt: skip
+        cfg[given[0]], given = None, []
+    for name in given:
+        values = np.asarray(cfg[name], np.float64)
+        if values.shape != (cfg["latent_channels"],) or not np.isfinite(values).all():
+            raise ValueError(f"{name} {cfg[name]} must be {cfg['latent_channels']} finite values (latent_channels)")
+    if given and (np.asarray(cfg["latents_std"]) <= 0).any():
+        raise ValueError(f"latents_std {cfg['latents_std']} must be positive")
+    if given and cfg["shift_factor"]:
+        raise ValueError(f"latents_mean/latents_std with shift_factor {cfg['shift_factor']}: no diffusers pipeline "
+                         "combines them (SDXL's use the statistics, SD3's and FLUX's the shift); keep one")  # fmt: skip
 
 
 class Encoder(eqx.Module):
@@ -127,8 +155,8 @@ class AutoencoderKL(eqx.Module):
     decoder: Decoder
     quant_conv: Conv2d | None
     post_quant_conv: Conv2d | None
-    scaling_factor: float = eqx.field(static=True)
-    shift_factor: float = eqx.field(static=True)
+    latent_scale: float | tuple[float, ...] = eqx.field(static=True)  # per channel with latents_std
+    latent_shift: float | tuple[float, ...] = eqx.field(static=True)  # per channel with latents_mean
     downsample_factor: int = eqx.field(static=True)
 
     def __init__(self, config: dict, *, key: PRNGKeyArray):
@@ -138,9 +166,24 @@ class AutoencoderKL(eqx.Module):
         self.encoder, self.decoder = Encoder(cfg, key=k_enc), Decoder(cfg, key=k_dec)
         self.quant_conv = Conv2d(2 * latent, 2 * latent, 1, key=k_q) if cfg["use_quant_conv"] else None
         self.post_quant_conv = Conv2d(latent, latent, 1, key=k_pq) if cfg["use_post_quant_conv"] else None
-        self.scaling_factor = float(cfg["scaling_factor"])
-        self.shift_factor = float(cfg["shift_factor"] or 0.0)
+        if cfg["latents_mean"] is None:
+            self.latent_scale, self.latent_shift = float(cfg["scaling_factor"]), float(cfg["shift_factor"] or 0.0)
+        else:  # SDXL's pipelines: (z - latents_mean) * scaling_factor / latents_std, and back
+            self.latent_scale = tuple(float(cfg["scaling_factor"]) / float(s) for s in cfg["latents_std"])
+            self.latent_shift = tuple(float(m) for m in cfg["latents_mean"])
         self.downsample_factor = 2 ** (len(cfg["block_out_channels"]) - 1)
+
+    @property
+    def scaling_factor(self) -> float | np.ndarray:
+        """What the diffusion model's latents are multiplied by, after `shift_factor` is taken off:
+        the config's scaling_factor, or per channel `scaling_factor / latents_std` (float32 `[latent]`,
+        broadcasting over NHWC latents) when the config has latents_mean and latents_std."""
+        return self.latent_scale if isinstance(self.latent_scale, float) else np.asarray(self.latent_scale, np.float32)
+
+    @property
+    def shift_factor(self) -> float | np.ndarray:
+        """The config's shift_factor (0 if none), or per channel its latents_mean (float32 `[latent]`)."""
+        return self.latent_shift if isinstance(self.latent_shift, float) else np.asarray(self.latent_shift, np.float32)
 
     @classmethod
     def from_config(cls, config: dict, *, key: PRNGKeyArray) -> "AutoencoderKL":
@@ -148,18 +191,54 @@ class AutoencoderKL(eqx.Module):
         return cls(config, key=key)
 
     @classmethod
-    def from_diffusers(cls, path: str | Path, *, mesh: Mesh | None = None, min_size: int = 2**12) -> "AutoencoderKL":
-        """A diffusers model folder (config.json + diffusion_pytorch_model.safetensors; fp32, fp16
-        or bf16), as float32 parameters. With `mesh`, each weight is read straight into its
+    def from_diffusers(
+        cls, path: str | Path, *, variant: str | None = None, mesh: Mesh | None = None, min_size: int = 2**12
+    ) -> "AutoencoderKL":
+        """A diffusers model folder (config.json + diffusion_pytorch_model.safetensors, or the
+        shards of its `.safetensors.index.json`; fp32, fp16 or bf16), as float32 parameters.
+        `variant` (e.g. "fp16") loads `diffusion_pytorch_model.<variant>.safetensors` or its shards
+        instead, as diffusers' `variant=`; None loads the plain weights (`weight_files` names the
+        variants of a folder without them). With `mesh`, each weight is read straight into its
         `eqxdiff.sharding` layout for `(mesh, min_size)`; without, onto the first device."""
         path = Path(path)
-        if not (path / WEIGHTS_FILE).is_file():
-            found = sorted(p.name for p in path.glob("*")) if path.is_dir() else []
-            raise FileNotFoundError(f"{path / WEIGHTS_FILE} does not exist (the folder holds {found})")
+        weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
-        weights = path / WEIGHTS_FILE
         return load_safetensors(abstract, weights, rename=_current_attention_name, mesh=mesh, min_size=min_size)
+
+    @classmethod
+    def from_single_file(
+        cls, path: str | Path, *, config: dict | str | Path, mesh: Mesh | None = None, min_size: int = 2**12
+    ) -> "AutoencoderKL":
+        """One safetensors file with the original LDM / FLUX names (`vae-ft-mse-840000-ema-pruned`,
+        `sdxl_vae`, FLUX's `ae`, or a whole SD checkpoint, whose `first_stage_model.` keys are read
+        and the rest left), mapped to diffusers' names as diffusers' `convert_ldm_vae_checkpoint` does.
+
+        The file's shapes give the architecture. What they cannot tell comes from `config` (a
+        diffusers config dict, a config.json, or a folder holding one), diffusers' defaults filling
+        the rest: the latent scaling, which differs between VAEs of one shape (SD 1/2
+        `{"scaling_factor": 0.18215}`, SDXL 0.13025, SD3 1.5305 with shift_factor 0.0609, FLUX 0.3611
+        with 0.1159), and norm_num_groups (32 in every LDM VAE). An architecture key in `config`
+        that the shapes contradict raises, naming it."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        if not isinstance(config, dict):
+            config_path = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
+            config = json.loads(config_path.read_text())
+        with safe_open(str(path), framework="numpy") as file:
+            prefix = vae_prefix(list(file.keys()))
+            shapes = {k.removeprefix(prefix): tuple(file.get_slice(k).get_shape()) for k in file.keys()
+                      if k.startswith(prefix)}  # fmt: skip
+        from_shapes = config_from_shapes(shapes)
+        contradicted = {k: (config[k], v) for k, v in from_shapes.items() if k in config and config[k] != v}
+        if contradicted:
+            raise ValueError(f"{path}: config options the file's shapes contradict (config, file): {contradicted}")
+        config = {**config, **from_shapes}
+        levels = len(from_shapes["block_out_channels"])
+        rename = lambda key: diffusers_name(key.removeprefix(prefix), levels) if key.startswith(prefix) else None  # noqa: E731
+        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, mesh=mesh, min_size=min_size)
 
     def encode(
         self, x: Float[Array, "b h w ci"]

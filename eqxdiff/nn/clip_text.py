@@ -20,6 +20,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import Dense, Embedding, layer_norm
 from eqxdiff.nn.torch_weights import load_safetensors
+from eqxdiff.nn.weight_files import weight_files
 
 WEIGHTS_FILE = "model.safetensors"
 PREFIX = "text_model."
@@ -215,19 +216,20 @@ class CLIPTextModel(eqx.Module):
         return cls(config, key=key, causal=causal)
 
     @classmethod
-    def from_transformers(cls, path: str | Path, *, mesh: Mesh | None = None, min_size: int = 2**12) -> "CLIPTextModel":
-        """A transformers CLIPTextModel folder (config.json + model.safetensors; fp32, fp16 or bf16;
-        keys with or without "text_model."; a stored `position_ids` buffer is ignored), as float32
-        parameters. With `mesh`, each weight is read straight into its `eqxdiff.sharding` layout for
-        `(mesh, min_size)`; without, onto the first device."""
+    def from_transformers(
+        cls, path: str | Path, *, variant: str | None = None, mesh: Mesh | None = None, min_size: int = 2**12
+    ) -> "CLIPTextModel":
+        """A transformers CLIPTextModel folder (config.json + model.safetensors, or the shards of its
+        `model.safetensors.index.json`; fp32, fp16 or bf16; keys with or without "text_model."; a
+        stored `position_ids` buffer is ignored), as float32 parameters. `variant` (e.g. "fp16") loads
+        `model.<variant>.safetensors` or its shards instead, as transformers' `variant=`. With `mesh`,
+        each weight is read straight into its `eqxdiff.sharding` layout for `(mesh, min_size)`;
+        without, onto the first device."""
         path = Path(path)
-        if not (path / WEIGHTS_FILE).is_file():
-            found = sorted(p.name for p in path.glob("*")) if path.is_dir() else []
-            raise FileNotFoundError(f"{path / WEIGHTS_FILE} does not exist (the folder holds {found})")
+        weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
         strip = lambda key: key.removeprefix(PREFIX)  # noqa: E731
-        weights = path / WEIGHTS_FILE
         return load_safetensors(abstract, weights, rename=strip, ignore=BUFFERS, mesh=mesh, min_size=min_size)
 
     @property

@@ -9,7 +9,8 @@ built with `jax.make_array_from_callback` in its target sharding, and each callb
 its device's slice of the memory-mapped file, so no device ever holds a whole host copy.
 """
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 import jax
@@ -48,22 +49,27 @@ def leaf_layouts(module, layouts: Mapping[type, Mapping[str, tuple[int, ...]]] =
 
 def load_safetensors(
     abstract_module,
-    path: str | Path,
+    path: str | Path | Sequence[str | Path],
     *,
-    rename: Callable[[str], str] = lambda key: key,
+    rename: Callable[[str], str | None] = lambda key: key,
     ignore: Collection[str] = (),
     mesh: Mesh | None = None,
     min_size: int = 2**12,
     layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS,
+    conv1x1_as_dense: bool = False,
 ):
     """`abstract_module` (e.g. from `eqx.filter_eval_shape`) with every array leaf read from the
-    safetensors file at `path`, as float32.
+    safetensors file at `path`, or from several (the shards of one state_dict: a key in two raises),
+    as float32.
 
-    `rename` maps a file key to the current name (older checkpoints' aliases); two file keys
-    mapping to one name raise. `ignore` names (after `rename`) keys that are accepted and not read:
-    buffers the module does not keep (transformers' `position_ids`). With `mesh`, leaves are placed
-    in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first device. F32, F16
-    and BF16 files load.
+    `rename` maps a file key to the current name (older checkpoints' aliases, another codebase's
+    names), or to None for a key that belongs to another model in the same file (it is not read);
+    two file keys mapping to one name raise. `ignore` names (after `rename`) keys that are accepted
+    and not read: buffers the module does not keep (transformers' `position_ids`). With
+    `conv1x1_as_dense`, a Dense weight also loads from a 1x1 convolution's `[out, in, 1, 1]` (the
+    same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `mesh`, leaves
+    are placed in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first
+    device. F32, F16 and BF16 files load.
     """
     perms = leaf_layouts(abstract_module, layouts)
     if mesh is None:
@@ -72,12 +78,15 @@ def load_safetensors(
     else:
         tree = state_shardings(abstract_module, mesh, min_size)
         shardings = dict(zip(perms, jax.tree.leaves(tree), strict=True))
-    with safe_open(str(path), framework="numpy") as file:
-        keys = _renamed_keys(list(file.keys()), rename, path)
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} shards)"
+    with ExitStack() as stack:
+        files = _files_by_key([stack.enter_context(safe_open(str(p), framework="numpy")) for p in paths], paths)
+        keys = _renamed_keys(list(files), rename, where)
         keys = {name: key for name, key in keys.items() if name not in ignore}
-        _check_names(set(perms), set(keys), path)
+        _check_names(set(perms), set(keys), where)
         values = [
-            _read(file, keys[name], perm, shardings[name], leaf)
+            _read(files[keys[name]], keys[name], perm, shardings[name], leaf, conv1x1_as_dense)
             for (name, perm), leaf in zip(perms.items(), _array_leaves(abstract_module), strict=True)
         ]
     leaves, treedef = jax.tree.flatten(abstract_module, is_leaf=is_array_like)
@@ -89,11 +98,24 @@ def _array_leaves(module) -> list:
     return [x for x in jax.tree.leaves(module, is_leaf=is_array_like) if is_array_like(x)]
 
 
-def _renamed_keys(file_keys: list[str], rename: Callable[[str], str], path) -> dict[str, str]:
-    """`{current name: file key}`, raising if two file keys give one name."""
+def _files_by_key(files: list, paths: list) -> dict:
+    """`{key: the open file holding it}` over shards, raising if two shards hold one key."""
+    out, origin = {}, {}
+    for file, path in zip(files, paths, strict=True):
+        for key in file.keys():
+            if key in out:
+                raise ValueError(f"key {key!r} is in two shards: {origin[key]} and {path}")
+            out[key], origin[key] = file, path
+    return out
+
+
+def _renamed_keys(file_keys: list[str], rename: Callable[[str], str | None], path) -> dict[str, str]:
+    """`{current name: file key}` (keys renamed to None left out), raising if two file keys give one name."""
     keys: dict[str, str] = {}
     for key in file_keys:
         name = rename(key)
+        if name is None:
+            continue
         if name in keys:
             raise ValueError(f"{path}: keys {keys[name]!r} and {key!r} are both the parameter {name!r}")
         keys[name] = key
@@ -112,12 +134,14 @@ def _check_names(expected: set[str], found: set[str], path) -> None:
         raise ValueError(f"{path} does not match the model: " + "; ".join(problems))
 
 
-def _read(file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf) -> jax.Array:
+def _read(file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf, conv1x1_as_dense: bool = False) -> jax.Array:
     """One leaf as float32 in `sharding`; each device's callback reads only its slice."""
     tensor = file.get_slice(key)
     dtype, torch_shape = tensor.get_dtype(), tuple(tensor.get_shape())
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"{key}: dtype {dtype} is not one of {sorted(FLOAT_DTYPES)}")
+    if conv1x1_as_dense and perm == (1, 0) and len(torch_shape) > 2 and set(torch_shape[2:]) == {1}:
+        return _read_squeezed(file, key, torch_shape[:2], perm, sharding, leaf)
     shape = tuple(torch_shape[p] for p in perm)
     if shape != tuple(leaf.shape):
         raise ValueError(
@@ -136,6 +160,16 @@ def _read(file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf) -> ja
         return cache[cache_key]
 
     return jax.make_array_from_callback(shape, sharding, shard)
+
+
+def _read_squeezed(file, key: str, torch_shape: tuple, perm: tuple[int, ...], sharding: Sharding, leaf) -> jax.Array:
+    """A 1x1 convolution kernel `[out, in, 1, ...]` as a Dense leaf (small: read whole, then sliced)."""
+    shape = tuple(torch_shape[p] for p in perm)
+    if shape != tuple(leaf.shape):
+        raise ValueError(f"{key}: a 1x1 kernel of shape {torch_shape} is {shape} as a linear map, the model expects "
+                         f"{tuple(leaf.shape)}")  # fmt: skip
+    whole = np.ascontiguousarray(np.transpose(np.asarray(file.get_tensor(key)).reshape(torch_shape), perm), np.float32)
+    return jax.make_array_from_callback(shape, sharding, lambda index: whole[index])
 
 
 def _name(path) -> str:
