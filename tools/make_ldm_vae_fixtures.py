@@ -139,7 +139,7 @@ def main() -> None:
         save_file(checkpoint, str(folder / file_name))
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         np.savez_compressed(folder / "reference.npz", **refs)
-        print(name, len(vae_keys), "VAE keys,", len(others), "others;", sum(v.numel() for v in vae_keys.values()), "params")
+        print(name, len(vae_keys), "VAE keys,", len(others), "other keys,", sum(v.numel() for v in vae_keys.values()))
 
 
 if __name__ == "__main__":

@@ -114,7 +114,9 @@ def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, nu
     count = len(source) * (2 if cfg.hflip_copies else 1)
     meta = {
         "fields": fields_to_meta(fields), "vae": describe_autoencoder(cfg.vae),
-        "scaling_factor": float(vae.scaling_factor), "shift_factor": float(vae.shift_factor),
+        # per channel (lists) for a VAE with latents_mean/latents_std
+        "scaling_factor": np.asarray(vae.scaling_factor).tolist(),
+        "shift_factor": np.asarray(vae.shift_factor).tolist(),
         "latent_shape": list(latent), "count": count, "shard_size": cfg.shard_size,
         "num_shards": -(-count // cfg.shard_size), "num_classes": source.num_classes,
         "source": source.spec, "image_shape": list(source.image_shape), "hflip_copies": cfg.hflip_copies,

@@ -236,7 +236,10 @@ class AutoencoderKL(eqx.Module):
             raise ValueError(f"{path}: config options the file's shapes contradict (config, file): {contradicted}")
         config = {**config, **from_shapes}
         levels = len(from_shapes["block_out_channels"])
-        rename = lambda key: diffusers_name(key.removeprefix(prefix), levels) if key.startswith(prefix) else None  # noqa: E731
+
+        def rename(key: str) -> str | None:  # another model's keys in the file (an SD checkpoint's UNet): None
+            return diffusers_name(key.removeprefix(prefix), levels) if key.startswith(prefix) else None
+
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
         return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, mesh=mesh, min_size=min_size)
 
