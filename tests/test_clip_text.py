@@ -287,3 +287,25 @@ def test_full_size_clip_l_runs():
     assert hidden.shape == (1, 77, 768) and pooled.shape == (1, 768)
     assert np.isfinite(np.asarray(hidden)).all()
     np.testing.assert_array_equal(pooled[0], hidden[0, 6])  # legacy pooling: the first largest id
+
+
+def test_variant_and_sharded_folders_load_the_weights_asked_for(tmp_path):
+    """transformers' `variant=` (model.fp16.safetensors) and sharded weights (model.safetensors.index.json):
+    the plain weights unless a variant is asked for, every file found by its index, parity kept."""
+    from weight_folders import save_sharded  # tests/weight_folders.py
+
+    folder = tmp_path / "text_encoder"
+    folder.mkdir()
+    shutil.copy(DATA / "sd_like" / "config.json", folder / "config.json")
+    save_sharded(folder, stored("sd_like"), WEIGHTS, 3)
+    shutil.copy(DATA / "sd_like_fp16" / WEIGHTS, folder / "model.fp16.safetensors")
+    for variant, fixture in ((None, "sd_like"), ("fp16", "sd_like_fp16")):
+        clip = CLIPTextModel.from_transformers(folder, variant=variant)
+        expected = params(load(fixture))
+        for name, value in params(clip).items():
+            np.testing.assert_array_equal(value, expected[name], err_msg=name)
+        err = errors(clip, reference(fixture), masked=True)
+        assert max(err.values()) < 1e-4, err
+    (folder / "model.safetensors.index.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors does not exist.*pass variant= one of \['fp16'\]"):
+        CLIPTextModel.from_transformers(folder)
