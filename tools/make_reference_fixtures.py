@@ -21,6 +21,7 @@ full_size_shapes.json.
 
     /work/torchvenv/bin/python tools/make_reference_fixtures.py              # both
     /work/torchvenv/bin/python tools/make_reference_fixtures.py --only clip  # or --only vae, --only tokenizer
+    tools/.venv/bin/python tools/make_reference_fixtures.py --only vae --vae_names non_square  # one fixture
 """
 
 import argparse
