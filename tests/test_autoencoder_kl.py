@@ -325,6 +325,7 @@ def test_single_file_forms_and_mistakes(tmp_path):
     assert_same_params(AutoencoderKL.from_single_file(tmp_path / "linear.safetensors", config=config), expected)
     # The shapes give the architecture: a config with only what they cannot tell is enough.
     minimal = {k: config[k] for k in ("scaling_factor", "shift_factor", "norm_num_groups")}
+    minimal |= {"block_out_channels": (4, 8)}  # agreeing with the shapes, as a tuple
     assert_same_params(AutoencoderKL.from_single_file(LDM / "flux_ae" / "ae.safetensors", config=minimal), expected)
     with pytest.raises(ValueError, match=r"shapes contradict.*'latent_channels': \(4, 16\)"):
         AutoencoderKL.from_single_file(LDM / "flux_ae" / "ae.safetensors", config=config | {"latent_channels": 4})
@@ -353,7 +354,8 @@ def test_latents_mean_and_std_are_used_as_sdxl_pipelines_use_them(tmp_path):
     x = np.random.default_rng(1).normal(size=(2, 4, 4, 4)).astype(np.float32)
     decoded = np.asarray(generate._decode(vae, x))
     plain = AutoencoderKL.from_diffusers(DATA / "sd_like")  # the same network; its decode is compiled already
-    np.testing.assert_allclose(decoded, np.asarray(decode(plain, (x * std / scale + mean).astype(np.float32))), atol=1e-5)
+    unscaled = (x * std / scale + mean).astype(np.float32)
+    np.testing.assert_allclose(decoded, np.asarray(decode(plain, unscaled)), atol=1e-5)
     assert not np.allclose(decoded, np.asarray(decode(plain, x / scale)), atol=1e-3)  # the statistics matter
 
 

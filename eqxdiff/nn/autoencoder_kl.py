@@ -231,7 +231,8 @@ class AutoencoderKL(eqx.Module):
             shapes = {k.removeprefix(prefix): tuple(file.get_slice(k).get_shape()) for k in file.keys()
                       if k.startswith(prefix)}  # fmt: skip
         from_shapes = config_from_shapes(shapes)
-        contradicted = {k: (config[k], v) for k, v in from_shapes.items() if k in config and config[k] != v}
+        listed = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731  (tuple or JSON list)
+        contradicted = {k: (config[k], v) for k, v in from_shapes.items() if k in config and listed(config[k]) != v}
         if contradicted:
             raise ValueError(f"{path}: config options the file's shapes contradict (config, file): {contradicted}")
         config = {**config, **from_shapes}
