@@ -1,4 +1,5 @@
-"""PyTorch state_dicts (safetensors files) into Equinox modules, by parameter name.
+"""PyTorch state_dicts (safetensors files, or torch files read by eqxdiff.nn.torch_pickle) into
+Equinox modules, by parameter name.
 
 A module whose field names follow the PyTorch module's attribute names has leaf paths equal to
 the state_dict keys (`encoder.down_blocks.0.resnets.1.conv1.weight`; a list field gives the
@@ -19,6 +20,7 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
+from eqxdiff.nn.torch_pickle import TorchFile
 from eqxdiff.sharding import is_array_like, state_shardings
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
@@ -27,6 +29,7 @@ LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
     Dense: {"weight": (1, 0)},  # (out, in) -> (in, out)
 }
 FLOAT_DTYPES = {"F32", "F16", "BF16"}
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # torch.save's files: read as tensors, never code
 
 
 def leaf_layouts(module, layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS) -> dict[str, tuple[int, ...]]:
@@ -63,7 +66,7 @@ def load_safetensors(
     mapping to one name raise. `ignore` names (after `rename`) keys that are accepted and not read:
     buffers the module does not keep (transformers' `position_ids`). With `mesh`, leaves are placed
     in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first device. F32, F16
-    and BF16 files load.
+    and BF16 files load; a torch file (`TORCH_SUFFIXES`) loads as a state_dict (torch_pickle).
     """
     perms = leaf_layouts(abstract_module, layouts)
     if mesh is None:
@@ -72,7 +75,7 @@ def load_safetensors(
     else:
         tree = state_shardings(abstract_module, mesh, min_size)
         shardings = dict(zip(perms, jax.tree.leaves(tree), strict=True))
-    with safe_open(str(path), framework="numpy") as file:
+    with open_weights(path) as file:
         keys = _renamed_keys(list(file.keys()), rename, path)
         keys = {name: key for name, key in keys.items() if name not in ignore}
         _check_names(set(perms), set(keys), path)
@@ -83,6 +86,14 @@ def load_safetensors(
     leaves, treedef = jax.tree.flatten(abstract_module, is_leaf=is_array_like)
     it = iter(values)
     return jax.tree.unflatten(treedef, [next(it) if is_array_like(x) else x for x in leaves])
+
+
+def open_weights(path: str | Path):
+    """A reader of the file's tensors by name (`keys`, `get_slice`, `get_tensor`): safetensors'
+    for a safetensors file, eqxdiff.nn.torch_pickle's for a torch file."""
+    if Path(path).suffix in TORCH_SUFFIXES:
+        return TorchFile(path)
+    return safe_open(str(path), framework="numpy")
 
 
 def _array_leaves(module) -> list:
