@@ -10,9 +10,9 @@ pytorch-fid's fid_score.py imports torchvision at module level, which this venv 
 `calculate_frechet_distance` is taken from the installed package's own source text (its
 function definition only, run with numpy and scipy.linalg as fid_score imports them).
 
-    /work/torchvenv/bin/pip install --no-deps pytorch-fid==0.3.0
-    /work/torchvenv/bin/pip install scipy==1.17.1
-    /work/torchvenv/bin/python tools/make_frechet_fixtures.py
+    tools/.venv/bin/pip install --no-deps pytorch-fid==0.3.0
+    tools/.venv/bin/pip install scipy==1.17.1
+    tools/.venv/bin/python tools/make_frechet_fixtures.py
 """
 
 import argparse
