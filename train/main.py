@@ -141,7 +141,7 @@ CHOICES = {
     "schedule": sorted(SCHEDULES),
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
-    "sample_method": sorted(METHODS),
+    "sample_method": METHODS,  # live: a sampler registered below (SAMPLERS["midpoint"] = ...) is a choice
     "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
 }

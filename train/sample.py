@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
-    parser.add_argument("--method", default=None, choices=sorted(METHODS),
+    parser.add_argument("--method", default=None, choices=METHODS,
                         help="sampler (default: the run's --sample_method)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
     parser.add_argument("--cfg", type=float, default=None,
