@@ -8,7 +8,7 @@ file tools/convert_pytorch_fid.py produces (its `convert`, on the state_dict sav
 eqxdiff reads that with `InceptionV3.from_pytorch_fid(path)`. No real weights exist on this machine
 (nothing is downloaded); speed does not depend on the values.
 
-    python benchmarks/bench_inception.py            # 32² and 299² inputs, batch 50, 5 rounds (~5 min on a 2-core CPU)
+    python benchmarks/bench_inception.py            # 32² and 299² inputs, batch 50, 5 rounds (minutes on a 2-core CPU)
     python benchmarks/bench_inception.py --quick    # smoke: 32², batch 2, one round
 
 The torch side runs in its own venv (tools/README.md: tools/.venv, pytorch-fid installed

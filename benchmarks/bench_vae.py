@@ -6,7 +6,7 @@ SAME weights on both sides: the torch peer draws diffusers' own seeded init once
 temporary diffusers folder (config.json + diffusion_pytorch_model.safetensors, float32); eqxdiff
 reads it with `AutoencoderKL.from_diffusers(folder)`, diffusers with `AutoencoderKL.from_pretrained(folder)`.
 
-    python benchmarks/bench_vae.py            # 64² and 256², fp32 and bf16 (~8 min on a 2-core CPU)
+    python benchmarks/bench_vae.py            # 64² and 256², fp32 and bf16 (minutes on a 2-core CPU)
     python benchmarks/bench_vae.py --quick    # smoke: a small VAE at 32², one round
 
 The torch side runs in its own venv (tools/README.md: tools/.venv; torch is never a project

@@ -82,8 +82,8 @@ CASES = [
     {"name": "guard_2_vs_2_d32", "first": {"seed": 2, "n": 2, "d": 32}, "second": {"seed": 102, "n": 2, "d": 32}},
     {"name": "guard_2_vs_5_d64", "first": {"seed": 2, "n": 2, "d": 64}, "second": {"seed": 102, "n": 5, "d": 64}},
     {"name": "guard_3_vs_5_d64", "first": {"seed": 2, "n": 3, "d": 64}, "second": {"seed": 102, "n": 5, "d": 64}},
-    # Inception's size (a slow test: ~10 s of eigendecompositions on one core). 100 samples in 2048-d, too,
-    # agree within 7e-8 but take ~55 s, most of it scipy's sqrtm deciding on pytorch-fid's offset.
+    # Inception's size (a slow test: d × d eigendecompositions). 100 samples in 2048-d, too, agree within
+    # 7e-8 but are left out: scipy's sqrtm deciding on pytorch-fid's offset makes them slower still.
     {"name": "well_d2048", "first": {"seed": 9, "n": 4096, "d": 2048}, "second": {"seed": 10, "n": 4096, "d": 2048, **OTHER}},
 ]  # fmt: skip
 

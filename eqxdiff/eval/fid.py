@@ -161,7 +161,7 @@ def frechet_distance_of_few(
     `x` and N(mu, sigma), computed with n × n matrices: cov = YᵀY / (n - 1) for the centred rows Y,
     and the nonzero eigenvalues of sigma·cov, whose square roots sum to tr((sigma cov)^½), are
     those of the n × n PSD matrix Y sigma Yᵀ / (n - 1) (AB and BA share them). O(n d²) work
-    instead of eigendecompositions of d × d matrices (at d = 2048, tens of seconds on a slow CPU)."""
+    instead of eigendecompositions of d × d matrices (O(d³), the slow part at d = 2048)."""
     x = np.asarray(x, np.float64)
     n, mean = len(x), x.mean(axis=0)
     y, diff = x - mean, mean - mu
@@ -189,7 +189,7 @@ def fid_of_samples(
     Returns {"num", "fid", and with reference features "precision", "recall"} on every process.
     The samples' FID is pytorch-fid's (fid_from_stats) when num > d. With fewer samples than
     dimensions their covariance is singular and pytorch-fid would run scipy's sqrtm to decide on its
-    eps offset (~45 s at d = 2048); the exact distance is taken instead, from all the features kept
+    eps offset (a d × d Schur decomposition); the exact distance is taken instead, from all the features kept
     (frechet_distance_of_few: n × n matrices), which differs from pytorch-fid's only where its sqrtm
     fails (~1e-3 relative). Precision/recall compare min(num, kept) rows of each side: a uniform
     random subset of the samples (seeded by `seed`).
