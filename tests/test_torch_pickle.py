@@ -102,3 +102,20 @@ def test_not_a_torch_file_is_refused(tmp_path):
     for name in ("text.pth", "plain.pth"):
         with pytest.raises(TorchFileError, match="not a torch.save file"):
             read_state_dict(tmp_path / name)
+
+
+def test_fid_stats_refuses_a_malicious_inception_in_one_line(tmp_path, monkeypatch, capsys):
+    """train/fid_stats.py --inception FILE.pth: a file that names code is one line, status 2, before
+    any image is read; nothing runs and nothing is written."""
+    import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
+    from startup import exit_on_user_error
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "stats.npz"
+    cfg = fid_stats.parse_config(["--inception", str(DATA / "malicious_os_system.pth"), "--out", str(out)])
+    with pytest.raises(SystemExit) as stopped:
+        exit_on_user_error(lambda: fid_stats.main(cfg))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: --inception: ") and "refused the global posix.system" in err
+    assert not out.exists() and not (tmp_path / "torch_pickle_ran").exists()

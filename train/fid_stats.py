@@ -159,7 +159,10 @@ def main(cfg: Config, features_fn=None) -> None:
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
         raise SystemExit(str(e)) from e
     if features_fn is None:
-        features_fn = load_inception(cfg.inception)
+        try:
+            features_fn = load_inception(cfg.inception)
+        except (ValueError, FileNotFoundError) as e:  # a missing, wrong or refused weights file: one line
+            raise SystemExit(f"--inception: {e}") from e
     keep = None  # a random subset of the features, for precision and recall
     if cfg.keep_features:
         dim = feature_dim(features_fn, image_field(source).shape)
