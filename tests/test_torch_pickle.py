@@ -65,7 +65,7 @@ def zip_with_pickle(path: Path, data_pkl: bytes, storage: bytes) -> Path:
     return path
 
 
-def tensor_pickle(size: tuple, stride: tuple, offset: int, numel: int) -> bytes:
+def tensor_pickle(size: tuple, stride: tuple, offset: int, numel: int, build: bytes = b"") -> bytes:
     """A protocol-2 pickle of `_rebuild_tensor_v2` on one FloatStorage of `numel` elements, the
     opcodes written out (torch.save never writes a tensor outside its storage)."""
     def s(text):
@@ -76,12 +76,13 @@ def tensor_pickle(size: tuple, stride: tuple, offset: int, numel: int) -> bytes:
 
     storage_id = b"(" + s("storage") + b"ctorch\nFloatStorage\n" + s("0") + s("cpu") + ints([numel])[1:-1] + b"tQ"
     args = b"(" + storage_id + ints([offset])[1:-1] + ints(size) + ints(stride) + b"\x89" + b"ccollections\nOrderedDict\n)R" + b"t"
-    return b"\x80\x02" + b"}" + s("w") + b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"Rs."
+    return b"\x80\x02" + b"}" + s("w") + b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R" + build + b"s."
 
 
 def test_tensor_outside_its_storage_is_refused(tmp_path):
-    """A stride or offset that reads past the storage raises instead of reading other memory; the
-    same pickle inside its storage reads the values."""
+    """A stride or offset that reads past the storage raises instead of reading other memory, and so
+    does a BUILD that would change a checked tensor; the same pickle inside its storage reads the
+    values; a storage shorter than its tensors say is named."""
     storage = np.arange(6, dtype=np.float32).tobytes()
     inside = zip_with_pickle(tmp_path / "in.pth", tensor_pickle((2, 2), (3, 1), 1, 6), storage)
     np.testing.assert_array_equal(read_state_dict(inside)["w"], [[1, 2], [4, 5]])
@@ -89,6 +90,11 @@ def test_tensor_outside_its_storage_is_refused(tmp_path):
         path = zip_with_pickle(tmp_path / "out.pth", tensor_pickle(size, stride, offset, 6), storage)
         with pytest.raises(TorchFileError, match="reads past its storage"):
             read_state_dict(path)
+    # BUILD on the rebuilt tensor, (None, {"shape": (8,)}): would resize it past the storage after the check.
+    build = b"N}" + b"X" + (5).to_bytes(4, "little") + b"shape" + b"(J" + (8).to_bytes(4, "little") + b"t" + b"s\x86b"
+    resized = zip_with_pickle(tmp_path / "build.pth", tensor_pickle((6,), (1,), 0, 6, build), storage)
+    with pytest.raises(TorchFileError, match="set the state of a _Tensor"):
+        read_state_dict(resized)
     short = zip_with_pickle(tmp_path / "short.pth", tensor_pickle((2, 2), (3, 1), 1, 6), storage[:-4])
     with pytest.raises(TorchFileError, match="holds 20 bytes"):
         read_state_dict(short)

@@ -9,9 +9,13 @@ whose `find_class` hands out only numpy stand-ins for what torch's own `weights_
 allows for plain tensors and containers — `torch._utils._rebuild_tensor_v2/_v3/_rebuild_tensor/
 _rebuild_parameter`, the typed storage classes (`torch.FloatStorage`, ...), dtypes,
 `collections.OrderedDict`, `torch.Size`, `_codecs.encode` (bytes) and `builtins.set/bytearray/
-complex` — and refuses every other global by name, before anything is called. Storages are
+complex` — and refuses every other global by name, before anything is called (so also
+`torch.storage._load_from_bytes`, which torch's rule refuses too: it calls torch.load). Objects the
+reader hands the pickle refuse a BUILD (no state can be set on them). Storages are
 memory-mapped where the file stores them uncompressed; a tensor is a read-only strided view of its
 storage, checked to lie inside it, so views that share a storage share memory as in torch.
+Reference: torch 2.13's torch/serialization.py (`_save`, `_legacy_save`, `_load`, `_legacy_load`)
+and torch/_weights_only_unpickler.py (`_get_allowed_globals`).
 """
 
 import _compat_pickle
@@ -201,11 +205,12 @@ def _no_storage(key, dtype, numel, view):
     raise pickle.UnpicklingError(f"a storage where the format has none ({key})")
 
 
-def _resolve(obj, arrays: dict[str, np.ndarray], seen: dict[int, Any]) -> Any:
-    """`obj` with every _Tensor replaced by a read-only view of its storage's array; containers
-    (dict, list, tuple) rebuilt or updated in place."""
+def _resolve(obj, arrays: dict[str, np.ndarray], seen: dict[int, tuple]) -> Any:
+    """`obj` with every _Tensor replaced by a read-only view of its storage's array; dicts and lists
+    updated in place, tuples rebuilt. `seen` maps id -> (object, result): shared objects resolve
+    once, and a container that holds itself ends the walk."""
     if id(obj) in seen:
-        return seen[id(obj)]
+        return seen[id(obj)][1]
     if isinstance(obj, _Tensor):
         storage, size = obj.storage, obj.dtype.itemsize
         data = arrays[storage.key][storage.offset : storage.offset + storage.numel]
@@ -213,18 +218,16 @@ def _resolve(obj, arrays: dict[str, np.ndarray], seen: dict[int, Any]) -> Any:
             data = data[: data.size - data.size % size].view(obj.dtype)
         strides = [s * size for s in obj.strides]
         out = np.lib.stride_tricks.as_strided(data[obj.offset :], obj.shape, strides, writeable=False)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
+    elif isinstance(obj, dict | list):
+        seen[id(obj)] = (obj, obj)
+        for k, v in list(obj.items() if isinstance(obj, dict) else enumerate(obj)):
             obj[k] = _resolve(v, arrays, seen)
-        out = obj
-    elif isinstance(obj, list):
-        obj[:] = [_resolve(v, arrays, seen) for v in obj]
         out = obj
     elif isinstance(obj, tuple):
         out = tuple(_resolve(v, arrays, seen) for v in obj)
     else:
         out = obj
-    seen[id(obj)] = out
+    seen[id(obj)] = (obj, out)
     return out
 
 
@@ -285,7 +288,7 @@ def _read_legacy(path: Path) -> Any:
         roots: dict[str, tuple[np.dtype, int]] = {}
 
         def storage(key, dtype, numel, view):
-            if roots.setdefault(key, (dtype, numel)) != (dtype, numel) and view is None:
+            if roots.setdefault(key, (dtype, numel)) != (dtype, numel):  # a view's id carries its root's too
                 raise pickle.UnpicklingError(f"storage {key} is read as two dtypes or sizes")
             if view is None:
                 return _Storage(key, dtype, numel)
@@ -332,7 +335,8 @@ def read_torch_file(path: str | Path) -> Any:
         return _read_zip(path) if zipfile.is_zipfile(path) else _read_legacy(path)
     except TorchFileError:
         raise
-    except (pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
+    except (pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError, AttributeError, ValueError,
+            RecursionError, struct.error) as e:  # fmt: skip
         raise TorchFileError(f"{path}: not a torch state file this reader can read ({type(e).__name__}: {e})") from None
 
 
