@@ -9,7 +9,7 @@ to a temporary folder (config.json + model.safetensors, float32); eqxdiff reads 
     python benchmarks/bench_clip_text.py           # batch 8 x 77 tokens, fp32, 5 rounds
     python benchmarks/bench_clip_text.py --quick   # smoke: a 2-layer tower, one round
 
-The torch side runs in its own venv (tools/README.md: /work/torchvenv; torch is never a project
+The torch side runs in its own venv (tools/README.md: tools/.venv; torch is never a project
 dependency) as ONE child process, benchmarks/clip_torch_peer.py, started once and driven over
 stdin/stdout; the two sides never run at the same time. Nothing is downloaded.
 
@@ -49,7 +49,7 @@ from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this fold
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "clip_torch_peer.py"
-TORCH_PYTHON = "/work/torchvenv/bin/python"
+TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape the network
     "architectures": ["CLIPTextModel"], "model_type": "clip_text_model", "vocab_size": 49408, "hidden_size": 768,
     "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 77,

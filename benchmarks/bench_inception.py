@@ -8,14 +8,14 @@ file tools/convert_pytorch_fid.py produces (its `convert`, on the state_dict sav
 eqxdiff reads that with `InceptionV3.from_pytorch_fid(path)`. No real weights exist on this machine
 (nothing is downloaded); speed does not depend on the values.
 
-    python benchmarks/bench_inception.py            # 32² and 299² inputs, batch 50, 5 rounds (~5 min on a 2-core CPU)
+    python benchmarks/bench_inception.py            # 32² and 299² inputs, batch 50, 5 rounds (minutes on a 2-core CPU)
     python benchmarks/bench_inception.py --quick    # smoke: 32², batch 2, one round
 
-The torch side runs in its own venv (tools/README.md: /work/torchvenv, pytorch-fid installed
+The torch side runs in its own venv (tools/README.md: tools/.venv, pytorch-fid installed
 --no-deps; torch is never a project dependency) as ONE child process, benchmarks/inception_torch_peer.py,
 started once and driven over stdin/stdout; the two sides never run at the same time. pytorch-fid's
 network needs torchvision's pure-Python inception.py, read from a torchvision wheel under stub
-packages (`--torchvision`; `/work/torchvenv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv`).
+packages (`--torchvision`; `tools/.venv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv`).
 
 Per input size, both sides get the same uint8 NHWC images (uniform random bytes) and the same batch
 (default 50, pytorch-fid's fid_score default; every input is resized to 299×299 inside the network
@@ -66,7 +66,7 @@ from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this fold
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "inception_torch_peer.py"
-TORCH_PYTHON = "/work/torchvenv/bin/python"
+TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
 TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/test_inception.py
 
@@ -148,7 +148,7 @@ def main() -> None:
     if not wheels:
         raise SystemExit(
             f"no torchvision wheel at {args.torchvision}: "
-            "/work/torchvenv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv"
+            "tools/.venv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv"
         )
 
     matmul_gflops = measured_cpu_matmul_flops() / 1e9

@@ -11,9 +11,8 @@ Measures, in this process:
 - `samples_per_sec` / `step_time_ms`: steady state, after 2 warm-up steps, `--steps` steps with
   at most 2 in flight (after dispatching step i, block on step i-1's loss), plus a final block.
 
-The FlaxDiff 0.2.11 figures in the output are constants recorded on another day on this
-project's 2-core CPU machine class, NOT measured side by side; their ratios are labelled so
-and given only when this run uses the peer's configuration. Prints one JSON line.
+Prints one JSON line. FlaxDiff 0.2.11's own figures for this configuration, recorded on another day
+(not side by side), are in BENCHMARKS.md, not here: a constant in a script reads as a measurement.
 
 The side-by-side measurement (FlaxDiff 0.2.11's own trainer step and this step alternated in one
 process, same config) is benchmarks/bench_train_vs_flaxdiff.py; it needs `flaxdiff==0.2.11`
@@ -47,18 +46,6 @@ from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is o
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 IMPORTS_DONE = time.perf_counter()
-
-# FlaxDiff 0.2.11's own trainer, same model/shape/batch/fp32, on this project's 2-core CPU
-# machine class. Recorded on another day, in another process: not a side-by-side measurement.
-PEER = {
-    "name": "FlaxDiff 0.2.11 trainer (simple UNet, 32x32x3, batch 32, fp32, 1 device)",
-    "machine_class": "this project's 2-core CPU machine",
-    "samples_per_sec": 55.0,
-    "trainer_setup_s": 11.0,
-    "first_step_s": 6.7,
-    "process_start_to_first_step_s": 17.7,
-}
-PEER_CONFIG = {"image_size": 32, "channels": 3, "batch": 32, "precision": "fp32"}
 
 
 def main() -> None:
@@ -149,7 +136,6 @@ def main() -> None:
         "max_in_flight": 2,
         "quick": args.quick,
     }
-    same_as_peer = all(config[k] == v for k, v in PEER_CONFIG.items()) and not args.quick
     print(
         json.dumps(
             {
@@ -165,16 +151,6 @@ def main() -> None:
                 "imports_s": round(IMPORTS_DONE - PROCESS_START, 3),
                 "setup_s": round(setup_done - IMPORTS_DONE, 3),
                 "final_loss": round(float(last["loss"]), 5),
-                "peer_not_measured_side_by_side": PEER,
-                "vs_peer_recorded_on_another_day_not_side_by_side": {
-                    "samples_per_sec_ratio": round(samples_per_sec / PEER["samples_per_sec"], 3) if same_as_peer else None,
-                    "process_start_to_first_step_ratio": (
-                        round(process_start_to_first_step_s / PEER["process_start_to_first_step_s"], 3)
-                        if same_as_peer else None
-                    ),  # fmt: skip
-                    "note": "ratios only when this run's config equals the peer's (else null); "
-                    "the peer ran in another process on another day",
-                },
                 "date": str(datetime.date.today()),
             }
         )

@@ -6,10 +6,10 @@ SAME weights on both sides: the torch peer draws diffusers' own seeded init once
 temporary diffusers folder (config.json + diffusion_pytorch_model.safetensors, float32); eqxdiff
 reads it with `AutoencoderKL.from_diffusers(folder)`, diffusers with `AutoencoderKL.from_pretrained(folder)`.
 
-    python benchmarks/bench_vae.py            # 64² and 256², fp32 and bf16 (~8 min on a 2-core CPU)
+    python benchmarks/bench_vae.py            # 64² and 256², fp32 and bf16 (minutes on a 2-core CPU)
     python benchmarks/bench_vae.py --quick    # smoke: a small VAE at 32², one round
 
-The torch side runs in its own venv (tools/README.md: /work/torchvenv; torch is never a project
+The torch side runs in its own venv (tools/README.md: tools/.venv; torch is never a project
 dependency) as ONE child process, benchmarks/vae_torch_peer.py, started once and driven over
 stdin/stdout; the two sides never run at the same time. Nothing is downloaded.
 
@@ -63,7 +63,7 @@ from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this fold
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "vae_torch_peer.py"
-TORCH_PYTHON = "/work/torchvenv/bin/python"
+TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 SD_VAE = {
     "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
     "norm_num_groups": 32, "use_quant_conv": True, "use_post_quant_conv": True, "scaling_factor": 0.18215,

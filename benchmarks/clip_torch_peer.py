@@ -1,6 +1,6 @@
 """transformers' PyTorch `CLIPTextModel` as a timing peer for benchmarks/bench_clip_text.py (torch venv only).
 
-Started once by bench_clip_text.py as a child process, `/work/torchvenv/bin/python
+Started once by bench_clip_text.py as a child process, `tools/.venv/bin/python
 benchmarks/clip_torch_peer.py`, it reads one JSON command per line on stdin and answers one JSON
 line on stdout (everything else it or transformers prints goes to stderr). Imports only torch,
 transformers and numpy.

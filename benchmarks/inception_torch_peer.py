@@ -1,7 +1,7 @@
 """pytorch-fid's PyTorch FID network (`pytorch_fid.inception.InceptionV3([3])`) as a timing peer for
 benchmarks/bench_inception.py (torch venv only).
 
-Started once by bench_inception.py as a child process, `/work/torchvenv/bin/python
+Started once by bench_inception.py as a child process, `tools/.venv/bin/python
 benchmarks/inception_torch_peer.py`, it reads one JSON command per line on stdin and answers one
 JSON line on stdout (everything else it or torch prints goes to stderr). Imports torch, pytorch-fid,
 numpy, safetensors, and tools/make_fid_fixtures.py + tools/convert_pytorch_fid.py by path.

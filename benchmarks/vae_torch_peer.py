@@ -1,6 +1,6 @@
 """diffusers' PyTorch `AutoencoderKL` as a timing peer for benchmarks/bench_vae.py (torch venv only).
 
-Started once by bench_vae.py as a child process, `/work/torchvenv/bin/python benchmarks/vae_torch_peer.py`,
+Started once by bench_vae.py as a child process, `tools/.venv/bin/python benchmarks/vae_torch_peer.py`,
 it reads one JSON command per line on stdin and answers one JSON line on stdout (everything
 else it or diffusers prints goes to stderr). Imports only torch, diffusers, numpy, safetensors.
 

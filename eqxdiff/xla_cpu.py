@@ -16,7 +16,7 @@ scripts call `enable()`):
    block's input cotangents depend on its parameter cotangents stops the backward pass from
    moving to earlier blocks before the block's parameter gradients exist.
 3. init draws in a few shared programs (`padded_draw`). Eager `jax.random` compiles one
-   program per parameter shape (a 4-D threefry draw takes seconds on XLA:CPU); instead each
+   program per parameter shape (a 4-D threefry draw is a slow compile on XLA:CPU); instead each
    draw is a slice of one flat jitted draw of 2^12 or 2^16 values (powers of 2 past that), so a
    small model's init lowers and compiles one or two draw programs. The values
    are bitwise those of `jax.random` with `jax_threefry_partitionable` (the default): element i

@@ -176,7 +176,7 @@ def test_flags_for_fid_are_checked_before_anything_loads(capsys):
 @pytest.mark.slow
 def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     """train/sample.py --fid on a checkpoint, in-process with the stand-in network (InceptionV3's compile
-    would cost a slow CPU ~15 s; its loading is open_fid's, its parity test_inception's)."""
+    is the slow part on a CPU; its loading is open_fid's, its parity test_inception's)."""
     import sample
 
     stand_in_reference(tmp_path / "ref.npz")

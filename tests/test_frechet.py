@@ -18,7 +18,7 @@ from eqxdiff.eval.frechet import fid_from_stats, frechet_distance
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = json.loads((ROOT / "tests" / "data" / "frechet" / "reference.json").read_text())
-SLOW_D = 2048  # Inception's size: ~17 s on one core, a slow test
+SLOW_D = 2048  # Inception's size: d × d eigendecompositions, a slow test
 
 
 def _recipes():
@@ -35,8 +35,8 @@ CASES = {case["name"]: case for case in REFERENCE["cases"]}
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    """On a 2-core box shared with other jobs, OpenBLAS's threads spin against each other: a 256-d
-    eigh took 1.4 s with two threads and 0.03 s with one."""
+    """On a 2-core box shared with other jobs, OpenBLAS's threads spin against each other: one
+    thread is many times faster there (BENCHMARKS.md, timings)."""
     with threadpoolctl.threadpool_limits(1):
         yield
 

@@ -1,7 +1,8 @@
 """InceptionV3 (FID features) against pytorch-fid's own network on seeded random weights
 (tools/make_fid_fixtures.py): pool3 features at 299×299 and through the resize from 64×48,
 bilinear resizes against `F.interpolate`, every state_dict key read once or skipped by name,
-missing/unexpected/mis-shaped keys named, a zeroed conv caught, uint8 RGB input enforced."""
+missing/unexpected/mis-shaped keys named, a zeroed conv caught, uint8 RGB input enforced, and
+pytorch-fid's .pth read as its safetensors copy."""
 
 import hashlib
 import json
@@ -50,7 +51,7 @@ def state() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def net(state, tmp_path_factory) -> InceptionV3:
-    """Loaded from the file tools/convert_pytorch_fid.py writes: every key, fc and counters too."""
+    """Loaded from a safetensors copy of the state_dict: every key, fc and counters too."""
     path = tmp_path_factory.mktemp("inception") / "fid_inception.safetensors"
     save_file(state, str(path))
     return InceptionV3.from_pytorch_fid(path)
@@ -133,10 +134,36 @@ def test_key_errors_name_the_key(state, tmp_path, change, named):
         InceptionV3.from_pytorch_fid(tmp_path / "w.safetensors")
 
 
-def test_pth_refused_with_the_converter_named(tmp_path):
+def pytorch_fid_legacy_pth(path: Path, state: dict[str, np.ndarray]) -> Path:
+    """torch's legacy .pth of these weights (tools/make_torch_pickle_fixtures.py): its pickles as torch
+    wrote them, then each storage (an int64 element count and the bytes) in torch's order."""
+    pickles = Path(__file__).parent / "data" / "torch_pickle"
+    order = json.loads((pickles / "pytorch_fid_legacy_storages.json").read_text())
+    with path.open("wb") as file:
+        file.write((pickles / "pytorch_fid_legacy_head.pth").read_bytes())
+        for key in order:
+            file.write(np.int64(state[key].size).tobytes() + state[key].tobytes())
+    return path
+
+
+def test_pytorch_fids_pth_loads_as_its_safetensors_copy(net, state, tmp_path):
+    """from_pytorch_fid reads pytorch-fid's .pth itself (eqxdiff.nn.torch_pickle): every leaf equals
+    the one loaded from the safetensors copy of the same state_dict."""
+    pth = pytorch_fid_legacy_pth(tmp_path / "pt_inception-2015-12-05-6726825d.pth", state)
+    leaves = [jax.tree.leaves(eqx.filter(n, eqx.is_array)) for n in (InceptionV3.from_pytorch_fid(pth), net)]
+    assert len(leaves[0]) == len(leaves[1]) == 94 * 5
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_weights_files_named(tmp_path):
     (tmp_path / "pt_inception-2015-12-05-6726825d.pth").write_bytes(b"not unpickled")
-    with pytest.raises(ValueError, match="convert_pytorch_fid.py"):
+    with pytest.raises(ValueError, match="not a torch.save file"):
         InceptionV3.from_pytorch_fid(tmp_path / "pt_inception-2015-12-05-6726825d.pth")
+    with pytest.raises(FileNotFoundError, match="download pytorch-fid's weights"):
+        InceptionV3.from_pytorch_fid(tmp_path / "missing.pth")
+    with pytest.raises(ValueError, match="expected pytorch-fid's pt_inception"):
+        InceptionV3.from_pytorch_fid(tmp_path / "weights.npz")
 
 
 def test_uint8_rgb_input_enforced(net, ref):

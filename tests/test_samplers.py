@@ -189,13 +189,32 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def test_registry_is_the_one_list_of_methods(monkeypatch):
-    assert METHODS == tuple(samplers_module.SAMPLERS)
-    # A new entry is a method by name: nothing else lists methods.
+    assert tuple(METHODS) == tuple(samplers_module.SAMPLERS)
+    # A new entry is a method by name: nothing else lists methods, METHODS included.
     monkeypatch.setitem(samplers_module.SAMPLERS, "euler_again", samplers_module.euler)
+    assert "euler_again" in METHODS
     grid = karras_sigmas(5)
     x = 80.0 * unit_noise(2)
     again = sample(gaussian_denoiser, x, grid, "euler_again")
     np.testing.assert_array_equal(np.asarray(again), np.asarray(sample(gaussian_denoiser, x, grid, "euler")))
+
+
+def test_sampler_registered_from_train_is_a_flag_choice(monkeypatch, tmp_path, capsys):
+    """`SAMPLERS["midpoint"] = ...` in train/main.py (after its flag table is built) makes
+    `--sample_method midpoint` and `train/sample.py --method midpoint` valid; before, both refuse."""
+    import main as train_main  # train/ is on sys.path (conftest)
+    import sample as train_sample
+
+    def parse():
+        cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--sample_method", "midpoint"])
+        args = train_sample.parse_args(["--run_dir", str(tmp_path / "run"), "--method", "midpoint"])
+        return cfg.sample_method, args.method
+
+    with pytest.raises(SystemExit) as refused:
+        parse()
+    assert refused.value.code == 2 and "invalid choice: 'midpoint'" in capsys.readouterr().err
+    monkeypatch.setitem(samplers_module.SAMPLERS, "midpoint", samplers_module.heun)
+    assert parse() == ("midpoint", "midpoint")
 
 
 def test_a_users_step_function_is_a_sampler():

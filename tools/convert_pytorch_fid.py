@@ -1,8 +1,9 @@
 """pytorch-fid's FID Inception weights (a pickled state_dict, `pt_inception-2015-12-05-6726825d.pth`)
--> a safetensors file with the same keys, dtypes and values, for
-`eqxdiff.eval.InceptionV3.from_pytorch_fid` (eqxdiff never unpickles anything).
+-> a safetensors file with the same keys, dtypes and values. eqxdiff does not need it: it reads the .pth
+itself (eqxdiff.nn.torch_pickle, tensors only); this copy is for tools that want safetensors, and the
+torch-side check of tools/make_fid_fixtures.py.
 
-    /work/torchvenv/bin/python tools/convert_pytorch_fid.py \
+    tools/.venv/bin/python tools/convert_pytorch_fid.py \
         pt_inception-2015-12-05-6726825d.pth fid_inception.safetensors
 
 The .pth is read with `torch.load(weights_only=True)`, which refuses anything but tensors and plain
@@ -18,6 +19,7 @@ tensor of the result with the weights it gave pytorch-fid's network).
 import argparse
 import hashlib
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -38,7 +40,10 @@ def convert(pth: Path, out: Path) -> dict[str, torch.Tensor]:
     """Write `pth`'s state_dict to `out` as safetensors; returns the state_dict."""
     match = HUB_HASH.search(pth.name)
     if match and not sha256(pth).startswith(match.group(1)):
-        raise ValueError(f"{pth}: sha256 {sha256(pth)} does not start with the {match.group(1)} in its name")
+        raise ValueError(
+            f"{pth}: sha256 {sha256(pth)} does not start with the {match.group(1)} in its name "
+            "(a partial or other download: fetch the file again)"
+        )
     state = torch.load(pth, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{pth} is not a state_dict (a dict of tensors)")
@@ -51,7 +56,11 @@ def main() -> None:
     parser.add_argument("pth", type=Path, help="pytorch-fid's pt_inception-2015-12-05-6726825d.pth")
     parser.add_argument("out", type=Path, help="the .safetensors file to write")
     args = parser.parse_args()
-    state = convert(args.pth, args.out)
+    try:
+        state = convert(args.pth, args.out)
+    except (ValueError, FileNotFoundError) as e:  # a wrong or corrupt download: one line, argparse's status
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     params = sum(v.numel() for v in state.values() if v.is_floating_point())
     print(f"{args.out}: {len(state)} tensors, {params:,} float parameters")
 

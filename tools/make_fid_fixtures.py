@@ -25,9 +25,9 @@ only its pure-Python `models/inception.py`. The script imports that file straigh
 wheel (zipimport) under stub `torchvision` and `torchvision.models` packages whose `__init__` never
 runs, so neither `_C.so` nor the ops are loaded; the venv gets no torchvision install:
 
-    /work/torchvenv/bin/pip install --no-deps pytorch-fid==0.3.0   # pillow (already there) for torchvision.transforms
-    /work/torchvenv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv
-    /work/torchvenv/bin/python tools/make_fid_fixtures.py --torchvision /tmp/tv/torchvision-0.28.0-*.whl
+    tools/.venv/bin/pip install --no-deps pytorch-fid==0.3.0   # pillow (already there) for torchvision.transforms
+    tools/.venv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv
+    tools/.venv/bin/python tools/make_fid_fixtures.py --torchvision /tmp/tv/torchvision-0.28.0-*.whl
 """
 
 import argparse

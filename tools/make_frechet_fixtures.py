@@ -10,9 +10,9 @@ pytorch-fid's fid_score.py imports torchvision at module level, which this venv 
 `calculate_frechet_distance` is taken from the installed package's own source text (its
 function definition only, run with numpy and scipy.linalg as fid_score imports them).
 
-    /work/torchvenv/bin/pip install --no-deps pytorch-fid==0.3.0
-    /work/torchvenv/bin/pip install scipy==1.17.1
-    /work/torchvenv/bin/python tools/make_frechet_fixtures.py
+    tools/.venv/bin/pip install --no-deps pytorch-fid==0.3.0
+    tools/.venv/bin/pip install scipy==1.17.1
+    tools/.venv/bin/python tools/make_frechet_fixtures.py
 """
 
 import argparse
@@ -82,8 +82,8 @@ CASES = [
     {"name": "guard_2_vs_2_d32", "first": {"seed": 2, "n": 2, "d": 32}, "second": {"seed": 102, "n": 2, "d": 32}},
     {"name": "guard_2_vs_5_d64", "first": {"seed": 2, "n": 2, "d": 64}, "second": {"seed": 102, "n": 5, "d": 64}},
     {"name": "guard_3_vs_5_d64", "first": {"seed": 2, "n": 3, "d": 64}, "second": {"seed": 102, "n": 5, "d": 64}},
-    # Inception's size (a slow test: ~10 s of eigendecompositions on one core). 100 samples in 2048-d, too,
-    # agree within 7e-8 but take ~55 s, most of it scipy's sqrtm deciding on pytorch-fid's offset.
+    # Inception's size (a slow test: d × d eigendecompositions). 100 samples in 2048-d, too, agree within
+    # 7e-8 but are left out: scipy's sqrtm deciding on pytorch-fid's offset makes them slower still.
     {"name": "well_d2048", "first": {"seed": 9, "n": 4096, "d": 2048}, "second": {"seed": 10, "n": 4096, "d": 2048, **OTHER}},
 ]  # fmt: skip
 

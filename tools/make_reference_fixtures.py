@@ -19,8 +19,8 @@ prefix, the position_ids buffer); the other is transformers' own save_pretrained
 CLIP-L/14 text tower is written as state_dict shapes and transformers' parameter count:
 full_size_shapes.json.
 
-    /work/torchvenv/bin/python tools/make_reference_fixtures.py              # both
-    /work/torchvenv/bin/python tools/make_reference_fixtures.py --only clip  # or --only vae, --only tokenizer
+    tools/.venv/bin/python tools/make_reference_fixtures.py              # both
+    tools/.venv/bin/python tools/make_reference_fixtures.py --only clip  # or --only vae, --only tokenizer
     tools/.venv/bin/python tools/make_reference_fixtures.py --only vae --vae_names non_square  # one fixture
 """
 
@@ -272,7 +272,7 @@ def main() -> None:
         write_vae_fixtures(args.vae_names)
     if args.only in (None, "clip"):
         write_clip_fixtures()
-    if args.only in (None, "tokenizer"):  # needs open_clip_torch, ftfy, wcwidth (tools/requirements.txt)
+    if args.only in (None, "tokenizer"):  # needs open_clip_torch, ftfy, wcwidth (tools/requirements-tokenizer.txt)
         from make_tokenizer_fixtures import make_tokenizer_fixtures  # tools/ is on sys.path as the script's folder
 
         make_tokenizer_fixtures()

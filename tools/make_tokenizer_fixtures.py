@@ -19,8 +19,8 @@ when ftfy is installed: whitespace_clean(ftfy.fix_text(text)).lower(). PROMPTS a
 lists prompts where that slow cleanup gives other ids (asserted here: ftfy's repairs, Python's final-sigma
 lowercasing), and the tests hold eqxdiff to transformers there too.
 
-    /work/torchvenv/bin/pip install --no-deps open_clip_torch ftfy wcwidth
-    /work/torchvenv/bin/python tools/make_tokenizer_fixtures.py
+    tools/.venv/bin/pip install --no-deps open_clip_torch ftfy wcwidth
+    tools/.venv/bin/python tools/make_tokenizer_fixtures.py
 """
 
 import gzip

@@ -32,7 +32,7 @@ def check_eval(cfg) -> None:
     if missing:
         raise SystemExit(
             f"--eval_every {cfg.eval_every} measures FID: pass {' and '.join(missing)} (--fid_ref: the dataset's "
-            "statistics from train/fid_stats.py; --inception: pytorch-fid's weights from tools/convert_pytorch_fid.py)."
+            "statistics from train/fid_stats.py; --inception: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth)."
         )
     if cfg.eval_num < 2:
         raise SystemExit(f"--eval_num must be >= 2 (a covariance needs two samples; FID is usually taken of 10,000 to "

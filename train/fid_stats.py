@@ -2,11 +2,11 @@
 features (pytorch-fid's network and weights), written as the .npz pytorch-fid reads (`mu`, `sigma`).
 
     python train/fid_stats.py --dataset folder:~/data/pets --image_size 256 \\
-        --inception ~/fid_inception.safetensors --out ~/fid/pets_256.npz
-    python train/fid_stats.py --dataset digits --inception fid_inception.safetensors --out runs/digits_fid.npz
+        --inception ~/pt_inception-2015-12-05-6726825d.pth --out ~/fid/pets_256.npz
+    python train/fid_stats.py --dataset digits --inception pt_inception-2015-12-05-6726825d.pth --out runs/digits_fid.npz
 
---inception is pytorch-fid's pt_inception-2015-12-05-6726825d.pth converted once by
-tools/convert_pytorch_fid.py (eqxdiff reads safetensors, never pickles).
+--inception is pytorch-fid's pt_inception-2015-12-05-6726825d.pth as downloaded (read as tensors
+only, eqxdiff.nn.torch_pickle: nothing in the file runs), or a .safetensors copy of it.
 
 Every example of the source goes through the network once, as uint8 RGB at the dataset's size
 (grayscale repeated to three channels; the network resizes as pytorch-fid's does). Each process
@@ -40,7 +40,7 @@ from startup import dataclass_parser, exit_on_user_error, start_jax  # train/sta
 @dataclass
 class Config:
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
-    inception: str = ""  # pytorch-fid's FID Inception weights as .safetensors (tools/convert_pytorch_fid.py)
+    inception: str = ""  # pytorch-fid's FID Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
     out: str = ""  # the statistics file, *.npz (written by process 0)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this (the size samples are made at)
     batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
@@ -159,7 +159,10 @@ def main(cfg: Config, features_fn=None) -> None:
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
         raise SystemExit(str(e)) from e
     if features_fn is None:
-        features_fn = load_inception(cfg.inception)
+        try:
+            features_fn = load_inception(cfg.inception)
+        except (ValueError, FileNotFoundError) as e:  # a missing, wrong or refused weights file: one line
+            raise SystemExit(f"--inception: {e}") from e
     keep = None  # a random subset of the features, for precision and recall
     if cfg.keep_features:
         dim = feature_dim(features_fn, image_field(source).shape)

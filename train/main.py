@@ -119,7 +119,7 @@ class Config:
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
     eval_num: int = 10000  # sampled --batch_size at a time
     fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
-    inception: str = ""  # pytorch-fid's Inception weights as .safetensors (tools/convert_pytorch_fid.py)
+    inception: str = ""  # pytorch-fid's Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
     ckpt_every: int = 500  # steps between checkpoints, and always at the end (or on SIGTERM/SIGINT)
     keep_checkpoints: int = 3  # the newest N are kept
     resume_step: int = -1  # the checkpoint to resume from; -1: the newest in --run_dir, if any
@@ -141,7 +141,7 @@ CHOICES = {
     "schedule": sorted(SCHEDULES),
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
-    "sample_method": sorted(METHODS),
+    "sample_method": METHODS,  # live: a sampler registered below (SAMPLERS["midpoint"] = ...) is a choice
     "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
 }

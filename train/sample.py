@@ -3,7 +3,7 @@
     python train/sample.py --run_dir runs/digits-unet --out samples.png
     python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
     python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --cfg 4 --out g.png
-    python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception fid_inception.safetensors
+    python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception pt_inception-2015-12-05-6726825d.pth
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -17,7 +17,7 @@ when they are in that dataset's grammar).
 
 `--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
 are made `--batch_size` at a time on every device of every process and streamed through
-pytorch-fid's InceptionV3 (`--inception`, converted by tools/convert_pytorch_fid.py), grayscale
+pytorch-fid's InceptionV3 (`--inception pt_inception-2015-12-05-6726825d.pth`), grayscale
 repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
 precision and recall when the statistics keep features, ref, sampler) appended to `--fid_out`.
 """
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
-    parser.add_argument("--method", default=None, choices=sorted(METHODS),
+    parser.add_argument("--method", default=None, choices=METHODS,
                         help="sampler (default: the run's --sample_method)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
     parser.add_argument("--cfg", type=float, default=None,
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
     parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
     parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
-    parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights as .safetensors")
+    parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth")
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.num < 1 or args.steps < 1 or args.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
     if args.fid and not args.inception:
-        parser.error("--fid needs --inception FILE: pytorch-fid's weights converted by tools/convert_pytorch_fid.py")
+        parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")
     if args.fid and args.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
     if args.json and not args.eval:

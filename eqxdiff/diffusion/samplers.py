@@ -196,7 +196,7 @@ SAMPLERS = {
     "ddim": ddim,
     "ddpm": ddpm,
 }
-METHODS = tuple(SAMPLERS)
+METHODS = SAMPLERS.keys()  # a live view: a sampler added to SAMPLERS later (from train/) is a method too
 
 StepFn = Callable[..., tuple[Array, Array]]
 
@@ -275,7 +275,7 @@ def sample(
     elif method in SAMPLERS:
         step_fn, name = SAMPLERS[method], method
     else:
-        raise ValueError(f"Unknown sampler {method!r}; choose one of {METHODS} or pass a step function.")
+        raise ValueError(f"Unknown sampler {method!r}; choose one of {tuple(SAMPLERS)} or pass a step function.")
     sigmas = jnp.asarray(sigmas, x_init.dtype)
     if sigmas.ndim != 1 or sigmas.shape[0] < 2:
         raise ValueError(f"sigmas must be a 1-D grid of n+1 >= 2 levels, got shape {sigmas.shape}.")

@@ -64,7 +64,7 @@ def _split() -> _Split:
 
 @functools.lru_cache(maxsize=1)
 def _reference() -> _Reference:
-    """Fit the judges once per process (~0.3 s)."""
+    """Fit the judges once per process (a PCA and neighbour index over the train split)."""
     from sklearn.decomposition import PCA
     from sklearn.neighbors import NearestNeighbors
     from sklearn.svm import SVC

@@ -26,7 +26,7 @@ from jaxtyping import Float
 
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats
 from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
-from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, skipped_keys
+from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, check_weights_file, skipped_keys
 from eqxdiff.eval.precision_recall import precision_recall
 from eqxdiff.nn.torch_weights import load_safetensors
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -161,7 +161,7 @@ def frechet_distance_of_few(
     `x` and N(mu, sigma), computed with n × n matrices: cov = YᵀY / (n - 1) for the centred rows Y,
     and the nonzero eigenvalues of sigma·cov, whose square roots sum to tr((sigma cov)^½), are
     those of the n × n PSD matrix Y sigma Yᵀ / (n - 1) (AB and BA share them). O(n d²) work
-    instead of eigendecompositions of d × d matrices (at d = 2048, tens of seconds on a slow CPU)."""
+    instead of eigendecompositions of d × d matrices (O(d³), the slow part at d = 2048)."""
     x = np.asarray(x, np.float64)
     n, mean = len(x), x.mean(axis=0)
     y, diff = x - mean, mean - mu
@@ -189,7 +189,7 @@ def fid_of_samples(
     Returns {"num", "fid", and with reference features "precision", "recall"} on every process.
     The samples' FID is pytorch-fid's (fid_from_stats) when num > d. With fewer samples than
     dimensions their covariance is singular and pytorch-fid would run scipy's sqrtm to decide on its
-    eps offset (~45 s at d = 2048); the exact distance is taken instead, from all the features kept
+    eps offset (a d × d Schur decomposition); the exact distance is taken instead, from all the features kept
     (frechet_distance_of_few: n × n matrices), which differs from pytorch-fid's only where its sqrtm
     fails (~1e-3 relative). Precision/recall compare min(num, kept) rows of each side: a uniform
     random subset of the samples (seeded by `seed`).
@@ -250,8 +250,7 @@ def load_inception(path: str | Path) -> InceptionV3:
     path = Path(path).expanduser()
     if jax.process_count() == 1:
         return InceptionV3.from_pytorch_fid(path)
-    if path.suffix != ".safetensors" or not path.is_file():
-        return InceptionV3.from_pytorch_fid(path)  # its errors name the converter
+    check_weights_file(path)
     abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
     local = make_mesh(devices=jax.local_devices()[:1])
     return load_safetensors(abstract, path, ignore=skipped_keys(abstract), mesh=local, layouts=TORCH_LAYOUTS)
@@ -261,14 +260,14 @@ def open_fid(
     inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None
 ) -> tuple[Any, FIDReference]:
     """(feature network, reference) for FID of images `image_shape`, checked against each other
-    before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`, a .safetensors
-    file), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
+    before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`: its .pth, or a
+    .safetensors copy), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
     dimension must be the network's: 2048 for InceptionV3). Errors are ValueError/FileNotFoundError
     naming the file and the fix."""
     if features_fn is None:
         if not str(inception):
-            raise ValueError("FID needs the Inception weights: pass --inception FILE.safetensors "
-                             "(pytorch-fid's .pth converted by tools/convert_pytorch_fid.py).")  # fmt: skip
+            raise ValueError("FID needs the Inception weights: pass --inception "
+                             "pt_inception-2015-12-05-6726825d.pth (pytorch-fid's FID weights).")  # fmt: skip
         features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")

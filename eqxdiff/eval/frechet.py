@@ -82,7 +82,7 @@ def fid_from_stats(
     sigma2) is not finite it adds `eps` to both diagonals and takes sqrtm((sigma1 + eps I)(sigma2 +
     eps I)), moving FID by ~1e-3 relative. That happens only when the product has two or more zero
     eigenvalues (a handful of samples, a collapsed model), so only then is scipy's sqrtm run, to
-    decide as pytorch-fid does (as slow as pytorch-fid, ~45 s at d = 2048 on one slow core); that
+    decide as pytorch-fid does (as slow as pytorch-fid: a d × d Schur decomposition); that
     decision is round-off in sqrtm's Schur form, so the same statistics may offset on one CPU and
     not on another, in pytorch-fid as here. This
     warns where pytorch-fid prints, and returns the exact value where pytorch-fid raises

@@ -7,8 +7,8 @@ patched in, and so is this port: the average pools in Mixed_5b-d, 6b-e and 7b le
 padding out of the mean (`count_include_pad=False`), and Mixed_7c's pool branch takes a max.
 Preprocessing is pytorch-fid's: /255, a bilinear resize to 299×299 (`F.interpolate`,
 align_corners=False, no antialiasing), then 2x - 1. Field names are torchvision's, so leaf paths
-are the state_dict keys of pytorch-fid's weights (pt_inception-2015-12-05-6726825d.pth, written as
-safetensors by tools/convert_pytorch_fid.py: eqxdiff never unpickles).
+are the state_dict keys of pytorch-fid's weights (pt_inception-2015-12-05-6726825d.pth, read as it is
+downloaded by eqxdiff.nn.torch_pickle: tensors only, nothing in the file runs; or a safetensors copy).
 """
 
 import math
@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, UInt8
 
 from eqxdiff.eval.resize import resize_bilinear
 from eqxdiff.nn.layers import normal
-from eqxdiff.nn.torch_weights import LAYOUTS, leaf_layouts, load_safetensors
+from eqxdiff.nn.torch_weights import LAYOUTS, TORCH_SUFFIXES, leaf_layouts, load_safetensors
 
 SIZE = 299  # pytorch-fid resizes every input to 299×299, the TF graph's input size
 BN_EPS = 1e-3  # torchvision's BasicConv2d: BatchNorm2d(eps=0.001), the TF graph's epsilon
@@ -298,11 +298,24 @@ def skipped_keys(network: "InceptionV3") -> set[str]:
     return {*IGNORED_KEYS, *(n.removesuffix(suffix) + IGNORED_SUFFIX for n in names if n.endswith(suffix))}
 
 
+def check_weights_file(path: Path) -> None:
+    """Raise naming the fix unless `path` is an existing .pth (or other torch file) or .safetensors."""
+    if path.suffix not in (".safetensors", *TORCH_SUFFIXES):
+        raise ValueError(
+            f"{path}: expected pytorch-fid's pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy of it)"
+        )
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: download pytorch-fid's weights, "
+            "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
+        )
+
+
 class InceptionV3(eqx.Module):
     """pytorch-fid's `InceptionV3([3])` (`fid_inception_v3()` behind it): uint8 images
     `[b, h, w, 3]`, any size -> pool3 features `[b, 2048]` (float32, non-negative).
 
-    Build with `from_pytorch_fid(safetensors file)` (the FID weights) or `InceptionV3(key=...)`
+    Build with `from_pytorch_fid(.pth or .safetensors)` (the FID weights) or `InceptionV3(key=...)`
     (random weights, for tests). A plain pytree of arrays: wrap calls in `eqx.filter_jit`, or pass
     the network to a jitted function as an argument. `pool3` is the network on [-1, 1] inputs
     already at 299×299.
@@ -346,18 +359,12 @@ class InceptionV3(eqx.Module):
 
     @classmethod
     def from_pytorch_fid(cls, path: str | Path) -> "InceptionV3":
-        """pytorch-fid's FID Inception weights as a safetensors file (tools/convert_pytorch_fid.py
-        writes one from pt_inception-2015-12-05-6726825d.pth), as float32 on the first device.
+        """pytorch-fid's FID Inception weights, pt_inception-2015-12-05-6726825d.pth as downloaded
+        (or any torch file or safetensors file of that state_dict), as float32 on the first device.
         Every key is read exactly once; `fc.*` and `*.bn.num_batches_tracked` are accepted and
         skipped (IGNORED_KEYS); a missing, unexpected or mis-shaped key raises naming it."""
         path = Path(path)
-        if path.suffix != ".safetensors":
-            raise ValueError(
-                f"{path}: expected a .safetensors file; convert pytorch-fid's .pth with "
-                "tools/convert_pytorch_fid.py (eqxdiff does not unpickle)"
-            )
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (tools/convert_pytorch_fid.py writes it)")
+        check_weights_file(path)
         abstract = eqx.filter_eval_shape(cls, key=jax.random.key(0))
         return load_safetensors(abstract, path, ignore=skipped_keys(abstract), layouts=TORCH_LAYOUTS)
 

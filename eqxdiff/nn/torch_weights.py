@@ -1,4 +1,5 @@
-"""PyTorch state_dicts (safetensors files) into Equinox modules, by parameter name.
+"""PyTorch state_dicts (safetensors files, or torch files read by eqxdiff.nn.torch_pickle) into
+Equinox modules, by parameter name.
 
 A module whose field names follow the PyTorch module's attribute names has leaf paths equal to
 the state_dict keys (`encoder.down_blocks.0.resnets.1.conv1.weight`; a list field gives the
@@ -20,6 +21,7 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
+from eqxdiff.nn.torch_pickle import TorchFile
 from eqxdiff.sharding import is_array_like, state_shardings
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
@@ -28,6 +30,7 @@ LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
     Dense: {"weight": (1, 0)},  # (out, in) -> (in, out)
 }
 FLOAT_DTYPES = {"F32", "F16", "BF16"}
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # torch.save's files: read as tensors, never code
 
 
 def leaf_layouts(module, layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS) -> dict[str, tuple[int, ...]]:
@@ -69,7 +72,8 @@ def load_safetensors(
     `conv1x1_as_dense`, a Dense weight also loads from a 1x1 convolution's `[out, in, 1, 1]` (the
     same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `mesh`, leaves
     are placed in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first
-    device. F32, F16 and BF16 files load.
+    device. F32, F16 and BF16 files load; a torch file (`TORCH_SUFFIXES`) loads as a state_dict
+    (torch_pickle).
     """
     perms = leaf_layouts(abstract_module, layouts)
     if mesh is None:
@@ -81,7 +85,7 @@ def load_safetensors(
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} shards)"
     with ExitStack() as stack:
-        files = _files_by_key([stack.enter_context(safe_open(str(p), framework="numpy")) for p in paths], paths)
+        files = _files_by_key([stack.enter_context(open_weights(p)) for p in paths], paths)
         keys = _renamed_keys(list(files), rename, where)
         keys = {name: key for name, key in keys.items() if name not in ignore}
         _check_names(set(perms), set(keys), where)
@@ -92,6 +96,14 @@ def load_safetensors(
     leaves, treedef = jax.tree.flatten(abstract_module, is_leaf=is_array_like)
     it = iter(values)
     return jax.tree.unflatten(treedef, [next(it) if is_array_like(x) else x for x in leaves])
+
+
+def open_weights(path: str | Path):
+    """A reader of the file's tensors by name (`keys`, `get_slice`, `get_tensor`): safetensors'
+    for a safetensors file, eqxdiff.nn.torch_pickle's for a torch file."""
+    if Path(path).suffix in TORCH_SUFFIXES:
+        return TorchFile(path)
+    return safe_open(str(path), framework="numpy")
 
 
 def _array_leaves(module) -> list:

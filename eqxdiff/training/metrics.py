@@ -88,7 +88,7 @@ def peak_flops_per_device(device: Any = None, dtype: str = "bf16") -> tuple[floa
     kind = str(getattr(device, "device_kind", ""))
     if device.platform == "cpu":
         n = len(jax.local_devices(backend="cpu"))
-        # Best of 2: every run pays for it at start-up (a few seconds at 5 on a slow 2-core box).
+        # Best of 2, not more: every run pays for this measurement at start-up (BENCHMARKS.md, timings).
         return measured_cpu_matmul_flops(repeats=2) / n, f"measured fp32 {_CPU_MATMUL_N}² matmul on CPU / {n} devices"
     key = _lookup(kind)
     if key is None:
