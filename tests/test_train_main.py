@@ -165,7 +165,7 @@ SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "
 
 
 @pytest.mark.slow
-def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path):
+def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, capsys):
     """Also --eval_every: FID with a stand-in feature network (tests/test_fid.py; InceptionV3's own
     compile would double this test) at step 2 and at the end."""
     from test_fid import projection, stand_in_reference
@@ -182,6 +182,8 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path):
     evals = [r for r in rows(tmp_path / "run") if "eval/fid" in r]  # 20 samples: a chunk of 16, one cut to 4
     assert [r["step"] for r in evals] == [2, 3]
     assert all(r["eval/fid"] > 0 and 0 <= r["eval/precision"] <= 1 and 0 <= r["eval/recall"] <= 1 for r in evals)
+    printed = capsys.readouterr().out  # each FID on the console as well as in metrics.jsonl
+    assert all(f"step {r['step']}: fid {r['eval/fid']:.4f}  precision " in printed for r in evals)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "3" / "config" / "metadata").read_text())
     assert saved["num_classes"] == 0 and saved["model"] == "dit_tiny" and saved["schedule"] == "vp_linear"
     assert saved["precision"] == "bf16" and saved["remat"] and saved["grad_accum_steps"] == 2
