@@ -165,6 +165,7 @@ def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
     tiles, ncols, labels = sample.grid_rows(np.array([1, 1, 1, 1, 3, 3, 3]), ["a", "b", "c", "d"], max_cols=3)
     assert ncols == 3 and labels == ["b", "b", "d"]
     assert tiles.tolist() == [0, 1, 2, 3, -1, -1, 4, 5, 6]
+    assert sample.balanced_labels(7, [3, 1]).tolist() == [3, 3, 3, 3, 1, 1, 1]  # in the order asked for
 
 
 def test_edm_p_mean_is_refused_for_another_schedule(tmp_path):

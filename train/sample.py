@@ -52,7 +52,7 @@ from eqxdiff.training import abstract_train_state, adamw_cosine
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--run_dir", required=True, help="a train/main.py run directory (read only)")
+    parser.add_argument("--run_dir", required=True, help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
@@ -97,8 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
-    """`num` labels cycling through `classes`, sorted so a grid shows one class per block."""
-    return np.sort(np.resize(np.asarray(classes, np.int32), num), kind="stable")
+    """`num` labels cycling through `classes`, grouped in the order of `classes` so a grid shows one
+    class per block, as asked."""
+    return np.asarray(classes, np.int32)[np.sort(np.resize(np.arange(len(classes)), num))]
 
 
 def class_indices(classes: str, names: list[str] | None, num_classes: int) -> list[int]:
@@ -123,7 +124,7 @@ def class_indices(classes: str, names: list[str] | None, num_classes: int) -> li
 
 
 def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[np.ndarray, int, list[str]]:
-    """A grid of one block of rows per group of images: `keys` [n] (sorted) gives each image's group,
+    """A grid of one block of rows per group of images: `keys` [n] (grouped) gives each image's group,
     `names[key]` its label. Returns (the image index at each tile, -1 for a blank one; ncols =
     min(largest group, max_cols); one label per grid row: its group's name)."""
     groups = [np.flatnonzero(keys == k) for k in dict.fromkeys(keys.tolist())]  # in order of first appearance
@@ -284,7 +285,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         out = Path(args.out)
         if out.suffix == ".png" and prompts is None and labels is None:
             save_image_grid(out, images, ncols=10, upscale=4)
-        elif out.suffix == ".png":  # a block of rows per class (labels are sorted) or per prompt, labelled
+        elif out.suffix == ".png":  # a block of rows per class (labels are grouped) or per prompt, labelled
             keys, names = labels, class_names or [str(k) for k in range(num_classes)]
             if prompts is not None:
                 keys, names = np.repeat(np.arange(len(prompts)), args.per_prompt), list(prompts)
