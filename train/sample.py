@@ -52,7 +52,8 @@ from eqxdiff.training import abstract_train_state, adamw_cosine
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--run_dir", required=True, help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
+    parser.add_argument("--run_dir", required=True,
+                        help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
@@ -154,8 +155,8 @@ def check_eval(stored: dict) -> None:
     dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
     scored = "captioned_digits" if "text" in stored else "digits"
     if dataset != scored or ("text" not in stored and not stored["num_classes"]):
-        raise SystemExit(f"--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
-                         f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")  # fmt: skip
+        raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
+                         f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
 
 
 def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
