@@ -135,6 +135,37 @@ def test_user_errors_are_one_line_with_status_2(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"No checkpoint under {tmp_path / 'typo' / 'checkpoints'}: train first" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    # --eval on a run it cannot score: refused from the saved config alone, before the state (a stand-in
+    # that fits no model here) is restored or anything sampled.
+    saved_run(tmp_path / "pets", 6, dataset="folder:~/pets")
+    result = cli("sample.py", "--run_dir", tmp_path / "pets", "--eval", "--out", tmp_path / "s.npz")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: --eval scores class-conditional digits and captioned_digits runs with a digits classifier; this run "
+        "trained on folder:~/pets: measure it with --fid STATS.npz (train/fid_stats.py)."
+    ]  # fmt: skip
+    assert not (tmp_path / "s.npz").exists()
+
+
+def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
+    import sample  # train/sample.py
+
+    names = ["1", "cat", "dog", "eel"]  # a folder's sorted sub-folders; a name wins over an index
+    assert sample.class_indices("dog,3, 1", names, 4) == [2, 3, 0]
+    assert sample.class_indices("", names, 4) == [0, 1, 2, 3]
+    assert sample.class_indices("3,1", None, 10) == [3, 1]  # bare label ids (digits)
+    with pytest.raises(SystemExit, match=r"^--classes: this run has no class 'cow'; its classes are 0=1, 1=cat, "
+                                         r"2=dog, 3=eel\.$"):  # fmt: skip
+        sample.class_indices("cat,cow", names, 4)
+    with pytest.raises(SystemExit, match=r"no class '10'; its classes are 0\.\.9\."):
+        sample.class_indices("10", None, 10)
+    with pytest.raises(SystemExit, match="not class-conditional"):
+        sample.class_indices("1", None, 0)
+    # 7 images of classes 1, 1, 1, 1, 3, 3, 3 (sorted) at most 3 a row: class 1 fills a row and one tile of the
+    # next, the rest blank (-1); each row labelled with its class.
+    tiles, ncols, labels = sample.grid_rows(np.array([1, 1, 1, 1, 3, 3, 3]), ["a", "b", "c", "d"], max_cols=3)
+    assert ncols == 3 and labels == ["b", "b", "d"]
+    assert tiles.tolist() == [0, 1, 2, 3, -1, -1, 4, 5, 6]
+    assert sample.balanced_labels(7, [3, 1]).tolist() == [3, 3, 3, 3, 1, 1, 1]  # in the order asked for
 
 
 def test_edm_p_mean_is_refused_for_another_schedule(tmp_path):

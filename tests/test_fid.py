@@ -24,6 +24,7 @@ from eqxdiff.eval import (  # shape-checked (conftest)
     save_reference,
     save_stats,
 )
+from eqxdiff.eval.fid import warn_if_other_data
 
 DIM = 16
 W = np.random.default_rng(5).normal(size=(8 * 8 * 3, DIM)).astype(np.float32)
@@ -43,11 +44,12 @@ def random_images(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, 8, 8, 1), dtype=np.uint8)
 
 
-def stand_in_reference(path) -> str:
+def stand_in_reference(path, **about) -> str:
     """A reference file for `projection`: statistics (covariance made well-conditioned) and kept
-    features of 8 random images. Returns the path as a flag value."""
+    features of 8 random images (`about`: the dataset and image shape it claims to be of). Returns
+    the path as a flag value."""
     x = host_features(random_images(8, 7))
-    save_reference(path, x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x)
+    save_reference(path, x.mean(axis=0), np.cov(x, rowvar=False) + np.eye(DIM), x, **about)
     return str(path)
 
 
@@ -123,6 +125,25 @@ def test_reference_files_keep_features_that_pytorch_fid_ignores(tmp_path):
         load_reference(tmp_path / "bad.npz")
 
 
+def test_statistics_that_cannot_mean_anything_warn(tmp_path):
+    """(Near) zero covariance (one image repeated), another image size or another dataset: a warning each,
+    none for statistics of the same data written another way."""
+    x = host_features(random_images(30, 3))
+    mu, sigma = x.mean(axis=0), np.cov(x, rowvar=False)
+    save_stats(tmp_path / "one_image.npz", mu, sigma * 1e-9)  # round-off around one image's features
+    with pytest.warns(UserWarning, match=r"one_image.npz: the features' covariance is \(near\) zero"):
+        load_reference(tmp_path / "one_image.npz")
+    save_reference(tmp_path / "pets.npz", mu, sigma * 1e-5, dataset="folder:~/data/pets/", image_shape=(8, 8, 1))
+    load_reference(tmp_path / "pets.npz")  # 1e-5 of the squared mean's scale is a (small) spread: no warning
+    for shape, dataset, match in [((16, 16, 1), "folder:/mnt/pets", r"statistics of 8×8×1 images, the samples are "
+                                   r"16×16×1"), ((8, 8, 1), "folder:~/data/cars", r"statistics of folder:~/data/pets/, "
+                                   r"the model trained on folder:~/data/cars")]:  # fmt: skip
+        with pytest.warns(UserWarning, match=match) as warned:
+            warn_if_other_data(load_reference(tmp_path / "pets.npz"), shape, dataset)
+        assert len(warned) == 1
+    warn_if_other_data(load_reference(tmp_path / "pets.npz"), (8, 8, 1), "folder:/mnt/pets")  # the same data
+
+
 def test_open_fid_checks_the_network_against_the_statistics(tmp_path):
     save_stats(tmp_path / "five.npz", np.zeros(5), np.eye(5))
     with pytest.raises(ValueError, match="5-dimensional features; 16 are expected"):
@@ -138,6 +159,9 @@ def test_fid_stats_keeps_a_random_subset_of_the_dataset_features(tmp_path):
     argv = ["--inception", "unused", "--out", str(out), "--batch_size", "64", "--keep_features", "100"]
     fid_stats.main(fid_stats.parse_config(argv), projection)
     reference = load_reference(out, dim=DIM)
+    assert (reference.dataset, reference.image_shape) == ("digits", (8, 8, 1))  # keys pytorch-fid ignores
+    with np.load(out) as f:  # what pytorch-fid's calculate_fid_given_paths reads of a statistics file
+        assert f["mu"].shape == (DIM,) and f["sigma"].shape == (DIM, DIM)
     source = open_source("digits")
     x = host_features(np.stack([source[i]["image"] for i in range(len(source))]))
     np.testing.assert_allclose(reference.mu, x.mean(axis=0), rtol=1e-5, atol=1e-6)
@@ -146,6 +170,15 @@ def test_fid_stats_keeps_a_random_subset_of_the_dataset_features(tmp_path):
     assert chosen.max() > 1000 and len(np.unique(chosen)) == 100
     kept, expected = reference.features, x[chosen]
     np.testing.assert_allclose(kept[np.argsort(kept[:, 0])], expected[np.argsort(expected[:, 0])], atol=1e-5)
+
+
+def test_fid_stats_of_one_image_repeated_warn(tmp_path):
+    np.savez(tmp_path / "same.npz", images=np.repeat(random_images(1, 0), 16, axis=0))
+    argv = ["--dataset", f"npz:{tmp_path / 'same.npz'}", "--inception", "unused", "--out", str(tmp_path / "s.npz"),
+            "--batch_size", "8"]  # fmt: skip
+    with pytest.warns(UserWarning, match=r"npz:.*same.npz \(16 images\): the features' covariance is \(near\) zero"):
+        fid_stats.main(fid_stats.parse_config(argv), projection)
+    assert (tmp_path / "s.npz").is_file()  # written all the same: the warning says what it is worth
 
 
 def test_flags_for_fid_are_checked_before_anything_loads(capsys):
@@ -179,12 +212,13 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     is the slow part on a CPU; its loading is open_fid's, its parity test_inception's)."""
     import sample
 
-    stand_in_reference(tmp_path / "ref.npz")
+    stand_in_reference(tmp_path / "ref.npz", dataset="folder:~/pets", image_shape=(8, 8, 1))
     out = tmp_path / "fid.jsonl"
     # 12 samples in chunks of 8 (one per device): the second chunk padded to 8 and cut to 4.
     argv = ["--run_dir", str(eight_device_run), "--num", "12", "--batch_size", "8", "--steps", "2",
             "--fid", str(tmp_path / "ref.npz"), "--inception", "unused", "--fid_out", str(out)]  # fmt: skip
-    sample.main(sample.parse_args(argv), features_fn=projection)
+    with pytest.warns(UserWarning, match="ref.npz holds statistics of folder:~/pets, the model trained on digits"):
+        sample.main(sample.parse_args(argv), features_fn=projection)
     (line,) = [json.loads(s) for s in out.read_text().splitlines()]
     assert line["step"] == 24 and line["num"] == 12 and line["ref"] == str(tmp_path / "ref.npz")
     assert line["method"] == "heun" and line["fid"] > 0 and 0 <= line["precision"] <= 1 and 0 <= line["recall"] <= 1

@@ -37,8 +37,8 @@ def sample(run_dir: Path, *args) -> None:
     train_sample.main(train_sample.parse_args(["--run_dir", str(run_dir), *map(str, args)]))
 
 
-def encode(out: Path, dataset: str, vae: str) -> Path:
-    train_encode.main(train_encode.parse_config(["--dataset", dataset, "--vae", vae, "--out", str(out)]))
+def encode(out: Path, dataset: str, vae: str, *flags) -> Path:
+    train_encode.main(train_encode.parse_config(["--dataset", dataset, "--vae", vae, "--out", str(out), *flags]))
     return out
 
 
@@ -69,10 +69,16 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys,
 
 @pytest.mark.slow
 def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
+    """Also the class names of a folder through the latents (meta.json) to the grids of main.py and sample.py."""
+    from test_train_main import row_label_margin
+
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (64, 8, 8, 3), dtype=np.uint8)
-    np.savez(tmp_path / "rgb.npz", images=images, labels=rng.integers(0, 10, 64))
-    latents = encode(tmp_path / "latents", f"npz:{tmp_path / 'rgb.npz'}", str(FLUX_LIKE))
+    names = ["ant", "bee", "cat", "dog"]
+    for name in names:
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(16):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "images" / name / f"{i}.png")
+    latents = encode(tmp_path / "latents", f"folder:{tmp_path / 'images'}", str(FLUX_LIKE), "--image_size", "8")
     assert open_source(f"latents:{latents}").image_shape == (4, 4, 16)
 
     run_dir = tmp_path / "run"
@@ -80,14 +86,21 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
         "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled",
         "--schedule", "vp_cosine", "--parameterization", "v")  # main.py's run of these: see test_train_main.py  # fmt: skip
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
-    with Image.open(run_dir / "samples" / "step_000003.png") as grid:
-        assert grid.size == ((10 * 9 + 1) * 4,) * 2 and grid.mode == "RGB"  # 10×10 decoded 8×8×3 images
+    with Image.open(run_dir / "samples" / "step_000003.png") as grid:  # a row of 10 decoded 8×8×3 images per class
+        want = row_label_margin(names, 8, "RGB", grid.height)
+        assert grid.size == (want.shape[1] + (10 * 9 + 1) * 4, (4 * 9 + 1) * 4) and grid.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)
 
     out = tmp_path / "s.npz"
     sample(run_dir, "--num", 8, "--steps", 1, "--out", out)
     with np.load(out) as saved:
         sampled, images = saved["latents"], saved["images"]
     assert sampled.shape == (8, 4, 4, 16) and images.shape == (8, 8, 8, 3)
+    sample(run_dir, "--num", 8, "--steps", 1, "--classes", "dog,0", "--out", tmp_path / "grid.png")  # the same program
+    with Image.open(tmp_path / "grid.png") as grid:
+        want = row_label_margin(["dog", "ant"], 8, "RGB", grid.height)
+        assert grid.size == (want.shape[1] + (4 * 9 + 1) * 4, (2 * 9 + 1) * 4)
+        np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)
     # The images are the VAE's decode of the unscaled latents, z / scaling_factor + shift_factor.
     vae = AutoencoderKL.from_diffusers(FLUX_LIKE)
     decoded = eqx.filter_jit(vae.decode)(sampled / vae.scaling_factor + vae.shift_factor)

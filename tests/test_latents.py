@@ -16,7 +16,7 @@ import pytest
 from jaxtyping import install_import_hook
 from PIL import Image
 
-from eqxdiff.data import ImageSource, TokenizedSource, open_source, stack_records
+from eqxdiff.data import ImageSource, TokenizedSource, describe_source, open_source, stack_records
 from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_tokenizer
 from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
 from eqxdiff.data.records import TextField
@@ -95,6 +95,54 @@ def test_encoded_digits_are_the_space_to_depth_of_the_digits(digits_latents):
     assert meta["source"] == "digits" and meta["image_shape"] == [8, 8, 1] and meta["hflip_copies"] is True
     assert meta["vae"] == {"spec": "space_to_depth:2", "path": None, "weights_sha256": None}
     assert (meta["scaling_factor"], meta["shift_factor"], meta["latent_shape"]) == (1.0, 0.0, [4, 4, 4])
+    assert meta["class_names"] is None and latents.class_names is None  # digits: bare label ids
+
+
+def test_latents_keep_the_class_names_of_a_folder(tmp_path):
+    """meta.json keeps a folder's sub-folder names, which grid rows and sample.py --classes use."""
+    rng = np.random.default_rng(0)
+    for name in ("dog", "cat"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / "images" / name / f"{i}.png")
+    run_encode(tmp_path / "latents", "--dataset", f"folder:{tmp_path / 'images'}", "--image_size", 8,
+               "--vae", "space_to_depth:2")  # fmt: skip
+    latents = open_source(f"latents:{tmp_path / 'latents'}")
+    assert latents.meta["class_names"] == latents.class_names == ["cat", "dog"]  # sorted: labels 0, 1
+    assert [latents[i]["label"] for i in (0, 7)] == [0, 1]
+    assert "8 latents, classes 0=cat, 1=dog, model input 4×4×4" in describe_source(latents)
+
+
+def test_the_scaled_latent_std_is_the_std_of_the_posterior_draws():
+    """run_data.scaled_latent_std (train/main.py's start-up check against --sigma_data) against the std of
+    many draws z ~ N(mean, exp(logvar)) per record, scaled as `prepare` scales them."""
+    from run_data import scaled_latent_std  # train/run_data.py
+
+    rng = np.random.default_rng(3)
+    records = [{"mean": rng.normal(0.5, 2.0, (4, 4, 2)).astype(np.float16),
+                "logvar": rng.normal(0.0, 0.5, (4, 4, 2)).astype(np.float16)} for _ in range(32)]  # fmt: skip
+    mean, logvar = (np.stack([r[k] for r in records]).astype(np.float64) for k in ("mean", "logvar"))
+    z = mean + np.exp(logvar / 2) * rng.normal(size=(2000, *mean.shape))
+    scale, shift = 0.25, 0.3
+    want = ((z - shift) * scale).std()  # the posterior noise adds a quarter of the variance here
+    np.testing.assert_allclose(scaled_latent_std(records, scale, shift, num=32), want, rtol=3e-3)
+    # Each record four times over: the same pooled distribution, the same figure.
+    assert scaled_latent_std(records * 4, scale, shift, num=128) == pytest.approx(want, rel=3e-3)
+
+
+def test_a_latent_run_warns_at_start_up_when_the_std_is_far_from_sigma_data(digits_latents, tmp_path, capsys):
+    """Digits pixels as latents have std 0.75: near the default --sigma_data 1.0, far from 5. The run stops
+    after the check, at the missing FID statistics (before anything compiles)."""
+    import main as train_main  # train/main.py
+
+    for sigma, warned in (("0", False), ("5", True)):
+        flags = ["--run_dir", str(tmp_path / sigma), "--dataset", f"latents:{digits_latents}", "--sigma_data", sigma,
+                 "--eval_every", "1", "--fid_ref", str(tmp_path / "none.npz"), "--inception", "unused"]  # fmt: skip
+        with pytest.raises(SystemExit, match="No statistics file"):
+            train_main.main(train_main.parse_config(flags), features_fn=lambda images: images.reshape(len(images), -1))
+        out = capsys.readouterr().out
+        assert ("warning: the latents, scaled by meta.json's factors, have std 0.75" in out) == warned, out
+        assert warned == ("far from --sigma_data 5: pass --sigma_data 0.75" in out)
 
 
 def test_open_source_reads_latents(digits_latents):
@@ -285,6 +333,7 @@ def test_encode_with_a_text_encoder_stores_tokens_and_the_encoded_captions(text_
     hidden, pooled = (np.asarray(x) for x in tower_outputs(tower, ids, mask))
     assert within_float16(got["context"], hidden[:-1]) and within_float16(got["pooled"], pooled[:-1])
     assert np.abs(pooled).mean() > 0.1 and np.abs(pooled[0] - pooled[4]).max() > 0.1  # not degenerate
+    assert "6 latents, unlabeled, text-conditioned (captions encoded ahead of time)," in describe_source(latents)
     with_captions = LatentSource(out, "latents:x", captions=True)
     assert isinstance(with_captions.fields["caption"], TextField)
     assert [with_captions[i]["caption"] for i in range(len(latents))] == captions
@@ -325,6 +374,7 @@ def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_pa
                "--allow_uncaptioned")  # fmt: skip
     latents = LatentSource(out, "latents:x")
     assert list(latents.fields) == ["mean", "logvar", "input_ids", "attention_mask"]
+    assert ", text-conditioned (caption tokens), " in describe_source(latents)  # what train/main.py prints first
     full = LatentSource(text_setup["out"], "latents:x")
     for i in range(len(latents)):  # e (index 4) lost its caption: the tokens of ""
         want = full[2 if i == 4 else i]  # c (index 2) is ""
@@ -357,6 +407,7 @@ def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_pat
     latents = LatentSource(out, "latents:x")
     assert list(latents.fields) == ["mean", "logvar"] and latents.meta["fields"]["caption"] == {"dtype": "text"}
     assert "text" not in latents.meta and latents.text_null() is None
+    assert ", raw captions, " in describe_source(latents)
     with_captions = LatentSource(out, "latents:x", captions=True)
     for i in (0, 1, len(source) - 1):
         assert with_captions[i]["caption"] == source[i]["caption"]

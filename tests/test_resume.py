@@ -12,6 +12,7 @@ from runs import (
     REFERENCE,
     REFERENCE_STEPS,
     ROOT,
+    TINY,
     assert_bitwise_equal,
     command,
     committed,
@@ -60,6 +61,24 @@ def test_sigkill_then_sigterm_and_each_restart_resumes_exactly(tmp_path, eight_d
     assert f"resumed from {tmp_path / 'checkpoints' / str(stopped_at)}" in result.stdout + result.stderr
     assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(eight_device_run, STEPS))
     assert_each_step_logged_once(tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_is_one_line(tmp_path, monkeypatch):
+    """SIGINT before the loop's handler is installed (here while the step compiles in its thread, after
+    the mesh line): the one line, status 130 (a shell's for SIGINT), no traceback, nothing saved. Without
+    the session's compile cache, so that the step compiles for a while rather than loading at once."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    proc = start("main.py", "--run_dir", tmp_path, *TINY, "--steps", 5)
+    wait_for(lambda: "mesh {" in proc.output(), proc)
+    proc.send_signal(signal.SIGINT)
+    returncode, output = proc.finish(timeout=120)
+    assert returncode == 130 and "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        "SIGINT received: stopped without saving; the same command starts again (or resumes from the newest "
+        "checkpoint, if any)"
+    )
+    assert committed(tmp_path) == []
 
 
 @pytest.mark.slow

@@ -54,5 +54,14 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
                                    "--cfg", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip
     assert "two digits: left" in capsys.readouterr().out  # (3, 7) and (9, 1), read from the prompts
     with np.load(tmp_path / "s.npz") as saved:
-        assert saved["images"].shape == (6, 8, 16, 1)
+        assert saved["images"].shape == (6, 8, 16, 1) and "labels" not in saved.files  # one prompt per image
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(3)]
+    # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused).
+    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
+                                   "--cfg", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
+    from test_train_main import row_label_margin
+
+    with Image.open(tmp_path / "s.png") as grid:
+        want = row_label_margin(prompts, 8, "L", grid.height)
+        assert grid.size == (want.shape[1] + (3 * 17 + 1) * 4, (2 * 9 + 1) * 4)
+        np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)

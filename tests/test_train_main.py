@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from eqxdiff.data import open_source
+from eqxdiff.images import add_row_labels
 from eqxdiff.sharding import make_mesh
 from runs import saved_arrays, train_here
 
@@ -36,6 +37,13 @@ def rows(run_dir):
 
 
 NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def row_label_margin(labels: list[str], tile: int, mode: str, height: int) -> np.ndarray:
+    """The black margin with each row's label that save_image_grid(row_labels=labels, upscale=4) puts left
+    of a grid of `tile`-pixel tiles: what a grid labelled with `labels` must show there."""
+    labeled = add_row_labels(Image.new(mode, (1, height)), labels, tile_height=tile * 4, pad=4)
+    return np.asarray(labeled)[:, :-1]
 
 
 def digits_folder(folder: Path, per_class: int = 20) -> Path:
@@ -76,6 +84,17 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
         assert 20 < margin < 100 and grid.height == (10 * 9 + 1) * 4  # 10×10 tiles of 8×8, upscaled 4×
         labels = np.asarray(grid)[:, :margin]
         assert labels.max() > 128 and labels.min() == 0  # white text on black
+    # train/sample.py on it: classes by folder name or index, a grid row each labelled with the name.
+    import sample  # train/sample.py
+
+    saved = json.loads((run_dir / "checkpoints" / "6" / "config" / "metadata").read_text())
+    assert saved["class_names"] == sorted(NAMES)
+    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--classes", "three,5", "--num", "6", "--steps", "1",
+                                   "--out", str(tmp_path / "grid.png")]))  # fmt: skip
+    with Image.open(tmp_path / "grid.png") as grid:
+        want = row_label_margin(["three", sorted(NAMES)[5]], 8, "L", grid.height)  # 5: "seven"
+        assert grid.size == (want.shape[1] + (3 * 9 + 1) * 4, (2 * 9 + 1) * 4)  # 2 rows of 3 tiles
+        np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)
     assert list((run_dir / "profile").rglob("*.xplane.pb")), "no profiler trace"
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run"
 
@@ -165,23 +184,26 @@ SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "
 
 
 @pytest.mark.slow
-def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path):
+def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, capsys):
     """Also --eval_every: FID with a stand-in feature network (tests/test_fid.py; InceptionV3's own
     compile would double this test) at step 2 and at the end."""
     from test_fid import projection, stand_in_reference
 
-    stand_in_reference(tmp_path / "ref.npz")
+    stand_in_reference(tmp_path / "ref.npz", image_shape=(16, 16, 1))
     digits = open_source("digits")
     np.savez(tmp_path / "digits.npz", images=digits.images[:64])  # no labels: an unconditional model
     args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "1", *SMOKE,
             "--dataset", f"npz:{tmp_path / 'digits.npz'}", "--eval_every", 2, "--eval_num", 20,
             "--fid_ref", tmp_path / "ref.npz", "--inception", "unused"]  # fmt: skip
-    train_here("--run_dir", tmp_path / "run", *args, features_fn=projection)
+    with pytest.warns(UserWarning, match="ref.npz holds statistics of 16×16×1 images, the samples are 8×8×1"):
+        train_here("--run_dir", tmp_path / "run", *args, features_fn=projection)
     logged = [r for r in rows(tmp_path / "run") if "train/loss" in r]
     assert [r["step"] for r in logged] == [1, 2, 3] and all(np.isfinite(r["train/loss"]) for r in logged)
     evals = [r for r in rows(tmp_path / "run") if "eval/fid" in r]  # 20 samples: a chunk of 16, one cut to 4
     assert [r["step"] for r in evals] == [2, 3]
     assert all(r["eval/fid"] > 0 and 0 <= r["eval/precision"] <= 1 and 0 <= r["eval/recall"] <= 1 for r in evals)
+    printed = capsys.readouterr().out  # each FID on the console as well as in metrics.jsonl
+    assert all(f"step {r['step']}: fid {r['eval/fid']:.4f}  precision " in printed for r in evals)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "3" / "config" / "metadata").read_text())
     assert saved["num_classes"] == 0 and saved["model"] == "dit_tiny" and saved["schedule"] == "vp_linear"
     assert saved["precision"] == "bf16" and saved["remat"] and saved["grad_accum_steps"] == 2

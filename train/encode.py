@@ -120,6 +120,7 @@ def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, nu
         "latent_shape": list(latent), "count": count, "shard_size": cfg.shard_size,
         "num_shards": -(-count // cfg.shard_size), "num_classes": source.num_classes,
         "source": source.spec, "image_shape": list(source.image_shape), "hflip_copies": cfg.hflip_copies,
+        "class_names": getattr(source, "class_names", None) or None,  # a folder's sub-folders: grid rows, --classes
     }  # fmt: skip
     if text is not None:  # no "text" key otherwise: encodes without text keep their bytes
         resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
@@ -137,11 +138,13 @@ def identity(meta: dict) -> dict:
     """What must agree for two encodes to share a folder: everything, the VAE and the text side
     by their weights and tokenizer files (or spec, when weightless) rather than by where their
     folders are. The null's file hash is left out: it follows from the rest, and its last bits
-    may depend on the devices it was computed on."""
+    may depend on the devices it was computed on; so are the class names (the source's, which
+    encodes begun before meta.json kept them lack)."""
     text = meta.get("text")
     if text is not None:
         text = {k: v for k, v in text.items() if k not in ("text_encoder", "tokenizer", "null")}
-    return {**meta, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
+    rest = {k: v for k, v in meta.items() if k != "class_names"}
+    return {**rest, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
 
 
 def refuse_other_encode(out: Path, plan: dict) -> None:

@@ -18,6 +18,9 @@ end and process 0 writes the file. Multi-process flags as in train/main.py (`--c
 --keep_features N also stores N of the feature vectors, a uniform random subset (in random order),
 under the key `features`: train/sample.py --fid and training's --eval_every compute precision and
 recall (Kynkäänniemi et al. 2019) against them. 10,000 of 2048-d features add 80 MB to the file.
+The file also names the dataset and its image shape (keys `dataset`, `image_shape`, which pytorch-fid
+ignores): FID against it warns for samples of another size or a model of other data, and statistics
+of (almost) one image repeated warn here already.
 """
 
 import collections
@@ -31,8 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from eqxdiff.data import Prefetch, open_source
-from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, save_stats
-from eqxdiff.eval.fid import KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference
+from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
+from eqxdiff.eval.fid import (
+    KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
+)  # fmt: skip
 from eqxdiff.sharding import batch_sharding, make_mesh
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
@@ -172,10 +177,9 @@ def main(cfg: Config, features_fn=None) -> None:
     if jax.process_index() == 0:
         mu, sigma = stats.mean_cov()
         out = Path(cfg.out).expanduser()
-        if features is None:
-            save_stats(out, mu, sigma)
-        else:  # pytorch-fid's file plus the kept rows (a key pytorch-fid ignores)
-            save_reference(out, mu, sigma, features)
+        warn_if_degenerate(mu, sigma, f"{cfg.dataset} ({stats.count} images)")
+        # pytorch-fid's file plus keys it ignores: the kept rows, what the statistics are of
+        save_reference(out, mu, sigma, features, dataset=cfg.dataset, image_shape=tuple(image_field(source).shape))
         kept = "" if features is None else f" and {len(features)} of their feature vectors"
         print(f"FID statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
 

@@ -52,7 +52,11 @@ def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_
             if cfg.sample_every > 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
                 write_samples(step, state)
             if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
-                logger.log(step, evaluate(step, state))
+                scores = evaluate(step, state)
+                logger.log(step, scores)
+                if logger.enabled:  # on the console too, as train/sample.py --fid prints it
+                    shown = "  ".join(f"{name.removeprefix('eval/')} {value:.4f}" for name, value in scores.items())
+                    bar.write(f"step {step}: {shown}")
             if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 save_checkpoint(step, state)
         if stopping:

@@ -69,7 +69,7 @@ from checks import check_batch, check_eval, check_schedule  # train/: the flag c
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
-from run_data import latent_autoencoder, open_dataset, text_conditioning  # train/run_data.py: data, its VAE, text
+from run_data import latent_autoencoder, open_dataset, scaled_latent_std, text_conditioning  # train/run_data.py
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
 
@@ -245,6 +245,12 @@ def main(cfg: Config, features_fn=None) -> None:
         source = TokenizedSource(source, text.tokenizer, text.max_length)
     autoencoder, latent_config = latent_autoencoder(source, mesh)
     latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
+    if autoencoder is not None and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
+        std, sigma = scaled_latent_std(source, *latent_scaling), sigma_data(cfg, on_latents=True)
+        if not 0.5 <= std / sigma <= 2:
+            tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
+                       f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
+                       f"scaling_factor.")  # fmt: skip
     schedule = schedule_by_name(cfg.schedule)
     if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
         schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
@@ -254,7 +260,8 @@ def main(cfg: Config, features_fn=None) -> None:
 
         try:  # FID sees images: a latent run's samples decoded
             fid_images = image_shape_of_samples(image_shape, autoencoder)
-            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images, features_fn)
+            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images, features_fn,
+                                                  dataset=latent_config.get("image_dataset", cfg.dataset))  # fmt: skip
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"--eval_every: {e}") from e
 
@@ -352,7 +359,7 @@ def main(cfg: Config, features_fn=None) -> None:
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
-                      **text_config(text))  # fmt: skip
+                      **text_config(text), **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
         if text is not None and text.encoder is None:  # a scratch tower's wiring, for train/sample.py
             config["text"] |= {"causal": SCRATCH_TEXT_CAUSAL, "pooled": SCRATCH_TEXT_POOLED}
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
@@ -387,5 +394,16 @@ def main(cfg: Config, features_fn=None) -> None:
         checkpoints.wait()  # the final save is on disk before the process exits
 
 
+def run_script() -> None:
+    """main(flags), where a Ctrl-C the loop does not catch (during start-up, or a second one) stops with
+    one line, status 130 (a shell's for SIGINT), rather than a traceback."""
+    try:
+        main(parse_config())
+    except KeyboardInterrupt:
+        tqdm.write("SIGINT received: stopped without saving; the same command starts again (or resumes from "
+                   "the newest checkpoint, if any)")  # fmt: skip
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":
-    exit_on_user_error(lambda: main(parse_config()))
+    exit_on_user_error(run_script)

@@ -1,6 +1,8 @@
 """train/main.py's data side (`cfg`: its Config): the dataset opened and described, the autoencoder of a
 latent dataset, and the text side of a captioned one."""
 
+import numpy as np
+
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
@@ -38,3 +40,15 @@ def open_dataset(cfg, say) -> object:
         raise SystemExit(str(e)) from e
     say(f"dataset {describe_source(source)}")
     return source
+
+
+def scaled_latent_std(source, scaling_factor, shift_factor, num: int = 64) -> float:
+    """The std of the latents the model sees, `(z - shift_factor) · scaling_factor` with z drawn from each
+    record's posterior N(mean, exp(logvar)), from `num` records spread evenly over the data (law of total
+    variance: the scaled means' variance plus the mean scaled posterior variance)."""
+    rows = np.unique(np.linspace(0, len(source) - 1, min(num, len(source))).round().astype(int))
+    records = [source[int(i)] for i in rows]
+    mean = np.stack([r["mean"] for r in records]).astype(np.float64)
+    var = np.exp(np.stack([r["logvar"] for r in records]).astype(np.float64))
+    scale = np.asarray(scaling_factor, np.float64)
+    return float(np.sqrt(((mean - shift_factor) * scale).var() + (var * scale**2).mean()))

@@ -7,13 +7,16 @@
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
-`.npz` holds `images` (uint8 NHWC, the dataset's resolution and channels) and `labels`; for a
-run on latents (train/encode.py) also `latents` (as the model drew them, before decoding), and
-the images are decoded with the autoencoder the checkpoint names. A text-to-image run samples
-`--per_prompt` images for each of `--prompts` (a grid row each; `.npz` adds `prompts`), guided
-against the null text the run trained with; a captioned_digits run without `--prompts` draws
-that dataset's prompts, and `--eval` scores both digits of each sample (with `--prompts` too,
-when they are in that dataset's grammar).
+`--classes` takes class names (a folder's sub-folders) or indices; the grid has a row per class
+(or per prompt), labelled with its name (or index, or prompt). `.npz` holds `images` (uint8 NHWC,
+the dataset's resolution and channels) and, one per image, `labels` (class-conditional runs) or
+`prompts` (text-to-image runs); for a run on latents (train/encode.py) also `latents` (as the
+model drew them, before decoding), and the images are decoded with the autoencoder the
+checkpoint names. A text-to-image run samples `--per_prompt` images for each of `--prompts`,
+guided against the null text the run trained with; a captioned_digits run without `--prompts`
+draws that dataset's prompts, and `--eval` scores both digits of each sample (with `--prompts`
+too, when they are in that dataset's grammar). `--eval` scores digits and captioned_digits runs
+only; any other run is refused before anything loads.
 
 `--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
 are made `--batch_size` at a time on every device of every process and streamed through
@@ -33,7 +36,7 @@ from tqdm import tqdm
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import SCRATCH_TEXT_TOWER, build_model
-from resume import checkpoint_steps
+from resume import checkpoint_steps, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
@@ -49,10 +52,13 @@ from eqxdiff.training import abstract_train_state, adamw_cosine
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--run_dir", required=True, help="a train/main.py run directory (read only)")
+    parser.add_argument("--run_dir", required=True,
+                        help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
-    parser.add_argument("--classes", default="", help="comma-separated classes to draw (default: all, balanced)")
+    parser.add_argument("--classes", default="",
+                        help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
+                             "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
     parser.add_argument("--method", default=None, choices=METHODS,
@@ -92,22 +98,73 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
-    """`num` labels cycling through `classes`, sorted so a grid shows one class per block."""
-    return np.sort(np.resize(np.asarray(classes, np.int32), num), kind="stable")
+    """`num` labels cycling through `classes`, grouped in the order of `classes` so a grid shows one
+    class per block, as asked."""
+    return np.asarray(classes, np.int32)[np.sort(np.resize(np.arange(len(classes)), num))]
+
+
+def class_indices(classes: str, names: list[str] | None, num_classes: int) -> list[int]:
+    """--classes ("cat,dog", "3,5", or "" for all) -> label indices: each item a class name of `names`
+    (the run's, index = label) or an index in 0..num_classes-1; anything else is refused in one line
+    naming the classes there are."""
+    if not classes:
+        return list(range(num_classes))
+    if not num_classes:
+        raise SystemExit(f"--classes {classes}: this run is not class-conditional (it has no classes).")
+    indices = []
+    for item in (c.strip() for c in classes.split(",")):
+        if names and item in names:
+            indices.append(names.index(item))
+        elif item.isdigit() and int(item) < num_classes:
+            indices.append(int(item))
+        else:
+            known = ", ".join(f"{k}={n}" for k, n in enumerate(names[:30])) if names else f"0..{num_classes - 1}"
+            more = f", ... ({num_classes} in all)" if names and num_classes > 30 else ""
+            raise SystemExit(f"--classes: this run has no class {item!r}; its classes are {known}{more}.")
+    return indices
+
+
+def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[np.ndarray, int, list[str]]:
+    """A grid of one block of rows per group of images: `keys` [n] (grouped) gives each image's group,
+    `names[key]` its label. Returns (the image index at each tile, -1 for a blank one; ncols =
+    min(largest group, max_cols); one label per grid row: its group's name)."""
+    groups = [np.flatnonzero(keys == k) for k in dict.fromkeys(keys.tolist())]  # in order of first appearance
+    ncols = min(max(len(g) for g in groups), max_cols)
+    tiles, labels = [], []
+    for key, group in zip(dict.fromkeys(keys.tolist()), groups):
+        rows = -(-len(group) // ncols)
+        tiles.append(np.concatenate([group, np.full(rows * ncols - len(group), -1)]))
+        labels += [names[key]] * rows
+    return np.concatenate(tiles), ncols, labels
+
+
+def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
+    """(the step, the config train/main.py saved with it) of checkpoint `step` (< 0: the newest), read as
+    plain JSON before JAX starts; a missing run or step named in one line."""
+    saved = checkpoint_steps(run_dir)  # before orbax opens anything
+    if not saved:
+        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: train first "
+                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
+    if step >= 0 and step not in saved:
+        raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
+    return saved_config(run_dir, step)
+
+
+def check_eval(stored: dict) -> None:
+    """--eval's scores are a digits classifier's: refused, before anything loads, for any other run."""
+    dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
+    scored = "captioned_digits" if "text" in stored else "digits"
+    if dataset != scored or ("text" not in stored and not stored["num_classes"]):
+        raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
+                         f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
 
 
 def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
     checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
     newest."""
-    saved = checkpoint_steps(run_dir)  # a missing run or step named in one line, before orbax opens anything
-    if not saved:
-        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: train first "
-                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
-    if step >= 0 and step not in saved:
-        raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
+    step, _ = stored_run(run_dir, step)
     with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
-        step = saved[-1] if step < 0 else step
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         text = None
@@ -131,18 +188,19 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
 
 
 def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, sample_shape: tuple, autoencoder,
-                features_fn=None) -> dict:  # fmt: skip
+                features_fn=None, dataset: str | None = None) -> dict:  # fmt: skip
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
     `sample_images(num, cond, seed)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
-    `sample_shape`: the model's, decoded by `autoencoder` (a latent run) into the images FID sees."""
+    `sample_shape`: the model's, decoded by `autoencoder` (a latent run) into the images FID sees;
+    `dataset`: the images the run trained on (statistics of others warn)."""
     # Imported here: scipy's import is start-up time the other paths need not pay.
     from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid
 
     try:
         image_shape = image_shape_of_samples(sample_shape, autoencoder)
-        net, reference = open_fid(args.inception, args.fid, image_shape, features_fn)
+        net, reference = open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"--fid: {e}") from e
     chunk = -(-min(args.batch_size, args.num) // mesh.size) * mesh.size  # rows split over every device
@@ -172,26 +230,29 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
 
 def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
+    _, saved = stored_run(args.run_dir, args.step)  # what was asked is checked against the run first
+    class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
+    classes = class_indices(args.classes, class_names, saved["num_classes"])
+    if args.eval:
+        check_eval(saved)
     start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
                      process_id=args.process_id))  # fmt: skip
     mesh = make_mesh(data=-1, fsdp=1)
     ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
     args.cfg = cfg.cfg_scale if args.cfg is None else args.cfg  # the guidance of the run's own grids
     image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
+    image_dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
 
-    classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
-    if any(not 0 <= c < num_classes for c in classes):
-        raise SystemExit(f"--classes must lie in 0..{num_classes - 1} for this run, got {args.classes!r}.")
     labels = balanced_labels(args.num, classes) if num_classes else None
     cond, null_cond, prompts, digits = labels, None, None, None
     if text is not None:
         prompts = args.prompts
-        if prompts is None and cfg.dataset == "captioned_digits":
+        if prompts is None and image_dataset == "captioned_digits":
             prompts, digits = captioned_digits_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
             digits = np.repeat(digits, args.per_prompt, axis=0)
         elif prompts is None:
             raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
-        elif args.eval and cfg.dataset == "captioned_digits":  # the digits each prompt asks for
+        elif args.eval and image_dataset == "captioned_digits":  # the digits each prompt asks for
             try:
                 digits = np.repeat(np.array([caption_digits(p) for p in prompts], np.int32), args.per_prompt, axis=0)
             except ValueError as e:
@@ -218,20 +279,28 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
 
     if args.fid:
         args.method = args.method or cfg.sample_method  # recorded with the FID
-        measure_fid(args, step, mesh, sample_images, cond, image_shape, autoencoder, features_fn)
+        measure_fid(args, step, mesh, sample_images, cond, image_shape, autoencoder, features_fn, image_dataset)
         return
     images, latents = sample_images(args.num, cond, args.seed)
     if jax.process_index() == 0:
         out = Path(args.out)
-        if out.suffix == ".png":
-            per_class = args.num // len(classes) if labels is not None and args.num % len(classes) == 0 else 10
-            per_row = args.per_prompt if prompts is not None else min(per_class, 20)
-            save_image_grid(out, images, ncols=per_row, upscale=4)  # labels sorted: a row per class (or prompt)
-        else:
+        if out.suffix == ".png" and prompts is None and labels is None:
+            save_image_grid(out, images, ncols=10, upscale=4)
+        elif out.suffix == ".png":  # a block of rows per class (labels are grouped) or per prompt, labelled
+            keys, names = labels, class_names or [str(k) for k in range(num_classes)]
+            if prompts is not None:
+                keys, names = np.repeat(np.arange(len(prompts)), args.per_prompt), list(prompts)
+            tiles, ncols, row_labels = grid_rows(keys, names)
+            blank = np.full((1, *images.shape[1:]), -1.0, np.float32)  # black, as the grid's padding
+            tiled = np.concatenate([np.asarray(images, np.float32), blank])[tiles]  # -1: the blank tile
+            save_image_grid(out, tiled, ncols=ncols, upscale=4, row_labels=row_labels)
+        else:  # one label (class runs) or prompt (text runs) per image
             out.parent.mkdir(parents=True, exist_ok=True)
-            arrays = dict(images=to_uint8(images), labels=labels if labels is not None else np.zeros(0, np.int32))
+            arrays = dict(images=to_uint8(images))
             if prompts is not None:
                 arrays["prompts"] = np.repeat(np.asarray(prompts, dtype=str), args.per_prompt)
+            elif labels is not None:
+                arrays["labels"] = labels
             np.savez(out, **arrays, **({} if latents is None else {"latents": latents}))
         print(f"step {step}: {args.num} samples -> {out}")
         if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
@@ -246,10 +315,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             else:
                 print(f"{scored}\ntwo digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
                       + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)")  # fmt: skip
-        elif args.eval:
-            dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
-            if dataset != "digits" or labels is None:
-                raise SystemExit("--eval scores class-conditional digits samples; this run trained on " + dataset)
+        elif args.eval:  # a digits run (check_eval)
             scores = digits_sample_metrics(to_uint8(images), labels)  # scored as saved: clipped
             if args.json:
                 print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))

@@ -19,6 +19,7 @@ byte count, then that many bytes of UTF-8. meta.json:
     vae             eqxdiff.autoencoders.describe_autoencoder's {"spec", "path", "weights_sha256"}
     scaling_factor, shift_factor   the VAE's: the model sees (z - shift_factor) · scaling_factor
     latent_shape    [h, w, c];  count, shard_size, num_shards;  num_classes
+    class_names     the label names (index = label; a folder's sub-folders), or null (bare label ids)
     source          the image dataset spec;  image_shape  its [H, W, C]
     hflip_copies    whether examples count/2 .. count-1 are examples 0 .. count/2-1 mirrored
     text            only when encoded with a text encoder (train/encode.py --text_encoder):
@@ -189,6 +190,7 @@ class LatentSource:
         self.fields = {k: f for k, f in self.record_fields.items() if k not in hidden}
         self.image_shape = tuple(int(d) for d in self.meta["latent_shape"])
         self.num_classes = int(self.meta["num_classes"])
+        self.class_names = self.meta.get("class_names")  # None: bare label ids (or an encode without names)
         n = int(self.meta["num_shards"])
         paths = [folder / shard_name(k, n) for k in range(n)]
         missing = [p.name for p in paths if not p.is_file()]

@@ -5,7 +5,8 @@ Every image source is a record source (`eqxdiff.data.records.Source`) with the f
 when opened with `captions=True`, and carries `image_shape` (H, W, C), `num_classes` (0:
 unlabeled, no label field) and `spec` (its string). `class_names` holds the label names (index =
 label) where the data names its classes (`folder:` sub-folders; [] when unlabeled), else None
-(digits, npz, arrayrecord: bare label ids); latent and captioned sources have no such attribute.
+(digits, npz, arrayrecord: bare label ids); latents keep their source's (meta.json); captioned sources
+have no such attribute.
 `describe_source` prints any of them in one line. Images stay uint8 on the way to the device;
 `eqxdiff.images.from_uint8` maps them to [-1, 1] there. A caption is tokenized when its record is
 read (`eqxdiff.data.TokenizedSource`). Specs (`open_source`):
@@ -334,12 +335,22 @@ def describe_source(source: ImageSource) -> str:
         f"{len(source):,} {noun}",
         describe_classes(source.num_classes, getattr(source, "class_names", None)),
         *(["captioned"] if "caption" in source.fields else []),
+        *([latent_text(source)] if isinstance(source, LatentSource) and latent_text(source) else []),
         f"model input {h}×{w}×{c}{resized}",
     ]
     skipped = len(getattr(source, "skipped", ()))  # folder: files dropped by skip_bad_images
     if skipped:
         parts.append(f"{skipped} unreadable file{'s' if skipped > 1 else ''} skipped")
     return f"{source.spec}: {', '.join(parts)}"
+
+
+def latent_text(source: LatentSource) -> str:
+    """What latents hold of captions, for `describe_source`: "" (none), "text-conditioned (caption
+    tokens)", "text-conditioned (captions encoded ahead of time)", or "raw captions"."""
+    text = source.meta.get("text")
+    if text is not None:  # train/encode.py --text_encoder: training conditions on these
+        return f"text-conditioned ({'captions encoded ahead of time' if text['encoded'] else 'caption tokens'})"
+    return "raw captions" if "caption" in source.meta["fields"] else ""
 
 
 def describe_classes(num_classes: int, names: Sequence[str] | None) -> str:

@@ -7,11 +7,14 @@ them), runs its own share of the chunk's rows over its own devices, and adds the
 float64 sums (FeatureStats), merged across processes at the end. Precision and recall need
 feature vectors, not only (mu, sigma): a fixed random subset of rows is kept while streaming
 (KeptFeatures), as train/fid_stats.py --keep_features keeps one of the dataset's in the reference
-file (key `features`, which pytorch-fid ignores).
+file (key `features`, which pytorch-fid ignores). train/fid_stats.py also stores the dataset's spec
+and image shape (keys `dataset`, `image_shape`, ignored by pytorch-fid too): FID against statistics
+of other data or another image size warns, as do statistics with a (near) zero covariance.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from eqxdiff.nn.torch_weights import load_safetensors
 from eqxdiff.sharding import batch_sharding, make_mesh
 
 FEATURES_KEY = "features"  # the reference file's kept feature rows [n, d] float32, in random order
+DATA_KEYS = ("dataset", "image_shape")  # what the statistics are of: a str, int64 [3] (train/fid_stats.py)
 NEIGHBOURS = 3  # precision/recall's k (the paper's)
 
 
@@ -68,12 +72,49 @@ def chunk_seed(seed: int, start: int) -> int:
 @dataclass(frozen=True)
 class FIDReference:
     """A dataset's FID statistics (float64 mu [d], sigma [d, d]) and, if the file keeps them, a random
-    subset of its feature rows (float32 [n, d], in random order) for precision and recall."""
+    subset of its feature rows (float32 [n, d], in random order) for precision and recall, the
+    dataset's spec and its images' [h, w, c] (None where the file does not say)."""
 
     mu: np.ndarray
     sigma: np.ndarray
     features: np.ndarray | None
     path: str
+    dataset: str | None = None
+    image_shape: tuple[int, ...] | None = None
+
+
+def warn_if_degenerate(mu: Float[np.ndarray, " d"], sigma: Float[np.ndarray, "d d"], what: str) -> None:
+    """Warn when the covariance is (near) zero, total variance tr(sigma) <= 1e-6 ‖mu‖²: the statistics are
+    of (almost) one image repeated, and FID against them measures the distance to that image alone."""
+    total, size = float(np.trace(sigma)), float(mu @ mu)
+    if total <= 1e-6 * max(size, 1e-12 * len(mu)):
+        warnings.warn(f"{what}: the features' covariance is (near) zero (total variance {total:.3g} against "
+                      f"{size:.3g} for the squared mean): the images are (almost) all the same, so an FID against "
+                      "these statistics means little.", UserWarning, stacklevel=3)  # fmt: skip
+
+
+def data_name(spec: str) -> str:
+    """A dataset spec as compared across machines: its kind and the last part of its path (a glob: the
+    folder holding the files), e.g. folder:~/data/pets/ and folder:/mnt/pets -> folder:pets."""
+    kind, _, arg = spec.partition(":")
+    path = Path(arg.rstrip("/"))
+    while path.name and any(c in path.name for c in "*?["):
+        path = path.parent
+    return f"{kind}:{path.name}" if arg else spec
+
+
+def warn_if_other_data(reference: FIDReference, image_shape: tuple[int, ...], dataset: str | None) -> None:
+    """Warn when `reference` says it holds statistics of images of another [h, w, c] than `image_shape`
+    (pytorch-fid resizes both to 299², but at other sizes the same data give other features) or of
+    another dataset than `dataset` (compared by `data_name`)."""
+    if reference.image_shape is not None and tuple(reference.image_shape) != tuple(image_shape):
+        shapes = "×".join(map(str, reference.image_shape)), "×".join(map(str, image_shape))
+        warnings.warn(f"{reference.path} holds statistics of {shapes[0]} images, the samples are {shapes[1]}: an FID "
+                      "between them measures the size as much as the model; write statistics at the samples' size "
+                      "(train/fid_stats.py --image_size).", UserWarning, stacklevel=3)  # fmt: skip
+    if reference.dataset is not None and dataset is not None and data_name(reference.dataset) != data_name(dataset):
+        warnings.warn(f"{reference.path} holds statistics of {reference.dataset}, the model trained on {dataset}: "
+                      "an FID against another dataset means little.", UserWarning, stacklevel=3)  # fmt: skip
 
 
 def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
@@ -84,6 +125,7 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
     mu, sigma = load_stats(path, dim)
     with np.load(path, allow_pickle=False) as f:
         features = np.asarray(f[FEATURES_KEY], np.float32) if FEATURES_KEY in f.files else None
+        about = {k: f[k] for k in DATA_KEYS if k in f.files}
     if features is not None:
         if features.ndim != 2 or features.shape[1] != len(mu) or len(features) <= NEIGHBOURS:
             raise ValueError(
@@ -92,28 +134,41 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
             )
         if not np.isfinite(features).all():
             raise ValueError(f"{path}: '{FEATURES_KEY}' holds NaN/inf values.")
-    return FIDReference(mu, sigma, features, str(path))
+    warn_if_degenerate(mu, sigma, str(path))
+    dataset = str(about["dataset"]) if "dataset" in about else None
+    image_shape = tuple(int(n) for n in about["image_shape"]) if "image_shape" in about else None
+    return FIDReference(mu, sigma, features, str(path), dataset, image_shape)
 
 
 def save_reference(
     path: str | Path,
     mu: Float[np.ndarray, " d"],
     sigma: Float[np.ndarray, "d d"],
-    features: Float[np.ndarray, "n d"],
+    features: Float[np.ndarray, "n d"] | None = None,
+    *,
+    dataset: str | None = None,
+    image_shape: tuple[int, ...] | None = None,
 ) -> None:
-    """pytorch-fid's statistics file (float64 `mu`, `sigma`) plus kept feature rows (float32
-    `features`, which pytorch-fid never reads); eqxdiff.eval.save_stats writes one without them."""
+    """pytorch-fid's statistics file (float64 `mu`, `sigma`) plus what pytorch-fid never reads: kept
+    feature rows (float32 `features`), the dataset's spec and its images' [h, w, c] (`DATA_KEYS`);
+    eqxdiff.eval.save_stats writes one without them."""
     path = Path(path)
     if path.suffix != ".npz":
         raise ValueError(f"{path}: name statistics files *.npz; pytorch-fid reads a path as statistics only then.")
     d = len(mu)
-    if np.shape(sigma) != (d, d) or np.ndim(features) != 2 or np.shape(features)[1] != d:
+    if np.shape(sigma) != (d, d) or (features is not None and (np.ndim(features) != 2 or np.shape(features)[1] != d)):
         raise ValueError(f"{path}: mu {np.shape(mu)}, sigma {np.shape(sigma)}, features {np.shape(features)}; "
                          "they must be [d], [d, d] and [n, d].")  # fmt: skip
     tmp = path.with_name(path.name + ".tmp")  # whole or not at all: a rename
     with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
         arrays = {"mu": np.asarray(mu, np.float64), "sigma": np.asarray(sigma, np.float64)}
-        np.savez_compressed(f, **arrays, **{FEATURES_KEY: np.asarray(features, np.float32)})
+        if features is not None:
+            arrays[FEATURES_KEY] = np.asarray(features, np.float32)
+        if dataset is not None:
+            arrays["dataset"] = np.asarray(dataset, dtype=str)  # a unicode array: read without pickle
+        if image_shape is not None:
+            arrays["image_shape"] = np.asarray(image_shape, np.int64)
+        np.savez_compressed(f, **arrays)
     tmp.replace(path)
 
 
@@ -257,13 +312,15 @@ def load_inception(path: str | Path) -> InceptionV3:
 
 
 def open_fid(
-    inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None
+    inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None,
+    dataset: str | None = None,
 ) -> tuple[Any, FIDReference]:
     """(feature network, reference) for FID of images `image_shape`, checked against each other
     before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`: its .pth, or a
     .safetensors copy), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
     dimension must be the network's: 2048 for InceptionV3). Errors are ValueError/FileNotFoundError
-    naming the file and the fix."""
+    naming the file and the fix; statistics of (almost) one image, of another image size or of
+    another dataset than `dataset` (the model's training data) warn."""
     if features_fn is None:
         if not str(inception):
             raise ValueError("FID needs the Inception weights: pass --inception "
@@ -271,4 +328,6 @@ def open_fid(
         features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")
-    return features_fn, load_reference(reference, dim=feature_dim(features_fn, image_shape))
+    loaded = load_reference(reference, dim=feature_dim(features_fn, image_shape))
+    warn_if_other_data(loaded, image_shape, dataset)
+    return features_fn, loaded

@@ -6,6 +6,7 @@ train/main.py and train/sample.py call these; what they build is `conditioning.T
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 from jax.sharding import Mesh
 
 from eqxdiff.data.captioned_digits import captioned_digits_prompts, captioned_digits_tokenizer
@@ -85,12 +86,13 @@ def text_config(text: TextConditioning | None) -> dict:
 
 
 def sample_prompts(given: str, dataset: str, source) -> list[str]:
-    """Sample-grid prompts: `given` ("|"-separated), else captioned_digits' own, else the source's
-    first ten captions."""
+    """Sample-grid prompts: `given` ("|"-separated), else captioned_digits' own, else ten of the source's
+    captions spread evenly over it (a sorted folder's first ten are often all of one class)."""
     if given:
         return given.split("|")
     if dataset == CAPTIONED_DIGITS:
         return captioned_digits_prompts(10, seed=0)[0]
     if "caption" not in source.fields:
         raise SystemExit(f"{dataset} holds no captions to draw sample prompts from: pass --sample_prompts 'a|b|...'.")
-    return [str(source[i]["caption"]) for i in range(min(10, len(source)))]
+    rows = np.unique(np.linspace(0, len(source) - 1, min(10, len(source))).round().astype(int))
+    return [str(source[int(i)]["caption"]) for i in rows]

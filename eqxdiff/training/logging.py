@@ -1,7 +1,7 @@
 """Run logging: one JSON line per log step in `run_dir/metrics.jsonl`, plus Weights & Biases.
 
 The jsonl file is the record of truth (plain text, no account, survives without wandb); wandb
-is a viewer. Call `log` at the logging cadence only: values are read to the host here.
+is a viewer. A non-finite value is written as `null`. Call `log` at the logging cadence only: values are read to the host here.
 """
 
 import json
@@ -30,9 +30,10 @@ def _host(value: Scalar) -> float | int | str | bool:
     return float(value)
 
 
-def _jsonable(value: float | int | str | bool) -> float | int | str | bool:
-    """Non-finite floats as "nan"/"inf"/"-inf" strings, so every line stays valid JSON."""
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+def _jsonable(value: float | int | str | bool) -> float | int | str | bool | None:
+    """Non-finite floats (NaN, ±inf) as JSON null, so every line stays valid JSON and every field a
+    number or null (a "nan" string would read as text to a JSON or pandas reader)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _write_atomic(path: Path, text: str) -> None:
