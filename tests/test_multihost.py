@@ -2,12 +2,17 @@
 1 process x 8 devices, resume bitwise from a mid-run checkpoint, and their checkpoint restores in 1
 process."""
 
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from runs import (
+    ROOT,
     TINY,
     assert_bitwise_equal,
     committed,
@@ -76,3 +81,37 @@ def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_ru
     assert f"step {STEPS}: 20 samples -> {out}" in result.stdout and "class_accuracy" in result.stdout
     # --eval says what it scored: the sampler, its steps, the guidance (the run's own) and the seed
     assert f"{two_process_run} step {STEPS}: 20 samples, heun 4 steps, guidance 1.5, seed 0" in result.stdout
+
+
+# What each process of the launcher's test runs: process 1 fails (status 3) once process 0 is up;
+# process 0 would sleep for a minute and then leave a file.
+FAILING_PEER = """import os, sys, time
+from pathlib import Path
+out, rank = Path(sys.argv[1]), sys.argv[sys.argv.index("--process_id") + 1]
+(out / f"p{rank}.pid").write_text(str(os.getpid()))
+if rank == "1":
+    while not (out / "p0.pid").exists():
+        time.sleep(0.01)
+    print("process 1 fails", flush=True)
+    sys.exit(3)
+time.sleep(60)
+(out / "p0.finished").write_text("")
+"""
+
+
+def test_launcher_stops_the_others_when_one_process_fails(tmp_path):
+    (tmp_path / "peer.py").write_text(FAILING_PEER)
+    cmd = [sys.executable, str(ROOT / "train" / "launch_local.py"), "--num_processes", "2", "--script",
+           str(tmp_path / "peer.py"), "--", str(tmp_path)]  # fmt: skip
+    started = time.monotonic()
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    finally:
+        peer = tmp_path / "p0.pid"
+        pid = int(peer.read_text()) if peer.exists() else None
+        alive = pid is not None and subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
+        if alive:
+            os.kill(pid, 9)  # the launcher left it running: end it, then fail below
+    assert result.returncode == 3, result.stdout + result.stderr  # the failed process's status
+    assert "[p1] process 1 fails" in result.stdout
+    assert time.monotonic() - started < 30 and not alive and not (tmp_path / "p0.finished").exists()
