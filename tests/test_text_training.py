@@ -5,13 +5,14 @@ A tower trained from scratch (captioned_digits' default) runs end to end in note
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.text import load_tokenizer
-from runs import ROOT, metric_rows, random_clip_folder, run
+from runs import ROOT, metric_rows, random_clip_folder, run, train_here
 
 TOKENIZER = ROOT / "tests" / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids, CLIP's real first merges
 SMOKE = ["--model", "unet_tiny", "--batch_size", 16, "--log_every", 1, "--sample_steps", 1, "--wandb", "disabled"]
@@ -56,3 +57,32 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     with np.load(tmp_path / "s.npz") as saved:
         assert saved["images"].shape == (6, 8, 16, 1)
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(3)]
+
+
+def test_text_dropout_is_the_dropout_of_a_text_run(tmp_path, monkeypatch):
+    """train/main.py hands --text_dropout (not --label_dropout) to the step's `prepare`: main runs up to
+    the step's construction (train/main.py's own setup, no compile), then its `prepare` is called on
+    a batch of random tokens. A replaced caption is the null's tokens, one row for all."""
+    import main as train_main
+
+    class Built(Exception):
+        pass
+
+    def capture(**kwargs):
+        built.update(kwargs)
+        raise Built
+
+    built = {}
+    monkeypatch.setattr(train_main, "make_train_step", capture)
+    with pytest.raises(Built):
+        train_here("--run_dir", tmp_path, "--dataset", "captioned_digits", "--text_dropout", 0.5, "--label_dropout", 0,
+                   "--steps", 1, *SMOKE)  # fmt: skip
+    n, length = 256, 8  # captioned_digits' scratch tower reads 8 tokens
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, (n, length)).astype(np.int32)
+    batch = {"image": rng.integers(0, 256, (n, 8, 16, 1), dtype=np.uint8), "input_ids": ids,
+             "attention_mask": np.ones((n, length), np.int32)}  # fmt: skip
+    cond = built["prepare"](batch, jax.random.key(1))["cond"]
+    replaced = np.any(np.asarray(cond["input_ids"]) != ids, axis=1)
+    assert 0.35 < replaced.mean() < 0.65, replaced.mean()  # 128 ± 8 of 256
+    assert len(np.unique(np.asarray(cond["input_ids"])[replaced], axis=0)) == 1
