@@ -1,9 +1,12 @@
 """Multi-host on one machine: 2 processes x 4 CPU devices through train/launch_local.py train like
 1 process x 8 devices, resume bitwise from a mid-run checkpoint, and their checkpoint restores in 1
-process."""
+process (sample.py; main.py onto another mesh, --steps and --batch_size); the launcher stops the
+others when one process fails."""
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,10 +18,14 @@ from runs import (
     ROOT,
     TINY,
     assert_bitwise_equal,
+    assert_finite_training,
     committed,
+    last_logged_step,
     metric_rows,
     run,
     saved_arrays,
+    start,
+    wait_for,
 )
 
 # Six steps of the reference job (tests/runs.py): its learning rate up to step 6 does not depend on
@@ -66,6 +73,33 @@ def test_two_process_run_resumes_bitwise_from_a_mid_run_checkpoint(tmp_path, two
     assert f"resumed from {tmp_path / 'checkpoints' / '3'}" in result.stdout
     assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(two_process_run, STEPS))
     losses(tmp_path)
+
+
+@pytest.mark.slow
+def test_resume_on_one_process_another_mesh_steps_and_batch_then_ctrl_c(tmp_path, two_process_run):
+    """The 2-process run's last checkpoint (step 6) continued by train/main.py on one process of 4
+    devices with FSDP over all 4 (another process count and mesh), to --steps 24 (the cosine stretched
+    to it) at --batch_size 32 (the data continuing from the 96 examples consumed), then Ctrl-C
+    (SIGINT): the step is finished, saved, and the process exits 0. (SIGTERM: tests/test_resume.py.)"""
+    shutil.copytree(two_process_run, tmp_path, dirs_exist_ok=True)
+    proc = start("main.py", "--run_dir", tmp_path, "--cpu_devices", 4, "--fsdp_size", 4, "--steps", 24, "--batch_size", 32)
+    wait_for(lambda: "train:" in proc.output() and last_logged_step(tmp_path) >= STEPS + 2, proc)
+    proc.send_signal(signal.SIGINT)
+    returncode, output = proc.finish(timeout=60)
+    assert returncode == 0 and "Traceback" not in output, output[-3000:]
+    assert f"resumed from {tmp_path / 'checkpoints' / str(STEPS)} ({STEPS * 16} examples consumed)" in output
+    assert "mesh {'data': 1, 'fsdp': 4}" in output
+    stopped = committed(tmp_path)[-1]
+    assert STEPS + 2 <= stopped < 24
+    assert any("SIGINT" in line and f"step {stopped}" in line for line in output.splitlines()), output[-3000:]
+    position = json.loads((tmp_path / "checkpoints" / str(stopped) / "data" / "metadata").read_text())
+    assert position["examples_consumed"] == STEPS * 16 + (stopped - STEPS) * 32
+    rows = metric_rows(tmp_path)
+    assert [r["step"] for r in rows] == list(range(1, stopped + 1))
+    assert_finite_training(rows[STEPS:])
+    for r in rows[STEPS:]:  # optax's warm-up (4 steps) and cosine to 0 at --steps 24, at the updates applied before
+        t = r["step"] - 1
+        assert r["train/lr"] == pytest.approx(2e-3 * 0.5 * (1 + np.cos(np.pi * (t - 4) / (24 - 4))), rel=1e-5), r
 
 
 @pytest.mark.slow
