@@ -100,6 +100,14 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_finite_training(rows: list[dict]) -> None:
+    """Every logged step trained: a finite loss (a non-finite one is logged as null or NaN) and no
+    skipped (non-finite) step in the window before it."""
+    for r in rows:
+        loss = r.get("train/loss")
+        assert isinstance(loss, float) and np.isfinite(loss) and r["train/bad_steps"] == 0, r
+
+
 def last_logged_step(run_dir: Path) -> int:
     """The newest step in metrics.jsonl while a run may be writing it (a torn line is skipped)."""
     path, steps = run_dir / "metrics.jsonl", [0]

@@ -189,3 +189,29 @@ def test_random_init_is_the_loaded_network_with_he_weights(net):
     bn = layer.bn
     x = jax.random.normal(jax.random.key(2), (1, 2, 2, 192))
     np.testing.assert_allclose(bn(x), x / np.sqrt(1 + bn.eps), rtol=1e-6)
+
+
+def test_real_network_through_the_fid_path(state, ref, tmp_path):
+    """open_fid loads the weights file and checks it against a 2048-d statistics file; fid_of_samples
+    takes grayscale 64×48 samples (padded to a batch over the 8 devices), repeats them to RGB and
+    lets the network resize them. Against: the network called directly on the RGB-repeated images
+    (its resize and 64×48 parity with pytorch-fid: the tests above), then the Fréchet distance of
+    two low-rank Gaussians in float64, tr((Σx Σz)^½) = ‖Xc Zcᵀ‖_* / √((n-1)(m-1)) (the singular
+    values of the centred cross-product), not the eigenvalue route of frechet_distance_of_few."""
+    from eqxdiff.eval import fid_of_samples, open_fid, save_stats
+
+    save_file(state, str(tmp_path / "fid_inception.safetensors"))
+    z = np.concatenate([ref["pool3_299"], ref["pool3_64x48"]]).astype(np.float64)  # pytorch-fid's features
+    save_stats(tmp_path / "ref.npz", z.mean(axis=0), np.cov(z, rowvar=False))
+    gray = np.moveaxis(ref["images_64x48"][0], -1, 0)[..., None]  # the R, G and B planes: 3 gray images
+    network, reference = open_fid(tmp_path / "fid_inception.safetensors", tmp_path / "ref.npz", gray.shape[1:])
+    result = fid_of_samples(lambda start, size: gray[start : start + size], 3, network, reference, chunk_size=3)
+
+    # The compiled `features` of the parity test: batch 1, 64×48×3.
+    x = np.concatenate([np.asarray(features(network, np.repeat(g[None], 3, axis=-1))) for g in gray]).astype(np.float64)
+    xc, zc = x - x.mean(axis=0), z - z.mean(axis=0)
+    (n, _), (m, _) = x.shape, z.shape
+    trace_sqrt = np.linalg.svd(xc @ zc.T, compute_uv=False).sum() / np.sqrt((n - 1) * (m - 1))
+    expected = np.sum((x.mean(axis=0) - z.mean(axis=0)) ** 2) + (xc**2).sum() / (n - 1) + (zc**2).sum() / (m - 1)
+    expected -= 2 * trace_sqrt
+    assert result["num"] == 3 and result["fid"] == pytest.approx(expected, rel=1e-4)

@@ -16,7 +16,7 @@ import sample as train_sample  # train/sample.py
 from eqxdiff.data import open_source
 from eqxdiff.images import to_uint8
 from eqxdiff.nn import AutoencoderKL
-from runs import REFERENCE, REFERENCE_STEPS, ROOT, metric_rows, run, train_here
+from runs import REFERENCE, REFERENCE_STEPS, ROOT, assert_finite_training, metric_rows, run, train_here
 
 FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
 
@@ -85,7 +85,9 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
     run("main.py", "--run_dir", run_dir, "--dataset", f"latents:{latents}", "--model", "unet_tiny", "--batch_size", 16,
         "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled",
         "--schedule", "vp_cosine", "--parameterization", "v")  # main.py's run of these: see test_train_main.py  # fmt: skip
-    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
+    rows = metric_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert_finite_training(rows)
     with Image.open(run_dir / "samples" / "step_000003.png") as grid:  # a row of 10 decoded 8×8×3 images per class
         want = row_label_margin(names, 8, "RGB", grid.height)
         assert grid.size == (want.shape[1] + (10 * 9 + 1) * 4, (4 * 9 + 1) * 4) and grid.mode == "RGB"

@@ -1,19 +1,31 @@
 """Multi-host on one machine: 2 processes x 4 CPU devices through train/launch_local.py train like
 1 process x 8 devices, resume bitwise from a mid-run checkpoint, and their checkpoint restores in 1
-process."""
+process (sample.py; main.py onto another mesh, --steps and --batch_size); the launcher stops the
+others when one process fails."""
 
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 from runs import (
+    ROOT,
     TINY,
     assert_bitwise_equal,
+    assert_finite_training,
     committed,
+    last_logged_step,
     metric_rows,
     run,
     saved_arrays,
+    start,
+    wait_for,
 )
 
 # Six steps of the reference job (tests/runs.py): its learning rate up to step 6 does not depend on
@@ -64,6 +76,34 @@ def test_two_process_run_resumes_bitwise_from_a_mid_run_checkpoint(tmp_path, two
 
 
 @pytest.mark.slow
+def test_resume_on_one_process_another_mesh_steps_and_batch_then_ctrl_c(tmp_path, two_process_run):
+    """The 2-process run's last checkpoint (step 6) continued by train/main.py on one process of 4
+    devices with FSDP over all 4 (another process count and mesh), to --steps 24 (the cosine stretched
+    to it) at --batch_size 32 (the data continuing from the 96 examples consumed), then Ctrl-C
+    (SIGINT): the step is finished, saved, and the process exits 0. (SIGTERM: tests/test_resume.py.)"""
+    shutil.copytree(two_process_run, tmp_path, dirs_exist_ok=True)
+    proc = start("main.py", "--run_dir", tmp_path, "--cpu_devices", 4, "--fsdp_size", 4, "--steps", 24,
+                 "--batch_size", 32)  # fmt: skip
+    wait_for(lambda: "train:" in proc.output() and last_logged_step(tmp_path) >= STEPS + 2, proc)
+    proc.send_signal(signal.SIGINT)
+    returncode, output = proc.finish(timeout=60)
+    assert returncode == 0 and "Traceback" not in output, output[-3000:]
+    assert f"resumed from {tmp_path / 'checkpoints' / str(STEPS)} ({STEPS * 16} examples consumed)" in output
+    assert "mesh {'data': 1, 'fsdp': 4}" in output
+    stopped = committed(tmp_path)[-1]
+    assert STEPS + 2 <= stopped < 24
+    assert any("SIGINT" in line and f"step {stopped}" in line for line in output.splitlines()), output[-3000:]
+    position = json.loads((tmp_path / "checkpoints" / str(stopped) / "data" / "metadata").read_text())
+    assert position["examples_consumed"] == STEPS * 16 + (stopped - STEPS) * 32
+    rows = metric_rows(tmp_path)
+    assert [r["step"] for r in rows] == list(range(1, stopped + 1))
+    assert_finite_training(rows[STEPS:])
+    for r in rows[STEPS:]:  # --lr 2e-3 (the default) warmed up over 4 steps, cosine to 0 at --steps 24
+        t = r["step"] - 1  # the updates applied before the step
+        assert r["train/lr"] == pytest.approx(2e-3 * 0.5 * (1 + np.cos(np.pi * (t - 4) / (24 - 4))), rel=1e-5), r
+
+
+@pytest.mark.slow
 def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_run):
     out = tmp_path / "samples.npz"
     result = run("sample.py", "--run_dir", two_process_run, "--num", 20, "--steps", 4, "--out", out, "--eval")
@@ -76,3 +116,40 @@ def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_ru
     assert f"step {STEPS}: 20 samples -> {out}" in result.stdout and "class_accuracy" in result.stdout
     # --eval says what it scored: the sampler, its steps, the guidance (the run's own) and the seed
     assert f"{two_process_run} step {STEPS}: 20 samples, heun 4 steps, guidance 1.5, seed 0" in result.stdout
+
+
+# What each process of the launcher's test runs: process 1 fails (status 3) once process 0 is up;
+# process 0 would sleep for a minute and then leave a file.
+FAILING_PEER = """import os, sys, time
+from pathlib import Path
+out, rank = Path(sys.argv[1]), sys.argv[sys.argv.index("--process_id") + 1]
+(out / f"p{rank}.pid").write_text(str(os.getpid()))
+if rank == "1":
+    while not (out / "p0.pid").exists():
+        time.sleep(0.01)
+    print("process 1 fails", flush=True)
+    sys.exit(3)
+time.sleep(60)
+(out / "p0.finished").write_text("")
+"""
+
+
+def test_launcher_stops_the_others_when_one_process_fails(tmp_path):
+    (tmp_path / "peer.py").write_text(FAILING_PEER)
+    cmd = [sys.executable, str(ROOT / "train" / "launch_local.py"), "--num_processes", "2", "--script",
+           str(tmp_path / "peer.py"), "--", str(tmp_path)]  # fmt: skip
+    started = time.monotonic()
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    finally:
+        alive = False
+        if (tmp_path / "p0.pid").exists():
+            pid = int((tmp_path / "p0.pid").read_text())
+            try:
+                os.kill(pid, signal.SIGKILL)  # the launcher left it running: end it, then fail below
+                alive = True
+            except ProcessLookupError:
+                pass
+    assert result.returncode == 3, result.stdout + result.stderr  # the failed process's status
+    assert "[p1] process 1 fails" in result.stdout
+    assert time.monotonic() - started < 30 and not alive and not (tmp_path / "p0.finished").exists()

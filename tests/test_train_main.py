@@ -184,19 +184,36 @@ SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "
 
 
 @pytest.mark.slow
-def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, capsys):
+def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, monkeypatch, capsys):
     """Also --eval_every: FID with a stand-in feature network (tests/test_fid.py; InceptionV3's own
-    compile would double this test) at step 2 and at the end."""
+    compile would double this test) at step 2 and at the end, the end's equal to sample.py --fid's on
+    the final checkpoint; and --hflip, seen in the batches main's data stream yields."""
+    import main as train_main
     from test_fid import projection, stand_in_reference
 
+    images = []  # every batch the run's stream yields (its prefetch reads a few ahead)
+
+    def stream(*args, **kwargs):
+        for batch in batch_stream(*args, **kwargs):
+            images.extend(np.array(batch["image"]))
+            yield batch
+
+    batch_stream = train_main.batch_stream
+    monkeypatch.setattr(train_main, "batch_stream", stream)
     stand_in_reference(tmp_path / "ref.npz", image_shape=(16, 16, 1))
     digits = open_source("digits")
     np.savez(tmp_path / "digits.npz", images=digits.images[:64])  # no labels: an unconditional model
     args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "1", *SMOKE,
             "--dataset", f"npz:{tmp_path / 'digits.npz'}", "--eval_every", 2, "--eval_num", 20,
-            "--fid_ref", tmp_path / "ref.npz", "--inception", "unused"]  # fmt: skip
+            "--fid_ref", tmp_path / "ref.npz", "--inception", "unused", "--hflip"]  # fmt: skip
     with pytest.warns(UserWarning, match="ref.npz holds statistics of 16×16×1 images, the samples are 8×8×1"):
         train_here("--run_dir", tmp_path / "run", *args, features_fn=projection)
+    # --hflip: every image is a digit or its mirror image, and both kinds occur (p = 1/2 each).
+    source = digits.images[:64]
+    as_is = [any(np.array_equal(x, d) for d in source) for x in images]
+    mirrored = [any(np.array_equal(x, d[:, ::-1]) for d in source) for x in images]
+    assert len(images) >= 3 * 16 and all(a or m for a, m in zip(as_is, mirrored))
+    assert any(m and not a for a, m in zip(as_is, mirrored)) and any(a and not m for a, m in zip(as_is, mirrored))
     logged = [r for r in rows(tmp_path / "run") if "train/loss" in r]
     assert [r["step"] for r in logged] == [1, 2, 3] and all(np.isfinite(r["train/loss"]) for r in logged)
     evals = [r for r in rows(tmp_path / "run") if "eval/fid" in r]  # 20 samples: a chunk of 16, one cut to 4
@@ -210,6 +227,20 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, caps
     with Image.open(tmp_path / "run" / "samples" / "step_000003.png") as grid:
         assert grid.size == ((10 * 9 + 1) * 4,) * 2
 
+    # sample.py --fid on the final checkpoint with the run's count, sampler steps, chunk and seed: the
+    # FID --eval_every logged at that step (the same samples through the same network).
+    import sample  # train/sample.py
+
+    out = tmp_path / "fid.jsonl"
+    with pytest.warns(UserWarning, match="holds statistics of 16×16×1 images"):
+        sample.main(sample.parse_args(["--run_dir", str(tmp_path / "run"), "--num", "20", "--steps", "1", "--batch_size",
+                                       "16", "--seed", "0", "--fid", str(tmp_path / "ref.npz"), "--inception", "unused",
+                                       "--fid_out", str(out)]), features_fn=projection)  # fmt: skip
+    (line,) = [json.loads(s) for s in out.read_text().splitlines()]
+    assert line["step"] == 3 and line["num"] == 20
+    for key in ("fid", "precision", "recall"):
+        assert line[key] == pytest.approx(evals[-1][f"eval/{key}"], rel=1e-6), key
+
 
 def test_subprocess_runs_are_type_checked(tmp_path):
     # tests/typechecked.py imports eqxdiff under the jaxtyping hook: a wrong shape fails there.
@@ -221,3 +252,49 @@ def test_subprocess_runs_are_type_checked(tmp_path):
     result = subprocess.run([sys.executable, "tests/typechecked.py", str(script)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode != 0 and "TypeCheckError" in result.stderr and "unchecked" not in result.stdout
+
+
+@pytest.mark.slow
+def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_path):
+    """train/sample.py (in this process) --step 12 --classes 3,7 --method euler, as .npz and as .png: the
+    samples are the library's generate of step 12's EMA (read from the checkpoint's files) with labels
+    3 and 7 and the Euler sampler, and the PNG holds them as tiles, a row per class."""
+    import sample  # train/sample.py
+
+    from eqxdiff.diffusion import parameterization_by_name, schedule_by_name
+    from eqxdiff.generate import generate
+    from eqxdiff.images import to_uint8
+
+    flags = ["--run_dir", str(eight_device_run), "--step", "12", "--classes", "3,7", "--num", "8", "--method", "euler",
+             "--steps", "2"]  # fmt: skip
+    for out in ("s.npz", "s.png"):
+        sample.main(sample.parse_args([*flags, "--out", str(tmp_path / out)]))
+    with np.load(tmp_path / "s.npz") as saved:
+        images, labels = saved["images"], saved["labels"]
+    np.testing.assert_array_equal(labels, [3, 3, 3, 3, 7, 7, 7, 7])
+
+    # Step 12's EMA from its files, in the structure of a restored model (step 24's, the newest).
+    mesh = make_mesh(data=-1, fsdp=1)
+    newest, *_ = sample.load_ema(eight_device_run, -1, mesh)
+    on_disk = leaf_paths(saved_arrays(eight_device_run, 12))
+    assert any(not np.array_equal(v, on_disk[("ema", *k)]) for k, v in leaf_paths(newest).items())
+    flat, treedef = jax.tree_util.tree_flatten_with_path(newest)
+    ema = jax.tree_util.tree_unflatten(treedef, [
+        jax.device_put(on_disk[("ema", *re.findall(r"\w+", jax.tree_util.keystr(p)))], x.sharding)
+        if eqx.is_array(x) else x for p, x in flat
+    ])  # fmt: skip
+    # The run's schedule, parameterization (σ_data 0.5: pixels) and guidance (--cfg_scale 1.5); sample.py's seed 0.
+    expected = generate(ema, schedule_by_name("edm"), parameterization_by_name("edm", 0.5), labels, 8, (8, 8, 1),
+                        mesh=mesh, steps=2, method="euler", cfg_scale=1.5, seed=0)  # fmt: skip
+    np.testing.assert_array_equal(images, to_uint8(expected))
+
+    with Image.open(tmp_path / "s.png") as png:
+        assert png.format == "PNG" and png.mode == "L"
+        grid = np.asarray(png)
+    # 2 rows × 4 tiles of 8×8, 1 px apart, upscaled 4×; anything left of them is row labels
+    width, height = (4 * 9 + 1) * 4, (2 * 9 + 1) * 4
+    assert grid.shape[0] == height and grid.shape[1] >= width
+    tiles = grid[:, grid.shape[1] - width :][::4, ::4]
+    for i, image in enumerate(images):
+        r, c = divmod(i, 4)
+        np.testing.assert_array_equal(tiles[1 + 9 * r : 9 + 9 * r, 1 + 9 * c : 9 + 9 * c], image[..., 0])
