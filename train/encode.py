@@ -48,6 +48,7 @@ from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import NULL_TEXTS, SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
+from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
@@ -219,7 +220,7 @@ def open_text(cfg: Config, mesh) -> TextConditioning | None:
 
 def main(cfg: Config) -> None:
     start_jax(cfg)
-    out = Path(cfg.out).expanduser()
+    out = check_writable(cfg.out, "--out", folder=True)  # every process writes its shards there
     captions = bool(cfg.text_encoder)
     try:
         source = open_source(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)

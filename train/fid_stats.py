@@ -39,6 +39,7 @@ from eqxdiff.eval.fid import (
     KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
 )  # fmt: skip
 from eqxdiff.sharding import batch_sharding, make_mesh
+from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 
@@ -159,6 +160,8 @@ def dataset_stats(
 def main(cfg: Config, features_fn=None) -> None:
     """`features_fn`: a stand-in feature network (tests); default InceptionV3 from --inception."""
     start_jax(cfg)
+    if jax.process_index() == 0:  # the one that writes: its folder made (~/fid/) and tried before any image is read
+        check_writable(cfg.out, "--out")
     try:
         source = open_source(cfg.dataset, cfg.image_size)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line

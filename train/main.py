@@ -70,6 +70,7 @@ from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpo
 from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_data import latent_autoencoder, open_dataset, scaled_latent_std, text_conditioning  # train/run_data.py
+from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
 
@@ -236,6 +237,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_schedule(cfg)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
+    check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
     text = text_conditioning(cfg, source, mesh)  # None: a run without captions
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape

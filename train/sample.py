@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import SCRATCH_TEXT_TOWER, build_model
+from outputs import check_writable
 from resume import checkpoint_steps, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
@@ -235,6 +236,10 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
         check_eval(saved)
+    if args.process_id == 0 and args.fid:  # the process that writes: its output's folder made and tried first
+        check_writable(args.fid_out or Path(args.run_dir) / "fid.jsonl", "--fid_out")
+    elif args.process_id == 0:
+        check_writable(args.out, "--out")
     start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
                      process_id=args.process_id))  # fmt: skip
     mesh = make_mesh(data=-1, fsdp=1)
