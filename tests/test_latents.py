@@ -22,6 +22,7 @@ from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name,
 from eqxdiff.data.records import TextField
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
 from eqxdiff.text import load_tokenizer
+from eqxdiff.text.run_text import sample_prompts
 
 with install_import_hook("eqxdiff", "beartype.beartype"):  # conftest's hook does not list this module
     from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
@@ -442,3 +443,19 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
     other = train_main.parse_config(["--dataset", spec, "--text_encoder", str(text_setup["images"])])
     with pytest.raises(SystemExit, match="was encoded with"):
         train_main.text_conditioning(other, source, mesh)
+    # The records are read as encoded text, but the raw captions are still there for the grids' prompts.
+    assert "caption" not in source.fields and source.caption(3) == CAPTIONS["d"]
+    assert sample_prompts("", spec, source) == [CAPTIONS[s].strip() for s in sorted(CAPTIONS)]  # all 6, in order
+
+
+@pytest.mark.slow  # reason: two script starts and a training step's compile (~20 s)
+def test_the_readme_latent_text_command_trains_and_draws_grid_prompts_from_the_stored_captions(text_setup, tmp_path):
+    """README's `train/main.py --dataset latents:DIR` on an encode with --text_encoder --encode_text, no text
+    flag given: it trains, and its grid has a row per stored caption (6 here), decoded to 16×16 images."""
+    run_dir = tmp_path / "run"
+    result = runs.run("main.py", "--dataset", f"latents:{text_setup['out']}", "--run_dir", run_dir, *runs.TINY,
+                      "--batch_size", 8, "--steps", 2, "--sample_every", 2, "--sample_steps", 1)  # fmt: skip
+    assert "text-conditioned (captions encoded ahead of time)" in result.stdout + result.stderr
+    runs.assert_finite_training(runs.metric_rows(run_dir))
+    with Image.open(run_dir / "samples" / "step_000002.png") as grid:
+        assert grid.size == ((10 * 17 + 1) * 4, (6 * 17 + 1) * 4)  # 10 samples for each of the 6 captions

@@ -208,6 +208,13 @@ class LatentSource:
         record = parse_record(self.records[i], self.record_fields)
         return {k: record[k] for k in self.fields}
 
+    def caption(self, i: int) -> str:
+        """Example i's stored raw caption, also when records are read without it (`captions=False`:
+        what training on pre-encoded text does, which still draws its sample grids' prompts from it)."""
+        if "caption" not in self.record_fields:
+            raise KeyError(f"{self.folder} stores no captions (its fields: {sorted(self.record_fields)}).")
+        return str(parse_record(self.records[i], self.record_fields)["caption"])
+
     def text_null(self) -> dict[str, np.ndarray] | None:
         """The null condition the encode stored (`null_text.npz`): {"context": float32[1, n, d],
         "mask": int32[1, n], "pooled": float32[1, d]}; None for latents encoded without text.

@@ -92,7 +92,11 @@ def sample_prompts(given: str, dataset: str, source) -> list[str]:
         return given.split("|")
     if dataset == CAPTIONED_DIGITS:
         return captioned_digits_prompts(10, seed=0)[0]
-    if "caption" not in source.fields:
+    if "caption" in source.fields:
+        caption = lambda i: str(source[i]["caption"])  # noqa: E731
+    elif isinstance(source, LatentSource) and "caption" in source.record_fields:
+        caption = source.caption  # latents whose records are read as tokens or encoded text keep the raw caption too
+    else:
         raise SystemExit(f"{dataset} holds no captions to draw sample prompts from: pass --sample_prompts 'a|b|...'.")
     rows = np.unique(np.linspace(0, len(source) - 1, min(10, len(source))).round().astype(int))
-    return [str(source[int(i)]["caption"]) for i in rows]
+    return [caption(int(i)) for i in rows]
