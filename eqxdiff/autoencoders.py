@@ -54,6 +54,8 @@ def _space_to_depth_factor(spec: str) -> int | None:
 def _folder(spec: str) -> Path:
     """The absolute diffusers folder a spec names; raises if it does not hold a VAE."""
     path = Path(spec).expanduser().resolve()
+    if not path.exists():  # most often a typo: said plainly, before what a folder should hold
+        raise FileNotFoundError(f"Autoencoder {spec!r}: {path} does not exist; the accepted forms are {SPEC_FORMS}.")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder (needs config.json and {WEIGHTS_FILE}); "
@@ -65,6 +67,13 @@ def _folder(spec: str) -> Path:
         raise type(e)(f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder ({e}); "
                       f"the accepted forms are {SPEC_FORMS}.") from e  # fmt: skip
     return path
+
+
+def check_autoencoder(spec: str) -> None:
+    """Raises, as `open_autoencoder` would, for a spec that names no autoencoder, without reading any
+    weights: scripts check `--vae` before their data."""
+    if _space_to_depth_factor(spec) is None:
+        _folder(spec)
 
 
 def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:

@@ -234,8 +234,10 @@ def test_autoencoder_specs(tmp_path):
     for bad in ("space_to_depth:0", "space_to_depth:x"):
         with pytest.raises(ValueError, match="accepted forms are space_to_depth:F"):
             open_autoencoder(bad)
-    with pytest.raises(FileNotFoundError, match="not a diffusers VAE folder.*space_to_depth:F"):
+    with pytest.raises(FileNotFoundError, match="nothing does not exist; the accepted forms are space_to_depth:F"):
         open_autoencoder(str(SD_LIKE.parent / "nothing"))
+    with pytest.raises(FileNotFoundError, match="not a diffusers VAE folder.*space_to_depth:F"):
+        open_autoencoder(str(SD_LIKE.parent))  # a folder, not a VAE's
     with pytest.raises(SystemExit, match=r"space_to_depth:3 cannot encode the images of digits.*divisible by 3"):
         run_encode(tmp_path, "--dataset", "digits", "--vae", "space_to_depth:3")
 

@@ -1,6 +1,7 @@
 """Expected mistakes in every train/ script, as a user meets them: one line on stderr, status 2, no
 traceback, the key phrase, and nothing loaded first (each refusal comes before any dataset is read
-or anything compiles: every case here is a process start and a few checks)."""
+or anything compiles). One case per script and kind of mistake runs as a process (the wiring: status,
+one line); its variants call the script's own `main` here (a process start costs seconds)."""
 
 import json
 import os
@@ -8,6 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+import encode  # train/ is on sys.path (conftest)
+import fid_stats
+import main as train_main
+import sample
 
 from runs import ROOT, command
 
@@ -30,6 +36,14 @@ def fake_run(run_dir: Path, step: int = 6, **config) -> Path:
     return run_dir
 
 
+def refusal(script_main, parse, *args) -> str:
+    """The SystemExit message with which a script's own `main` refuses `args`, in this process."""
+    with pytest.raises(SystemExit) as refused_here:
+        script_main(parse([*map(str, args)]))
+    assert isinstance(refused_here.value.code, str)
+    return refused_here.value.code
+
+
 @pytest.fixture
 def a_file(tmp_path) -> Path:
     """A plain file where a user's command expects a folder (an output path through it cannot be made)."""
@@ -44,17 +58,17 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_pa
                    "--out", a_file / "fid" / "stats.npz")  # fmt: skip
     assert line == (f"error: --out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
                     "folder; pass another --out (or make that folder writable).")  # fmt: skip
-    line = refused("encode.py", "--dataset", f"folder:{tmp_path / 'none'}", "--vae", "space_to_depth:2",
-                   "--out", a_file / "latents")  # fmt: skip
-    assert line.startswith(f"error: --out {a_file / 'latents'}: cannot write into {a_file}: it is a file")
     run_dir = fake_run(tmp_path / "run")
     line = refused("sample.py", "--run_dir", run_dir, "--out", a_file / "grid.png")
     assert line.startswith(f"error: --out {a_file / 'grid.png'}: cannot write into {a_file}: it is a file")
-    line = refused("sample.py", "--run_dir", run_dir, "--fid", tmp_path / "ref.npz", "--inception", "x.pth",
-                   "--fid_out", a_file / "fid.jsonl")  # fmt: skip
-    assert line.startswith(f"error: --fid_out {a_file / 'fid.jsonl'}: cannot write into {a_file}: it is a file")
     line = refused("main.py", "--run_dir", a_file / "run", "--model", "unet_tiny")
     assert line.startswith(f"error: --run_dir {a_file / 'run'}: cannot write into {a_file}: it is a file")
+    message = refusal(encode.main, encode.parse_config, "--dataset", f"folder:{tmp_path / 'none'}", "--vae",
+                      "space_to_depth:2", "--out", a_file / "latents")  # fmt: skip
+    assert message.startswith(f"--out {a_file / 'latents'}: cannot write into {a_file}: it is a file")
+    message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--fid", tmp_path / "ref.npz",
+                      "--inception", "x.pth", "--fid_out", a_file / "fid.jsonl")  # fmt: skip
+    assert message.startswith(f"--fid_out {a_file / 'fid.jsonl'}: cannot write into {a_file}: it is a file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "run"]  # nothing made on the way
 
 
@@ -64,17 +78,60 @@ def test_a_read_only_folder_is_refused(tmp_path):
     folder.mkdir()
     folder.chmod(0o500)
     try:
-        line = refused("main.py", "--run_dir", folder / "run", "--model", "unet_tiny")
+        message = refusal(train_main.main, train_main.parse_config, "--run_dir", folder / "run")
     finally:
         folder.chmod(0o700)
-    assert f"cannot write into {folder}: Permission denied" in line
+    assert f"cannot write into {folder}: Permission denied" in message
 
 
 def test_the_folders_a_user_expects_are_made_before_the_long_part(tmp_path):
     """fid_stats.py makes --out's folders (the README writes to ~/fid/) before it reads the data: here a
     missing dataset stops it after they exist; a training run's directory waits for the run."""
     out = tmp_path / "fid" / "pets" / "stats.npz"
-    line = refused("fid_stats.py", "--dataset", f"folder:{tmp_path / 'none'}", "--inception", "x.pth", "--out", out)
-    assert "Dataset folder not found" in line and out.parent.is_dir() and not out.exists()
-    line = refused("main.py", "--run_dir", tmp_path / "runs" / "x", "--dataset", f"folder:{tmp_path / 'none'}")
-    assert "Dataset folder not found" in line and not (tmp_path / "runs").exists()
+    message = refusal(fid_stats.main, fid_stats.parse_config, "--dataset", f"folder:{tmp_path / 'none'}",
+                      "--inception", "x.pth", "--out", out)  # fmt: skip
+    assert "Dataset folder not found" in message and out.parent.is_dir() and not out.exists()
+    message = refusal(train_main.main, train_main.parse_config, "--run_dir", tmp_path / "runs" / "x", "--dataset",
+                      f"folder:{tmp_path / 'none'}")  # fmt: skip
+    assert "Dataset folder not found" in message and not (tmp_path / "runs").exists()
+
+
+def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = refused("encode.py", "--vae", tmp_path / "sd-vea", "--out", tmp_path / "latents")
+    assert line.startswith(f"error: --vae: Autoencoder '{tmp_path / 'sd-vea'}': {tmp_path / 'sd-vea'} does not exist;")
+    line = refused("main.py", "--dataset", "captioned_digits", "--text_encoder", tmp_path / "nope", "--run_dir",
+                   tmp_path / "run")  # fmt: skip
+    assert line.startswith(f"error: --text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist (a "
+                           "transformers CLIP text folder")  # fmt: skip
+
+    def encode_refusal(*args) -> str:
+        return refusal(encode.main, encode.parse_config, "--out", tmp_path / "latents", *args)
+
+    def main_refusal(*args) -> str:
+        return refusal(train_main.main, train_main.parse_config, "--dataset", "captioned_digits", "--run_dir",
+                       tmp_path / "run", *args)  # fmt: skip
+
+    message = encode_refusal("--vae", "space_to_depth:x")
+    assert message.startswith("--vae: Bad autoencoder 'space_to_depth:x': the accepted forms are space_to_depth:F")
+    message = encode_refusal("--vae", empty)
+    assert message.startswith(f"--vae: Autoencoder '{empty}': {empty} is not a diffusers VAE folder (needs config.json")
+    message = encode_refusal("--vae", "space_to_depth:2", "--text_encoder", tmp_path / "nope")
+    assert message.startswith(f"--text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist")
+    assert main_refusal("--text_encoder", empty).startswith(f"--text_encoder {empty}: the folder is empty, with no "
+                                                            "config.json")  # fmt: skip
+    (empty / "config.json").write_text("{}")
+    message = main_refusal("--text_encoder", empty)
+    assert "model.safetensors does not exist" in message and "(the folder holds ['config.json'])" in message
+    (empty / "model.safetensors").write_bytes(b"")
+    message = main_refusal("--text_encoder", empty, "--tokenizer", tmp_path / "tok")
+    assert message.startswith(f"--tokenizer {tmp_path / 'tok'}: {tmp_path / 'tok'} does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no latents folder, no run directory
+
+
+def test_sampling_a_class_the_run_does_not_have_is_named_with_the_classes_it_has(tmp_path):
+    run_dir = fake_run(tmp_path / "run", num_classes=2, class_names=["cat", "cow"])
+    line = refused("sample.py", "--run_dir", run_dir, "--classes", "dog", "--out", tmp_path / "grid.png")
+    assert line == "error: --classes: this run has no class 'dog'; its classes are 0=cat, 1=cow."
+    assert not (tmp_path / "grid.png").exists()

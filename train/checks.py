@@ -2,6 +2,7 @@
 that names the fix, before anything loads or compiles."""
 
 from eqxdiff.diffusion import EDMSchedule
+from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.text.run_text import wants_captions
 
 
@@ -40,3 +41,12 @@ def check_eval(cfg) -> None:
     if wants_captions(cfg.text_encoder, cfg.dataset):
         raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
                          "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip
+
+
+def check_text_folders_exist(cfg) -> None:
+    """--text_encoder and --tokenizer name folders that exist and hold what they should (no weights read)."""
+    if cfg.text_encoder:
+        try:
+            check_text_folders(cfg.text_encoder, cfg.tokenizer)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(str(e)) from e

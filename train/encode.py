@@ -38,7 +38,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from eqxdiff.autoencoders import describe_autoencoder, open_autoencoder, sha256_file
+from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder, sha256_file
 from eqxdiff.data import Prefetch, open_source
 from eqxdiff.data.latents import (
     META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
@@ -47,7 +47,9 @@ from eqxdiff.data.latents import (
 from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.text.conditioning import NULL_TEXTS, SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
+from eqxdiff.text.conditioning import (
+    NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
+)  # fmt: skip
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
@@ -220,6 +222,15 @@ def open_text(cfg: Config, mesh) -> TextConditioning | None:
 
 def main(cfg: Config) -> None:
     start_jax(cfg)
+    try:  # a mistyped folder is named before anything is made or read
+        check_autoencoder(cfg.vae)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"--vae: {e}") from e
+    if cfg.text_encoder:
+        try:
+            check_text_folders(cfg.text_encoder, cfg.tokenizer)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(str(e)) from e
     out = check_writable(cfg.out, "--out", folder=True)  # every process writes its shards there
     captions = bool(cfg.text_encoder)
     try:
@@ -235,8 +246,11 @@ def main(cfg: Config) -> None:
         raise SystemExit(f"--batch_size {cfg.batch_size} must be a multiple of the devices ({jax.device_count()}).")
     # Each process encodes its own shards on its own devices: no process waits for another until the end.
     mesh = make_mesh(devices=jax.local_devices())
-    vae = open_autoencoder(cfg.vae, mesh=mesh)
-    text = open_text(cfg, mesh)
+    try:  # weights that do not fit their config, a tokenizer of another tower
+        vae = open_autoencoder(cfg.vae, mesh=mesh)
+        text = open_text(cfg, mesh)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(str(e)) from e
     null = None if text is None else null_npz_bytes(text.encoded_null())
     plan = plan_meta(cfg, source, vae, text, "" if null is None else hashlib.sha256(null).hexdigest())
     out.mkdir(parents=True, exist_ok=True)

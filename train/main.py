@@ -65,7 +65,7 @@ from eqxdiff.training import (
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
-from checks import check_batch, check_eval, check_schedule  # train/: the flag checks argparse cannot make
+from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
@@ -235,6 +235,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_batch(cfg, mesh.size)
     check_eval(cfg)
     check_schedule(cfg)
+    check_text_folders_exist(cfg)
     if cfg.hflip and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none

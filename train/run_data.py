@@ -20,14 +20,20 @@ def latent_autoencoder(source, mesh) -> tuple:
         return None, {}
     vae = source.meta["vae"]
     stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
-    return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
+    try:
+        return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
+    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
+        raise SystemExit(f"{source.spec}: the VAE its meta.json names cannot be read ({e}); put it back there.") from e
 
 
 def text_conditioning(cfg, source, mesh) -> TextConditioning | None:
     """The run's text side (eqxdiff/text/run_text.py), None for a run without captions."""
-    return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
-                    null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                    min_size=cfg.fsdp_min_param_size)  # fmt: skip
+    try:
+        return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
+                        null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
+                        min_size=cfg.fsdp_min_param_size)  # fmt: skip
+    except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
+        raise SystemExit(str(e)) from e
 
 
 def open_dataset(cfg, say) -> object:

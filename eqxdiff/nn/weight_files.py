@@ -33,6 +33,8 @@ def weight_files(folder: str | Path, weights_name: str, variant: str | None = No
         return [single]
     if index.is_file():
         return _shards(index)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} {'is a file, not a folder' if folder.exists() else 'does not exist'}")
     found = sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
     others = sorted(v for v in variants(folder, weights_name) if v != variant)
     hint = f"; pass variant= one of {others}" if others else ""

@@ -22,6 +22,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from eqxdiff.nn import CLIPTextModel
+from eqxdiff.nn.clip_text import WEIGHTS_FILE
+from eqxdiff.nn.weight_files import weight_files
 from eqxdiff.text.tokenizer import TextTokenizer, load_tokenizer
 
 NULL_TEXTS = ("empty", "zeros")
@@ -98,6 +100,31 @@ def tokenizer_folder(text_encoder: str, tokenizer: str) -> Path:
             "(SD's tokenizer/ folder: vocab.json + merges.txt, or a tokenizer.json)."
         )
     return sibling
+
+
+def check_text_folders(text_encoder: str, tokenizer: str = "") -> None:
+    """Raises FileNotFoundError (or ValueError) naming the folder and what it lacks, without reading
+    weights, for a `text_encoder` that is not a transformers CLIP text folder (config.json + weights)
+    or a tokenizer folder (given, or beside it) that is missing: scripts check these before their data."""
+    if text_encoder != SCRATCH:
+        folder = Path(text_encoder).expanduser()
+        wanted = f"a transformers CLIP text folder, config.json + {WEIGHTS_FILE}, e.g. SD's text_encoder/"
+        if not folder.is_dir():
+            state = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise FileNotFoundError(f"--text_encoder {text_encoder}: {folder} {state} ({wanted}).")
+        if not (folder / "config.json").is_file():
+            held = sorted(p.name for p in folder.iterdir())
+            what = f"holds {', '.join(held[:10])}{', ...' if len(held) > 10 else ''}" if held else "is empty"
+            raise FileNotFoundError(f"--text_encoder {text_encoder}: the folder {what}, with no config.json ({wanted}).")
+        try:
+            weight_files(folder, WEIGHTS_FILE)
+        except FileNotFoundError as e:  # its message names what the folder holds
+            raise FileNotFoundError(f"--text_encoder {text_encoder}: {e}") from e
+    if text_encoder != SCRATCH or tokenizer:
+        found = tokenizer_folder(text_encoder, tokenizer)
+        if not found.is_dir():
+            raise FileNotFoundError(f"--tokenizer {tokenizer}: {found} does not exist (a tokenizer folder: "
+                                    "vocab.json + merges.txt, or a tokenizer.json).")  # fmt: skip
 
 
 def open_text_conditioning(
