@@ -135,3 +135,23 @@ def test_sampling_a_class_the_run_does_not_have_is_named_with_the_classes_it_has
     line = refused("sample.py", "--run_dir", run_dir, "--classes", "dog", "--out", tmp_path / "grid.png")
     assert line == "error: --classes: this run has no class 'dog'; its classes are 0=cat, 1=cow."
     assert not (tmp_path / "grid.png").exists()
+
+
+def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from eqxdiff.checkpoint import Checkpoints
+
+    tower = tmp_path / "sd" / "text_encoder"
+    config = dict(dataclasses.asdict(train_main.Config(dataset="folder:~/pets", model="unet_tiny")),
+                  image_shape=[8, 8, 3], num_classes=0,
+                  text={"text_encoder": str(tower), "tokenizer": str(tower.parent / "tokenizer"), "null_text": "empty",
+                        "max_length": 16})  # fmt: skip
+    with Checkpoints(tmp_path / "run" / "checkpoints", async_save=False) as checkpoints:
+        assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
+    message = refusal(sample.main, sample.parse_args, "--run_dir", tmp_path / "run", "--prompts", "a cat", "--out",
+                      tmp_path / "grid.png")  # fmt: skip
+    assert message.startswith(f"{tmp_path / 'run'} trained with the text tower {tower}, which cannot be read now (")
+    assert message.endswith("); put it back there.")

@@ -171,8 +171,12 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
         text = None
         if "text" in stored:  # the tower and null text the run trained with
             t = stored["text"]
-            text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], scratch_config=SCRATCH_TEXT_TOWER,
-                             mesh=mesh, min_size=2**62)  # fmt: skip
+            try:
+                text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], scratch_config=SCRATCH_TEXT_TOWER,
+                                 mesh=mesh, min_size=2**62)  # fmt: skip
+            except (FileNotFoundError, ValueError) as e:  # the folders moved since training
+                raise SystemExit(f"{run_dir} trained with the text tower {t['text_encoder']}, which cannot be read "
+                                 f"now ({e}); put it back there.") from e  # fmt: skip
 
         def make_model(key):
             shape, n = tuple(stored["image_shape"]), stored["num_classes"]
@@ -269,7 +273,11 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
     autoencoder_spec = stored.get("autoencoder")  # runs on latents: the VAE their meta.json named
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder_spec is not None))
-    autoencoder = None if autoencoder_spec is None else open_autoencoder(autoencoder_spec, mesh=mesh)
+    try:
+        autoencoder = None if autoencoder_spec is None else open_autoencoder(autoencoder_spec, mesh=mesh)
+    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
+        raise SystemExit(f"{args.run_dir} decodes with the VAE {autoencoder_spec}, which cannot be read now ({e}); "
+                         "put it back there.") from e  # fmt: skip
 
     def sample_images(num: int, cond, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(images [num, h, w, c] in about [-1, 1], the latents they decode or None)."""
