@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image
@@ -14,6 +16,7 @@ import encode as train_encode  # train/encode.py (conftest puts train/ on sys.pa
 import main as train_main  # train/main.py
 import sample as train_sample  # train/sample.py
 from eqxdiff.data import open_source
+from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.images import to_uint8
 from eqxdiff.nn import AutoencoderKL
 from runs import REFERENCE, REFERENCE_STEPS, ROOT, assert_finite_training, metric_rows, run, train_here
@@ -26,6 +29,28 @@ def test_sigma_data_follows_the_data_unless_given():
     assert train_main.sigma_data(default, on_latents=False) == 0.5  # images in [-1, 1]
     assert train_main.sigma_data(default, on_latents=True) == 1.0  # latents scaled to std ≈ 1
     assert train_main.sigma_data(given, on_latents=True) == 0.7
+
+
+def test_prepare_draws_latents_from_the_posterior_and_scales_them_per_channel():
+    """x0 = (mean + exp(logvar / 2)·ε - shift)·scale (the posterior's reparameterised draw, then
+    SDXL-style per-channel statistics), in float64 with prepare's own ε: the posterior key is
+    fold_in(key, 1), so σ, ε and dropout draw as for images."""
+    rng = np.random.default_rng(0)
+    shape = (3, 4, 4, 4)
+    mean, logvar = rng.normal(size=shape), rng.uniform(-3.0, 1.0, size=shape)  # posterior std 0.2 .. 1.6
+    scale, shift = np.array([0.5, 1.7, 0.9, 2.3]), np.array([0.3, -0.4, 0.1, 0.6])
+    records = {"mean": mean.astype(np.float32), "logvar": logvar.astype(np.float32), "label": np.zeros(3, np.int32)}
+
+    def x0(key):
+        out = train_main.prepare(records, key, schedule=EDMSchedule(), cond_dropout=0.0, null_cond=jnp.array([10]),
+                                 latent_scaling=(scale.astype(np.float32), shift.astype(np.float32)))  # fmt: skip
+        return np.asarray(out["x0"], np.float64)
+
+    key = jax.random.key(7)
+    eps = np.asarray(jax.random.normal(jax.random.fold_in(key, 1), shape), np.float64)
+    m, lv = records["mean"].astype(np.float64), records["logvar"].astype(np.float64)
+    np.testing.assert_allclose(x0(key), (m + np.exp(lv / 2) * eps - shift) * scale, rtol=1e-5, atol=1e-5)
+    assert np.abs(x0(key) - x0(jax.random.key(8))).min() > 0  # every element is drawn anew
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -58,6 +58,11 @@ def unet_text_projections(m):
     return m.down_attn[0].cross.proj, m.up_attn[0].cross.proj, m.pooled_embed
 
 
+def dit_text_projections(m):
+    """The zero-initialised layers through which the text enters the DiT."""
+    return *(block.cross.proj for block in m.blocks), m.pooled_embed
+
+
 def test_cross_attention_matches_numpy_reference_and_ignores_padding():
     dim, heads, dh = 8, 2, 4
     attn = perturbed(CrossAttention(dim, CTX, heads, key=KEY), 0.1)  # non-zero biases too
@@ -82,13 +87,17 @@ def test_cross_attention_matches_numpy_reference_and_ignores_padding():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
-def test_text_unet_reads_the_text_only_through_its_zero_initialised_projections():
-    # Every other layer perturbed (so the output is not trivially zero), the text projections as
-    # initialised: two very different conditions give the same output, bit for bit.
-    model = perturbed(UNET, 0.1)
-    init = unet_text_projections(UNET)
+@pytest.mark.parametrize(
+    "model, projections", [(UNET, unet_text_projections), (DIT, dit_text_projections)], ids=["unet", "dit"]
+)
+def test_text_model_reads_the_text_only_through_its_zero_initialised_projections(model, projections):
+    # Every other layer perturbed (so the output is not trivially zero: the DiT's final layer is
+    # zero at init too), the text projections as initialised: two very different conditions give
+    # the same output, bit for bit.
+    init = projections(model)
+    model = perturbed(model, 0.1)
     assert all(not np.any(leaf) for leaf in jax.tree.leaves(init))
-    at_init = eqx.tree_at(unet_text_projections, model, init)
+    at_init = eqx.tree_at(projections, model, init)
     a, b = text_cond(1), text_cond(2, mask=((1, 0, 0, 0, 0), (1, 1, 0, 0, 0)))
     y = call(at_init, X, T, a)
     assert float(jnp.abs(y).max()) > 1e-2

@@ -201,6 +201,40 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     assert float(metrics["lr"]) == pytest.approx(3e-3 * 1 / 2)
 
 
+def sqrt_term_loss(model, batch, key):
+    """A finite loss whose gradient is NaN where p = 0: d/dw sqrt(|w|·p) = sign(w)·p / (2 sqrt(|w|·p))
+    is 0/0 there, and 0·NaN is NaN, while the loss term 0·sqrt(0) is 0."""
+    fit = jnp.mean((jax.vmap(model)(batch["x"]) - 1.0) ** 2)
+    return fit + 0.0 * jnp.sum(jnp.sqrt(jnp.abs(model.weight[0, 0]) * batch["p"]))
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
+    mesh = make_mesh(-1, 4)
+    make_model = lambda key: eqx.nn.Linear(4, 4, key=key)  # noqa: E731 — a one-matmul step: a quick compile
+    optimizer, schedule = adamw_cosine(1e-2, 100, 2)
+    state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 256)
+    step = make_train_step(
+        prepare=lambda batch, key: batch, loss_fn=sqrt_term_loss, optimizer=optimizer, lr_schedule=schedule,
+        ema_decay=0.9, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
+    )  # fmt: skip
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    good, bad = ({"x": x, "p": np.full(8, p, np.float32)} for p in (1.0, 0.0))
+    state, metrics = step(state, put(good, mesh))  # moments and EMA away from their init
+    assert bool(metrics["finite"]) and float(metrics["grad_norm"]) > 0
+    arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
+    kept = arrays(state)
+    for i in (1, 2):
+        state, metrics = step(state, put(bad, mesh))
+        assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
+        assert not bool(metrics["finite"]) and int(metrics["bad_steps"]) == i
+        for a, b in zip(kept, arrays(state), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert int(state.step) == 3
+    state, metrics = step(state, put(good, mesh))
+    assert bool(metrics["finite"]) and int(metrics["bad_steps"]) == 0
+    assert not np.array_equal(kept[0], arrays(state)[0])  # a good step still updates
+
+
 @pytest.mark.slow
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():
     mesh = make_mesh(-1, 1)
