@@ -9,6 +9,7 @@ arrays or None; conditional models also give `null_cond(b)`.
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
 from eqxdiff.nn.clip_text import CLIPTextModel
+from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.layers import (
     Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
@@ -20,7 +21,7 @@ from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "ConditionalModel", "Conv2d", "CrossAttention", "DiT",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel", "Conv2d", "CrossAttention", "DiT",
     "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TextConditioned",
     "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -5,6 +5,9 @@ A pre-LayerNorm causal transformer: token + position embeddings, `num_hidden_lay
 `x + attn(LN1(x))`, `x + MLP(LN2(x))`, a final LayerNorm; the pooled vector is the final state at
 the end-of-text token. Field names are transformers', so leaf paths are state_dict keys; files
 with the "text_model." prefix (transformers 4, SD) load as well as those without (transformers 5).
+A full `CLIPModel` folder (openai's `clip-vit-large-patch14`: `text_config` and `vision_config` in one
+config.json, both towers in one file) loads its text tower, as transformers' `CLIPTextModel.from_pretrained`
+does: the `text_config` and the `text_model.*` keys, the other towers' keys left unread.
 """
 
 import json
@@ -48,6 +51,9 @@ IGNORED = {
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
 }  # fmt: skip
 LEGACY_EOS = 2  # transformers: eos_token_id 2 (configs before PR #24773) means "pool at the largest id"
+# A full CLIPModel's keys that are not its text tower: left unread, as transformers' text models leave them.
+# text_projection is the head of CLIPTextModelWithProjection (eqxdiff.nn.clip_text_projection), which reads it.
+OTHER_TOWERS = ("vision_model.", "visual_projection.", "logit_scale", "text_projection.")
 
 
 def quick_gelu(x: Float[Array, "*s"]) -> Float[Array, "*s"]:
@@ -69,7 +75,8 @@ def parse_config(config: dict) -> dict:
     if "text_config" in config or config.get("model_type", "clip_text_model") != "clip_text_model":
         raise ValueError(
             f"model_type {config.get('model_type')!r} with text_config {'text_config' in config}: only a CLIP "
-            "text tower's config ('clip_text_model') is supported; save a full CLIP model's text_model as its own folder"
+            "text tower's config ('clip_text_model') is supported here; `from_transformers` reads a full CLIP "
+            "folder's text_config itself"
         )
     unknown = sorted(k for k in config if k not in DEFAULTS and k not in IGNORED and not k.startswith("_"))
     if unknown:
@@ -86,6 +93,15 @@ def parse_config(config: dict) -> dict:
             f"hidden_size {cfg['hidden_size']} is not divisible by num_attention_heads {cfg['num_attention_heads']}"
         )
     return cfg
+
+
+def text_config(folder: Path) -> tuple[dict, bool]:
+    """(the text tower's config, whether the folder is a full CLIPModel) from `folder`'s config.json: a
+    full CLIP model's (`model_type` "clip") `text_config`, or the file itself."""
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type") == "clip" and isinstance(config.get("text_config"), dict):
+        return config["text_config"], True
+    return config, False
 
 
 class LayerNorm(eqx.Module):
@@ -225,12 +241,14 @@ class CLIPTextModel(eqx.Module):
         `model.<variant>.safetensors` or its shards instead, as transformers' `variant=`. With `mesh`,
         each weight is read straight into its `eqxdiff.sharding` layout for `(mesh, min_size)`;
         without, onto the first device."""
-        path = Path(path)
-        weights = weight_files(path, WEIGHTS_FILE, variant)
-        config = json.loads((path / "config.json").read_text())
+        config, full = text_config(Path(path))
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
-        strip = lambda key: key.removeprefix(PREFIX)  # noqa: E731
-        return load_safetensors(abstract, weights, rename=strip, ignore=BUFFERS, mesh=mesh, min_size=min_size)
+
+        def rename(key: str) -> str | None:  # a full CLIPModel's other towers: not read
+            return None if full and key.startswith(OTHER_TOWERS) else key.removeprefix(PREFIX)
+
+        weights = weight_files(path, WEIGHTS_FILE, variant)
+        return load_safetensors(abstract, weights, rename=rename, ignore=BUFFERS, mesh=mesh, min_size=min_size)
 
     @property
     def num_layers(self) -> int:
