@@ -155,3 +155,32 @@ def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
                       tmp_path / "grid.png")  # fmt: skip
     assert message.startswith(f"{tmp_path / 'run'} trained with the text tower {tower}, which cannot be read now (")
     assert message.endswith("); put it back there.")
+
+
+def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close_run(tmp_path, capsys):
+    """`main.py --run_dir runs/X` alone (the README's resume form) on a folder that does not exist beside a run
+    of a close name: refused, not a fresh default digits run; a command giving what to train, or a folder
+    made first, starts the new run and says so."""
+    (tmp_path / "runs" / "pets-dit_s" / "checkpoints" / "500").mkdir(parents=True)
+    (tmp_path / "runs" / "pets-dit_s" / "checkpoints" / "1000").mkdir()
+    typo = Path("runs") / "pets-dti_s"
+    line = refused("main.py", "--run_dir", typo, cwd=tmp_path)
+    assert line == (f"error: --run_dir {typo} does not exist; did you mean runs/pets-dit_s (a run at step 1000)? To "
+                    f"start a new run there anyway, give its --dataset (or make the folder first: mkdir -p {typo}).")
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pets-dit_s"]  # nothing started or made
+    message = refusal(sample.main, sample.parse_args, "--run_dir", tmp_path / typo, "--out", tmp_path / "g.png")
+    assert f"did you mean {tmp_path / 'runs' / 'pets-dit_s'}? Else train first" in message
+
+    def start_line(*args) -> str:
+        """What main.py says first, for a command stopped right after (a refused --edm_p_mean)."""
+        with pytest.raises(SystemExit, match="--edm_p_mean sets the edm schedule"):
+            train_main.main(train_main.parse_config([*map(str, args), "--schedule", "flow", "--edm_p_mean", "-0.3"]))
+        return capsys.readouterr().out.splitlines()[0]
+
+    given = tmp_path / typo
+    assert start_line("--run_dir", given, "--dataset", "digits") == f"new run in {given}: unet on digits"
+    assert start_line("--run_dir", tmp_path / "runs" / "cats") == f"new run in {tmp_path / 'runs' / 'cats'}: unet on digits"
+    given.mkdir()
+    assert start_line("--run_dir", given) == f"new run in {given}: unet on digits"
+    resumed = fake_run(tmp_path / "runs" / "dogs", step=6, schedule="flow", steps=12)
+    assert start_line("--run_dir", resumed) == f"resuming {resumed} from step 6"

@@ -227,6 +227,9 @@ def main(cfg: Config, features_fn=None) -> None:
                        f"train longer, run it again with a larger --steps, e.g. --steps {2 * cfg.steps} (the "
                        f"learning rate's cosine then stretches to it).")  # fmt: skip
         return
+    if cfg.process_id == 0:  # which of the two a command does, first: a mistyped --run_dir shows here
+        tqdm.write(f"new run in {cfg.run_dir}: {cfg.model} on {cfg.dataset}" if resume is None else
+                   f"resuming {cfg.run_dir} from step {resume}")  # fmt: skip
     start_jax(cfg)
     run_dir = Path(cfg.run_dir)
     is_main = jax.process_index() == 0

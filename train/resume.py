@@ -8,6 +8,7 @@ read as plain JSON, before JAX starts: flags like --cpu_devices must be set befo
 """
 
 import dataclasses
+import difflib
 import json
 import re
 from pathlib import Path
@@ -63,6 +64,31 @@ def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None
                          f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
 
 
+def close_runs(run_dir: str | Path) -> list[Path]:
+    """Runs beside `run_dir` (folders holding checkpoints/) whose names are close to its name: what a
+    mistyped --run_dir most likely meant."""
+    run_dir = Path(run_dir).expanduser()
+    parent = run_dir.parent if run_dir.parent.is_dir() else None
+    if parent is None:
+        return []
+    runs = {d.name: d for d in parent.iterdir() if (d / "checkpoints").is_dir()}
+    return [runs[name] for name in difflib.get_close_matches(run_dir.name, list(runs), n=3, cutoff=0.75)]
+
+
+def refuse_mistyped_run_dir(run_dir: str, given: dict) -> None:
+    """The short resume form (`--run_dir X` and no flag that defines a run) on a folder that does not
+    exist, beside a run of a close name, is most likely a typo: refused in one line, not a fresh
+    default run. A new run starts there with its --dataset (or any defining flag) given, or once the
+    folder exists."""
+    if Path(run_dir).expanduser().exists() or any(k in given for k in FIXED):
+        return
+    close = close_runs(run_dir)
+    if close:
+        named = " or ".join(f"{d} (a run at step {(checkpoint_steps(d) or [0])[-1]})" for d in close)
+        raise SystemExit(f"--run_dir {run_dir} does not exist; did you mean {named}? To start a new run there "
+                         f"anyway, give its --dataset (or make the folder first: mkdir -p {run_dir}).")  # fmt: skip
+
+
 def resolved(name: str, value):
     """A flag's value as compared on resume: --dataset's path and the text tower's folders with `~`,
     relative parts and a trailing slash resolved (the same data written another way is no change)."""
@@ -82,6 +108,8 @@ def run_config(config_type, given: dict, say=print):
     run_dir = given.get("run_dir") or default_run_dir(given.get("dataset", defaults.dataset),
                                                       given.get("model", defaults.model))  # fmt: skip
     found = saved_config(run_dir, given.get("resume_step", -1))
+    if found is None and "run_dir" in given:
+        refuse_mistyped_run_dir(run_dir, given)
     if found is None:
         return dataclasses.replace(defaults, **{**given, "run_dir": run_dir})
     step, saved = found

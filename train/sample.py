@@ -37,7 +37,7 @@ from tqdm import tqdm
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import SCRATCH_TEXT_TOWER, build_model
 from outputs import check_writable
-from resume import checkpoint_steps, saved_config
+from resume import checkpoint_steps, close_runs, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
@@ -144,7 +144,9 @@ def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
     plain JSON before JAX starts; a missing run or step named in one line."""
     saved = checkpoint_steps(run_dir)  # before orbax opens anything
     if not saved:
-        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: train first "
+        close = close_runs(run_dir)  # a mistyped --run_dir
+        hint = f"did you mean {' or '.join(map(str, close))}? Else train" if close else "train"
+        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: {hint} first "
                          f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
     if step >= 0 and step not in saved:
         raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
