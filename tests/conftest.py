@@ -12,22 +12,24 @@ from jaxtyping import install_import_hook  # noqa: E402
 from typechecked import import_dependencies  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
 
 # Every jaxtyping annotation in eqxdiff is checked by beartype in every test. Its dependencies are
-# imported first, from their .pyc (tests/typechecked.py says why).
+# imported first, from their .pyc (tests/typechecked.py says why). The hook stays installed for the
+# whole session: an eqxdiff module first imported later (by `import main` at collection, or in a
+# test) is checked too (tests/test_typecheck_hook.py).
 import_dependencies()
-with install_import_hook("eqxdiff", "beartype.beartype"):
-    import eqxdiff  # noqa: F401
-    import eqxdiff.diffusion  # noqa: F401
-    import eqxdiff.nn  # noqa: F401
-    import eqxdiff.checkpoint  # noqa: F401
-    import eqxdiff.data  # noqa: F401
-    import eqxdiff.eval  # noqa: F401
-    import eqxdiff.generate  # noqa: F401
-    import eqxdiff.images  # noqa: F401
-    import eqxdiff.sharding  # noqa: F401
-    import eqxdiff.text  # noqa: F401
-    import eqxdiff.text.conditioning  # noqa: F401
-    import eqxdiff.training  # noqa: F401
-    import eqxdiff.xla_cpu
+install_import_hook("eqxdiff", "beartype.beartype")
+import eqxdiff  # noqa: E402, F401
+import eqxdiff.diffusion  # noqa: E402, F401
+import eqxdiff.nn  # noqa: E402, F401
+import eqxdiff.checkpoint  # noqa: E402, F401
+import eqxdiff.data  # noqa: E402, F401
+import eqxdiff.eval  # noqa: E402, F401
+import eqxdiff.generate  # noqa: E402, F401
+import eqxdiff.images  # noqa: E402, F401
+import eqxdiff.sharding  # noqa: E402, F401
+import eqxdiff.text  # noqa: E402, F401
+import eqxdiff.text.conditioning  # noqa: E402, F401
+import eqxdiff.training  # noqa: E402, F401
+import eqxdiff.xla_cpu  # noqa: E402
 
 # As train/main.py and the benchmarks run: XLA:CPU workarounds on (tests/test_xla_cpu.py checks
 # the library without them, under `xla_cpu.disabled()`).

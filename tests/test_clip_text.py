@@ -277,10 +277,16 @@ def test_full_size_architecture_has_transformers_keys_and_shapes():
 def test_full_size_clip_l_runs():
     """CLIP-L/14's text tower from SD 1.x's config with random weights, one 77-token prompt. The
     weights tile one 2^20-value uniform draw: drawing 123M values (jax.random's threefry or numpy)
-    would take most of the test's time."""
+    would take most of the test's time. Each leaf starts at its own place in the draw: one start
+    for all would make q, k and v equal and every layer the same: attention scores of q·q, unlike a tower's."""
     abstract = eqx.filter_eval_shape(CLIPTextModel.from_config, FULL["config"], key=jax.random.key(0))
     draw = np.random.default_rng(0).uniform(-0.05, 0.05, 2**20 + 7).astype(np.float32)
-    clip = jax.tree.map(lambda s: jax.numpy.asarray(np.resize(draw, s.shape)), abstract)
+    shapes, treedef = jax.tree.flatten(abstract)
+    tiled = [np.resize(np.roll(draw, -104_729 * i), s.shape) for i, s in enumerate(shapes)]  # a prime stride
+    clip = jax.tree.unflatten(treedef, [jax.numpy.asarray(a) for a in tiled])
+    attn = clip.encoder.layers[0].self_attn
+    assert not np.array_equal(attn.q_proj.weight, attn.k_proj.weight)
+    assert not np.array_equal(attn.k_proj.weight, attn.v_proj.weight)
     ids = np.full((1, 77), 49407, np.int32)
     ids[0, :6] = [49406, 320, 1125, 539, 320, 2368]  # bos, "a photo of a cat"
     hidden, pooled = eqx.filter_jit(lambda clip, ids: clip(ids))(clip, ids)

@@ -96,6 +96,63 @@ def test_dpmpp_2m_two_steps_follow_lu_et_al_in_float64():
         np.testing.assert_allclose(np.asarray(out), expected, atol=1e-12)
 
 
+def step_noise(key, num_steps, shape):
+    """The unit noise `sample` hands step i (float64): its key split once per step."""
+    return [np.asarray(jax.random.normal(k, shape, jnp.float64)) for k in jax.random.split(key, num_steps)]
+
+
+def test_heun_with_churn_one_step_is_edm_algorithm_2_in_float64():
+    # Karras et al. 2022, Alg. 2 with N = 1: γ = min(S_churn/N, √2 - 1) for t_i in [S_tmin, S_tmax],
+    # t̂ = t_i + γ·t_i, x̂ = x_i + sqrt(t̂² - t_i²)·S_noise·ε, then Heun's step from t̂ to t_{i+1}.
+    with jax.enable_x64(True):
+        t0, t1, churn, s_noise = 2.0, 0.7, 0.3, 1.007
+        x, key = 2.0 * unit_noise(3, jnp.float64), jax.random.key(5)
+        (eps,) = step_noise(key, 1, x.shape)
+        x = np.asarray(x)
+        # t_0 in [S_tmin, S_tmax], then above S_tmax (no churn: Alg. 1).
+        for s_tmin, s_tmax, gamma in ((0.5, 10.0, min(churn, np.sqrt(2) - 1)), (0.5, 1.9, 0.0)):
+            out = sample(gaussian_denoiser, jnp.asarray(x), np.array([t0, t1]), "heun", key,
+                         s_churn=churn, s_tmin=s_tmin, s_tmax=s_tmax, s_noise=s_noise)  # fmt: skip
+            t_hat = t0 + gamma * t0
+            x_hat = x + np.sqrt(t_hat**2 - t0**2) * s_noise * eps
+            d = (x_hat - gaussian_denoiser(x_hat, t_hat)) / t_hat
+            x_next = x_hat + (t1 - t_hat) * d
+            d_next = (x_next - gaussian_denoiser(x_next, t1)) / t1
+            np.testing.assert_allclose(np.asarray(out), x_hat + (t1 - t_hat) * (d + d_next) / 2, rtol=0, atol=1e-12)
+
+
+def test_dpmpp_2m_sde_two_steps_follow_k_diffusion_in_float64():
+    # k-diffusion's sample_dpmpp_2m_sde (midpoint) in λ = -ln σ, h = λ_next - λ: the SDE-DPM-Solver++
+    # step x ← (σ_next/σ)·e^{-ηh}·x + (1 - e^{-(1+η)h})·D, from the 2nd step the midpoint correction
+    # + ½(1 - e^{-(1+η)h})·(D - D_prev)/r with r = h_prev/h, then noise σ_next·sqrt(1 - e^{-2ηh})·s_noise·z.
+    with jax.enable_x64(True):
+        grid, eta, s_noise = np.array([3.0, 1.2, 0.4]), 0.8, 1.1
+        x, key = 3.0 * unit_noise(3, jnp.float64), jax.random.key(9)
+        out = sample(gaussian_denoiser, x, grid, "dpmpp_2m_sde", key, eta=eta, s_noise=s_noise)
+        z = step_noise(key, 2, x.shape)
+        x, lam = np.asarray(x), -np.log(grid)
+        old, h_last = None, None
+        for i in range(2):
+            d = gaussian_denoiser(x, grid[i])
+            h = lam[i + 1] - lam[i]
+            x = grid[i + 1] / grid[i] * np.exp(-eta * h) * x + (1 - np.exp(-h - eta * h)) * d
+            if old is not None:
+                x = x + 0.5 * (1 - np.exp(-h - eta * h)) * (d - old) / (h_last / h)
+            x = x + z[i] * grid[i + 1] * np.sqrt(1 - np.exp(-2 * eta * h)) * s_noise
+            old, h_last = d, h
+        np.testing.assert_allclose(np.asarray(out), x, rtol=0, atol=1e-12)
+
+
+def test_noisy_samplers_at_eta_zero_are_their_deterministic_ones():
+    with jax.enable_x64(True):
+        grid = karras_sigmas(8)
+        x, key = 80.0 * unit_noise(4, jnp.float64), jax.random.key(2)
+        for noisy, plain in (("dpmpp_2m_sde", "dpmpp_2m"), ("euler_ancestral", "euler")):
+            out = sample(gaussian_denoiser, x, grid, noisy, key, eta=0.0)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(sample(gaussian_denoiser, x, grid, plain)),
+                                       rtol=0, atol=1e-12)  # fmt: skip
+
+
 def test_last_step_to_zero_returns_the_denoised_sample():
     # Every method's step to σ = 0 lands on D(x; σ_last) (no noise, no second-order term).
     with jax.enable_x64(True):
