@@ -36,7 +36,6 @@ DEFAULTS: dict[str, Any] = {
     "shift_factor": None, "latents_mean": None, "latents_std": None, "force_upcast": True,
     "use_quant_conv": True, "use_post_quant_conv": True, "mid_block_add_attention": True,
 }  # fmt: skip
-IGNORED = {"sample_size", "force_upcast"}  # tiling and fp16 policy in diffusers; no effect on the network
 # Older checkpoints' attention names (diffusers' ModelMixin._fix_state_dict_keys_on_load).
 OLD_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
 
@@ -158,6 +157,7 @@ class AutoencoderKL(eqx.Module):
     latent_scale: float | tuple[float, ...] = eqx.field(static=True)  # per channel with latents_std
     latent_shift: float | tuple[float, ...] = eqx.field(static=True)  # per channel with latents_mean
     downsample_factor: int = eqx.field(static=True)
+    tile_sample_size: int = eqx.field(static=True)  # config sample_size: diffusers' tile_sample_min_size
 
     def __init__(self, config: dict, *, key: PRNGKeyArray):
         cfg = parse_config(config)
@@ -172,6 +172,8 @@ class AutoencoderKL(eqx.Module):
             self.latent_scale = tuple(float(cfg["scaling_factor"]) / float(s) for s in cfg["latents_std"])
             self.latent_shift = tuple(float(m) for m in cfg["latents_mean"])
         self.downsample_factor = 2 ** (len(cfg["block_out_channels"]) - 1)
+        size = cfg["sample_size"]  # diffusers tiles by the first entry of a [h, w] sample_size
+        self.tile_sample_size = int(size[0] if isinstance(size, (list, tuple)) else size)
 
     @property
     def scaling_factor(self) -> float | np.ndarray:
@@ -247,21 +249,30 @@ class AutoencoderKL(eqx.Module):
     def encode(
         self, x: Float[Array, "b h w ci"]
     ) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:
-        """Images in [-1, 1] -> posterior (mean, logvar), logvar clamped to [-30, 20]."""
+        """Images in [-1, 1] -> posterior (mean, logvar), logvar clamped to [-30, 20]. For large
+        images with bounded memory: `eqxdiff.nn.vae_tiling.encode_in_pieces` (diffusers' tiling and slicing)."""
+        return posterior(self.encode_moments(x))
+
+    def encode_moments(self, x: Float[Array, "b h w ci"]) -> Float[Array, "b hl wl c2"]:
+        """Images -> the encoder's raw moments (mean and logvar concatenated, logvar not yet clamped):
+        what diffusers' tiled encode blends."""
         f = self.downsample_factor
         if x.shape[1] % f or x.shape[2] % f:
             raise ValueError(f"AutoencoderKL.encode: image size {x.shape[1:3]} must be divisible by {f}")
         moments = self.encoder(x)
-        if self.quant_conv is not None:
-            moments = self.quant_conv(moments)
-        mean, logvar = jnp.split(moments, 2, axis=-1)
-        return mean, jnp.clip(logvar, -30.0, 20.0)
+        return moments if self.quant_conv is None else self.quant_conv(moments)
 
     def decode(self, z: Float[Array, "b hl wl c"]) -> Float[Array, "b h w co"]:
         """An unscaled latent (undo `(z - shift) * scale` first) -> images, about [-1, 1]."""
         if self.post_quant_conv is not None:
             z = self.post_quant_conv(z)
         return self.decoder(z)
+
+
+def posterior(moments: Float[Array, "b hl wl c2"]) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:
+    """Raw moments -> (mean, logvar clamped to [-30, 20]), as diffusers' `DiagonalGaussianDistribution`."""
+    mean, logvar = jnp.split(moments, 2, axis=-1)
+    return mean, jnp.clip(logvar, -30.0, 20.0)
 
 
 def _current_attention_name(key: str) -> str:

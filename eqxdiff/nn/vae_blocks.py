@@ -13,6 +13,9 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
 
 EPS = 1e-6
+# Queries per block of the mid-block attention: its logits are [chunk, n] at a time, never [n, n]
+# (a 1024² image's 128² latent has n = 16384 tokens: a full float32 matrix is 1 GiB per image).
+QUERY_CHUNK = 1024
 
 
 class ResnetBlock(eqx.Module):
@@ -57,8 +60,25 @@ class Attention(eqx.Module):
         b, h, w, c = x.shape
         tokens = self.group_norm(x).reshape(b, h * w, 1, c)  # [b, n, heads=1, c]
         q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
-        y = jax.nn.dot_product_attention(q, k, v).reshape(b, h * w, c)
+        y = chunked_attention(q, k, v, QUERY_CHUNK).reshape(b, h * w, c)
         return x + self.to_out[0](y).reshape(b, h, w, c)
+
+
+def chunked_attention(
+    q: Float[Array, "b n h d"], k: Float[Array, "b n h d"], v: Float[Array, "b n h d"], chunk: int
+) -> Float[Array, "b n h d"]:
+    """`jax.nn.dot_product_attention(q, k, v)` with the queries taken `chunk` at a time (`lax.map`, one
+    block live at once): every query row's softmax still runs over all keys, so the result is the same
+    rows. n <= chunk is the plain call; otherwise the queries are zero-padded to whole blocks and the
+    padding's rows dropped."""
+    b, n, heads, d = q.shape
+    if n <= chunk:
+        return jax.nn.dot_product_attention(q, k, v)
+    blocks = -(-n // chunk)
+    padded = jnp.pad(q, ((0, 0), (0, blocks * chunk - n), (0, 0), (0, 0)))
+    per_block = padded.reshape(b, blocks, chunk, heads, d).swapaxes(0, 1)
+    out = jax.lax.map(lambda qb: jax.nn.dot_product_attention(qb, k, v), per_block)
+    return out.swapaxes(0, 1).reshape(b, blocks * chunk, heads, d)[:, :n]
 
 
 class MidBlock(eqx.Module):
