@@ -5,7 +5,8 @@ Each example runs `--steps N` with `--log_every N/2`, sampling and wandb off, in
 directory; its step time is metrics.jsonl's `train/step_time_ms` of the second window (the first
 holds no compile, but the second is past every warm-up). The DiT example trains on a folder of
 32×32 RGB PNGs (the digits upscaled, in class sub-folders), as `--dataset folder:... --image_size 32`
-reads them. The default job runs first and last, so drift shows. Prints one JSON line.
+reads them, and so does the UNet's own-images example (batch 16, as the README gives it). The
+default job runs first and last, so drift shows. Prints one JSON line.
 
     python benchmarks/readme_examples.py [--steps 40] [--dit_steps 4 --dit_batch 16]
 
@@ -31,7 +32,8 @@ EXAMPLES = {
     "default": [],
     "fsdp_8_cpu_devices": ["--cpu_devices", "8", "--fsdp_size", "4"],
     "bf16_remat_accum2": ["--precision", "bf16", "--remat", "--grad_accum_steps", "2"],
-    "dit_s_folder_32": ["--image_size", "32", "--hflip", "--model", "dit_s"],  # + --dataset folder:
+    "unet_folder_32": ["--image_size", "32", "--hflip", "--batch_size", "16"],  # + --dataset folder:
+    "dit_s_folder_32": ["--image_size", "32", "--hflip", "--model", "dit_s"],  # + --dataset folder:, --dit_batch
 }
 
 
@@ -69,8 +71,10 @@ def main() -> None:
         folder = rgb_digits_folder(work / "digits32")
         results = {}
         for name, flags in [*EXAMPLES.items(), ("default_again", [])]:
+            if "folder" in name:
+                flags = [*flags, "--dataset", f"folder:{folder}"]
             if name.startswith("dit"):
-                flags = [*flags, "--dataset", f"folder:{folder}", "--batch_size", str(args.dit_batch)]
+                flags = [*flags, "--batch_size", str(args.dit_batch)]
             steps = args.dit_steps if name.startswith("dit") else args.steps
             results[name] = step_ms(flags, steps, work, name)
     base = (results["default"]["step_ms"] + results["default_again"]["step_ms"]) / 2

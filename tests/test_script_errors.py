@@ -179,7 +179,8 @@ def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close
 
     given = tmp_path / typo
     assert start_line("--run_dir", given, "--dataset", "digits") == f"new run in {given}: unet on digits"
-    assert start_line("--run_dir", tmp_path / "runs" / "cats") == f"new run in {tmp_path / 'runs' / 'cats'}: unet on digits"
+    cats = tmp_path / "runs" / "cats"  # no run of a close name beside it
+    assert start_line("--run_dir", cats) == f"new run in {cats}: unet on digits"
     given.mkdir()
     assert start_line("--run_dir", given) == f"new run in {given}: unet on digits"
     resumed = fake_run(tmp_path / "runs" / "dogs", step=6, schedule="flow", steps=12)

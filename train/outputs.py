@@ -24,8 +24,11 @@ def check_writable(path: str | Path, flag: str, *, folder: bool = False, create:
     if path.is_dir() and not folder:
         raise SystemExit(f"{flag} {path} is a folder: name a file inside it.")
     existing = nearest_existing(target)
-    refuse = lambda where, why: SystemExit(f"{flag} {path}: cannot write into {where}: {why}; pass another "  # noqa: E731
-                                           f"{flag} (or make that folder writable).")  # fmt: skip
+
+    def refuse(where: Path, why) -> SystemExit:
+        return SystemExit(f"{flag} {path}: cannot write into {where}: {why}; pass another {flag} (or make that "
+                          "folder writable).")  # fmt: skip
+
     if not existing.is_dir():
         raise refuse(existing, "it is a file, not a folder")
     probe = target if create else existing

@@ -115,7 +115,8 @@ def check_text_folders(text_encoder: str, tokenizer: str = "") -> None:
         if not (folder / "config.json").is_file():
             held = sorted(p.name for p in folder.iterdir())
             what = f"holds {', '.join(held[:10])}{', ...' if len(held) > 10 else ''}" if held else "is empty"
-            raise FileNotFoundError(f"--text_encoder {text_encoder}: the folder {what}, with no config.json ({wanted}).")
+            raise FileNotFoundError(f"--text_encoder {text_encoder}: the folder {what}, with no config.json "
+                                    f"({wanted}).")  # fmt: skip
         try:
             weight_files(folder, WEIGHTS_FILE)
         except FileNotFoundError as e:  # its message names what the folder holds

@@ -1,0 +1,84 @@
+"""What the UNet costs on a user's own images on this machine: seconds per training step of
+train/main.py's default model (`--model unet`) on a folder of RGB images at 16², 32² and 64²,
+batch 16, with the README's own-data flags (`--dataset folder:... --image_size S --hflip`).
+
+Each size runs train/main.py as a user would, `--steps N` with `--log_every N/2`, sampling and
+wandb off, in a fresh run directory; the step time is metrics.jsonl's `train/step_time_ms` of the
+second window (past the compile and every warm-up), the process start to the first step is
+run.json's `startup/time_to_first_step_s` (mostly the step's compile). The folder holds the digits
+upscaled to 32×32 RGB PNGs in class sub-folders (benchmarks/readme_examples.py), resized to each
+size as the folder source does: the pixels do not change a step's cost. The box's fp32 matmul rate
+(2048², best of 5) is measured before and after each round, so a slower or busier box shows; with
+`--repeats R` the sizes run R rounds and each size's best round is reported (other work on a shared
+box only slows a step). Prints one JSON line.
+
+    python benchmarks/unet_own_images.py [--sizes 16 32 64 --batch 16 --steps 20 --repeats 2]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from readme_examples import rgb_digits_folder  # benchmarks/ is on sys.path when run as a script
+
+ROOT = Path(__file__).parent.parent
+
+
+def matmul_gflops() -> float:
+    """This box's fp32 2048² matmul rate, as train/main.py's MFU measures it (in a process of its own:
+    this one keeps JAX out)."""
+    code = "from eqxdiff.training.metrics import measured_cpu_matmul_flops as m; print(m(repeats=5) / 1e9)"
+    return round(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                      text=True).stdout), 1)  # fmt: skip
+
+
+def unet_step(folder: Path, size: int, batch: int, steps: int, work: Path, repeat: int) -> dict:
+    run_dir = work / f"unet_{size}_{repeat}"
+    cmd = [sys.executable, str(ROOT / "train" / "main.py"), "--dataset", f"folder:{folder}", "--image_size",
+           str(size), "--hflip", "--batch_size", str(batch), "--run_dir", str(run_dir), "--steps", str(steps),
+           "--log_every", str(steps // 2), "--sample_every", "0", "--wandb", "disabled"]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    startup = json.loads((run_dir / "run.json").read_text())
+    step_s = rows[-1]["train/step_time_ms"] / 1000
+    flops = startup["startup/step_flops_per_device"]
+    return {"step_s": round(step_s, 3), "images_per_s": round(batch / step_s, 1),
+            "achieved_gflops": round(flops / step_s / 1e9, 1),
+            "first_step_s": round(startup["startup/time_to_first_step_s"], 1), "wall_s": round(wall, 1)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over the sizes (a shared box: the best counts)")
+    args = parser.parse_args()
+    matmul = [matmul_gflops()]
+    results = {f"{s}x{s}": [] for s in args.sizes}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        folder = rgb_digits_folder(work / "images")
+        for repeat in range(args.repeats):  # sizes alternated, so load that comes and goes hits each alike
+            for s in args.sizes:
+                results[f"{s}x{s}"].append(unet_step(folder, s, args.batch, args.steps, work, repeat))
+            matmul.append(matmul_gflops())
+    best = {size: min(runs, key=lambda r: r["step_s"]) for size, runs in results.items()}
+    print(json.dumps({
+        "bench": "unet_own_images", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "matmul_gflops": matmul, "model": "unet", "batch": args.batch,
+        "steps": args.steps, "best": best, "all_step_s": {k: [r["step_s"] for r in v] for k, v in results.items()},
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

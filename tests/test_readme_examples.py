@@ -1,0 +1,28 @@
+"""benchmarks/readme_examples.py times the README's train/main.py commands: each example's flags are
+those of a command the README gives (BENCHMARKS.md's figures and the README's own stay about the
+same commands)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def readme_main_commands() -> list[str]:
+    """Every `python train/main.py ...` command of the README's code blocks (from there to the line's
+    comment; `pip install ... && python train/main.py` gives the default job)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    commands = [line[line.find("python train/main.py") :] for line in lines if "python train/main.py" in line]
+    return [c.split("#")[0].strip() for c in commands if not c.startswith("python train/main.py`")]
+
+
+def test_every_timed_example_is_a_readme_command():
+    spec = importlib.util.spec_from_file_location("readme_examples", ROOT / "benchmarks" / "readme_examples.py")
+    examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(examples)
+    commands = readme_main_commands()
+    assert "python train/main.py" in commands  # the default job, as written
+    for name, flags in examples.EXAMPLES.items():
+        dataset = ["--dataset folder:"] if "folder" in name else []  # the benchmark's folder stands in for ~/data/pets
+        matching = [c for c in commands if " ".join(flags) in c and all(d in c for d in dataset)]
+        assert matching, f"{name}: no README command has {' '.join(flags)}"
