@@ -262,7 +262,7 @@ def test_bf16_step_convolves_and_multiplies_in_bf16(unet_step_fns):
             assert all(c.count("xbf16>") == 2 for c in convs + dots), [c for c in convs + dots if "f32>" in c]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # compiles and runs the conv UNet step twice (fp32, bf16); the HLO test above is its quick half
 def test_bf16_loss_is_near_fp32_and_state_stays_float32(unet_steps):
     losses, grad_norms = {}, {}
     for precision, (mesh, state, step) in unet_steps.items():

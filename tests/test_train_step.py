@@ -136,6 +136,11 @@ def run(mesh, steps, **kw):
     return state, np.array(losses)
 
 
+def arrays(state):
+    """Model, EMA and optimizer state as host arrays: what a skipped step must keep bitwise."""
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter((state.model, state.ema, state.opt_state), eqx.is_array))]
+
+
 def params_of(state):
     return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))]
 
@@ -212,7 +217,6 @@ def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     mesh, state, step = fsdp_step
     good = digit_batches(1)[0]
     state, _ = step(state, put(good, mesh))
-    arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
     kept = arrays(state)
     step_before = int(state.step)
     poisoned = dict(good, poison=np.where(np.arange(BATCH) == 3, np.nan, 0.0).astype(np.float32))
@@ -248,7 +252,6 @@ def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
     good, bad = ({"x": x, "p": np.full(8, p, np.float32)} for p in (1.0, 0.0))
     state, metrics = step(state, put(good, mesh))  # moments and EMA away from their init
     assert bool(metrics["finite"]) and float(metrics["grad_norm"]) > 0
-    arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
     kept = arrays(state)
     for i in (1, 2):
         state, metrics = step(state, put(bad, mesh))
@@ -262,7 +265,7 @@ def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
     assert not np.array_equal(kept[0], arrays(state)[0])  # a good step still updates
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 40 steps of a conv UNet: its bf16 step compiles a conv backward pass
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():
     mesh = make_mesh(-1, 1)
     state, losses = run(mesh, 40, precision="bf16", make_model=bf16_unet)
@@ -291,7 +294,7 @@ def test_remat_keeps_far_fewer_activations_for_the_backward_pass():
     assert saved[True] < 0.3 * saved[False], saved
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # compiles two conv UNet steps (memory_analysis needs the compiled program, not the lowering)
 def test_remat_shrinks_the_compiled_steps_temp_memory():
     # The real step (clipped AdamW, EMA, NaN guard), compiled from shapes only: XLA's scratch
     # memory for it, activations kept for the backward pass among it.
