@@ -224,8 +224,8 @@ def ops_with_operand_dtypes(hlo: str, op: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def unet_steps():
-    """{precision: (state, TrainStep)} for fp32 and bf16, each state freshly built from key 0."""
+def unet_step_fns():
+    """{precision: (mesh, optimizer, abstract state, shardings, TrainStep)} for fp32 and bf16."""
     mesh = make_mesh(1, 1, jax.devices()[:1])
     optimizer, schedule = adamw_cosine(1e-3, 100, 1)
     out = {}
@@ -235,15 +235,25 @@ def unet_steps():
             prepare=identity_prepare, loss_fn=unet_loss, optimizer=optimizer, lr_schedule=schedule, ema_decay=0.9,
             state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0, precision=precision,
         )  # fmt: skip
+        out[precision] = (mesh, optimizer, abstract, shardings, step)
+    return out
+
+
+@pytest.fixture(scope="module")
+def unet_steps(unet_step_fns):
+    """{precision: (mesh, state, TrainStep)}, each state freshly built from key 0."""
+    out = {}
+    for precision, (mesh, optimizer, _, shardings, step) in unet_step_fns.items():
         state, _ = create_train_state(bf16_unet, optimizer, jax.random.key(0), mesh, 256, shardings=shardings)
         out[precision] = (mesh, state, step)
     return out
 
 
-@pytest.mark.slow
-def test_bf16_step_convolves_and_multiplies_in_bf16(unet_steps):
-    for precision, (mesh, state, step) in unet_steps.items():
-        hlo = step.lower(state, jax.device_put(unet_batch(), batch_sharding(mesh))).as_text()
+def test_bf16_step_convolves_and_multiplies_in_bf16(unet_step_fns):
+    # Lowered from the abstract state and batch: the HLO's operand types, with nothing compiled or allocated.
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), unet_batch())
+    for precision, (_, _, abstract, _, step) in unet_step_fns.items():
+        hlo = step.lower(abstract, batch).as_text()
         convs, dots = ops_with_operand_dtypes(hlo, "convolution"), ops_with_operand_dtypes(hlo, "dot_general")
         assert len(convs) >= 6 and len(dots) >= 2, (len(convs), len(dots))  # forward and backward
         if precision == "fp32":
@@ -252,7 +262,7 @@ def test_bf16_step_convolves_and_multiplies_in_bf16(unet_steps):
             assert all(c.count("xbf16>") == 2 for c in convs + dots), [c for c in convs + dots if "f32>" in c]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # compiles and runs the conv UNet step twice (fp32, bf16); the HLO test above is its quick half
 def test_bf16_loss_is_near_fp32_and_state_stays_float32(unet_steps):
     losses, grad_norms = {}, {}
     for precision, (mesh, state, step) in unet_steps.items():

@@ -18,6 +18,7 @@ from eqxdiff.data import open_source
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import UNet
+from eqxdiff.nn.layers import Dense, Embedding
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
@@ -87,6 +88,29 @@ def put(batch, mesh):
     return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh)), batch)
 
 
+class PixelMLP(eqx.Module):
+    """model(x[b,h,w,1], t[b], labels[b]) -> [b,h,w,1]: an MLP on each pixel's value, t and the
+    label's embedding. The model contract in matmuls only: its step compiles quickly on XLA:CPU
+    (a conv's backward pass does not), and its [32, 32] weight and [11, 32] embedding are large
+    enough (min_size 256) for FSDP to shard."""
+
+    embed: Embedding
+    fc_in: Dense
+    fc_hidden: Dense
+    fc_out: Dense
+
+    def __init__(self, key):
+        k_embed, k_in, k_hidden, k_out = jax.random.split(key, 4)
+        self.embed = Embedding(11, 32, key=k_embed)  # 10 digits and the null label
+        self.fc_in, self.fc_hidden = Dense(2, 32, key=k_in), Dense(32, 32, key=k_hidden)
+        self.fc_out = Dense(32, 1, key=k_out)
+
+    def __call__(self, x, t, cond, *, key=None):
+        inputs = jnp.concatenate([x, jnp.broadcast_to(t[:, None, None, None], x.shape)], axis=-1)
+        h = jax.nn.gelu(self.fc_in(inputs) + self.embed(cond)[:, None, None])
+        return self.fc_out(jax.nn.gelu(self.fc_hidden(h)))
+
+
 def one_level_unet(key):
     return tiny_unet(key, channels=(16,))  # the multi-step runs below: same parts, a quicker compile
 
@@ -103,7 +127,7 @@ def bf16_unet(key):
 
 
 def run(mesh, steps, **kw):
-    state, step = build(mesh, **{"make_model": one_level_unet, "compile_for": digit_batches(1)[0], **kw})
+    state, step = build(mesh, **{"make_model": PixelMLP, "compile_for": digit_batches(1)[0], **kw})
     losses = []
     for batch in digit_batches(steps):
         state, metrics = step(state, put(batch, mesh))
@@ -112,21 +136,32 @@ def run(mesh, steps, **kw):
     return state, np.array(losses)
 
 
+def arrays(state):
+    """Model, EMA and optimizer state as host arrays: what a skipped step must keep bitwise."""
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter((state.model, state.ema, state.opt_state), eqx.is_array))]
+
+
 def params_of(state):
     return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))]
 
 
-@pytest.fixture(scope="module")
-def reference_run():
-    """20 steps on (data=2, fsdp=4): the run other meshes and accumulation must reproduce."""
-    return run(make_mesh(-1, 4), 20)
+# The parity runs: the pixel MLP in the quick tier (one small compile per mesh); the conv UNet,
+# whose kernels FSDP shards too, in the slow tier: XLA:CPU compiles a conv's backward pass slowly,
+# once per mesh and once more for accumulation.
+PARITY_MODELS = [pytest.param(PixelMLP, id="mlp"), pytest.param(one_level_unet, id="unet", marks=pytest.mark.slow)]
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module", params=PARITY_MODELS)
+def reference_run(request):
+    """(make_model, state, losses) of 20 steps on (data=2, fsdp=4): the run other meshes and
+    accumulation must reproduce."""
+    return request.param, *run(make_mesh(-1, 4), 20, make_model=request.param)
+
+
 def test_one_device_eight_devices_and_fsdp_agree(reference_run):
-    fsdp_state, fsdp_losses = reference_run
-    single_state, single_losses = run(make_mesh(1, 1, jax.devices()[:1]), 20)
-    data_state, data_losses = run(make_mesh(8, 1), 20)
+    make_model, fsdp_state, fsdp_losses = reference_run
+    single_state, single_losses = run(make_mesh(1, 1, jax.devices()[:1]), 20, make_model=make_model)
+    data_state, data_losses = run(make_mesh(8, 1), 20, make_model=make_model)
     assert np.all(np.isfinite(single_losses))
     np.testing.assert_allclose(data_losses, single_losses, rtol=1e-5)
     np.testing.assert_allclose(fsdp_losses, single_losses, rtol=1e-5)
@@ -135,12 +170,11 @@ def test_one_device_eight_devices_and_fsdp_agree(reference_run):
         np.testing.assert_allclose(c, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
 
 
-@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch(reference_run):
-    fsdp_state, fsdp_losses = reference_run
+    make_model, fsdp_state, fsdp_losses = reference_run
     # k=2: two micro-batches interleaved over the devices (examples i, i+2, ...); the step is
     # unrolled on XLA:CPU, so each extra micro-batch is one more backward pass to compile.
-    accum_state, accum_losses = run(make_mesh(-1, 4), 20, k=2)
+    accum_state, accum_losses = run(make_mesh(-1, 4), 20, k=2, make_model=make_model)
     np.testing.assert_allclose(accum_losses, fsdp_losses, rtol=1e-5)
     for a, b in zip(params_of(fsdp_state), params_of(accum_state)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
@@ -149,7 +183,7 @@ def test_grad_accumulation_matches_one_big_batch(reference_run):
 @pytest.fixture(scope="module")
 def fsdp_setup():
     mesh = make_mesh(-1, 4)
-    state, step = build(mesh, make_model=one_level_unet)  # reference_run's configuration: its step
+    state, step = build(mesh, make_model=PixelMLP)  # reference_run[mlp]'s configuration: its step
     return mesh, state, step
 
 
@@ -161,7 +195,6 @@ def fsdp_step(fsdp_setup):
     return mesh, eqx.combine(jax.tree.map(jnp.copy, arrays), static), step
 
 
-@pytest.mark.slow
 def test_state_is_donated_and_metrics_are_not_synced(fsdp_step):
     mesh, state, step = fsdp_step
     batch = put(digit_batches(1)[0], mesh)
@@ -180,12 +213,10 @@ def test_state_is_donated_and_metrics_are_not_synced(fsdp_step):
     assert int(new_state.step) == 2
 
 
-@pytest.mark.slow
 def test_nan_batch_leaves_state_bitwise_unchanged_and_counts(fsdp_step):
     mesh, state, step = fsdp_step
     good = digit_batches(1)[0]
     state, _ = step(state, put(good, mesh))
-    arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
     kept = arrays(state)
     step_before = int(state.step)
     poisoned = dict(good, poison=np.where(np.arange(BATCH) == 3, np.nan, 0.0).astype(np.float32))
@@ -221,7 +252,6 @@ def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
     good, bad = ({"x": x, "p": np.full(8, p, np.float32)} for p in (1.0, 0.0))
     state, metrics = step(state, put(good, mesh))  # moments and EMA away from their init
     assert bool(metrics["finite"]) and float(metrics["grad_norm"]) > 0
-    arrays = lambda s: [np.asarray(x) for x in jax.tree.leaves(eqx.filter((s.model, s.ema, s.opt_state), eqx.is_array))]  # noqa: E731
     kept = arrays(state)
     for i in (1, 2):
         state, metrics = step(state, put(bad, mesh))
@@ -235,7 +265,7 @@ def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
     assert not np.array_equal(kept[0], arrays(state)[0])  # a good step still updates
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 40 steps of a conv UNet: its bf16 step compiles a conv backward pass
 def test_bf16_policy_keeps_fp32_master_weights_and_trains():
     mesh = make_mesh(-1, 1)
     state, losses = run(mesh, 40, precision="bf16", make_model=bf16_unet)
@@ -264,7 +294,7 @@ def test_remat_keeps_far_fewer_activations_for_the_backward_pass():
     assert saved[True] < 0.3 * saved[False], saved
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # compiles two conv UNet steps (memory_analysis needs the compiled program, not the lowering)
 def test_remat_shrinks_the_compiled_steps_temp_memory():
     # The real step (clipped AdamW, EMA, NaN guard), compiled from shapes only: XLA's scratch
     # memory for it, activations kept for the backward pass among it.
