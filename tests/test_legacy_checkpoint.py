@@ -1,0 +1,37 @@
+"""A checkpoint written before checkpoints stored their model's constructor arguments still samples.
+
+tests/data/legacy_digits_unet_tiny.tar.xz is the run directory of, at commit a734ac8 (the last whose
+checkpoints named their model only by its train/models.py key), in an empty folder:
+
+    python train/main.py --run_dir legacy_digits_unet_tiny --model unet_tiny --batch_size 16 --steps 2 \
+        --warmup_steps 1 --sample_every 0 --wandb disabled --log_every 1
+
+(orbax's commit_success.txt files emptied of the absolute path they name), and
+legacy_digits_unet_tiny_samples.npz what that commit's
+
+    python train/sample.py --run_dir legacy_digits_unet_tiny --out before.npz --num 20 --steps 2
+
+wrote from it (one CPU device).
+"""
+
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_sample_restores_a_checkpoint_written_before_model_args(tmp_path):
+    """sample.py rebuilds the old run from its MODELS key and draws what the old sample.py drew."""
+    import sample  # train/sample.py
+
+    with tarfile.open(DATA / "legacy_digits_unet_tiny.tar.xz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    run_dir = tmp_path / "legacy_digits_unet_tiny"
+    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "20",
+                                   "--steps", "2"]))  # fmt: skip
+    with np.load(tmp_path / "s.npz") as now, np.load(DATA / "legacy_digits_unet_tiny_samples.npz") as before:
+        np.testing.assert_array_equal(now["labels"], before["labels"])
+        # Here 8 simulated devices, there one: 20 rows do not split over 8, so the same program on each.
+        np.testing.assert_array_equal(now["images"], before["images"])
