@@ -4,6 +4,7 @@ tiny random AutoencoderKL (the diffusers fixture of tests/test_autoencoder_kl.py
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax
@@ -15,10 +16,11 @@ from PIL import Image
 import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 import main as train_main  # train/main.py
 import sample as train_sample  # train/sample.py
+from eqxdiff.codecs import Latents, Pixels
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.images import to_uint8
-from eqxdiff.nn import AutoencoderKL
+from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from runs import REFERENCE, REFERENCE_STEPS, ROOT, assert_finite_training, metric_rows, run, train_here
 
 FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
@@ -26,9 +28,10 @@ FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 chann
 
 def test_sigma_data_follows_the_data_unless_given():
     default, given = train_main.parse_config([]), train_main.parse_config(["--sigma_data", "0.7"])
-    assert train_main.sigma_data(default, on_latents=False) == 0.5  # images in [-1, 1]
-    assert train_main.sigma_data(default, on_latents=True) == 1.0  # latents scaled to std ≈ 1
-    assert train_main.sigma_data(given, on_latents=True) == 0.7
+    latents = Latents(SpaceToDepth(2), "space_to_depth:2")
+    assert train_main.sigma_data(default, Pixels()) == 0.5  # images in [-1, 1]
+    assert train_main.sigma_data(default, latents) == 1.0  # latents scaled to std ≈ 1
+    assert train_main.sigma_data(given, latents) == 0.7
 
 
 def test_prepare_draws_latents_from_the_posterior_and_scales_them_per_channel():
@@ -40,10 +43,11 @@ def test_prepare_draws_latents_from_the_posterior_and_scales_them_per_channel():
     mean, logvar = rng.normal(size=shape), rng.uniform(-3.0, 1.0, size=shape)  # posterior std 0.2 .. 1.6
     scale, shift = np.array([0.5, 1.7, 0.9, 2.3]), np.array([0.3, -0.4, 0.1, 0.6])
     records = {"mean": mean.astype(np.float32), "logvar": logvar.astype(np.float32), "label": np.zeros(3, np.int32)}
+    autoencoder = SimpleNamespace(scaling_factor=scale.astype(np.float32), shift_factor=shift.astype(np.float32))
 
     def x0(key):
         out = train_main.prepare(records, key, schedule=EDMSchedule(), cond_dropout=0.0, null_cond=jnp.array([10]),
-                                 latent_scaling=(scale.astype(np.float32), shift.astype(np.float32)))  # fmt: skip
+                                 codec=Latents(autoencoder, "per-channel"))  # fmt: skip
         return np.asarray(out["x0"], np.float64)
 
     key = jax.random.key(7)

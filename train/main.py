@@ -42,8 +42,9 @@ from eqxdiff.diffusion import (
     parameterization_by_name,
     schedule_by_name,
 )
-from eqxdiff.generate import decode_latents, generate
-from eqxdiff.images import from_uint8, save_image_grid, to_uint8
+from eqxdiff.codecs import Latents, Pixels
+from eqxdiff.generate import generate
+from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.nn import null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
@@ -69,7 +70,7 @@ from checks import check_batch, check_eval, check_schedule, check_text_folders_e
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
-from run_data import latent_autoencoder, open_dataset, scaled_latent_std, text_conditioning  # train/run_data.py
+from run_data import open_dataset, run_codec, scaled_latent_std, text_conditioning  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
@@ -165,24 +166,17 @@ def condition(batch: dict, frozen: dict | None):
     return batch.get("label")
 
 
-def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, schedule, cond_dropout: float, null_cond,
-            latent_scaling: tuple[float, float] = (1.0, 0.0)) -> dict:  # fmt: skip
-    """A record batch -> what `loss_fn` reads: x0 (images in [-1, 1], or latents), the condition
+def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), schedule, cond_dropout: float,
+            null_cond) -> dict:  # fmt: skip
+    """A record batch -> what `loss_fn` reads: x0 (`codec`: images in [-1, 1], or latents), the condition
     (`condition`; each example's replaced by the null condition with probability `cond_dropout`
     for classifier-free guidance: the frozen argument's `null_cond` when the step has one, the
     encoded "" of a pretrained text tower, else `null_cond`), and the training draw σ, ε. Runs
     inside the step on the whole global batch. Latent records (train/encode.py) hold the VAE
-    posterior's mean and log-variance: each step draws z from it and scales it,
-    `(z - shift_factor) * scaling_factor`."""
+    posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/codecs.py)."""
     key_draw, key_drop = jax.random.split(key)
-    if "mean" in batch:
-        key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw as for images
-        mean, logvar = batch["mean"].astype(jnp.float32), batch["logvar"].astype(jnp.float32)
-        z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key_latent, mean.shape)
-        scaling_factor, shift_factor = latent_scaling
-        x0 = (z - shift_factor) * scaling_factor
-    else:
-        x0 = from_uint8(batch["image"])
+    key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw alike for pixels and latents
+    x0 = codec.x0(batch, key_latent)
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
     null_cond = frozen["null_cond"] if frozen is not None and "null_cond" in frozen else null_cond
     cond = drop_condition(key_drop, condition(batch, frozen), cond_dropout, null_cond)
@@ -211,9 +205,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
     return cfg
 
 
-def sigma_data(cfg: Config, on_latents: bool) -> float:
-    """--sigma_data, else by the data: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents."""
-    return cfg.sigma_data or (1.0 if on_latents else 0.5)
+def sigma_data(cfg: Config, codec) -> float:
+    """--sigma_data, else the codec's: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents."""
+    return cfg.sigma_data or codec.sigma_data
 
 
 def main(cfg: Config, features_fn=None) -> None:
@@ -249,10 +243,9 @@ def main(cfg: Config, features_fn=None) -> None:
     prompts = None if text is None else sample_prompts(cfg.sample_prompts, cfg.dataset, source)
     if text is not None and "caption" in source.fields:  # captions -> token ids as records are read, on the host
         source = TokenizedSource(source, text.tokenizer, text.max_length)
-    autoencoder, latent_config = latent_autoencoder(source, mesh)
-    latent_scaling = (1.0, 0.0) if autoencoder is None else (autoencoder.scaling_factor, autoencoder.shift_factor)
-    if autoencoder is not None and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
-        std, sigma = scaled_latent_std(source, *latent_scaling), sigma_data(cfg, on_latents=True)
+    codec, latent_config = run_codec(source, mesh)  # what x0 is: pixels, or latents (eqxdiff/codecs.py)
+    if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
+        std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
         if not 0.5 <= std / sigma <= 2:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
                        f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
@@ -260,12 +253,12 @@ def main(cfg: Config, features_fn=None) -> None:
     schedule = schedule_by_name(cfg.schedule)
     if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
         schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
-    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder is not None))
+    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
-        from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid  # scipy: only here
+        from eqxdiff.eval.fid import chunk_seed, fid_of_samples, open_fid  # scipy: only here
 
         try:  # FID sees images: a latent run's samples decoded
-            fid_images = image_shape_of_samples(image_shape, autoencoder)
+            fid_images = codec.image_shape(image_shape)
             fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images, features_fn,
                                                   dataset=latent_config.get("image_dataset", cfg.dataset))  # fmt: skip
         except (ValueError, FileNotFoundError) as e:
@@ -291,7 +284,7 @@ def main(cfg: Config, features_fn=None) -> None:
     train_step = make_train_step(
         prepare=functools.partial(
             prepare, schedule=schedule, cond_dropout=cfg.label_dropout if text is None else cfg.text_dropout,
-            null_cond=null_cond_of(abstract.model, 1), latent_scaling=latent_scaling,
+            null_cond=null_cond_of(abstract.model, 1), codec=codec,
         ),
         loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
         optimizer=optimizer, lr_schedule=lr_schedule,
@@ -335,8 +328,7 @@ def main(cfg: Config, features_fn=None) -> None:
             state.ema, schedule, parameterization, cond, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
             method=cfg.sample_method, cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=cfg.seed + step,
         )  # fmt: skip
-        if autoencoder is not None:
-            out = decode_latents(autoencoder, out, mesh=mesh)
+        out = codec.decode(out, mesh=mesh)
         if is_main:
             row_labels = class_names if num_classes and class_names and text is None else None
             path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4,
@@ -356,7 +348,7 @@ def main(cfg: Config, features_fn=None) -> None:
                 cfg.batch_size, image_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method,
                 cfg_scale=cfg.cfg_scale, seed=chunk_seed(cfg.seed, start),
             )  # fmt: skip
-            return to_uint8((out if autoencoder is None else decode_latents(autoencoder, out, mesh=mesh))[:size])
+            return to_uint8(codec.decode(out, mesh=mesh)[:size])
 
         result = fid_of_samples(sample_chunk, cfg.eval_num, fid_network, fid_reference, chunk_size=cfg.batch_size,
                                 seed=cfg.seed)  # fmt: skip
@@ -364,7 +356,8 @@ def main(cfg: Config, features_fn=None) -> None:
 
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
-        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, **latent_config,
+        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes,
+                      codec=codec.to_config(), **latent_config,
                       **text_config(text), **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
         if text is not None and text.encoder is None:  # a scratch tower's wiring, for train/sample.py
             config["text"] |= {"causal": SCRATCH_TEXT_CAUSAL, "pooled": SCRATCH_TEXT_POOLED}

@@ -3,7 +3,7 @@ latent dataset, and the text side of a captioned one."""
 
 import numpy as np
 
-from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.codecs import Pixels, codec_from_config
 from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.text.conditioning import TextConditioning
@@ -12,18 +12,19 @@ from eqxdiff.text.run_text import run_text, wants_captions
 from models import SCRATCH_TEXT_TOWER  # train/models.py
 
 
-def latent_autoencoder(source, mesh) -> tuple:
-    """(autoencoder, what checkpoints store of it) for latents from train/encode.py: the one their
-    meta.json names (its absolute folder, or a weightless spec), which decodes sample grids here
-    and in train/sample.py. (None, {}) for images."""
+def run_codec(source, mesh) -> tuple:
+    """(the run's codec, what checkpoints store beside it): latents from train/encode.py decode with the
+    autoencoder their meta.json names (its absolute folder, or a weightless spec), here and in
+    train/sample.py, and name the images they encode; anything else is pixels."""
     if not isinstance(source, LatentSource):
-        return None, {}
+        return Pixels(), {}
     vae = source.meta["vae"]
-    stored = {"autoencoder": vae["path"] or vae["spec"], "image_dataset": source.meta["source"]}
+    spec = vae["path"] or vae["spec"]
     try:
-        return open_autoencoder(stored["autoencoder"], mesh=mesh), stored
+        codec = codec_from_config({"kind": "latents", "autoencoder": spec}, mesh=mesh)
     except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
         raise SystemExit(f"{source.spec}: the VAE its meta.json names cannot be read ({e}); put it back there.") from e
+    return codec, {"image_dataset": source.meta["source"]}
 
 
 def text_conditioning(cfg, source, mesh) -> TextConditioning | None:

@@ -40,11 +40,11 @@ from outputs import check_writable
 from resume import checkpoint_steps, close_runs, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
-from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.codecs import codec_from_config
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.data.captioned_digits import caption_digits, captioned_digits_prompts
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
-from eqxdiff.generate import decode_latents, generate
+from eqxdiff.generate import generate
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
 from eqxdiff.text.run_text import open_text
@@ -162,6 +162,17 @@ def check_eval(stored: dict) -> None:
                          f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
 
 
+def stored_codec(run_dir, stored: dict, mesh):
+    """The codec a checkpoint's config describes (before codecs were stored: its `autoencoder`, if any)."""
+    config = stored.get("codec") or ({"kind": "latents", "autoencoder": stored["autoencoder"]}
+                                     if "autoencoder" in stored else None)  # fmt: skip
+    try:
+        return codec_from_config(config, mesh=mesh)
+    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
+        raise SystemExit(f"{run_dir} decodes with the VAE {config['autoencoder']}, which cannot be read now ({e}); "
+                         "put it back there.") from e  # fmt: skip
+
+
 def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
     checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
@@ -194,19 +205,18 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
     return state.ema, cfg, stored, step, text
 
 
-def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, sample_shape: tuple, autoencoder,
-                features_fn=None, dataset: str | None = None) -> dict:  # fmt: skip
+def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
+                dataset: str | None = None) -> dict:  # fmt: skip
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
     `sample_images(num, cond, seed)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
-    `sample_shape`: the model's, decoded by `autoencoder` (a latent run) into the images FID sees;
+    `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
     `dataset`: the images the run trained on (statistics of others warn)."""
     # Imported here: scipy's import is start-up time the other paths need not pay.
-    from eqxdiff.eval.fid import chunk_seed, fid_of_samples, image_shape_of_samples, open_fid
+    from eqxdiff.eval.fid import chunk_seed, fid_of_samples, open_fid
 
     try:
-        image_shape = image_shape_of_samples(sample_shape, autoencoder)
         net, reference = open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"--fid: {e}") from e
@@ -273,13 +283,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         args.num = len(prompts) * args.per_prompt
     elif args.prompts:
         raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
-    autoencoder_spec = stored.get("autoencoder")  # runs on latents: the VAE their meta.json named
-    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, autoencoder_spec is not None))
-    try:
-        autoencoder = None if autoencoder_spec is None else open_autoencoder(autoencoder_spec, mesh=mesh)
-    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
-        raise SystemExit(f"{args.run_dir} decodes with the VAE {autoencoder_spec}, which cannot be read now ({e}); "
-                         "put it back there.") from e  # fmt: skip
+    codec = stored_codec(args.run_dir, stored, mesh)
+    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
 
     def sample_images(num: int, cond, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(images [num, h, w, c] in about [-1, 1], the latents they decode or None)."""
@@ -288,13 +293,12 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
             cfg_scale=args.cfg, null_cond=null_cond, seed=seed,
         )  # fmt: skip
-        if autoencoder is None:
-            return images, None
-        return decode_latents(autoencoder, images, mesh=mesh), images
+        decoded = codec.decode(images, mesh=mesh)
+        return decoded, None if decoded is images else images
 
     if args.fid:
         args.method = args.method or cfg.sample_method  # recorded with the FID
-        measure_fid(args, step, mesh, sample_images, cond, image_shape, autoencoder, features_fn, image_dataset)
+        measure_fid(args, step, mesh, sample_images, cond, codec.image_shape(image_shape), features_fn, image_dataset)
         return
     images, latents = sample_images(args.num, cond, args.seed)
     if jax.process_index() == 0:

@@ -290,14 +290,6 @@ def fid_of_samples(
     return result
 
 
-def image_shape_of_samples(sample_shape: tuple[int, ...], autoencoder: Any = None) -> tuple[int, ...]:
-    """The [h, w, c] of the images FID sees: a model's samples, or for a run on latents their
-    decoding by `autoencoder` (traced, not run)."""
-    if autoencoder is None:
-        return tuple(sample_shape)
-    return jax.eval_shape(autoencoder.decode, jax.ShapeDtypeStruct((1, *sample_shape), np.float32)).shape[1:]
-
-
 def load_inception(path: str | Path) -> InceptionV3:
     """InceptionV3.from_pytorch_fid(path); in a job of several processes, with its weights on this
     process's first device: from_pytorch_fid puts them on jax.devices()[0], which only process 0
