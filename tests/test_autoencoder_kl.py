@@ -20,6 +20,7 @@ import main as train_main  # train/main.py (conftest puts train/ on sys.path)
 from eqxdiff import generate
 from eqxdiff.autoencoders import describe_autoencoder, open_autoencoder
 from eqxdiff.codecs import Latents
+from eqxdiff.conditions import Labels
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.nn import AutoencoderKL
 from eqxdiff.nn.torch_weights import leaf_layouts
@@ -348,7 +349,7 @@ def test_latents_mean_and_std_are_used_as_sdxl_pipelines_use_them(tmp_path):
     # train/main.py's prepare: a latent record with a negligible posterior std (exp(-15)) gives x0.
     latent = {"mean": z.astype(np.float32), "logvar": np.full(z.shape, -30.0, np.float32)}
     out = train_main.prepare(latent | {"label": np.zeros(2, np.int32)}, jax.random.key(0), schedule=EDMSchedule(),
-                             cond_dropout=0.0, null_cond=jnp.array([10]), codec=Latents(vae, str(tmp_path)))  # fmt: skip
+                             cond_dropout=0.0, condition=Labels(10), codec=Latents(vae, str(tmp_path)))  # fmt: skip
     np.testing.assert_allclose(np.asarray(out["x0"]), (z - mean) * scale / std, rtol=1e-5, atol=1e-5)
     # eqxdiff.generate's decode of sampled latents.
     x = np.random.default_rng(1).normal(size=(2, 4, 4, 4)).astype(np.float32)

@@ -110,19 +110,19 @@ def test_arrayrecord_and_npz_captions_round_trip(tmp_path: Path):
 def test_sample_grid_prompts_are_spread_over_the_data(tmp_path: Path):
     """A captioned dataset in class order (a sorted folder): the grid's ten prompts come from every part of
     it, not ten captions of its first class."""
-    from eqxdiff.text.run_text import sample_prompts
+    from run_condition import sample_prompts  # train/run_condition.py
 
     kinds = ["apple", "boat", "cat", "dog", "eel"]
     captions = [f"a {kind}, photo {i}" for kind in kinds for i in range(10)]
     images = np.zeros((len(captions), 4, 4, 1), np.uint8)
     np.savez(tmp_path / "c.npz", images=images, captions=np.array(captions))
     source = open_source(f"npz:{tmp_path}/c.npz", captions=True)
-    prompts = sample_prompts("", "npz:c", source)
+    prompts = sample_prompts("", source)
     assert len(set(prompts)) == 10 and set(prompts) <= set(captions)
     assert [sum(p.startswith(f"a {kind},") for p in prompts) for kind in kinds] == [2] * 5
-    assert sample_prompts("a red boat|a cat", "npz:c", source) == ["a red boat", "a cat"]
+    assert sample_prompts("a red boat|a cat", source) == ["a red boat", "a cat"]
     np.savez(tmp_path / "three.npz", images=images[:3], captions=np.array(captions[:3]))
-    assert sample_prompts("", "npz:three", open_source(f"npz:{tmp_path}/three.npz", captions=True)) == captions[:3]
+    assert sample_prompts("", open_source(f"npz:{tmp_path}/three.npz", captions=True)) == captions[:3]
 
 
 def test_text_fields_cannot_be_batched_untokenized(tmp_path: Path):

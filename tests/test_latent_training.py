@@ -17,6 +17,7 @@ import encode as train_encode  # train/encode.py (conftest puts train/ on sys.pa
 import main as train_main  # train/main.py
 import sample as train_sample  # train/sample.py
 from eqxdiff.codecs import Latents, Pixels
+from eqxdiff.conditions import Labels
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.images import to_uint8
@@ -46,7 +47,7 @@ def test_prepare_draws_latents_from_the_posterior_and_scales_them_per_channel():
     autoencoder = SimpleNamespace(scaling_factor=scale.astype(np.float32), shift_factor=shift.astype(np.float32))
 
     def x0(key):
-        out = train_main.prepare(records, key, schedule=EDMSchedule(), cond_dropout=0.0, null_cond=jnp.array([10]),
+        out = train_main.prepare(records, key, schedule=EDMSchedule(), cond_dropout=0.0, condition=Labels(10),
                                  codec=Latents(autoencoder, "per-channel"))  # fmt: skip
         return np.asarray(out["x0"], np.float64)
 

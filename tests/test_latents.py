@@ -22,7 +22,7 @@ from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name,
 from eqxdiff.data.records import TextField
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
 from eqxdiff.text import load_tokenizer
-from eqxdiff.text.run_text import sample_prompts
+from run_condition import run_condition, sample_prompts  # train/run_condition.py
 
 with install_import_hook("eqxdiff", "beartype.beartype"):  # conftest's hook does not list this module
     from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
@@ -426,28 +426,29 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
     """main.py on latents encoded with --encode_text: the tower and tokenizer of meta.json, no tower in
     the step (only the stored null), the stored float16 context read as the condition."""
     import main as train_main  # train/main.py
+    from eqxdiff.conditions import EncodedText
     from eqxdiff.sharding import make_mesh
-    from eqxdiff.text.run_text import frozen_modules
 
     spec = f"latents:{text_setup['out']}"
     source, mesh = open_source(spec), make_mesh(data=-1, fsdp=1)
-    text = train_main.text_conditioning(train_main.parse_config(["--dataset", spec]), source, mesh)
+    condition = run_condition(train_main.parse_config(["--dataset", spec]), source, mesh)
     encoder = text_setup["encoder"].resolve()
-    assert text.specs == (str(encoder), str(encoder.parent / "tokenizer")) and text.encoder is not None
-    frozen = frozen_modules(text, source)
+    assert isinstance(condition, EncodedText) and condition.text.encoder is not None
+    assert condition.text.specs == (str(encoder), str(encoder.parent / "tokenizer"))
+    frozen = condition.frozen()
     assert set(frozen) == {"null_cond"}  # captions encoded ahead of time: the step runs no tower
     for name, value in source.text_null().items():
         np.testing.assert_array_equal(frozen["null_cond"][name], value)
     batch = stack_records([source[i] for i in range(2)], source.fields)
-    cond = train_main.condition(batch, frozen)
+    cond = condition.cond(batch, frozen)
     assert sorted(cond) == ["context", "mask", "pooled"] and cond["context"].dtype == jnp.float32
     np.testing.assert_array_equal(cond["context"], batch["context"].astype(np.float32))
     other = train_main.parse_config(["--dataset", spec, "--text_encoder", str(text_setup["images"])])
     with pytest.raises(SystemExit, match="was encoded with"):
-        train_main.text_conditioning(other, source, mesh)
+        run_condition(other, source, mesh)
     # The records are read as encoded text, but the raw captions are still there for the grids' prompts.
     assert "caption" not in source.fields and source.caption(3) == CAPTIONS["d"]
-    assert sample_prompts("", spec, source) == [CAPTIONS[s].strip() for s in sorted(CAPTIONS)]  # all 6, in order
+    assert sample_prompts("", source) == [CAPTIONS[s].strip() for s in sorted(CAPTIONS)]  # all 6, in order
 
 
 @pytest.mark.slow  # reason: two script starts and a training step's compile (~20 s)

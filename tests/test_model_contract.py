@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+from eqxdiff.conditions import Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import Batched, ConditionalModel, DiffusionModel, DiT, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -79,7 +80,7 @@ def test_batched_equinox_model_trains_with_main_prepare_and_loss():
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 2**30)
     step = make_train_step(
         prepare=functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.1,
-                                  null_cond=null_cond_of(state.model, 1)),
+                                  condition=Labels(10)),
         loss_fn=functools.partial(train_main.loss_fn, schedule=schedule, parameterization=parameterization),
         optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.9, state_shardings=shardings,
         batch_sharding=batch_sharding(mesh), seed=0,

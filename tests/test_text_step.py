@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+from eqxdiff.conditions import FrozenText
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import CLIPTextModel
 from jax.sharding import PartitionSpec as P
@@ -68,7 +69,8 @@ def build(min_size: int = 256):
     frozen = jax.device_put(frozen, frozen_shardings)
     optimizer, lr = adamw_cosine(1e-3, 100, 2)
     abstract, shardings = abstract_train_state(PooledShift, optimizer, mesh, min_size)
-    prepare = functools.partial(train_main.prepare, schedule=SCHEDULE, cond_dropout=0.0, null_cond=None)
+    prepare = functools.partial(train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE,
+                                cond_dropout=0.0)
     step = make_train_step(
         prepare=prepare, loss_fn=functools.partial(train_main.loss_fn, schedule=SCHEDULE, parameterization=PARAM),
         optimizer=optimizer, lr_schedule=lr, ema_decay=0.9, state_shardings=shardings,
@@ -107,7 +109,8 @@ def test_the_tower_is_an_argument_outside_the_state():
 def test_caption_dropout_uses_the_encoded_empty_caption():
     text = text_side()
     data = batch(1)
-    prepare = functools.partial(train_main.prepare, schedule=SCHEDULE, cond_dropout=0.5, null_cond=None)
+    prepare = functools.partial(train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE,
+                                cond_dropout=0.5)
     frozen = {"text_encoder": text.encoder, "null_cond": text.encoded_null()}
     cond = jax.tree.map(np.asarray, jax.jit(prepare)(data, jax.random.key(0), frozen)["cond"])
     captions = encode_tokens(text.encoder, data)  # encoded on the host, row by row the same tower

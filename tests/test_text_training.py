@@ -13,7 +13,7 @@ from PIL import Image
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.sharding import make_mesh
 from eqxdiff.text import load_tokenizer
-from eqxdiff.text.run_text import open_text
+from run_condition import open_text  # train/run_condition.py
 from runs import ROOT, assert_finite_training, metric_rows, random_clip_folder, run, train_here
 
 TOKENIZER = ROOT / "tests" / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids, CLIP's real first merges
@@ -47,8 +47,8 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     assert_finite_training(rows)
     with Image.open(run_dir / "samples" / "step_000002.png") as grid:
         assert grid.size == ((10 * 17 + 1) * 4, (10 * 9 + 1) * 4)  # 10 prompts × 10 samples of 8×16
-    assert stored_config(run_dir)["text"] == {
-        "text_encoder": str(tower.resolve()), "tokenizer": str((tmp_path / "sd" / "tokenizer").resolve()),
+    assert stored_config(run_dir)["condition"] == {
+        "kind": "frozen_text", "text_encoder": str(tower.resolve()), "tokenizer": str((tmp_path / "sd" / "tokenizer").resolve()),
         "null_text": "zeros", "max_length": 16,
     }  # fmt: skip
 

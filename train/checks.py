@@ -3,7 +3,6 @@ that names the fix, before anything loads or compiles."""
 
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.text.conditioning import check_text_folders
-from eqxdiff.text.run_text import wants_captions
 
 
 def check_batch(cfg, num_devices: int) -> None:
@@ -38,9 +37,6 @@ def check_eval(cfg) -> None:
     if cfg.eval_num < 2:
         raise SystemExit(f"--eval_num must be >= 2 (a covariance needs two samples; FID is usually taken of 10,000 to "
                          f"50,000), got {cfg.eval_num}.")  # fmt: skip
-    if wants_captions(cfg.text_encoder, cfg.dataset):
-        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
-                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip
 
 
 def check_text_folders_exist(cfg) -> None:

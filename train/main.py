@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entr
 from tqdm import tqdm
 
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
-from eqxdiff.data import Prefetch, TokenizedSource, batch_spec, batch_stream, check_position, data_position
+from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position
 from eqxdiff.diffusion import (
     METHODS,
     PARAMETERIZATIONS,
@@ -45,10 +45,8 @@ from eqxdiff.diffusion import (
 from eqxdiff.codecs import Latents, Pixels
 from eqxdiff.generate import generate
 from eqxdiff.images import save_image_grid, to_uint8
-from eqxdiff.nn import null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
-from eqxdiff.text.run_text import frozen_modules, sample_prompts, text_config
 from eqxdiff.training import (
     PRECISIONS,
     LogWindow,
@@ -68,9 +66,10 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, build_model  # train/models.py: the model table
+from models import MODELS, build_model  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
-from run_data import open_dataset, run_codec, scaled_latent_std, text_conditioning  # train/run_data.py
+from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
+from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
@@ -150,36 +149,19 @@ CHOICES = {
 
 
 # ---- where a batch of records meets the model, and the loss: edit these ----
-def condition(batch: dict, frozen: dict | None):
-    """The model's condition from a batch: captions encoded ahead of time by train/encode.py;
-    caption tokens, encoded by the step's frozen text tower when it has one (else the model's own
-    tower reads them); class labels; or None."""
-    if "context" in batch:
-        f32 = lambda name: batch[name].astype(jnp.float32)  # noqa: E731 — stored as float16
-        return {"context": f32("context"), "mask": batch["attention_mask"], "pooled": f32("pooled")}
-    if "input_ids" in batch:
-        tokens = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        if frozen is None or "text_encoder" not in frozen:
-            return tokens
-        hidden, pooled = frozen["text_encoder"](tokens["input_ids"], tokens["attention_mask"])
-        return {"context": hidden, "mask": tokens["attention_mask"], "pooled": pooled}
-    return batch.get("label")
-
-
-def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), schedule, cond_dropout: float,
-            null_cond) -> dict:  # fmt: skip
+def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition, schedule,
+            cond_dropout: float) -> dict:  # fmt: skip
     """A record batch -> what `loss_fn` reads: x0 (`codec`: images in [-1, 1], or latents), the condition
-    (`condition`; each example's replaced by the null condition with probability `cond_dropout`
-    for classifier-free guidance: the frozen argument's `null_cond` when the step has one, the
-    encoded "" of a pretrained text tower, else `null_cond`), and the training draw σ, ε. Runs
+    (`condition`, eqxdiff/conditions.py: labels, tokens, or text encoded by the step's frozen tower; each
+    example's replaced by the condition's null with probability `cond_dropout` for classifier-free
+    guidance), and the training draw σ, ε. Runs
     inside the step on the whole global batch. Latent records (train/encode.py) hold the VAE
     posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/codecs.py)."""
     key_draw, key_drop = jax.random.split(key)
     key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw alike for pixels and latents
     x0 = codec.x0(batch, key_latent)
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
-    null_cond = frozen["null_cond"] if frozen is not None and "null_cond" in frozen else null_cond
-    cond = drop_condition(key_drop, condition(batch, frozen), cond_dropout, null_cond)
+    cond = drop_condition(key_drop, condition.cond(batch, frozen), cond_dropout, condition.null(frozen))
     return dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
 
 
@@ -233,16 +215,16 @@ def main(cfg: Config, features_fn=None) -> None:
     check_eval(cfg)
     check_schedule(cfg)
     check_text_folders_exist(cfg)
-    if cfg.hflip and cfg.dataset == "captioned_digits":
-        raise SystemExit("--hflip would swap the digits that captioned_digits' captions place left and right.")
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
-    text = text_conditioning(cfg, source, mesh)  # None: a run without captions
+    if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
+        raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
+    condition = run_condition(cfg, source, mesh)  # what the network is conditioned on (eqxdiff/conditions.py)
+    check_eval_condition(cfg, condition)
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
-    prompts = None if text is None else sample_prompts(cfg.sample_prompts, cfg.dataset, source)
-    if text is not None and "caption" in source.fields:  # captions -> token ids as records are read, on the host
-        source = TokenizedSource(source, text.tokenizer, text.max_length)
+    sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
+    source = condition.records(source)  # captions -> token ids as records are read, on the host
     codec, latent_config = run_codec(source, mesh)  # what x0 is: pixels, or latents (eqxdiff/codecs.py)
     if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
@@ -265,7 +247,7 @@ def main(cfg: Config, features_fn=None) -> None:
             raise SystemExit(f"--eval_every: {e}") from e
 
     def make_model(key):
-        return build_model(cfg.model, image_shape, cfg.remat, key, num_classes=num_classes, text=text)
+        return build_model(cfg.model, image_shape, cfg.remat, key, condition)
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
@@ -278,13 +260,12 @@ def main(cfg: Config, features_fn=None) -> None:
     )
     data_sharding = batch_sharding(mesh)
     # A pretrained text tower and its encoded null: the step's frozen argument, laid out by size.
-    frozen = frozen_modules(text, source)
+    frozen = condition.frozen()
     frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size)
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     train_step = make_train_step(
         prepare=functools.partial(
-            prepare, schedule=schedule, cond_dropout=cfg.label_dropout if text is None else cfg.text_dropout,
-            null_cond=null_cond_of(abstract.model, 1), codec=codec,
+            prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=getattr(cfg, condition.dropout_flag),
         ),
         loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
         optimizer=optimizer, lr_schedule=lr_schedule,
@@ -317,20 +298,13 @@ def main(cfg: Config, features_fn=None) -> None:
 
     def write_samples(step: int, state) -> None:
         """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
-        rows = num_classes or 10
-        cond = np.repeat(np.arange(rows, dtype=np.int32), 10) if num_classes else None  # one row per class
-        null_cond = None  # the model's own (labels; a scratch tower's "")
-        if text is not None:  # one row per prompt
-            rows = len(prompts)
-            cond, null_cond = text.sampling_condition(prompts)
-            cond = jax.tree.map(lambda a: np.repeat(a, 10, axis=0), cond)
+        cond, null_cond = condition.for_sampling(sample_rows, 10)  # ten images of each label or prompt
         out = generate(
-            state.ema, schedule, parameterization, cond, rows * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
+            state.ema, schedule, parameterization, cond, len(sample_rows) * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
             method=cfg.sample_method, cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=cfg.seed + step,
         )  # fmt: skip
         out = codec.decode(out, mesh=mesh)
         if is_main:
-            row_labels = class_names if num_classes and class_names and text is None else None
             path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4,
                                    row_labels=row_labels)  # fmt: skip
             tqdm.write(f"step {step}: samples -> {path}")
@@ -339,14 +313,14 @@ def main(cfg: Config, features_fn=None) -> None:
         """FID of --eval_num EMA samples (every class alike, the same noise at every evaluation), and
         precision/recall if --fid_ref keeps features, as eval/* metrics; --batch_size at a time (the last
         batch padded: one sampler program)."""
-        labels = np.resize(np.arange(num_classes, dtype=np.int32), cfg.eval_num) if num_classes else None
+        cond, null_cond = condition.for_sampling(np.arange(cfg.eval_num) % max(num_classes, 1), 1)  # every class alike
 
         def sample_chunk(start: int, size: int) -> np.ndarray:
             rows = np.minimum(np.arange(start, start + cfg.batch_size), cfg.eval_num - 1)
             out = generate(
-                state.ema, schedule, parameterization, None if labels is None else labels[rows],
+                state.ema, schedule, parameterization, jax.tree.map(lambda a: a[rows], cond),
                 cfg.batch_size, image_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method,
-                cfg_scale=cfg.cfg_scale, seed=chunk_seed(cfg.seed, start),
+                cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=chunk_seed(cfg.seed, start),
             )  # fmt: skip
             return to_uint8(codec.decode(out, mesh=mesh)[:size])
 
@@ -357,10 +331,8 @@ def main(cfg: Config, features_fn=None) -> None:
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes,
-                      codec=codec.to_config(), **latent_config,
-                      **text_config(text), **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
-        if text is not None and text.encoder is None:  # a scratch tower's wiring, for train/sample.py
-            config["text"] |= {"causal": SCRATCH_TEXT_CAUSAL, "pooled": SCRATCH_TEXT_POOLED}
+                      codec=codec.to_config(), condition=condition.to_config(), **latent_config,
+                      **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":
             tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")

@@ -2,10 +2,7 @@
 condition (class labels, a pretrained tower's encoded text, or tokens read by a text tower
 trained with the model). Used by train/main.py and train/sample.py."""
 
-import jax
-
-from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet
-from eqxdiff.text.conditioning import TextConditioning
+from eqxdiff.nn import DiT, UNet
 
 # name -> (image shape, remat, key, **cond) -> model, where cond is `num_classes=n` (labels) or
 # `context_dim=d, pooled_dim=p` (text). Add yours here: any callable
@@ -45,17 +42,7 @@ def text_options(self_levels: tuple[int, ...], cross_levels: tuple[int, ...], co
     return dict(attention_levels=self_levels, cross_attention_levels=cross_levels, position_embedding=True)
 
 
-def build_model(name: str, image_shape: tuple, remat: bool, key, *, num_classes: int, text: TextConditioning | None,
-                causal: bool = SCRATCH_TEXT_CAUSAL, pooled: bool = SCRATCH_TEXT_POOLED):  # fmt: skip
-    """MODELS[name] for the run's condition: labels, a pretrained tower's encoded text, or tokens
-    read by a text tower trained with it (`TextConditioned`, its null the tokens of "", `causal`
-    its attention, `pooled` whether the network takes its pooled vector: checkpoints store both)."""
-    if text is None:
-        return MODELS[name](image_shape, remat, key, num_classes=num_classes)
-    if text.encoder is not None:
-        return MODELS[name](image_shape, remat, key, **text.model_dims())
-    key_text, key_net = jax.random.split(key)
-    null = text.tokens([""])
-    net = MODELS[name](image_shape, remat, key_net, **(text.model_dims() | ({} if pooled else {"pooled_dim": 0})))
-    tower = CLIPTextModel.from_config(text.scratch_config, key=key_text, causal=causal)
-    return TextConditioned(tower, net, null["input_ids"][0], null["attention_mask"][0], pooled=pooled)
+def build_model(name: str, image_shape: tuple, remat: bool, key, condition):
+    """MODELS[name] for the run's condition (eqxdiff/conditions.py): its sizes, and where the condition
+    trains its own text tower, that tower around the network."""
+    return condition.build(lambda k, **sizes: MODELS[name](image_shape, remat, k, **sizes), key)

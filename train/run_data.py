@@ -1,15 +1,11 @@
-"""train/main.py's data side (`cfg`: its Config): the dataset opened and described, the autoencoder of a
-latent dataset, and the text side of a captioned one."""
+"""train/main.py's data side (`cfg`: its Config): the dataset opened and described, and its codec (pixels,
+or the latents of an autoencoder)."""
 
 import numpy as np
 
 from eqxdiff.codecs import Pixels, codec_from_config
 from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
-from eqxdiff.text.conditioning import TextConditioning
-from eqxdiff.text.run_text import run_text, wants_captions
-
-from models import SCRATCH_TEXT_TOWER  # train/models.py
 
 
 def run_codec(source, mesh) -> tuple:
@@ -27,21 +23,11 @@ def run_codec(source, mesh) -> tuple:
     return codec, {"image_dataset": source.meta["source"]}
 
 
-def text_conditioning(cfg, source, mesh) -> TextConditioning | None:
-    """The run's text side (eqxdiff/text/run_text.py), None for a run without captions."""
-    try:
-        return run_text(cfg.dataset, source, text_encoder=cfg.text_encoder, tokenizer=cfg.tokenizer,
-                        null_text=cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                        min_size=cfg.fsdp_min_param_size)  # fmt: skip
-    except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
-        raise SystemExit(str(e)) from e
-
-
 def open_dataset(cfg, say) -> object:
     """--dataset as a record source (eqxdiff/data/sources.py), every folder image decoded once first: the
     unreadable ones listed, or dropped with --skip_bad_images; what was found is `say`d."""
     try:
-        source = open_source(cfg.dataset, cfg.image_size, captions=wants_captions(cfg.text_encoder, cfg.dataset),
+        source = open_source(cfg.dataset, cfg.image_size, captions=bool(cfg.text_encoder),
                              allow_uncaptioned=cfg.allow_uncaptioned, skip_bad_images=cfg.skip_bad_images)  # fmt: skip
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
         raise SystemExit(str(e)) from e

@@ -35,19 +35,20 @@ import numpy as np
 from tqdm import tqdm
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
-from models import SCRATCH_TEXT_TOWER, build_model
+from models import build_model
 from outputs import check_writable
+from run_condition import condition_from_config, stored_condition
 from resume import checkpoint_steps, close_runs, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
 from eqxdiff.codecs import codec_from_config
+from eqxdiff.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.data.captioned_digits import caption_digits, captioned_digits_prompts
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
 from eqxdiff.generate import generate
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
-from eqxdiff.text.run_text import open_text
 from eqxdiff.training import abstract_train_state, adamw_cosine
 
 
@@ -156,8 +157,9 @@ def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
 def check_eval(stored: dict) -> None:
     """--eval's scores are a digits classifier's: refused, before anything loads, for any other run."""
     dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
-    scored = "captioned_digits" if "text" in stored else "digits"
-    if dataset != scored or ("text" not in stored and not stored["num_classes"]):
+    kind = stored_condition(stored)["kind"]
+    scored = "digits" if kind in ("none", "labels") else "captioned_digits"
+    if dataset != scored or kind == "none":
         raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
                          f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
 
@@ -174,35 +176,28 @@ def stored_codec(run_dir, stored: dict, mesh):
 
 
 def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
-    """(EMA model, the run's Config, its stored config dict, the step, its text side or None) from a
+    """(EMA model, the run's Config, its stored config dict, the step, its condition) from a
     checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
     newest."""
     step, _ = stored_run(run_dir, step)
     with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
-        text = None
-        if "text" in stored:  # the tower and null text the run trained with
-            t = stored["text"]
-            try:
-                text = open_text(t["text_encoder"], t["tokenizer"], t["null_text"], scratch_config=SCRATCH_TEXT_TOWER,
-                                 mesh=mesh, min_size=2**62)  # fmt: skip
-            except (FileNotFoundError, ValueError) as e:  # the folders moved since training
-                raise SystemExit(f"{run_dir} trained with the text tower {t['text_encoder']}, which cannot be read "
-                                 f"now ({e}); put it back there.") from e  # fmt: skip
+        config = stored_condition(stored)  # the condition the run trained with: its tower and null text
+        try:
+            condition = condition_from_config(config, mesh=mesh)
+        except (FileNotFoundError, ValueError) as e:  # the folders moved since training
+            raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
+                             f"now ({e}); put it back there.") from e  # fmt: skip
 
         def make_model(key):
-            shape, n = tuple(stored["image_shape"]), stored["num_classes"]
-            # Scratch towers saved before `causal` and `pooled` were stored were causal and pooled.
-            saved_text = stored.get("text", {})
-            wiring = {name: saved_text.get(name, True) for name in ("causal", "pooled")}
-            return build_model(cfg.model, shape, False, key, num_classes=n, text=text, **wiring)
+            return build_model(cfg.model, tuple(stored["image_shape"]), False, key, condition)
 
         # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
         optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
         abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
         state, _, _ = checkpoints.restore(step, abstract, shardings)
-    return state.ema, cfg, stored, step, text
+    return state.ema, cfg, stored, step, condition
 
 
 def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
@@ -259,14 +254,15 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
                      process_id=args.process_id))  # fmt: skip
     mesh = make_mesh(data=-1, fsdp=1)
-    ema, cfg, stored, step, text = load_ema(args.run_dir, args.step, mesh)
+    ema, cfg, stored, step, condition = load_ema(args.run_dir, args.step, mesh)
     args.cfg = cfg.cfg_scale if args.cfg is None else args.cfg  # the guidance of the run's own grids
     image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
     image_dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
 
     labels = balanced_labels(args.num, classes) if num_classes else None
-    cond, null_cond, prompts, digits = labels, None, None, None
-    if text is not None:
+    cond, null_cond = condition.for_sampling(labels, 1)  # class runs: one image per label; else none
+    prompts, digits = None, None
+    if isinstance(condition, TextCondition):
         prompts = args.prompts
         if prompts is None and image_dataset == "captioned_digits":
             prompts, digits = captioned_digits_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
@@ -278,8 +274,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
                 digits = np.repeat(np.array([caption_digits(p) for p in prompts], np.int32), args.per_prompt, axis=0)
             except ValueError as e:
                 raise SystemExit(f"--eval: {e}") from e
-        cond, null_cond = text.sampling_condition(list(prompts))
-        cond = jax.tree.map(lambda a: np.repeat(a, args.per_prompt, axis=0), cond)
+        cond, null_cond = condition.for_sampling(list(prompts), args.per_prompt)
         args.num = len(prompts) * args.per_prompt
     elif args.prompts:
         raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")

@@ -1,0 +1,60 @@
+"""eqxdiff/conditions.py: one null per condition, for dropout and guidance alike, and configs that rebuild
+the condition (train/run_condition.py). (The step with a frozen tower: tests/test_text_step.py.)"""
+
+import jax
+import numpy as np
+
+from eqxdiff.conditions import Labels, NoCondition, ScratchText
+from eqxdiff.data import open_source
+from eqxdiff.diffusion import drop_condition
+from eqxdiff.sharding import make_mesh
+from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
+
+
+def scratch(**tower) -> ScratchText:
+    text = open_text("scratch", "captioned_digits", "empty", scratch_config=dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, hidden_act="gelu", **tower),
+        mesh=make_mesh(data=-1, fsdp=1), min_size=2**62)  # fmt: skip
+    return ScratchText(text, causal=False, pooled=True)
+
+
+def test_labels_drop_to_label_n_and_guide_against_it():
+    labels = Labels(10)
+    batch = {"label": np.arange(8, dtype=np.int32)}
+    dropped = np.asarray(drop_condition(jax.random.key(0), labels.cond(batch, None), 1.0, labels.null(None)))
+    np.testing.assert_array_equal(dropped, np.full(8, 10))  # p = 1: every label is the null one
+    cond, null = labels.for_sampling([3, 7], 2)
+    np.testing.assert_array_equal(cond, [3, 3, 7, 7])
+    np.testing.assert_array_equal(null, [10])
+    assert labels.model_kwargs() == {"num_classes": 10} and NoCondition().for_sampling([0], 3) == (None, None)
+
+
+def test_a_scratch_tower_guides_against_the_tokens_it_trains_with_and_its_widths_are_stored():
+    condition = scratch()
+    model = condition.build(lambda key, **sizes: sizes, jax.random.key(0))  # the sizes the network is asked for
+    assert model.net == {"context_dim": 16, "pooled_dim": 16}
+    _, null = condition.for_sampling(["a 3 left of a 7"], 1)
+    trained = model.null_cond(1)  # what caption dropout puts in, inside the model
+    for name in ("input_ids", "attention_mask"):
+        np.testing.assert_array_equal(null[name], trained[name])
+        np.testing.assert_array_equal(condition.null(None)[name], trained[name])
+    config = condition.to_config()
+    assert config["tower"]["hidden_size"] == 16 and config["causal"] is False and config["pooled"] is True
+    rebuilt = condition_from_config(config, mesh=make_mesh(data=-1, fsdp=1))
+    assert rebuilt.to_config() == config and rebuilt.text.scratch_config == condition.text.scratch_config
+
+
+def test_captioned_digits_is_asked_for_its_tower_and_prompts():
+    source = open_source("captioned_digits")
+    assert source.text_defaults == {"text_encoder": "scratch", "tokenizer": "captioned_digits"}
+    records = scratch().records(source)
+    assert set(records.fields) == {"image", "input_ids", "attention_mask"}  # captions tokenized on the host
+    assert len(source.sample_prompts(10)) == 10
+
+
+def test_old_checkpoints_name_their_condition_by_text_and_num_classes():
+    assert stored_condition({"num_classes": 10}) == {"kind": "labels", "num_classes": 10}
+    assert stored_condition({"num_classes": 0}) == {"kind": "none"}
+    old = stored_condition({"num_classes": 0, "text": {"text_encoder": "scratch", "tokenizer": "captioned_digits",
+                                                       "null_text": "empty", "max_length": 8}})  # fmt: skip
+    assert old["kind"] == "scratch_text" and old["causal"] is True and old["pooled"] is True

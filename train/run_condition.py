@@ -1,0 +1,132 @@
+"""A run's condition (eqxdiff/conditions.py) from its flags and its data, and back from a checkpoint's
+config: which tower and tokenizer, the null the step and the sampler share, the sample grids' prompts.
+Script glue: a flag or folder that does not fit is a SystemExit naming the fix."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+from jax.sharding import Mesh
+
+from eqxdiff.conditions import EncodedText, FrozenText, Labels, NoCondition, ScratchText, TextCondition
+from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.text.conditioning import SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
+
+from models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER  # train/models.py
+
+# Tokenizers built into a dataset, by the name a dataset's `text_defaults` and checkpoints give them.
+BUILTIN_TOKENIZERS = {"captioned_digits": captioned_digits_tokenizer}
+TEXT_KINDS = {"scratch_text": ScratchText, "frozen_text": FrozenText, "encoded_text": EncodedText}
+
+
+def run_condition(cfg, source, mesh: Mesh):
+    """The condition of a run of `cfg` (train/main.py's Config) on `source`: a frozen CLIP tower from
+    --text_encoder (a folder), the one latents were encoded with (their meta.json), a tower trained with
+    the model (--text_encoder scratch, or the dataset's own `text_defaults`), else its labels, else none."""
+    encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
+    defaults = getattr(source, "text_defaults", {})  # a dataset with its own tower and tokenizer
+    if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
+        if cfg.text_encoder and Path(cfg.text_encoder).expanduser().resolve() != Path(encoded["text_encoder"]):
+            raise SystemExit(f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
+                             f"{encoded['text_encoder']}; drop the flag to use that one.")  # fmt: skip
+        tower, tokenizer = encoded["text_encoder"], encoded["tokenizer"]
+    else:
+        tower = cfg.text_encoder or defaults.get("text_encoder", "")
+        own = defaults and tower == defaults["text_encoder"]  # else a pretrained tower's own tokenizer
+        tokenizer = cfg.tokenizer or (defaults["tokenizer"] if own else "")
+    if not tower:
+        return Labels(source.num_classes) if source.num_classes else NoCondition()
+    if tower == SCRATCH and not tokenizer:
+        raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
+    try:
+        text = open_text(tower, tokenizer, cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
+                         min_size=cfg.fsdp_min_param_size)  # fmt: skip
+    except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
+        raise SystemExit(str(e)) from e
+    if text.encoder is None:
+        return ScratchText(text, causal=SCRATCH_TEXT_CAUSAL, pooled=SCRATCH_TEXT_POOLED)
+    stored = source.text_null() if encoded is not None else None  # the null encoded with the latents
+    null = stored if stored is not None and encoded["null_text"] == text.null_text else text.encoded_null()
+    return EncodedText(text, null) if encoded is not None and encoded["encoded"] else FrozenText(text, null)
+
+
+def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh,
+              min_size: int) -> TextConditioning:  # fmt: skip
+    """`tower` "scratch" (of `scratch_config`) or a folder; `tokenizer` a built-in one's name
+    (BUILTIN_TOKENIZERS), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
+    absolute specs, for checkpoints. A folder that does not fit is a SystemExit naming it."""
+    if tokenizer in BUILTIN_TOKENIZERS:
+        tokenizer_spec, tokenizer = tokenizer, BUILTIN_TOKENIZERS[tokenizer]()
+    else:
+        tokenizer_spec = tokenizer = str(tokenizer_folder(tower, tokenizer).resolve())
+    text = open_text_conditioning(tower, tokenizer, null_text=null_text, scratch_config=scratch_config, mesh=mesh,
+                                  min_size=min_size)  # fmt: skip
+    tower_spec = tower if tower == SCRATCH else str(Path(tower).expanduser().resolve())
+    return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
+
+
+def stored_condition(stored: dict) -> dict:
+    """A checkpoint's condition config; for one written before conditions were stored, what its `text`
+    entry (scratch towers then had today's widths; before `causal` and `pooled` were stored, both on) or
+    its `num_classes` meant."""
+    if "condition" in stored:
+        return stored["condition"]
+    if "text" in stored:
+        text = stored["text"]
+        if text["text_encoder"] != SCRATCH:
+            return {"kind": "frozen_text", **text}
+        return {"kind": "scratch_text", **text, "tower": SCRATCH_TEXT_TOWER, "causal": text.get("causal", True),
+                "pooled": text.get("pooled", True)}  # fmt: skip
+    return {"kind": "labels", "num_classes": stored["num_classes"]} if stored["num_classes"] else {"kind": "none"}
+
+
+def condition_from_config(config: dict, *, mesh: Mesh):
+    """The condition `to_config` described, for sampling: a frozen or encoding tower replicated over `mesh`,
+    its null the encoded "" (or zeros) of `null_text`. Raises FileNotFoundError or ValueError when a
+    tower or tokenizer folder cannot be read."""
+    if config["kind"] == "none":
+        return NoCondition()
+    if config["kind"] == "labels":
+        return Labels(config["num_classes"])
+    text = open_text(config["text_encoder"], config["tokenizer"], config["null_text"],
+                     scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62)  # fmt: skip
+    if config["kind"] == "scratch_text":
+        return ScratchText(text, causal=config["causal"], pooled=config["pooled"])
+    return TEXT_KINDS[config["kind"]](text, text.encoded_null())
+
+
+def sample_prompts(given: str, source) -> list[str]:
+    """Sample-grid prompts: `given` ("|"-separated), else the dataset's own (`sample_prompts`), else ten of
+    the source's captions spread evenly over it (a sorted folder's first ten are often all of one class)."""
+    if given:
+        return given.split("|")
+    if hasattr(source, "sample_prompts"):
+        return source.sample_prompts(10)
+    if "caption" in source.fields:
+        caption = lambda i: str(source[i]["caption"])  # noqa: E731
+    elif isinstance(source, LatentSource) and "caption" in source.record_fields:
+        caption = source.caption  # latents whose records are read as tokens or encoded text keep the raw caption too
+    else:
+        raise SystemExit(f"{source.spec} holds no captions to draw sample prompts from: pass --sample_prompts "
+                         "'a|b|...'.")  # fmt: skip
+    rows = np.unique(np.linspace(0, len(source) - 1, min(10, len(source))).round().astype(int))
+    return [caption(int(i)) for i in rows]
+
+
+def sample_grid_rows(cfg, condition, source) -> tuple[list, list[str] | None]:
+    """(a label or prompt per row of train/main.py's sample grids, the rows' labels to print or None): a text
+    run's --sample_prompts (or the data's own), else each class (named: a folder's sub-folders), else ten
+    unconditional rows."""
+    if isinstance(condition, TextCondition):
+        return sample_prompts(cfg.sample_prompts, source), None
+    if isinstance(condition, Labels):
+        return list(range(condition.num_classes)), getattr(source, "class_names", None)
+    return list(range(10)), None
+
+
+def check_eval_condition(cfg, condition) -> None:
+    """--eval_every's samples are class-conditional or unconditional."""
+    if cfg.eval_every > 0 and isinstance(condition, TextCondition):
+        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
+                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip
