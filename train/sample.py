@@ -260,7 +260,6 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     image_dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
 
     labels = balanced_labels(args.num, classes) if num_classes else None
-    cond, null_cond = condition.for_sampling(labels, 1)  # class runs: one image per label; else none
     prompts, digits = None, None
     if isinstance(condition, TextCondition):
         prompts = args.prompts
@@ -278,6 +277,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         args.num = len(prompts) * args.per_prompt
     elif args.prompts:
         raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
+    else:
+        cond, null_cond = condition.for_sampling(labels, 1)  # class runs: one image per label; else none
     codec = stored_codec(args.run_dir, stored, mesh)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
 
