@@ -66,8 +66,8 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, build_model  # train/models.py: the model table
-from resume import checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
+from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
+from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
@@ -192,6 +192,16 @@ def sigma_data(cfg: Config, codec) -> float:
     return cfg.sigma_data or codec.sigma_data
 
 
+def check_model_args(cfg: Config, step: int, args: dict) -> None:
+    """A resumed run's network must be the one it trained: its `MODELS` entry may not have changed since."""
+    saved = saved_config(cfg.run_dir, step)[1].get("model_args")  # None: a checkpoint from before they were stored
+    changed = [] if saved is None else changed_args(saved, args)
+    if changed:
+        raise SystemExit(f"{cfg.run_dir} trained --model {cfg.model} with other arguments than its entry in "
+                         f"train/models.py gives now ({', '.join(changed)}): restore the entry to continue the run, "
+                         f"or pass a new --run_dir to train the edited model.")  # fmt: skip
+
+
 def main(cfg: Config, features_fn=None) -> None:
     """`features_fn`: --eval_every's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     cfg = cfg if cfg.run_dir else dataclasses.replace(cfg, run_dir=default_run_dir(cfg.dataset, cfg.model))
@@ -246,8 +256,12 @@ def main(cfg: Config, features_fn=None) -> None:
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"--eval_every: {e}") from e
 
+    args = model_args(cfg.model, image_shape, condition)  # the network's constructor arguments, in each checkpoint
+    if resume is not None:
+        check_model_args(cfg, resume, args)
+
     def make_model(key):
-        return build_model(cfg.model, image_shape, cfg.remat, key, condition)
+        return build_model(args, cfg.remat, key, condition)
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
@@ -331,7 +345,7 @@ def main(cfg: Config, features_fn=None) -> None:
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
         config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes,
-                      codec=codec.to_config(), condition=condition.to_config(), **latent_config,
+                      model_args=args, codec=codec.to_config(), condition=condition.to_config(), **latent_config,
                       **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
         saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
         if saved == "non_finite":

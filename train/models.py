@@ -2,21 +2,31 @@
 condition (class labels, a pretrained tower's encoded text, or tokens read by a text tower
 trained with the model). Used by train/main.py and train/sample.py."""
 
+import json
+
 from eqxdiff.nn import DiT, UNet
 
-# name -> (image shape, remat, key, **cond) -> model, where cond is `num_classes=n` (labels) or
-# `context_dim=d, pooled_dim=p` (text). Add yours here: any callable
-# `model(x[b,h,w,c], t[b], cond, *, key=None)` (eqxdiff.nn.DiffusionModel; eqxdiff.nn.Batched
-# wraps a one-example Equinox module).
+# name -> (image shape, **sizes) -> (constructor, keyword arguments): the network is
+# CONSTRUCTORS[constructor](**arguments, remat=..., key=...), where sizes are the condition's:
+# `num_classes=n` (labels) or `context_dim=d, pooled_dim=p` (text). A checkpoint stores the constructor
+# and its arguments (`model_args`), so an edit here changes new runs only. Add yours: a constructor
+# (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
+# eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
+CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small}
 MODELS = {
-    "unet": lambda shape, remat, key, **cond: UNet(shape[-1], (32, 64), 1, remat=remat, key=key, **text_options((), (0, 1), cond), **cond),
+    "unet": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1,
+                                                 **text_options((), (0, 1), sizes), **sizes)),  # fmt: skip
     # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, remat, key, **cond: UNet(shape[-1], (16,), 1, norm_groups=4, remat=remat, key=key, **text_options((), (0,), cond), **cond),
-    # One level of 64 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
-    "unet_flat": lambda shape, remat, key, **cond: UNet(shape[-1], (128,), 2, remat=remat, key=key, **text_options((0,), (0,), cond), **cond),
-    "unet_flaxdiff": lambda shape, remat, key, **cond: UNet.flaxdiff_simple(shape[-1], remat=remat, key=key, **cond),
-    "dit_s": lambda shape, remat, key, **cond: DiT.small(shape[0], shape[-1], 2, remat=remat, key=key, **cond),
-    "dit_tiny": lambda shape, remat, key, **cond: DiT(shape[0], 2, shape[-1], 64, 2, 4, remat=remat, key=key, **cond),
+    "unet_tiny": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(16,), num_res_blocks=1,
+                                                      norm_groups=4, **text_options((), (0,), sizes), **sizes)),  # fmt: skip
+    # One level of 128 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
+    "unet_flat": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(128,), num_res_blocks=2,
+                                                      **text_options((0,), (0,), sizes), **sizes)),  # fmt: skip
+    "unet_flaxdiff": lambda shape, **sizes: ("UNet.flaxdiff_simple", dict(in_channels=shape[-1], **sizes)),
+    "dit_s": lambda shape, **sizes: ("DiT.small", dict(image_size=shape[0], in_channels=shape[-1], patch_size=2,
+                                                       **sizes)),  # fmt: skip
+    "dit_tiny": lambda shape, **sizes: ("DiT", dict(image_size=shape[0], patch_size=2, in_channels=shape[-1],
+                                                    hidden_size=64, depth=2, num_heads=4, **sizes)),  # fmt: skip
 }
 # A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
@@ -42,7 +52,26 @@ def text_options(self_levels: tuple[int, ...], cross_levels: tuple[int, ...], co
     return dict(attention_levels=self_levels, cross_attention_levels=cross_levels, position_embedding=True)
 
 
-def build_model(name: str, image_shape: tuple, remat: bool, key, condition):
-    """MODELS[name] for the run's condition (eqxdiff/conditions.py): its sizes, and where the condition
-    trains its own text tower, that tower around the network."""
-    return condition.build(lambda k, **sizes: MODELS[name](image_shape, remat, k, **sizes), key)
+def model_args(name: str, image_shape: tuple, condition) -> dict:
+    """What MODELS[name] declares for the run's image shape and condition (eqxdiff/conditions.py): the
+    constructor's name and its keyword arguments, as a checkpoint stores them (JSON: tuples as lists)."""
+    constructor, kwargs = MODELS[name](tuple(image_shape), **condition.model_kwargs())
+    return json.loads(json.dumps({"constructor": constructor, "kwargs": kwargs}))
+
+
+def build_model(args: dict, remat: bool, key, condition):
+    """The network `model_args` described, for the run's condition: where the condition trains its own text
+    tower, that tower around it. JSON's lists become tuples again (static fields must hash)."""
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in args["kwargs"].items()}
+    construct = CONSTRUCTORS[args["constructor"]]
+    return condition.build(lambda k, **sizes: construct(**(kwargs | sizes), remat=remat, key=k), key)
+
+
+def changed_args(saved: dict, now: dict) -> list[str]:
+    """The arguments whose value differs between two `model_args`, as `name saved -> now`."""
+    if saved["constructor"] != now["constructor"]:
+        return [f"constructor {saved['constructor']} -> {now['constructor']}"]
+    names = sorted(saved["kwargs"].keys() | now["kwargs"].keys())
+    missing = "(default)"
+    return [f"{k} {saved['kwargs'].get(k, missing)} -> {now['kwargs'].get(k, missing)}" for k in names
+            if saved["kwargs"].get(k, missing) != now["kwargs"].get(k, missing)]  # fmt: skip

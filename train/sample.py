@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
-from models import build_model
+from models import build_model, model_args
 from outputs import check_writable
 from run_condition import condition_from_config, stored_condition
 from resume import checkpoint_steps, close_runs, saved_config
@@ -190,8 +190,11 @@ def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
             raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
                              f"now ({e}); put it back there.") from e  # fmt: skip
 
+        # The network as trained; a checkpoint from before `model_args` were stored: its MODELS entry now.
+        args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)
+
         def make_model(key):
-            return build_model(cfg.model, tuple(stored["image_shape"]), False, key, condition)
+            return build_model(args, False, key, condition)
 
         # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
         optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
