@@ -40,7 +40,7 @@ from outputs import check_writable
 from resume import checkpoint_steps, close_runs, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
-from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.autoencoders import TILING_MODES, open_autoencoder
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.data.captioned_digits import caption_digits, captioned_digits_prompts
 from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
+    parser.add_argument("--vae_tiling", default="auto", choices=TILING_MODES,
+                        help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
     parser.add_argument("--coordinator", default="",
                         help="HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py --script "
@@ -290,7 +292,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         )  # fmt: skip
         if autoencoder is None:
             return images, None
-        return decode_latents(autoencoder, images, mesh=mesh), images
+        return decode_latents(autoencoder, images, mesh=mesh, tiling=args.vae_tiling), images
 
     if args.fid:
         args.method = args.method or cfg.sample_method  # recorded with the FID
