@@ -34,12 +34,11 @@ import time
 from pathlib import Path
 
 import equinox as eqx
-import jax
 import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import CLIPTextModel
-from harness import alternate, call_seconds, compile_and_first_call, rates, report  # this folder is sys.path[0]
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -92,7 +91,7 @@ def main() -> None:
         start = time.perf_counter()
         clip = CLIPTextModel.from_transformers(tmp / "clip")
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(clip)))
+        eqx_params = param_count(clip)
 
         (hidden, pooled), times = compile_and_first_call(encode, clip, ids)
         result.update(times)

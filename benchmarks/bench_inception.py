@@ -50,14 +50,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.eval import InceptionV3
 from eqxdiff.eval.fid import rgb_features
-from harness import alternate, call_seconds, compile_and_first_call, rates, report  # this folder is sys.path[0]
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -130,7 +129,7 @@ def main() -> None:
         start = time.perf_counter()
         net = InceptionV3.from_pytorch_fid(weights)
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(eqx.filter(net, eqx.is_array))))
+        eqx_params = param_count(net)
         for size in args.sizes:
             results.append(run_size(args, peer, net, tmp, size, rng))
         peer.close()

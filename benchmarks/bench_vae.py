@@ -54,7 +54,7 @@ import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import AutoencoderKL
-from harness import alternate, call_seconds, compile_and_first_call, rates, report  # this folder is sys.path[0]
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -172,7 +172,7 @@ def main() -> None:
         start = time.perf_counter()
         vae = AutoencoderKL.from_diffusers(folder)
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(eqx.filter(vae, eqx.is_array))))
+        eqx_params = param_count(vae)
         dtypes = args.dtypes.split(",")
         vaes = {d: vae if d == "fp32" else cast(vae, JNP_DTYPES[d]) for d in dtypes}
         for dtype in dtypes:

@@ -6,6 +6,7 @@ and runs of the train scripts in fresh processes.
   matmul rate right then: on a shared box the speed changes by the hour, so a figure without it
   does not compare with another day's.
 - `steps_in_flight` runs a training step as train/main.py's loop does (at most 2 in flight);
+  `param_count` counts a model's parameters;
   `call_seconds` times back-to-back calls; `compile_and_first_call` times both apart;
   `alternate` runs timed rounds of several sides in turn, so drift hits each alike; `rates` turns
   two sides' round seconds into items/s and their ratios.
@@ -64,7 +65,7 @@ def machine_record(packages: Iterable[str] = PACKAGES) -> dict:
         "machine": platform.machine(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "devices": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
+        "jax_devices": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
         "versions": {p: version(p) for p in packages},
         "matmul_2048_fp32_gflops": matmul_gflops(),
     }
@@ -89,6 +90,14 @@ def steps_in_flight(step: Callable, state, batches: Iterable, *extra):
         previous = metrics
     jax.block_until_ready((state, metrics))
     return state, metrics
+
+
+def param_count(tree) -> int:
+    """Elements in the arrays of a pytree (an Equinox module, a flax params dict)."""
+    import equinox as eqx
+    import jax
+
+    return int(sum(x.size for x in jax.tree.leaves(tree) if eqx.is_array(x)))
 
 
 def call_seconds(calls: int, fn: Callable, *args) -> float:
