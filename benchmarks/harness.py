@@ -6,13 +6,13 @@ and runs of the train scripts in fresh processes.
   matmul rate right then: on a shared box the speed changes by the hour, so a figure without it
   does not compare with another day's.
 - `steps_in_flight` runs a training step as train/main.py's loop does (at most 2 in flight);
-  `param_count` counts a model's parameters;
-  `call_seconds` times back-to-back calls; `compile_and_first_call` times both apart;
-  `alternate` runs timed rounds of several sides in turn, so drift hits each alike; `rates` turns
-  two sides' round seconds into items/s and their ratios.
+  `call_seconds` times back-to-back calls; `compile_and_first_call` times both apart; `alternate`
+  runs timed rounds of several sides in turn, so drift hits each alike; `rates` turns two sides'
+  round seconds into items/s and their ratios; `param_count` counts a model's parameters.
 - `run_script` / `run_logs` run `train/*.py` as a user would and read its run directory.
 
-Importable without JAX (benchmarks that only drive subprocesses stay light); JAX is imported where used.
+JAX is imported inside the functions that need it: a benchmark that drives train scripts in
+subprocesses loads it only for the record, and tests can load a benchmark by path.
 """
 
 import datetime
