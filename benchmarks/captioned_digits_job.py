@@ -9,10 +9,11 @@ The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with E
 0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
 6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
 
-Writes JSON: the training wall time (the whole main.py process), its time to the first step, its logged
-step times (ms, one per 50 steps) and the fp32 matmul rate it measured at start-up (GFLOP/s: the machine's
-speed then, which on a shared one varies from hour to hour), final loss, and per guidance scale the fractions
-of samples whose left digit, right digit and both are the prompted ones.
+Writes JSON: the machine record (benchmarks/harness.py), the training wall time (the whole main.py
+process), its time to the first step, its logged step times (ms, one per 50 steps) and the fp32 matmul rate
+it measured at start-up (GFLOP/s: the machine's speed then, which on a shared one varies from hour to hour),
+final loss, and per guidance scale the fractions of samples whose left digit, right digit and both are the
+prompted ones.
 """
 
 import argparse

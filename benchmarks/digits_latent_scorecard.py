@@ -12,8 +12,8 @@ scored again as `--small_model` (default `unet_flat`, one level of 128 channels:
 inputs that small). Every run is the default job (`python train/main.py`, same seed,
 steps and flags) with σ_data = 0.5 (these latents are the pixels rearranged, std unchanged);
 each is sampled with `train/sample.py --num 500 --cfg 1` (no guidance, 50 per class) and scored
-by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: per space, the scorecard, train wall time
-and final loss.
+by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: the machine record (benchmarks/harness.py),
+then per space the scorecard, train wall time and final loss.
 """
 
 import argparse
