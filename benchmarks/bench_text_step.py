@@ -15,23 +15,19 @@ ratio to the class-conditional step.
 
 import argparse
 import functools
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-import main as train_main  # noqa: E402  train/main.py
-
-from eqxdiff import xla_cpu  # noqa: E402
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
-from eqxdiff.nn import CLIPTextModel, UNet  # noqa: E402
-from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings  # noqa: E402
-from eqxdiff.text.conditioning import encode_tokens  # noqa: E402
-from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
-from harness import alternate, param_count, report  # noqa: E402  (benchmarks/ is on sys.path)
+from eqxdiff import xla_cpu
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
+from eqxdiff.nn import CLIPTextModel, UNet
+from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings
+from eqxdiff.text.conditioning import encode_tokens
+from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
+from harness import alternate, param_count, report  # benchmarks/ is on sys.path when run as a script
+from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
 
 xla_cpu.enable()
 TOKENS, WIDTH = 77, 768
