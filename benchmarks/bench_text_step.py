@@ -14,26 +14,20 @@ ratio to the class-conditional step.
 """
 
 import argparse
-import datetime
 import functools
-import json
-import platform
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-import main as train_main  # noqa: E402  train/main.py
-
-from eqxdiff import xla_cpu  # noqa: E402
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
-from eqxdiff.nn import CLIPTextModel, UNet  # noqa: E402
-from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings  # noqa: E402
-from eqxdiff.text.conditioning import encode_tokens  # noqa: E402
-from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
+from eqxdiff import xla_cpu
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
+from eqxdiff.nn import CLIPTextModel, UNet
+from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings
+from eqxdiff.text.conditioning import encode_tokens
+from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
+from harness import alternate, param_count, report  # benchmarks/ is on sys.path when run as a script
+from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
 
 xla_cpu.enable()
 TOKENS, WIDTH = 77, 768
@@ -113,26 +107,27 @@ def main() -> None:
             state, metrics = step(state, batch, frozen)
         jax.block_until_ready(metrics["loss"])
         runs[name][1] = state
-    times = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:
-            step, state, batch, frozen = runs[name]
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                state, metrics = step(state, batch, frozen)
-            jax.block_until_ready(metrics["loss"])
-            times[name].append((time.perf_counter() - start) / args.steps)
-            runs[name][1] = state
+
+    def step_seconds(name: str) -> float:
+        """Seconds per step over `--steps` steps of one variant."""
+        step, state, batch, frozen = runs[name]
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            state, metrics = step(state, batch, frozen)
+        jax.block_until_ready(metrics["loss"])
+        runs[name][1] = state
+        return (time.perf_counter() - start) / args.steps
+
+    times = alternate({name: functools.partial(step_seconds, name) for name in names}, args.rounds)
     median = {name: float(np.median(t)) for name, t in times.items()}
-    tower_params = sum(x.size for x in jax.tree.leaves(tower))
-    print(json.dumps({
-        "bench": "text_step", "date": str(datetime.date.today()), "machine": platform.machine(),
-        "devices": 1, "image_size": args.image_size, "batch": args.batch, "tokens": TOKENS, "context_width": WIDTH,
+    tower_params = param_count(tower)
+    report("text_step", {
+        "image_size": args.image_size, "batch": args.batch, "tokens": TOKENS, "context_width": WIDTH,
         "tower": args.tower, "tower_params": int(tower_params),
         "step_ms": {k: round(1000 * v, 1) for k, v in median.items()},
         "ratio_to_class": {k: round(v / median["class"], 3) for k, v in median.items()},
         "rounds_ms": {k: [round(1000 * t, 1) for t in v] for k, v in times.items()},
-    }))  # fmt: skip
+    })  # fmt: skip
 
 
 if __name__ == "__main__":
