@@ -17,10 +17,6 @@ Prints one JSON line.
 """
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import tempfile
 import time
 
@@ -45,6 +41,7 @@ def main() -> None:
     import equinox as eqx
 
     from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
+    from harness import report, steps_in_flight
     from eqxdiff import xla_cpu
     from eqxdiff.checkpoint import Checkpoints
     from eqxdiff.data import batch_stream
@@ -64,14 +61,7 @@ def main() -> None:
     ]
 
     def train(state):
-        previous = None
-        for b in batches:
-            state, metrics = train_step(state, b)
-            if previous is not None:
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-        jax.block_until_ready(state)
-        return state
+        return steps_in_flight(train_step, state, batches)[0]
 
     times = {"plain": [], "saving": []}
     blocking = []
@@ -108,28 +98,23 @@ def main() -> None:
         checkpoints.close()
 
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state, eqx.is_array)))
-    print(
-        json.dumps(
-            {
-                "bench": "checkpoint",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "cpu_count": os.cpu_count(),
-                "model": MODEL,
-                "state_mib": round(state_bytes / 2**20, 2),
-                "mesh": dict(mesh.shape),
-                "batch": args.batch,
-                "steps_per_window": args.steps,
-                "rounds": args.rounds,
-                "quick": args.quick,
-                "plain_window_s": [round(t, 4) for t in times["plain"]],
-                "saving_window_s": [round(t, 4) for t in times["saving"]],
-                "save_blocking_s": [round(t, 4) for t in blocking],
-                "step_ms_plain": round(1000 * sum(times["plain"]) / (args.rounds * args.steps), 2),
-                "stall_ratio": round(sum(times["saving"]) / sum(times["plain"]), 4),
-                "restore_s": restore_s,
-                "date": datetime.date.today().isoformat(),
-            }
-        )
+    report(
+        "checkpoint",
+        {
+            "model": MODEL,
+            "state_mib": round(state_bytes / 2**20, 2),
+            "mesh": dict(mesh.shape),
+            "batch": args.batch,
+            "steps_per_window": args.steps,
+            "rounds": args.rounds,
+            "quick": args.quick,
+            "plain_window_s": [round(t, 4) for t in times["plain"]],
+            "saving_window_s": [round(t, 4) for t in times["saving"]],
+            "save_blocking_s": [round(t, 4) for t in blocking],
+            "step_ms_plain": round(1000 * sum(times["plain"]) / (args.rounds * args.steps), 2),
+            "stall_ratio": round(sum(times["saving"]) / sum(times["plain"]), 4),
+            "restore_s": restore_s,
+        },
     )
 
 

@@ -28,28 +28,22 @@ warm-up outputs (last_hidden_state, pooler_output). stdout gets one JSON line.
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import equinox as eqx
-import jax
 import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import CLIPTextModel
-from eqxdiff.training.metrics import measured_cpu_matmul_flops
-from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "clip_torch_peer.py"
-TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape the network
     "architectures": ["CLIPTextModel"], "model_type": "clip_text_model", "vocab_size": 49408, "hidden_size": 768,
     "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 77,
@@ -57,9 +51,6 @@ CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape th
     "projection_dim": 768,
 }  # fmt: skip
 BOS, EOS, LENGTH = 49406, 49407, 77
-
-
-
 
 
 def prompts(batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -90,7 +81,6 @@ def main() -> None:
     if args.quick:
         config, args.rounds, args.calls = {**config, "num_hidden_layers": 2}, 1, 1
 
-    matmul_gflops = measured_cpu_matmul_flops() / 1e9
     ids = prompts(args.batch, np.random.default_rng(args.seed))
     peer = TorchPeer(args.torch_python, PEER)
     result = {"batch": args.batch, "tokens": LENGTH, "dtype": "fp32", "calls_per_round": args.calls}
@@ -101,14 +91,10 @@ def main() -> None:
         start = time.perf_counter()
         clip = CLIPTextModel.from_transformers(tmp / "clip")
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(clip)))
+        eqx_params = param_count(clip)
 
-        start = time.perf_counter()
-        encode.lower(clip, ids).compile()
-        result["eqxdiff_compile_s"] = round(time.perf_counter() - start, 3)
-        start = time.perf_counter()
-        hidden, pooled = jax.block_until_ready(encode(clip, ids))
-        result["eqxdiff_first_call_s"] = round(time.perf_counter() - start, 3)
+        (hidden, pooled), times = compile_and_first_call(encode, clip, ids)
+        result.update(times)
         np.save(tmp / "ids.npy", ids)
         answer = peer("prepare", input=str(tmp / "ids.npy"), output=str(tmp / "out.npz"))
         result["torch_first_call_s"] = round(answer["first_call_s"], 3)
@@ -119,48 +105,29 @@ def main() -> None:
             }
             result["output_max_abs"] = float(np.abs(ref["hidden"]).max())
 
-        def eqx_round() -> float:
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                jax.block_until_ready(encode(clip, ids))
-            return time.perf_counter() - start
-
-        seconds = {"eqxdiff": [], "torch": []}
-        for _ in range(args.rounds):
-            seconds["eqxdiff"].append(eqx_round())
-            seconds["torch"].append(peer("time", calls=args.calls)["seconds"])
+        sides = {
+            "eqxdiff": lambda: call_seconds(args.calls, encode, clip, ids),
+            "torch": lambda: peer("time", calls=args.calls)["seconds"],
+        }
+        result.update(rates(alternate(sides, args.rounds), args.batch * args.calls, "prompts"))
         peer.close()
 
-    per_round = args.batch * args.calls
-    for side, s in seconds.items():
-        result[f"{side}_prompts_per_s"] = round(per_round * len(s) / sum(s), 3)
-        result[f"{side}_round_prompts_per_s"] = [round(per_round / t, 3) for t in s]
-    result["ratio"] = round(result["eqxdiff_prompts_per_s"] / result["torch_prompts_per_s"], 3)
-    paired = [t / e for e, t in zip(seconds["eqxdiff"], seconds["torch"])]
-    result["paired_ratio_median"] = round(statistics.median(paired), 3)
-    print(
-        json.dumps(
-            {
-                "bench": "clip_text_vs_transformers",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "cpu_count": os.cpu_count(),
-                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
-                "date": str(datetime.date.today()),
-                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy"]},
-                "torch_peer": {
-                    "python": args.torch_python,
-                    "threads": torch_load["threads"],
-                    "attention": torch_load["attention"],
-                    **torch_load["versions"],
-                },
-                "config": config,
-                "params": {"torch": params, "eqxdiff": eqx_params},
-                "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-                "quick": args.quick,
-                "result": result,
-                "note": "ratio = eqxdiff / torch prompts/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-            }
-        )
+    report(
+        "clip_text_vs_transformers",
+        {
+            "torch_peer": {
+                "python": args.torch_python,
+                "threads": torch_load["threads"],
+                "attention": torch_load["attention"],
+                **torch_load["versions"],
+            },
+            "config": config,
+            "params": {"torch": params, "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+            "quick": args.quick,
+            "result": result,
+            "note": "ratio = eqxdiff / torch prompts/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
+        },
     )
 
 

@@ -11,33 +11,18 @@ grids and checkpoints included); its final logged loss and the box's 2048² fp32
 """
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def matmul_gflops() -> float:
-    """The box's speed right now, in a process of its own (as every run has)."""
-    code = "from eqxdiff.training.metrics import measured_cpu_matmul_flops as m; print(m() / 1e9)"
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+from harness import ROOT, matmul_gflops, report, run_logs, run_script  # benchmarks/ is on sys.path
 
 
 def run_job(checkout: Path, run_dir: Path, extra: list[str]) -> dict:
-    start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(checkout))  # the checkout's eqxdiff, not the installed one
-    subprocess.run([sys.executable, str(checkout / "train" / "main.py"), "--run_dir", str(run_dir), "--wandb",
-                    "disabled", *extra], cwd=checkout, env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    wall = time.perf_counter() - start
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    startup = json.loads((run_dir / "run.json").read_text())
+    wall = run_script("main.py", "--run_dir", run_dir, "--wandb", "disabled", *extra, checkout=checkout)
+    rows, startup = run_logs(run_dir)
+    last = rows[-1]
     return {
         "wall_s": round(wall, 1),
         "time_to_first_step_s": round(startup["startup/time_to_first_step_s"], 1),
@@ -67,15 +52,13 @@ def main() -> None:
                 for name, checkout in sides.items():
                     gflops = matmul_gflops()
                     result = run_job(checkout, tmp / f"{name}-{r}", extra)
-                    results[name].append(dict(result, matmul_gflops=round(gflops, 1)))
+                    results[name].append(dict(result, matmul_gflops=gflops))
         finally:
             if args.against:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
     walls = {name: [r["wall_s"] for r in rows] for name, rows in results.items()}
-    out = {"bench": "default_job", "cpu_count": os.cpu_count(), "extra_flags": extra, "runs": results,
-           "median_wall_s": {k: statistics.median(v) for k, v in walls.items()},
-           "date": str(datetime.date.today())}  # fmt: skip
-    print(json.dumps(out))
+    report("default_job", {"extra_flags": extra, "runs": results,
+                           "median_wall_s": {k: statistics.median(v) for k, v in walls.items()}})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,12 +28,8 @@ bare; the issue's target is loop >= 0.9. stdout gets one JSON line; encode.py's 
 
 import argparse
 import contextlib
-import datetime
-import importlib.metadata
 import io
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -50,18 +46,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "train"))
 import encode as encode_script  # noqa: E402  (train/encode.py)
 
-
 from eqxdiff.nn import AutoencoderKL  # noqa: E402
-from eqxdiff.training.metrics import measured_cpu_matmul_flops  # noqa: E402
+from harness import PACKAGES, report  # noqa: E402  (benchmarks/ is on sys.path)
 
 SHAPES = REPO / "tests" / "data" / "autoencoder_kl" / "full_size_shapes.json"
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def write_sd_vae(folder: Path, seed: int) -> None:
@@ -179,28 +167,21 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     plan = {s: (args.images_64, args.batch_64) if s <= 64 else (args.images_256, args.batch_256) for s in sizes}
 
-    matmul_gflops = measured_cpu_matmul_flops() / 1e9
     with tempfile.TemporaryDirectory(prefix="bench_encode_pipeline_") as tmp:
         tmp = Path(tmp)
         folder = tmp / "sd_vae"
         write_sd_vae(folder, args.seed)
         results = [run_size(args, tmp, folder, s, *plan[s]) for s in sizes]
 
-    print(
-        json.dumps(
-            {
-                "bench": "encode_pipeline",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "cpu_count": os.cpu_count(),
-                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
-                "date": str(datetime.date.today()),
-                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy", "grain"]},
-                "vae": "SD VAE architecture, random fp32 weights",
-                "quick": args.quick,
-                "results": results,
-                "note": "ratio = encode.py / bare images/s; target loop ratio >= 0.9",
-            }
-        )
+    report(
+        "encode_pipeline",
+        {
+            "vae": "SD VAE architecture, random fp32 weights",
+            "quick": args.quick,
+            "results": results,
+            "note": "ratio = encode.py / bare images/s; target loop ratio >= 0.9",
+        },
+        (*PACKAGES, "grain"),
     )
 
 

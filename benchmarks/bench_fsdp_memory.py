@@ -17,10 +17,7 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)  # before any JAX op
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 
 import equinox as eqx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -29,6 +26,7 @@ from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import DiT, UNet  # noqa: E402
 from eqxdiff.sharding import make_mesh  # noqa: E402
 from eqxdiff.training import adamw_cosine, create_train_state  # noqa: E402
+from harness import param_count, report  # noqa: E402  (benchmarks/ is on sys.path)
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -77,7 +75,7 @@ def measure(make_model, fsdp: int, min_size: int) -> dict:
         "replicated_leaves": len(leaves) - sharded,
         "replicated_bytes_device0": replicated_bytes,
         "replicated_leaves_at_or_over_min_size": big_replicated,
-        "params": int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array)))),
+        "params": param_count(state.model),
     }
     del state, leaves
     gc.collect()
@@ -99,41 +97,37 @@ def main() -> None:
     fsdp8 = measure(make_model, DEVICES, args.min_size)
     ratio = fsdp8["bytes_device0"] / fsdp1["bytes_device0"]
     mib = lambda b: round(b / 2**20, 3)  # noqa: E731
-    print(
-        json.dumps(
-            {
-                "bench": "fsdp_memory",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "model": name,
-                "params": fsdp1["params"],
-                "state": "model + EMA + AdamW moments (clip_by_global_norm, adamw) + step/bad_steps",
-                "min_size": args.min_size,
-                "devices": DEVICES,
-                "quick": args.quick,
-                "fsdp1_mesh": {"data": DEVICES, "fsdp": 1},
-                "fsdp8_mesh": {"data": 1, "fsdp": DEVICES},
-                "total_state_mib": mib(fsdp1["total_bytes"]),
-                "fsdp1_device0_mib": mib(fsdp1["bytes_device0"]),
-                "fsdp8_device0_mib": mib(fsdp8["bytes_device0"]),
-                "fsdp8_device_max_mib": mib(fsdp8["bytes_device_max"]),
-                "fsdp8_device_min_mib": mib(fsdp8["bytes_device_min"]),
-                "fsdp8_spec_per_device_mib": mib(fsdp8["spec_bytes_per_device"]),
-                "fsdp1_device0_bytes": fsdp1["bytes_device0"],
-                "fsdp8_device0_bytes": fsdp8["bytes_device0"],
-                "total_state_bytes": fsdp1["total_bytes"],
-                "ratio_fsdp8_vs_fsdp1": round(ratio, 4),
-                "target_ratio": round(TARGET, 3),
-                "meets_target": ratio <= TARGET,
-                "leaves": fsdp8["leaves"],
-                "fsdp8_sharded_leaves": fsdp8["sharded_leaves"],
-                "fsdp8_replicated_leaves": fsdp8["replicated_leaves"],
-                "fsdp1_sharded_leaves": fsdp1["sharded_leaves"],
-                "fsdp8_replicated_device0_mib": mib(fsdp8["replicated_bytes_device0"]),
-                "fsdp8_replicated_share_of_device0": round(fsdp8["replicated_bytes_device0"] / fsdp8["bytes_device0"], 4),
-                "fsdp8_replicated_leaves_at_or_over_min_size": fsdp8["replicated_leaves_at_or_over_min_size"],
-                "date": str(datetime.date.today()),
-            }
-        )
+    report(
+        "fsdp_memory",
+        {
+            "model": name,
+            "params": fsdp1["params"],
+            "state": "model + EMA + AdamW moments (clip_by_global_norm, adamw) + step/bad_steps",
+            "min_size": args.min_size,
+            "devices": DEVICES,
+            "quick": args.quick,
+            "fsdp1_mesh": {"data": DEVICES, "fsdp": 1},
+            "fsdp8_mesh": {"data": 1, "fsdp": DEVICES},
+            "total_state_mib": mib(fsdp1["total_bytes"]),
+            "fsdp1_device0_mib": mib(fsdp1["bytes_device0"]),
+            "fsdp8_device0_mib": mib(fsdp8["bytes_device0"]),
+            "fsdp8_device_max_mib": mib(fsdp8["bytes_device_max"]),
+            "fsdp8_device_min_mib": mib(fsdp8["bytes_device_min"]),
+            "fsdp8_spec_per_device_mib": mib(fsdp8["spec_bytes_per_device"]),
+            "fsdp1_device0_bytes": fsdp1["bytes_device0"],
+            "fsdp8_device0_bytes": fsdp8["bytes_device0"],
+            "total_state_bytes": fsdp1["total_bytes"],
+            "ratio_fsdp8_vs_fsdp1": round(ratio, 4),
+            "target_ratio": round(TARGET, 3),
+            "meets_target": ratio <= TARGET,
+            "leaves": fsdp8["leaves"],
+            "fsdp8_sharded_leaves": fsdp8["sharded_leaves"],
+            "fsdp8_replicated_leaves": fsdp8["replicated_leaves"],
+            "fsdp1_sharded_leaves": fsdp1["sharded_leaves"],
+            "fsdp8_replicated_device0_mib": mib(fsdp8["replicated_bytes_device0"]),
+            "fsdp8_replicated_share_of_device0": round(fsdp8["replicated_bytes_device0"] / fsdp8["bytes_device0"], 4),
+            "fsdp8_replicated_leaves_at_or_over_min_size": fsdp8["replicated_leaves_at_or_over_min_size"],
+        },
     )
 
 

@@ -42,44 +42,28 @@ float32 through ~95 conv layers). stdout gets one JSON line; progress goes to st
 """
 
 import argparse
-import datetime
 import glob
 import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.eval import InceptionV3
 from eqxdiff.eval.fid import rgb_features
-from eqxdiff.training.metrics import measured_cpu_matmul_flops
-from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "inception_torch_peer.py"
-TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
 TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/test_inception.py
-
-
-
-
-
-def cpu_model() -> str | None:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or None
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
 def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng) -> dict:
@@ -89,12 +73,9 @@ def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng)
     x = jax.device_put(images)
     result = {"size": size, "batch": batch, "calls_per_round": calls, "rounds": rounds}
 
-    start = time.perf_counter()
-    rgb_features.lower(net, x).compile()
-    result["eqxdiff_compile_s"] = round(time.perf_counter() - start, 3)
-    start = time.perf_counter()
-    eqx_out = np.asarray(jax.block_until_ready(rgb_features(net, x)))
-    result["eqxdiff_first_call_s"] = round(time.perf_counter() - start, 3)
+    out, times = compile_and_first_call(rgb_features, net, x)
+    eqx_out = np.asarray(out)
+    result.update(times)
 
     np.save(tmp / "input.npy", images)
     answer = peer("prepare", input=str(tmp / "input.npy"), output=str(tmp / "output.npy"))
@@ -107,24 +88,11 @@ def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng)
     result["relative_diff"] = diff / scale
     result["agrees"] = bool(diff <= TOLERANCE * scale)
 
-    def eqx_round() -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            jax.block_until_ready(rgb_features(net, x))
-        return time.perf_counter() - start
-
-    seconds = {"eqxdiff": [], "torch": []}
-    for _ in range(rounds):
-        seconds["eqxdiff"].append(eqx_round())
-        seconds["torch"].append(peer("time", calls=calls)["seconds"])
-
-    n = batch * calls
-    for side, s in seconds.items():
-        result[f"{side}_images_per_s"] = round(n * len(s) / sum(s), 3)
-        result[f"{side}_round_images_per_s"] = [round(n / t, 3) for t in s]
-    result["ratio"] = round(result["eqxdiff_images_per_s"] / result["torch_images_per_s"], 3)
-    paired = [t / e for e, t in zip(seconds["eqxdiff"], seconds["torch"])]
-    result["paired_ratio_median"] = round(statistics.median(paired), 3)
+    sides = {
+        "eqxdiff": lambda: call_seconds(calls, rgb_features, net, x),
+        "torch": lambda: peer("time", calls=calls)["seconds"],
+    }
+    result.update(rates(alternate(sides, rounds), batch * calls, "images"))
     print(json.dumps(result), file=sys.stderr, flush=True)  # progress
     return result
 
@@ -151,7 +119,6 @@ def main() -> None:
             "tools/.venv/bin/pip download --no-deps torchvision==0.28.0 -d /tmp/tv"
         )
 
-    matmul_gflops = measured_cpu_matmul_flops() / 1e9
     rng = np.random.default_rng(args.seed)
     peer = TorchPeer(args.torch_python, PEER)
     results = []
@@ -162,30 +129,22 @@ def main() -> None:
         start = time.perf_counter()
         net = InceptionV3.from_pytorch_fid(weights)
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(eqx.filter(net, eqx.is_array))))
+        eqx_params = param_count(net)
         for size in args.sizes:
             results.append(run_size(args, peer, net, tmp, size, rng))
         peer.close()
 
-    print(
-        json.dumps(
-            {
-                "bench": "inception_vs_pytorch_fid",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "cpu": cpu_model(),
-                "cpu_count": os.cpu_count(),
-                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
-                "date": str(datetime.date.today()),
-                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy"]},
-                "torch_peer": {"python": args.torch_python, "threads": build["threads"], **build["versions"]},
-                "dtype": "fp32",
-                "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
-                "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
-                "quick": args.quick,
-                "results": results,
-                "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-            }
-        )
+    report(
+        "inception_vs_pytorch_fid",
+        {
+            "torch_peer": {"python": args.torch_python, "threads": build["threads"], **build["versions"]},
+            "dtype": "fp32",
+            "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
+            "quick": args.quick,
+            "results": results,
+            "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
+        },
     )
 
 

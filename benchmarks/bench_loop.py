@@ -20,15 +20,10 @@ full/bare (target >= 0.95).
 """
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
 
 from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run as a script
@@ -37,6 +32,7 @@ from eqxdiff.data import Prefetch, batch_stream
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, peak_flops_per_device, step_flops
 from eqxdiff.training.preemption import StopRequest
+from harness import param_count, report, steps_in_flight
 from unconditional_edm import train_main  # train/main.py
 
 from loop import train_loop  # train/loop.py (unconditional_edm put train/ on sys.path)
@@ -64,7 +60,7 @@ def main() -> None:
     total_steps = 2 * (args.warmup + args.rounds * args.steps)
     job = digits_job(mesh, total_steps=total_steps, seed=args.seed, label_dropout=args.label_dropout, min_size=2**14)
     digits, state, train_step = job.digits, job.state, job.train_step
-    params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
+    params = param_count(state.model)
     data_sharding = batch_sharding(mesh)
     to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
 
@@ -77,14 +73,7 @@ def main() -> None:
     jax.block_until_ready(device_batches)
 
     def bare(state, batches):
-        previous = None
-        for b in batches:
-            state, metrics = train_step(state, b)
-            if previous is not None:
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-        jax.block_until_ready((state, metrics))
-        return state
+        return steps_in_flight(train_step, state, batches)[0]
 
     flops_per_device = step_flops(train_step, state, device_batches[0]) / mesh.size  # lowering only
     peak, _ = peak_flops_per_device(dtype="fp32")
@@ -122,38 +111,33 @@ def main() -> None:
     samples = args.batch * args.steps * args.rounds
     bare_sps = samples / sum(times["bare"])
     full_sps = samples / sum(times["full"])
-    print(
-        json.dumps(
-            {
-                "bench": "loop",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "backend": jax.default_backend(),
-                "cpu_count": os.cpu_count(),
-                "model": MODEL,
-                "params": params,
-                "data": "digits 8x8x1",
-                "batch": args.batch,
-                "devices": 1,
-                "precision": "fp32",
-                "steps_per_round": args.steps,
-                "rounds": args.rounds,
-                "order": "after warm-up: " + " ".join(["bare full"] * args.rounds),
-                "warmup_steps_each": args.warmup,
-                "log_every": args.log_every,
-                "prefetch_depth": 2,
-                "max_in_flight": 2,
-                "metrics_rows_written": logged_rows,
-                "quick": args.quick,
-                "bare_samples_per_sec": round(bare_sps, 2),
-                "full_samples_per_sec": round(full_sps, 2),
-                "bare_round_s": [round(t, 4) for t in times["bare"]],
-                "full_round_s": [round(t, 4) for t in times["full"]],
-                "ratio_full_vs_bare": round(full_sps / bare_sps, 4),
-                "target_ratio": TARGET,
-                "meets_target": full_sps / bare_sps >= TARGET,
-                "date": str(datetime.date.today()),
-            }
-        )
+    report(
+        "loop",
+        {
+            "backend": jax.default_backend(),
+            "model": MODEL,
+            "params": params,
+            "data": "digits 8x8x1",
+            "batch": args.batch,
+            "devices": 1,
+            "precision": "fp32",
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "order": "after warm-up: " + " ".join(["bare full"] * args.rounds),
+            "warmup_steps_each": args.warmup,
+            "log_every": args.log_every,
+            "prefetch_depth": 2,
+            "max_in_flight": 2,
+            "metrics_rows_written": logged_rows,
+            "quick": args.quick,
+            "bare_samples_per_sec": round(bare_sps, 2),
+            "full_samples_per_sec": round(full_sps, 2),
+            "bare_round_s": [round(t, 4) for t in times["bare"]],
+            "full_round_s": [round(t, 4) for t in times["full"]],
+            "ratio_full_vs_bare": round(full_sps / bare_sps, 4),
+            "target_ratio": TARGET,
+            "meets_target": full_sps / bare_sps >= TARGET,
+        },
     )
 
 

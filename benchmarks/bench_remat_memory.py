@@ -18,9 +18,6 @@ which remat saves nothing (BENCHMARKS.md). Prints one JSON line.
 """
 
 import argparse
-import datetime
-import json
-import platform
 
 import equinox as eqx
 import jax
@@ -30,7 +27,8 @@ from eqxdiff import xla_cpu
 from eqxdiff.nn import DiT, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, make_train_step
-from unconditional_edm import unconditional_edm  # benchmarks/ is on sys.path when run as a script
+from harness import report  # benchmarks/ is on sys.path
+from unconditional_edm import unconditional_edm
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -80,21 +78,17 @@ def main() -> None:
         result["remat" if remat else "no_remat"] = {"step_temp_mib": step_temp, "loss_grad_temp_mib": grad_temp}
 
     ratio = {k: round(result["remat"][k] / result["no_remat"][k], 3) for k in result["remat"]}
-    print(
-        json.dumps(
-            {
-                "bench": "remat_memory",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind}",
-                "backend": jax.default_backend(),
-                "model": MODELS[args.model][0],
-                "batch": args.batch,
-                "image_size": args.image_size,
-                "cpu_scheduler": args.cpu_scheduler if jax.default_backend() == "cpu" else None,
-                **result,
-                "remat_over_no_remat": ratio,
-                "date": str(datetime.date.today()),
-            }
-        )
+    report(
+        "remat_memory",
+        {
+            "backend": jax.default_backend(),
+            "model": MODELS[args.model][0],
+            "batch": args.batch,
+            "image_size": args.image_size,
+            "cpu_scheduler": args.cpu_scheduler if jax.default_backend() == "cpu" else None,
+            **result,
+            "remat_over_no_remat": ratio,
+        },
     )
 
 

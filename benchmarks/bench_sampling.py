@@ -8,9 +8,6 @@ Prints one JSON line.
 """
 
 import argparse
-import json
-import platform
-import time
 
 import equinox as eqx
 import jax
@@ -20,6 +17,7 @@ import numpy as np
 from eqxdiff import xla_cpu
 from eqxdiff.diffusion import Denoiser, EDMPreconditioning, EDMSchedule, karras_sigmas, sample
 from eqxdiff.nn import UNet
+from harness import call_seconds, param_count, report  # benchmarks/ is on sys.path
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -27,12 +25,7 @@ xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu
 def best_of(fn, repeats: int) -> float:
     """Fastest wall time of `repeats` runs, in seconds (after a warm-up run)."""
     jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(call_seconds(1, fn) for _ in range(repeats))
 
 
 def main() -> None:
@@ -63,22 +56,19 @@ def main() -> None:
     np.testing.assert_allclose(np.asarray(scan()), np.asarray(per_step_dispatch()), rtol=1e-3, atol=1e-3)
     t_scan = best_of(scan, args.repeats)
     t_loop = best_of(per_step_dispatch, args.repeats)
-    print(
-        json.dumps(
-            {
-                "bench": "sampling",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "model": "UNet.flaxdiff_simple",
-                "params": int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))),
-                "shape": list(shape),
-                "method": "euler",
-                "nfe": args.steps,
-                "scan_s": round(t_scan, 4),
-                "per_step_dispatch_s": round(t_loop, 4),
-                "speedup_scan_vs_dispatch": round(t_loop / t_scan, 3),
-                "images_per_s": round(args.batch / t_scan, 2),
-            }
-        )
+    report(
+        "sampling",
+        {
+            "model": "UNet.flaxdiff_simple",
+            "params": param_count(model),
+            "shape": list(shape),
+            "method": "euler",
+            "nfe": args.steps,
+            "scan_s": round(t_scan, 4),
+            "per_step_dispatch_s": round(t_loop, 4),
+            "speedup_scan_vs_dispatch": round(t_loop / t_scan, 3),
+            "images_per_s": round(args.batch / t_scan, 2),
+        },
     )
 
 

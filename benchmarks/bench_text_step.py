@@ -5,7 +5,7 @@ the step by a frozen CLIP text tower (the step's argument), alternated in one pr
     python benchmarks/bench_text_step.py [--image_size 32 --batch 16 --rounds 3 --steps 10]
     python benchmarks/bench_text_step.py --tower clip_l     # the frozen tower at CLIP-L/14 size (123M)
 
-One device, fp32, train/main.py's `prepare`/`loss_fn` and `condition`, AdamW. The UNet is
+One device, fp32, train/main.py's `prepare`/`loss_fn` and eqxdiff/conditions.py's conditions, AdamW. The UNet is
 (64, 128) channels, 2 blocks per level, attention at level 1 in all three (so the text steps
 add only the cross-attention, the pooled projection and the text itself); the text models
 cross-attend to 77 tokens of width 768 (CLIP-L's). The tower has random weights (speed does not
@@ -14,26 +14,21 @@ ratio to the class-conditional step.
 """
 
 import argparse
-import datetime
 import functools
-import json
-import platform
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-import main as train_main  # noqa: E402  train/main.py
-
-from eqxdiff import xla_cpu  # noqa: E402
-from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
-from eqxdiff.nn import CLIPTextModel, UNet  # noqa: E402
-from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings  # noqa: E402
-from eqxdiff.text.conditioning import encode_tokens  # noqa: E402
-from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
+from eqxdiff import xla_cpu
+from eqxdiff.conditions import EncodedText, FrozenText, Labels
+from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
+from eqxdiff.nn import CLIPTextModel, UNet
+from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings
+from eqxdiff.text.conditioning import encode_tokens
+from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
+from harness import alternate, param_count, report  # benchmarks/ is on sys.path when run as a script
+from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
 
 xla_cpu.enable()
 TOKENS, WIDTH = 77, 768
@@ -56,16 +51,16 @@ def variant(name: str, args, mesh, tower):
     if name == "in_step":
         frozen = {"text_encoder": tower, "null_cond": None}
         frozen_shardings = state_shardings(frozen, mesh, 2**14)
-    null = None
-    if name == "class":
-        null = np.full((1,), 10, np.int32)
-    elif name == "encoded":
-        null = {"context": np.zeros((1, TOKENS, WIDTH), np.float32), "mask": np.ones((1, TOKENS), np.int32),
-                "pooled": np.zeros((1, WIDTH), np.float32)}  # fmt: skip
+    # The conditions only inside the step: no tokenizer (text None); the in-step tower's null is in `frozen`.
+    condition = Labels(10)
+    if name == "encoded":
+        condition = EncodedText(None, {"context": np.zeros((1, TOKENS, WIDTH), np.float32),
+                                       "mask": np.ones((1, TOKENS), np.int32), "pooled": np.zeros((1, WIDTH), np.float32)})  # fmt: skip
     if name == "in_step":
         frozen["null_cond"] = jax.tree.map(lambda a: a[:1], tower_null(tower))
+        condition = FrozenText(None, frozen["null_cond"])
     schedule = EDMSchedule()
-    prepare = functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.1, null_cond=null)
+    prepare = functools.partial(train_main.prepare, condition=condition, schedule=schedule, cond_dropout=0.1)
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=EDMPreconditioning())
     step = make_train_step(
         prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr, ema_decay=0.995,
@@ -113,26 +108,27 @@ def main() -> None:
             state, metrics = step(state, batch, frozen)
         jax.block_until_ready(metrics["loss"])
         runs[name][1] = state
-    times = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:
-            step, state, batch, frozen = runs[name]
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                state, metrics = step(state, batch, frozen)
-            jax.block_until_ready(metrics["loss"])
-            times[name].append((time.perf_counter() - start) / args.steps)
-            runs[name][1] = state
+
+    def step_seconds(name: str) -> float:
+        """Seconds per step over `--steps` steps of one variant."""
+        step, state, batch, frozen = runs[name]
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            state, metrics = step(state, batch, frozen)
+        jax.block_until_ready(metrics["loss"])
+        runs[name][1] = state
+        return (time.perf_counter() - start) / args.steps
+
+    times = alternate({name: functools.partial(step_seconds, name) for name in names}, args.rounds)
     median = {name: float(np.median(t)) for name, t in times.items()}
-    tower_params = sum(x.size for x in jax.tree.leaves(tower))
-    print(json.dumps({
-        "bench": "text_step", "date": str(datetime.date.today()), "machine": platform.machine(),
-        "devices": 1, "image_size": args.image_size, "batch": args.batch, "tokens": TOKENS, "context_width": WIDTH,
+    tower_params = param_count(tower)
+    report("text_step", {
+        "image_size": args.image_size, "batch": args.batch, "tokens": TOKENS, "context_width": WIDTH,
         "tower": args.tower, "tower_params": int(tower_params),
         "step_ms": {k: round(1000 * v, 1) for k, v in median.items()},
         "ratio_to_class": {k: round(v / median["class"], 3) for k, v in median.items()},
         "rounds_ms": {k: [round(1000 * t, 1) for t in v] for k, v in times.items()},
-    }))  # fmt: skip
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

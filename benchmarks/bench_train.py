@@ -27,13 +27,9 @@ import time
 PROCESS_START = time.perf_counter()  # before importing jax, as train/main.py
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
+import itertools  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
-import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -41,7 +37,8 @@ from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import PRECISIONS, abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
-from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from harness import param_count, report, steps_in_flight  # noqa: E402  (benchmarks/ is on sys.path)
+from unconditional_edm import unconditional_edm  # noqa: E402
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -83,7 +80,7 @@ def main() -> None:
     # As train/main.py: the step compiles in a thread while the state is built.
     compiling = ThreadPoolExecutor(1).submit(train_step.compile, abstract, {"image": jax.ShapeDtypeStruct(shape, np.uint8)})
     state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings)
-    params = int(sum(x.size for x in jax.tree.leaves(eqx.filter(state.model, eqx.is_array))))
+    params = param_count(state.model)
 
     rng = np.random.default_rng(args.seed)  # host data, as a loader gives; no JAX work in the set-up
     batches = [
@@ -107,14 +104,8 @@ def main() -> None:
         jax.block_until_ready(metrics["loss"])
 
     # ---- steady state: at most 2 steps in flight ----
-    previous = None
     start = time.perf_counter()
-    for i in range(args.steps):
-        state, metrics = train_step(state, batches[i % len(batches)])
-        if previous is not None:
-            jax.block_until_ready(previous["loss"])
-        previous = metrics
-    jax.block_until_ready((state, metrics))
+    state, metrics = steps_in_flight(train_step, state, itertools.islice(itertools.cycle(batches), args.steps))
     elapsed = time.perf_counter() - start
 
     last = jax.device_get(metrics)
@@ -136,24 +127,19 @@ def main() -> None:
         "max_in_flight": 2,
         "quick": args.quick,
     }
-    print(
-        json.dumps(
-            {
-                "bench": "train",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "backend": jax.default_backend(),
-                "cpu_count": os.cpu_count(),
-                **config,
-                "samples_per_sec": round(samples_per_sec, 2),
-                "step_time_ms": round(1000 * elapsed / args.steps, 2),
-                "first_step_s": round(first_step_s, 3),
-                "process_start_to_first_step_s": round(process_start_to_first_step_s, 3),
-                "imports_s": round(IMPORTS_DONE - PROCESS_START, 3),
-                "setup_s": round(setup_done - IMPORTS_DONE, 3),
-                "final_loss": round(float(last["loss"]), 5),
-                "date": str(datetime.date.today()),
-            }
-        )
+    report(
+        "train",
+        {
+            "backend": jax.default_backend(),
+            **config,
+            "samples_per_sec": round(samples_per_sec, 2),
+            "step_time_ms": round(1000 * elapsed / args.steps, 2),
+            "first_step_s": round(first_step_s, 3),
+            "process_start_to_first_step_s": round(process_start_to_first_step_s, 3),
+            "imports_s": round(IMPORTS_DONE - PROCESS_START, 3),
+            "setup_s": round(setup_done - IMPORTS_DONE, 3),
+            "final_loss": round(float(last["loss"]), 5),
+        },
     )
 
 

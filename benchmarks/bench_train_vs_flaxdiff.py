@@ -56,12 +56,7 @@ FlaxDiff. FlaxDiff's own prints go to stderr; stdout gets one JSON line.
 import argparse
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-import datetime
-import importlib.metadata
 import itertools
-import json
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -77,7 +72,6 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "(see this file's docstring)."
     )
 
-import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -86,23 +80,13 @@ from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
-from unconditional_edm import unconditional_edm  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from harness import PACKAGES, alternate, param_count, report, steps_in_flight  # noqa: E402
+from unconditional_edm import unconditional_edm  # noqa: E402
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
 PEER_VERSION = "0.2.11"
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def count_params(tree) -> int:
-    return int(sum(x.size for x in jax.tree.leaves(tree)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +117,7 @@ class EqxdiffSide:
         self.state, _ = create_train_state(
             make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings
         )
-        self.params = count_params(eqx.filter(self.state.model, eqx.is_array))
+        self.params = param_count(self.state.model)
         # The same uint8 images as the peer gets, on the device; prepare maps them to [-1, 1].
         self.batches = [{"image": jax.device_put(u8, data_sharding)} for u8 in images_u8]
         jax.block_until_ready((self.state, self.batches))
@@ -147,18 +131,11 @@ class EqxdiffSide:
 
     def run(self, n: int) -> float:
         """n steps, at most 2 in flight, then a final block; returns seconds."""
-        previous = None
         start = time.perf_counter()
-        for _ in range(n):
-            self.state, metrics = self.train_step(self.state, self.batches[self.steps_done % len(self.batches)])
-            self.steps_done += 1
-            if previous is not None:
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-        jax.block_until_ready((self.state, previous))
-        elapsed = time.perf_counter() - start
-        self.last_metrics = previous
-        return elapsed
+        batches = (self.batches[i % len(self.batches)] for i in range(self.steps_done, self.steps_done + n))
+        self.state, self.last_metrics = steps_in_flight(self.train_step, self.state, batches)
+        self.steps_done += n
+        return time.perf_counter() - start
 
     def final_loss(self) -> float:
         last = jax.device_get(self.last_metrics)
@@ -218,7 +195,7 @@ class FlaxdiffSide:
         self.trainer.wandb = None  # train_loop reads it; only a wandb config would set it
         self.train_step = self.trainer._define_train_step(batch_size=images_u8[0].shape[0])
         self.state, self.rng_state = self.trainer.state, self.trainer.rngstate
-        self.params = count_params(self.state.params)
+        self.params = param_count(self.state.params)
         b = images_u8[0].shape[0]
         # Host numpy batches, as its loaders yield; the jitted step donates (its copy of) the batch.
         self.host_batches = [{"image": u8, "textcontext": np.zeros((b,), np.uint8)} for u8 in images_u8]
@@ -296,10 +273,7 @@ def main() -> None:
     for name in order:  # through the timed path: FlaxDiff's train_loop compiles its host-side checks
         sides[name].run(WARMUP_STEPS - 1)
 
-    round_s = {name: [] for name in order}
-    for _ in range(args.rounds):
-        for name in order:
-            round_s[name].append(sides[name].run(args.steps))
+    round_s = alternate({name: lambda name=name: sides[name].run(args.steps) for name in order}, args.rounds)
 
     timed_steps = args.rounds * args.steps
     sps = {name: args.batch * timed_steps / sum(round_s[name]) for name in order}
@@ -332,43 +306,35 @@ def main() -> None:
     if per_side["eqxdiff"]["params"] != per_side["flaxdiff"]["params"]:
         print(f"warning: parameter counts differ: {per_side}", file=sys.stderr)
 
-    print(
-        json.dumps(
-            {
-                "bench": "train_vs_flaxdiff",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "backend": jax.default_backend(),
-                "cpu_count": os.cpu_count(),
-                "date": str(datetime.date.today()),
-                "versions": {
-                    pkg: version(pkg)
-                    for pkg in ["jax", "jaxlib", "flax", "flaxdiff", "equinox", "optax", "eqxdiff", "numpy"]
-                },
-                "image_size": args.image_size,
-                "channels": args.channels,
-                "batch": args.batch,
-                "precision": "fp32",
-                "devices": 1,
-                "optimizer": "adamw_cosine(2e-4, warmup 10, wd 1e-4, clip 1.0), same optax transform both sides",
-                "warmup_steps": WARMUP_STEPS,
-                "timed_steps_per_round": args.steps,
-                "rounds": args.rounds,
-                "order": order,
-                "quick": args.quick,
-                "eqxdiff": per_side["eqxdiff"],
-                "flaxdiff": per_side["flaxdiff"],
-                "ratio_eqxdiff_over_flaxdiff": {
-                    "samples_per_sec": round(sps["eqxdiff"] / sps["flaxdiff"], 3),
-                    "first_step_s": round(first_step_s["eqxdiff"] / first_step_s["flaxdiff"], 3),
-                    "setup_s": round(setup_s["eqxdiff"] / setup_s["flaxdiff"], 3),
-                    "setup_plus_first_step_s": round(
-                        (setup_s["eqxdiff"] + first_step_s["eqxdiff"]) / (setup_s["flaxdiff"] + first_step_s["flaxdiff"]), 3
-                    ),
-                    "note": "measured side by side in this process, alternating rounds; "
-                    "samples_per_sec > 1 and first_step_s < 1 favour eqxdiff",
-                },
-            }
-        )
+    report(
+        "train_vs_flaxdiff",
+        {
+            "backend": jax.default_backend(),
+            "image_size": args.image_size,
+            "channels": args.channels,
+            "batch": args.batch,
+            "precision": "fp32",
+            "devices": 1,
+            "optimizer": "adamw_cosine(2e-4, warmup 10, wd 1e-4, clip 1.0), same optax transform both sides",
+            "warmup_steps": WARMUP_STEPS,
+            "timed_steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "order": order,
+            "quick": args.quick,
+            "eqxdiff": per_side["eqxdiff"],
+            "flaxdiff": per_side["flaxdiff"],
+            "ratio_eqxdiff_over_flaxdiff": {
+                "samples_per_sec": round(sps["eqxdiff"] / sps["flaxdiff"], 3),
+                "first_step_s": round(first_step_s["eqxdiff"] / first_step_s["flaxdiff"], 3),
+                "setup_s": round(setup_s["eqxdiff"] / setup_s["flaxdiff"], 3),
+                "setup_plus_first_step_s": round(
+                    (setup_s["eqxdiff"] + first_step_s["eqxdiff"]) / (setup_s["flaxdiff"] + first_step_s["flaxdiff"]), 3
+                ),
+                "note": "measured side by side in this process, alternating rounds; "
+                "samples_per_sec > 1 and first_step_s < 1 favour eqxdiff",
+            },
+        },
+        (*PACKAGES, "flax", "flaxdiff", "optax"),
     )
 
 

@@ -40,11 +40,8 @@ torch bf16 on a CPU without native bf16 (AVX512-BF16/AMX) runs its convolutions 
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -57,13 +54,12 @@ import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import AutoencoderKL
-from eqxdiff.training.metrics import measured_cpu_matmul_flops
-from torch_peer import TorchPeer, version  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "vae_torch_peer.py"
-TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 SD_VAE = {
     "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
     "norm_num_groups": 32, "use_quant_conv": True, "use_post_quant_conv": True, "scaling_factor": 0.18215,
@@ -74,9 +70,6 @@ SMALL_VAE = {  # --quick
     "down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 2,
 }  # fmt: skip
 JNP_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
-
-
-
 
 
 def cast(vae: AutoencoderKL, dtype) -> AutoencoderKL:
@@ -116,20 +109,11 @@ def run_config(args, peer: TorchPeer, vaes: dict, tmp: Path, op: str, size: int,
     x = jnp.asarray(x32, JNP_DTYPES[dtype])
     result = {"op": op, "size": size, "dtype": dtype, "batch": batch, "calls_per_round": calls, "rounds": rounds}
 
-    start = time.perf_counter()
-    fn.lower(vae, x).compile()
-    result["eqxdiff_compile_s"] = round(time.perf_counter() - start, 3)
-    start = time.perf_counter()
-    eqx_out = as_outputs(op, jax.block_until_ready(fn(vae, x)))
-    result["eqxdiff_first_call_s"] = round(time.perf_counter() - start, 3)
+    out, times = compile_and_first_call(fn, vae, x)
+    eqx_out = as_outputs(op, out)
+    result.update(times)
 
-    def eqx_round() -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            jax.block_until_ready(fn(vae, x))
-        return time.perf_counter() - start
-
-    seconds = {"eqxdiff": [], "torch": []}
+    sides = {"eqxdiff": lambda: call_seconds(calls, fn, vae, x)}
     if with_torch:
         np.save(tmp / "input.npy", x32)
         answer = peer("prepare", op=op, dtype=dtype, input=str(tmp / "input.npy"), output=str(tmp / "output.npz"))
@@ -137,24 +121,12 @@ def run_config(args, peer: TorchPeer, vaes: dict, tmp: Path, op: str, size: int,
         with np.load(tmp / "output.npz") as torch_out:
             result["max_abs_diff"] = {k: float(np.max(np.abs(eqx_out[k] - torch_out[k]))) for k in eqx_out}
             result["output_max_abs"] = {k: float(np.max(np.abs(torch_out[k]))) for k in eqx_out}
-        for _ in range(rounds):
-            seconds["eqxdiff"].append(eqx_round())
-            seconds["torch"].append(peer("time", calls=calls)["seconds"])
+        sides["torch"] = lambda: peer("time", calls=calls)["seconds"]
     else:
         result["torch_not_measured"] = (
             f"torch {dtype} at {size}² skipped (--torch_bf16_sizes): its bf16 convs take the slow path on this CPU"
         )
-        seconds["eqxdiff"] = [eqx_round() for _ in range(rounds)]
-
-    images = batch * calls
-    for side, s in seconds.items():
-        if s:
-            result[f"{side}_images_per_s"] = round(images * len(s) / sum(s), 3)
-            result[f"{side}_round_images_per_s"] = [round(images / t, 3) for t in s]
-    if with_torch:
-        result["ratio"] = round(result["eqxdiff_images_per_s"] / result["torch_images_per_s"], 3)
-        paired = [t / e for e, t in zip(seconds["eqxdiff"], seconds["torch"])]
-        result["paired_ratio_median"] = round(statistics.median(paired), 3)
+    result.update(rates(alternate(sides, rounds), batch * calls, "images"))
     print(json.dumps(result), file=sys.stderr, flush=True)  # progress
     return result
 
@@ -189,7 +161,6 @@ def main() -> None:
     args.batch = {s: args.batch_64 if small(s) else args.batch_256 for s in args.sizes}
     args.calls = {s: args.calls_64 if small(s) else args.calls_256 for s in args.sizes}
 
-    matmul_gflops = measured_cpu_matmul_flops() / 1e9
     rng = np.random.default_rng(args.seed)
     peer = TorchPeer(args.torch_python, PEER)
     results = []
@@ -201,7 +172,7 @@ def main() -> None:
         start = time.perf_counter()
         vae = AutoencoderKL.from_diffusers(folder)
         eqx_load_s = time.perf_counter() - start
-        eqx_params = int(sum(a.size for a in jax.tree.leaves(eqx.filter(vae, eqx.is_array))))
+        eqx_params = param_count(vae)
         dtypes = args.dtypes.split(",")
         vaes = {d: vae if d == "fp32" else cast(vae, JNP_DTYPES[d]) for d in dtypes}
         for dtype in dtypes:
@@ -210,24 +181,17 @@ def main() -> None:
                     results.append(run_config(args, peer, vaes, tmp, op, size, dtype, rng))
         peer.close()
 
-    print(
-        json.dumps(
-            {
-                "bench": "vae_vs_diffusers",
-                "machine": f"{platform.machine()} {jax.devices()[0].device_kind} x{jax.device_count()}",
-                "cpu_count": os.cpu_count(),
-                "matmul_2048_fp32_gflops": round(matmul_gflops, 1),
-                "date": str(datetime.date.today()),
-                "versions": {p: version(p) for p in ["jax", "jaxlib", "equinox", "eqxdiff", "numpy"]},
-                "torch_peer": {"python": args.torch_python, "threads": torch_load["threads"], **torch_load["versions"]},
-                "config": config,
-                "params": {"torch": params, "eqxdiff": eqx_params},
-                "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-                "quick": args.quick,
-                "results": results,
-                "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-            }
-        )
+    report(
+        "vae_vs_diffusers",
+        {
+            "torch_peer": {"python": args.torch_python, "threads": torch_load["threads"], **torch_load["versions"]},
+            "config": config,
+            "params": {"torch": params, "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+            "quick": args.quick,
+            "results": results,
+            "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
+        },
     )
 
 

@@ -17,10 +17,8 @@ JSON line; `off_over_on_*` > 1 means the workarounds make the step faster.
 
 import argparse
 import contextlib
-import datetime
-import json
+import itertools
 import os
-import platform
 import statistics
 import time
 
@@ -32,6 +30,7 @@ from digits_job import MODEL, digits_job  # benchmarks/ is on sys.path when run 
 from eqxdiff import xla_cpu
 from eqxdiff.data import batch_stream
 from eqxdiff.sharding import batch_sharding, make_mesh
+from harness import alternate, report, steps_in_flight
 
 SIDES = ("on", "off")
 
@@ -86,24 +85,19 @@ def main() -> None:
 
     assert all(np.array_equal(a, b) for a, b in zip(initial["on"], initial["off"], strict=True))
 
-    def run(side: str, steps: int):
-        job, previous = jobs[side], None
-        for i in range(steps):
-            job.state, metrics = job.train_step(job.state, batches[i % len(batches)])
-            if previous is not None:  # at most 2 steps in flight
-                jax.block_until_ready(previous["loss"])
-            previous = metrics
-        jax.block_until_ready((job.state, metrics))
-        return float(metrics["loss"])
+    losses = {}
+
+    def run(side: str, steps: int) -> float:
+        """Seconds of `steps` steps of one side."""
+        job, start = jobs[side], time.perf_counter()
+        cycled = itertools.islice(itertools.cycle(batches), steps)
+        job.state, metrics = steps_in_flight(job.train_step, job.state, cycled)
+        losses[side] = float(metrics["loss"])
+        return time.perf_counter() - start
 
     for side in SIDES:
         run(side, args.warmup)
-    times, losses = {side: [] for side in SIDES}, {}
-    for _ in range(args.rounds):
-        for side in SIDES:
-            start = time.perf_counter()
-            losses[side] = run(side, args.steps)
-            times[side].append(time.perf_counter() - start)
+    times = alternate({side: lambda side=side: run(side, args.steps) for side in SIDES}, args.rounds)
 
     per_side = {}
     for side in SIDES:
@@ -114,25 +108,20 @@ def main() -> None:
             "samples_per_sec": round(args.batch * args.steps / median, 1),
             "last_loss": round(losses[side], 4),
         }
-    print(
-        json.dumps(
-            {
-                "benchmark": "xla_cpu_workarounds_on_vs_off",
-                "date": datetime.date.today().isoformat(),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.platform()}",
-                "backend": jax.default_backend(),
-                "jax": jax.__version__,
-                "model": MODEL,
-                "batch": args.batch,
-                "steps_per_round": args.steps,
-                "rounds": args.rounds,
-                "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-                **{side: per_side[side] for side in SIDES},
-                "off_over_on_step_time": round(per_side["off"]["step_time_ms"] / per_side["on"]["step_time_ms"], 3),
-                # per adjacent (on, off) pair of rounds, then the median: less sensitive to drift
-                "off_over_on_paired_median": round(statistics.median(o / n for n, o in zip(times["on"], times["off"])), 3),
-            }
-        )
+    report(
+        "xla_cpu_workarounds_on_vs_off",
+        {
+            "backend": jax.default_backend(),
+            "model": MODEL,
+            "batch": args.batch,
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            **{side: per_side[side] for side in SIDES},
+            "off_over_on_step_time": round(per_side["off"]["step_time_ms"] / per_side["on"]["step_time_ms"], 3),
+            # per adjacent (on, off) pair of rounds, then the median: less sensitive to drift
+            "off_over_on_paired_median": round(statistics.median(o / n for n, o in zip(times["on"], times["off"])), 3),
+        },
     )
 
 

@@ -9,29 +9,23 @@ The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with E
 0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
 6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
 
-Writes JSON: the training wall time (the whole main.py process), its time to the first step, its logged
-step times (ms, one per 50 steps) and the fp32 matmul rate it measured at start-up (GFLOP/s: the machine's
-speed then, which on a shared one varies from hour to hour), final loss, and per guidance scale the fractions
-of samples whose left digit, right digit and both are the prompted ones.
+Writes JSON: the machine record (benchmarks/harness.py), the training wall time (the whole main.py
+process), its time to the first step, its logged step times (ms, one per 50 steps) and the fp32 matmul rate
+it measured at start-up (GFLOP/s: the machine's speed then, which on a shared one varies from hour to hour),
+final loss, and per guidance scale the fractions of samples whose left digit, right digit and both are the
+prompted ones.
 """
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import machine_record, run_logs, run_script  # benchmarks/ is on sys.path
+
 RECIPE = ("--batch_size", "128", "--edm_p_mean", "0.0")  # with --steps; --flags come after, so they win
-sys.path.insert(0, str(ROOT / "train"))
-
-
-def script(name: str, *args) -> None:
-    subprocess.run([sys.executable, str(ROOT / "train" / name), *map(str, args)], check=True, cwd=ROOT)
 
 
 def main() -> None:
@@ -48,26 +42,24 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(args.run_dir or tmp) / "run"
-        start = time.perf_counter()
-        script("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--steps", args.steps,
-               "--wandb", "disabled", "--sample_every", 0, *RECIPE, *args.flags.split())  # fmt: skip
-        result = {"steps": args.steps, "flags": " ".join([*RECIPE, *args.flags.split()]),
-                  "train_wall_s": time.perf_counter() - start}
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        wall = run_script("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--steps", args.steps,
+                          "--wandb", "disabled", "--sample_every", 0, *RECIPE, *args.flags.split(),
+                          quiet=False)  # fmt: skip
+        result = {"bench": "captioned_digits_job", **machine_record(), "steps": args.steps,
+                  "flags": " ".join([*RECIPE, *args.flags.split()]), "train_wall_s": wall}  # fmt: skip
+        rows, startup = run_logs(run_dir)
         result["final_loss"] = [r["train/loss"] for r in rows if "train/loss" in r][-1]
         result["step_time_ms"] = [round(r["train/step_time_ms"]) for r in rows if "train/step_time_ms" in r]
-        startup = json.loads((run_dir / "run.json").read_text())
         result["time_to_first_step_s"] = startup["startup/time_to_first_step_s"]
         result["matmul_gflops"] = startup["startup/peak_flops_per_device"] / 1e9
         _, digits = captioned_digits_prompts(90, seed=0)
         for scale in args.cfg.split(","):
             out = run_dir / f"cfg_{scale}.npz"
-            start = time.perf_counter()
-            script("sample.py", "--run_dir", run_dir, "--num", 90 * args.per_prompt, "--per_prompt", args.per_prompt,
-                   "--cfg", scale, "--out", out)  # fmt: skip
+            wall = run_script("sample.py", "--run_dir", run_dir, "--num", 90 * args.per_prompt, "--per_prompt",
+                              args.per_prompt, "--cfg", scale, "--out", out, quiet=False)  # fmt: skip
             with np.load(out) as saved:
                 scores = two_digit_accuracy(saved["images"], np.repeat(digits, args.per_prompt, axis=0))
-            result[f"cfg_{scale}"] = {**scores, "sample_wall_s": time.perf_counter() - start}
+            result[f"cfg_{scale}"] = {**scores, "sample_wall_s": wall}
             print(json.dumps({scale: result[f"cfg_{scale}"]}), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

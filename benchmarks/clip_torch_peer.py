@@ -29,13 +29,14 @@ import numpy as np
 import torch
 import transformers
 from transformers import CLIPTextConfig, CLIPTextModel
-from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from torch_peer import TimedCalls, serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 
-class Peer:
+class Peer(TimedCalls):
+    no_grad = staticmethod(torch.inference_mode)
+
     def __init__(self):
         self.model: CLIPTextModel | None = None
-        self.call = None
 
     def write_weights(self, config: dict, folder: str, seed: int) -> dict:
         torch.manual_seed(seed)
@@ -55,20 +56,9 @@ class Peer:
     def prepare(self, input: str, output: str) -> dict:
         ids = torch.from_numpy(np.load(input)).to(torch.int64)
         self.call = lambda: self.model(ids)
-        with torch.inference_mode():
-            start = time.perf_counter()
-            out = self.call()
-            first = time.perf_counter() - start
+        out, first = self.first_call()
         np.savez(output, hidden=out.last_hidden_state.float().numpy(), pooled=out.pooler_output.float().numpy())
         return {"first_call_s": first}
-
-    def time(self, calls: int) -> dict:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            for _ in range(calls):
-                self.call()
-            return {"seconds": time.perf_counter() - start}
-
 
 
 if __name__ == "__main__":

@@ -12,37 +12,30 @@ scored again as `--small_model` (default `unet_flat`, one level of 128 channels:
 inputs that small). Every run is the default job (`python train/main.py`, same seed,
 steps and flags) with σ_data = 0.5 (these latents are the pixels rearranged, std unchanged);
 each is sampled with `train/sample.py --num 500 --cfg 1` (no guidance, 50 per class) and scored
-by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: per space, the scorecard, train wall time
-and final loss.
+by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: the machine record (benchmarks/harness.py),
+then per space the scorecard, train wall time and final loss.
 """
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def script(name: str, *args) -> None:
-    subprocess.run([sys.executable, str(ROOT / "train" / name), *map(str, args)], check=True, cwd=ROOT)
+from harness import ROOT, machine_record, run_logs, run_script  # benchmarks/ is on sys.path
 
 
 def train_and_score(run_dir: Path, steps: int, extra: list) -> dict:
     from eqxdiff.eval import digits_sample_metrics
 
-    start = time.perf_counter()
-    script("main.py", "--run_dir", run_dir, "--steps", steps, "--wandb", "disabled", "--sample_every", 0, *extra)
-    train_s = time.perf_counter() - start
-    script("sample.py", "--run_dir", run_dir, "--num", 500, "--cfg", 1, "--out", run_dir / "s.npz")
+    train_s = run_script("main.py", "--run_dir", run_dir, "--steps", steps, "--wandb", "disabled", "--sample_every", 0,
+                         *extra, quiet=False)  # fmt: skip
+    run_script("sample.py", "--run_dir", run_dir, "--num", 500, "--cfg", 1, "--out", run_dir / "s.npz", quiet=False)
     with np.load(run_dir / "s.npz") as saved:
         scores = digits_sample_metrics(saved["images"], saved["labels"])
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, _ = run_logs(run_dir)
     return {"scores": scores, "train_wall_s": train_s, "final_loss": rows[-1]["train/loss"], "flags": extra}
 
 
@@ -53,13 +46,14 @@ def main() -> None:
     parser.add_argument("--factors", default="1,2", help="space_to_depth factors, comma-separated")
     parser.add_argument("--small_model", default="unet_flat", help="also train F >= 2 latents with this model ('' : no)")
     args = parser.parse_args()
-    result = {"steps": args.steps}
+    result = {"bench": "digits_latent_scorecard", **machine_record(), "steps": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         result["pixels"] = train_and_score(tmp / "pixels", args.steps, [])
         for factor in map(int, args.factors.split(",")):
             latents = tmp / f"latents_{factor}"
-            script("encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents)
+            run_script("encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents,
+                       quiet=False)  # fmt: skip
             flags = ["--dataset", f"latents:{latents}", "--sigma_data", 0.5]
             result[f"space_to_depth:{factor}"] = train_and_score(tmp / f"run_{factor}", args.steps, flags)
             if factor >= 2 and args.small_model:
@@ -68,10 +62,10 @@ def main() -> None:
                 )
     Path(args.out).write_text(json.dumps(result, indent=1))
     for space, r in result.items():
-        if space != "steps":
+        if isinstance(r, dict) and "scores" in r:
             print(space, {k: round(v, 3) for k, v in r["scores"].items()}, f"{r['train_wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # this checkout's eqxdiff scores, as its train scripts run
     main()

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from torch_peer import TimedCalls, serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
@@ -56,10 +56,11 @@ def fixtures_module():
     return module
 
 
-class Peer:
+class Peer(TimedCalls):
+    no_grad = staticmethod(torch.no_grad)
+
     def __init__(self):
         self.model = None
-        self.call = None
 
     def build(self, torchvision: str, weights: str, seed: int, threads: int) -> dict:
         torch.set_num_threads(threads)
@@ -97,20 +98,9 @@ class Peer:
     def prepare(self, input: str, output: str) -> dict:
         batch = torch.from_numpy(np.load(input)).permute(0, 3, 1, 2).contiguous().float().div(255)  # ToTensor
         self.call = lambda: self.model(batch)[0]
-        with torch.no_grad():
-            start = time.perf_counter()
-            out = self.call()
-            first = time.perf_counter() - start
+        out, first = self.first_call()
         np.save(output, out[:, :, 0, 0].numpy().astype(np.float32))
         return {"first_call_s": first}
-
-    def time(self, calls: int) -> dict:
-        with torch.no_grad():
-            start = time.perf_counter()
-            for _ in range(calls):
-                self.call()
-            return {"seconds": time.perf_counter() - start}
-
 
 
 if __name__ == "__main__":

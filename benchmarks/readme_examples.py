@@ -14,20 +14,12 @@ The DiT runs a smaller batch by default (`--dit_batch`): on a CPU one step of th
 """
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).parent.parent
 EXAMPLES = {
     "default": [],
     "fsdp_8_cpu_devices": ["--cpu_devices", "8", "--fsdp_size", "4"],
@@ -50,13 +42,12 @@ def rgb_digits_folder(folder: Path, per_class: int = 30) -> Path:
 
 
 def step_ms(args: list[str], steps: int, work: Path, name: str) -> dict:
+    from harness import run_logs, run_script  # here: tests/test_readme_examples.py loads this file by path
+
     run_dir = work / name
-    cmd = [sys.executable, str(ROOT / "train" / "main.py"), "--run_dir", str(run_dir), "--steps", str(steps),
-           "--log_every", str(steps // 2), "--sample_every", "0", "--wandb", "disabled", *args]  # fmt: skip
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    wall = run_script("main.py", "--run_dir", run_dir, "--steps", steps, "--log_every", steps // 2,
+                      "--sample_every", 0, "--wandb", "disabled", *args)  # fmt: skip
+    rows, _ = run_logs(run_dir)
     return {"step_ms": rows[-1]["train/step_time_ms"], "wall_s": round(wall, 1), "steps": steps}
 
 
@@ -81,10 +72,9 @@ def main() -> None:
     for r in results.values():
         r["vs_default"] = round(r["step_ms"] / base, 2)
     results["dit_s_folder_32"]["batch_size"] = args.dit_batch
-    print(json.dumps({
-        "bench": "readme_examples", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
-        "cpus": os.cpu_count(), "results": results,
-    }))  # fmt: skip
+    from harness import report
+
+    report("readme_examples", {"results": results})
 
 
 if __name__ == "__main__":

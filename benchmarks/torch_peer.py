@@ -4,15 +4,17 @@ eqxdiff, so it never shares a process with it).
 
 Driver side (bench_vae.py, bench_clip_text.py, bench_inception.py): `TorchPeer(python, script)`,
 then `peer("cmd", **kwargs) -> dict` and `peer.close()`. Peer side (*_torch_peer.py): `serve(peer)`,
-where each command name is a method of `peer` returning a dict. Only the standard library here: the
-torch venv imports this file too.
+where each command name is a method of `peer` returning a dict; `TimedCalls` gives a peer its warm-up
+call and its `time` command. Only the standard library here: the torch venv imports this file too.
 """
 
-import importlib.metadata
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+TORCH_PYTHON = str(Path(__file__).resolve().parent.parent / "tools" / ".venv" / "bin" / "python")  # tools/README.md
 
 
 class TorchPeer:
@@ -57,9 +59,22 @@ def serve(peer) -> None:
         answers.flush()
 
 
-def version(name: str) -> str | None:
-    """An installed distribution's version, or None."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+class TimedCalls:
+    """Peer side: `first_call()` and `time(calls)` run the prepared `self.call` under `self.no_grad()`
+    (set by the peer: `torch.inference_mode` or, as pytorch-fid calls its network, `torch.no_grad`)."""
+
+    call = None
+
+    def first_call(self):
+        """(the warm-up call's output, its seconds)."""
+        with self.no_grad():
+            start = time.perf_counter()
+            out = self.call()
+            return out, time.perf_counter() - start
+
+    def time(self, calls: int) -> dict:
+        with self.no_grad():
+            start = time.perf_counter()
+            for _ in range(calls):
+                self.call()
+            return {"seconds": time.perf_counter() - start}

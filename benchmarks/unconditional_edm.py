@@ -10,12 +10,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
 import main as train_main  # noqa: E402  (train/main.py)
 
+from eqxdiff.conditions import NoCondition  # noqa: E402
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
 
 
 def unconditional_edm():
     """(prepare, loss_fn) for `eqxdiff.training.make_train_step`."""
     schedule = EDMSchedule()
-    prepare = functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.0, null_cond=None)
+    prepare = functools.partial(train_main.prepare, condition=NoCondition(), schedule=schedule, cond_dropout=0.0)
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=EDMPreconditioning())
     return prepare, loss_fn

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 from safetensors.torch import save_file
-from torch_peer import serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
+from torch_peer import TimedCalls, serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -41,11 +41,12 @@ def nhwc(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().permute(0, 2, 3, 1).contiguous().numpy()
 
 
-class Peer:
+class Peer(TimedCalls):
+    no_grad = staticmethod(torch.inference_mode)
+
     def __init__(self):
         self.models: dict[str, AutoencoderKL] = {}
         self.folder = ""
-        self.call = None
 
     def write_weights(self, config: dict, folder: str, seed: int) -> dict:
         torch.manual_seed(seed)
@@ -81,23 +82,12 @@ class Peer:
             self.call = lambda: vae.decode(x).sample
         else:
             raise ValueError(f"unknown op {op!r}")
-        with torch.inference_mode():
-            start = time.perf_counter()
-            out = self.call()
-            first = time.perf_counter() - start
+        out, first = self.first_call()
         if op == "encode":
             np.savez(output, mean=nhwc(out.mean), logvar=nhwc(out.logvar))
         else:
             np.savez(output, decoded=nhwc(out))
         return {"first_call_s": first}
-
-    def time(self, calls: int) -> dict:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            for _ in range(calls):
-                self.call()
-            return {"seconds": time.perf_counter() - start}
-
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ Specs (`open_autoencoder`):
 
 A diffusion model sees `(mean + exp(logvar / 2)·ε - shift_factor) · scaling_factor`; samples are
 decoded with `decode(z / scaling_factor + shift_factor)`.
+
+Sizes that follow the image (`train/encode.py --batch_size 0 --vae_tiling auto`, `decode_latents`):
+`auto_batch_size` gives about PIXELS_PER_BATCH pixels per VAE call, and `use_tiling("auto", ...)` tiles
+an AutoencoderKL's images above TILING_ABOVE pixels (diffusers' tiling, `eqxdiff.nn.vae_tiling`).
+The peak memory behind both numbers is in BENCHMARKS.md ("VAE memory per image").
 """
 
 import hashlib
@@ -22,6 +27,10 @@ from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
 
+PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 256 of 32² per VAE call
+MAX_AUTO_BATCH = 256  # small images: more rows per call buy little and pad a small dataset's last batch
+TILING_ABOVE = 768 * 768  # auto tiling: 1024² and larger images go tile by tile, 512² and smaller whole
+TILING_MODES = ("auto", "on", "off")
 SPEC_FORMS = f"space_to_depth:F (F an integer >= 1), or a diffusers AutoencoderKL folder (config.json + {WEIGHTS_FILE})"
 _HASH_CHUNK = 1 << 20  # bytes read at a time: a large VAE file is never held whole
 
@@ -102,3 +111,22 @@ def describe_autoencoder(spec: str) -> dict:
         return {"spec": spec, "path": None, "weights_sha256": None}
     path = _folder(spec)
     return {"spec": spec, "path": str(path), "weights_sha256": sha256_file(weight_files(path, WEIGHTS_FILE))}
+
+
+def auto_batch_size(image_hw: tuple[int, int], multiple: int = 1, count: int | None = None) -> int:
+    """Images per VAE call for an image of `image_hw` (height, width) pixels: PIXELS_PER_BATCH / (h·w),
+    at least 1 and at most MAX_AUTO_BATCH and `count` (the images there are), rounded up to a
+    multiple of `multiple` (the devices)."""
+    rows = max(1, min(MAX_AUTO_BATCH, count or MAX_AUTO_BATCH, PIXELS_PER_BATCH // (image_hw[0] * image_hw[1])))
+    return -(-rows // multiple) * multiple
+
+
+def use_tiling(mode: str, autoencoder: Autoencoder, image_hw: tuple[int, int]) -> bool:
+    """Whether to encode/decode `image_hw` images tile by tile: `mode` "on" (diffusers' `enable_tiling`:
+    images larger than the VAE's sample_size), "off", or "auto" (images of more than TILING_ABOVE
+    pixels). Only an AutoencoderKL tiles; a weightless autoencoder never needs to."""
+    if mode not in TILING_MODES:
+        raise ValueError(f"vae tiling {mode!r}: one of {TILING_MODES}")
+    if not isinstance(autoencoder, AutoencoderKL) or mode == "off":
+        return False
+    return mode == "on" or image_hw[0] * image_hw[1] > TILING_ABOVE

@@ -28,8 +28,8 @@ class Pixels:
         del key  # nothing to draw
         return from_uint8(batch["image"])
 
-    def decode(self, x: np.ndarray, *, mesh: Mesh) -> np.ndarray:
-        del mesh
+    def decode(self, x: np.ndarray, *, mesh: Mesh, tiling: str = "auto") -> np.ndarray:
+        del mesh, tiling
         return x
 
     def image_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -56,8 +56,9 @@ class Latents:
         z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape)
         return (z - self.shift_factor) * self.scaling_factor
 
-    def decode(self, x: np.ndarray, *, mesh: Mesh) -> np.ndarray:
-        return decode_latents(self.autoencoder, x, mesh=mesh)
+    def decode(self, x: np.ndarray, *, mesh: Mesh, tiling: str = "auto") -> np.ndarray:
+        """`tiling` "auto" | "on" | "off": through the VAE tile by tile (`eqxdiff.generate.decode_latents`)."""
+        return decode_latents(self.autoencoder, x, mesh=mesh, tiling=tiling)
 
     def image_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The decoder's output shape for one latent (traced, not run)."""

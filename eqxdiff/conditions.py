@@ -94,8 +94,8 @@ class TextCondition(NoCondition):
 
     dropout_flag = "text_dropout"
 
-    def __init__(self, text: TextConditioning):
-        self.text = text
+    def __init__(self, text: TextConditioning | None):
+        self.text = text  # None: a condition used only inside a step (benchmarks/bench_text_step.py)
 
     def model_kwargs(self) -> dict:
         return self.text.model_dims()
@@ -152,7 +152,7 @@ class FrozenText(TextCondition):
 
     kind = "frozen_text"
 
-    def __init__(self, text: TextConditioning, null: dict):
+    def __init__(self, text: TextConditioning | None, null: dict):
         super().__init__(text)
         self.null_cond = null
 

@@ -11,7 +11,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from eqxdiff.autoencoders import auto_batch_size, use_tiling
 from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser, Parameterization, Schedule, karras_sigmas, sample
+from eqxdiff.nn.vae_tiling import decode_in_pieces
 from eqxdiff.sharding import batch_sharding
 
 
@@ -61,21 +63,36 @@ def generate(
 
 
 @eqx.filter_jit
+def _unscale(autoencoder: Any, latents: jax.Array) -> jax.Array:
+    return latents / autoencoder.scaling_factor + autoencoder.shift_factor
+
+
+@eqx.filter_jit
 def _decode(autoencoder: Any, latents: jax.Array) -> jax.Array:
-    return autoencoder.decode(latents / autoencoder.scaling_factor + autoencoder.shift_factor)
+    return autoencoder.decode(_unscale(autoencoder, latents))
 
 
-def decode_latents(autoencoder: Any, latents: np.ndarray, *, mesh: Mesh, batch_size: int = 64) -> np.ndarray:
+def decode_latents(
+    autoencoder: Any, latents: np.ndarray, *, mesh: Mesh, batch_size: int = 0, tiling: str = "auto"
+) -> np.ndarray:
     """Latents as the diffusion model sees them, host `[n, h, w, c]`, -> host float32 images
     `[n, h·f, w·f, channels]` in about [-1, 1]: `decode(z / scaling_factor + shift_factor)`
-    (`eqxdiff.autoencoders.Autoencoder`), in chunks of `batch_size` rows (rounded up to a multiple
-    of the devices; the last chunk padded, so one program serves all). Every process calls it with
-    the same latents and gets all the images."""
-    n = len(latents)
-    chunk = -(-min(batch_size, n) // mesh.size) * mesh.size
+    (`eqxdiff.autoencoders.Autoencoder`), in chunks of `batch_size` rows (0: as many as
+    `auto_batch_size` gives for the image size; rounded up to a multiple of the devices; the last
+    chunk padded, so one program serves all). `tiling` "auto" | "on" | "off" (`use_tiling`): tiled
+    chunks go through the VAE tile by tile (diffusers' tiling, `eqxdiff.nn.vae_tiling`). Every process
+    calls it with the same latents and gets all the images."""
+    n, f = len(latents), autoencoder.downsample_factor
+    image_hw = (latents.shape[1] * f, latents.shape[2] * f)
+    chunk = -(-min(batch_size or auto_batch_size(image_hw), n) // mesh.size) * mesh.size
+    tiled = use_tiling(tiling, autoencoder, image_hw)
+
+    def decode(rows: jax.Array) -> jax.Array:
+        return decode_in_pieces(autoencoder, _unscale(autoencoder, rows)) if tiled else _decode(autoencoder, rows)
+
     padded = np.concatenate([latents, np.zeros((-n % chunk, *latents.shape[1:]), latents.dtype)])
     out = [
-        multihost_utils.process_allgather(_decode(autoencoder, global_rows(padded[i : i + chunk], mesh)), tiled=True)
+        multihost_utils.process_allgather(decode(global_rows(padded[i : i + chunk], mesh)), tiled=True)
         for i in range(0, len(padded), chunk)
     ]
     return np.concatenate([np.asarray(o) for o in out])[:n]

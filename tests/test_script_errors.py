@@ -72,15 +72,18 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "run"]  # nothing made on the way
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder whatever its permission bits")
 def test_a_read_only_folder_is_refused(tmp_path):
+    """A folder whose bits forbid writing; as root (who writes whatever the bits say) sysfs, which
+    refuses new files to root too: the probe file, not the permission bits, decides."""
     folder = tmp_path / "read_only"
     folder.mkdir()
     folder.chmod(0o500)
+    if os.geteuid() == 0:
+        folder = Path("/sys")
     try:
-        message = refusal(train_main.main, train_main.parse_config, "--run_dir", folder / "run")
+        message = refusal(train_main.main, train_main.parse_config, "--run_dir", folder / "eqxdiff_run")
     finally:
-        folder.chmod(0o700)
+        (tmp_path / "read_only").chmod(0o700)
     assert f"cannot write into {folder}: Permission denied" in message
 
 
@@ -185,3 +188,21 @@ def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close
     assert start_line("--run_dir", given) == f"new run in {given}: unet on digits"
     resumed = fake_run(tmp_path / "runs" / "dogs", step=6, schedule="flow", steps=12)
     assert start_line("--run_dir", resumed) == f"resuming {resumed} from step 6"
+
+
+def test_latents_whose_vae_folder_moved_are_named_before_anything_compiles(tmp_path):
+    """meta.json names the VAE's folder, which decodes grids: a folder moved since the encode is one line."""
+    import shutil
+
+    import numpy as np
+
+    vae = shutil.copytree(ROOT / "tests" / "data" / "autoencoder_kl" / "sd_like", tmp_path / "vae")
+    images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    np.savez(tmp_path / "rgb.npz", images=images)
+    encode.main(encode.parse_config(["--dataset", f"npz:{tmp_path / 'rgb.npz'}", "--vae", str(vae), "--out",
+                                     str(tmp_path / "latents"), "--batch_size", "8"]))  # fmt: skip
+    shutil.rmtree(vae)
+    message = refusal(train_main.main, train_main.parse_config, "--dataset", f"latents:{tmp_path / 'latents'}",
+                      "--run_dir", tmp_path / "run")  # fmt: skip
+    assert message.startswith(f"latents:{tmp_path / 'latents'}: the VAE its meta.json names cannot be read (")
+    assert f"{vae} does not exist" in message and message.endswith("put it back there.")

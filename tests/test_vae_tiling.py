@@ -103,7 +103,7 @@ def test_tile_loop_is_diffusers_in_place_blend(shape, tile, tile_out):
         return t[:, :: int(1 / scale), :: int(1 / scale)]
 
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    out = tiled(lambda t: jnp.asarray(run_tile(np.asarray(t))), x, tile, tile_out)
+    out = tiled(lambda t: jnp.asarray(run_tile(np.asarray(t))), jnp.asarray(x), tile, tile_out)
     expected = diffusers_tiled(run_tile, x, tile, tile_out)
     assert out.shape == expected.shape
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)

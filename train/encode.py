@@ -38,7 +38,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder, sha256_file
+from eqxdiff.autoencoders import (
+    TILING_MODES, auto_batch_size, check_autoencoder, describe_autoencoder, open_autoencoder, sha256_file, use_tiling,
+)  # fmt: skip
 from eqxdiff.data import Prefetch, open_source
 from eqxdiff.data.latents import (
     META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
@@ -46,6 +48,7 @@ from eqxdiff.data.latents import (
 )  # fmt: skip
 from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
+from eqxdiff.nn.vae_tiling import encode_in_pieces
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
@@ -62,7 +65,8 @@ class Config:
     vae: str = ""  # space_to_depth:F | a diffusers AutoencoderKL folder
     out: str = ""  # the latent folder (created)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this
-    batch_size: int = 64  # global: every process encodes batch_size / num_processes at a time
+    batch_size: int = 0  # global, per call (each process batch_size / num_processes); 0: from the image size
+    vae_tiling: str = "auto"  # auto: images above 768² go through the VAE tile by tile (diffusers' tiling) | on | off
     hflip_copies: bool = False  # also store every image mirrored left-right, as extra examples
     shard_size: int = 1024  # examples per shard file
     text_encoder: str = ""  # a transformers CLIP text folder (SD's text_encoder/): store each caption's tokens
@@ -79,10 +83,12 @@ class Config:
 
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
-    parser = dataclass_parser(Config, __doc__, {"null_text": list(NULL_TEXTS)}, required=("vae", "out"))
+    choices = {"null_text": list(NULL_TEXTS), "vae_tiling": list(TILING_MODES)}
+    parser = dataclass_parser(Config, __doc__, choices, required=("vae", "out"))
     cfg = Config(**vars(parser.parse_args(argv)))
-    if cfg.shard_size < 1 or cfg.batch_size < 1:
-        parser.error(f"--shard_size and --batch_size must be >= 1, got {cfg.shard_size} and {cfg.batch_size}")
+    if cfg.shard_size < 1 or cfg.batch_size < 0:
+        parser.error(f"--shard_size must be >= 1 and --batch_size >= 0 (0: from the image size), got "
+                     f"{cfg.shard_size} and {cfg.batch_size}")  # fmt: skip
     text_flags = {"--tokenizer": cfg.tokenizer, "--encode_text": cfg.encode_text, "--null_text zeros":
                   cfg.null_text != "empty", "--allow_uncaptioned": cfg.allow_uncaptioned}  # fmt: skip
     given = [flag for flag, value in text_flags.items() if value]
@@ -213,6 +219,22 @@ def encode_uint8(vae, images, text_encoder=None, tokens: dict | None = None) -> 
     return {k: v.astype(np.float16) for k, v in out.items()}
 
 
+@eqx.filter_jit
+def encode_text16(text_encoder, tokens: dict) -> dict:
+    context, pooled = text_encoder(tokens["input_ids"], tokens["attention_mask"])
+    return {"context": context.astype(np.float16), "pooled": pooled.astype(np.float16)}
+
+
+def encode_batch(vae, images, text_encoder=None, tokens: dict | None = None, tiling: bool = False) -> dict:
+    """`encode_uint8`, or with `tiling` the VAE tile by tile (one jitted call per tile:
+    eqxdiff/nn/vae_tiling.py) and the text in a call of its own."""
+    if not tiling:
+        return encode_uint8(vae, images, text_encoder, tokens)
+    mean, logvar = encode_in_pieces(vae, from_uint8(images))
+    out = {"mean": mean.astype(np.float16), "logvar": logvar.astype(np.float16)}
+    return out if text_encoder is None else out | encode_text16(text_encoder, tokens)
+
+
 def open_text(cfg: Config, mesh) -> TextConditioning | None:
     """The text side for --text_encoder DIR (the tower read into `mesh`'s layout), else None."""
     if not cfg.text_encoder:
@@ -242,7 +264,10 @@ def main(cfg: Config) -> None:
     if cfg.hflip_copies and cfg.dataset == "captioned_digits":
         raise SystemExit("--hflip_copies would swap the digits that captioned_digits' captions place left and right.")
     process, processes = jax.process_index(), jax.process_count()
-    if cfg.batch_size % jax.device_count():
+    image_hw = tuple(source.image_shape[:2])
+    count = len(source) * (2 if cfg.hflip_copies else 1)
+    batch_size = cfg.batch_size or auto_batch_size(image_hw, jax.device_count(), count)
+    if batch_size % jax.device_count():
         raise SystemExit(f"--batch_size {cfg.batch_size} must be a multiple of the devices ({jax.device_count()}).")
     # Each process encodes its own shards on its own devices: no process waits for another until the end.
     mesh = make_mesh(devices=jax.local_devices())
@@ -263,6 +288,7 @@ def main(cfg: Config) -> None:
             write_bytes(out / NULL_FILE, null)
         write_json(out / PLAN, plan)
     text_encoder = text.encoder if text is not None and cfg.encode_text else None
+    tiling = use_tiling(cfg.vae_tiling, vae, image_hw)
 
     num_shards, size = plan["num_shards"], cfg.shard_size
     mine = [k for k in range(num_shards) if k % processes == process]
@@ -289,14 +315,14 @@ def main(cfg: Config) -> None:
             del records[: len(r)]
         bar.update(rows)
 
-    batch = cfg.batch_size // processes
+    batch = batch_size // processes
     with ThreadPoolExecutor(8) as pool:
         batches = host_batches(source, indices, batch, pool, text)
         with Prefetch(batches, lambda b: (b[0], jax.device_put(b[1], sharding), b[2]), depth=2) as device_batches:
             in_flight = collections.deque()  # one batch encodes while the previous one is collected
             for others, (images, tokens), rows in device_batches:
                 tokens = None if text_encoder is None else tokens
-                in_flight.append((others, rows, encode_uint8(vae, images, text_encoder, tokens)))
+                in_flight.append((others, rows, encode_batch(vae, images, text_encoder, tokens, tiling)))
                 if len(in_flight) > 1:
                     collect(*in_flight.popleft())
             while in_flight:

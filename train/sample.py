@@ -41,6 +41,7 @@ from run_condition import condition_from_config, stored_condition
 from resume import checkpoint_steps, close_runs, saved_config
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
+from eqxdiff.autoencoders import TILING_MODES
 from eqxdiff.codecs import codec_from_config
 from eqxdiff.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
@@ -77,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
+    parser.add_argument("--vae_tiling", default="auto", choices=TILING_MODES,
+                        help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
     parser.add_argument("--coordinator", default="",
                         help="HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py --script "
@@ -292,7 +295,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
             cfg_scale=args.cfg, null_cond=null_cond, seed=seed,
         )  # fmt: skip
-        decoded = codec.decode(images, mesh=mesh)
+        decoded = codec.decode(images, mesh=mesh, tiling=args.vae_tiling)
         return decoded, None if decoded is images else images
 
     if args.fid:

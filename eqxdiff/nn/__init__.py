@@ -21,7 +21,8 @@ from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel", "Conv2d", "CrossAttention", "DiT",
-    "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock", "SelfAttention", "SpaceToDepth", "TextConditioned",
-    "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
+    "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
+    "SelfAttention", "SpaceToDepth", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of",
+    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -84,13 +84,13 @@ def _check_tile(vae: AutoencoderKL, tile: int, overlap: float) -> None:
 
 
 def encode_in_pieces(
-    vae: AutoencoderKL, x: Float[Array, "b h w ci"], *, tiling: bool = True, slicing: bool = False,
+    vae: AutoencoderKL, x: Float[Array | np.ndarray, "b h w ci"], *, tiling: bool = True, slicing: bool = False,
     tile: int | None = None, overlap: float = OVERLAP,
 ) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:  # fmt: skip
     """`vae.encode(x)` as diffusers computes it with `enable_tiling()` (`tiling`: images larger than
     `tile`, default the config's sample_size, go tile by tile) and `enable_slicing()` (`slicing`: one
     image at a time): (mean, logvar clamped), logvar clamped after the blend, as diffusers does."""
-    tile = tile or vae.tile_sample_size
+    tile, x = tile or vae.tile_sample_size, jnp.asarray(x)
     _check_tile(vae, tile, overlap)
 
     def one(x):
@@ -103,12 +103,12 @@ def encode_in_pieces(
 
 
 def decode_in_pieces(
-    vae: AutoencoderKL, z: Float[Array, "b hl wl c"], *, tiling: bool = True, slicing: bool = False,
+    vae: AutoencoderKL, z: Float[Array | np.ndarray, "b hl wl c"], *, tiling: bool = True, slicing: bool = False,
     tile: int | None = None, overlap: float = OVERLAP,
 ) -> Float[Array, "b h w co"]:  # fmt: skip
     """`vae.decode(z)` as diffusers computes it with `enable_tiling()` (`tiling`: latents larger than
     `tile / f` go tile by tile) and `enable_slicing()` (`slicing`: one latent at a time)."""
-    tile = tile or vae.tile_sample_size
+    tile, z = tile or vae.tile_sample_size, jnp.asarray(z)
     _check_tile(vae, tile, overlap)
     tile_latent = tile // vae.downsample_factor
 

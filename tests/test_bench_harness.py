@@ -1,0 +1,56 @@
+"""benchmarks/harness.py: the ratios BENCHMARKS.md quotes and the loop the step benchmarks time are
+what their docstrings say (rates against hand-computed figures; the step loop's blocking order)."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def harness():
+    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rates_are_items_over_summed_seconds_and_paired_rounds():
+    # eqxdiff: 8 items in 2 s then 4 s -> 16 / 6; torch: 4 s, 4 s -> 16 / 8; paired torch/eqxdiff 2, 1
+    out = harness().rates({"eqxdiff": [2.0, 4.0], "torch": [4.0, 4.0]}, 8, "images")
+    assert out["eqxdiff_images_per_s"] == 2.667 and out["torch_images_per_s"] == 2.0
+    assert out["eqxdiff_round_images_per_s"] == [4.0, 2.0] and out["torch_round_images_per_s"] == [2.0, 2.0]
+    assert out["ratio"] == round(2.667 / 2.0, 3)
+    assert out["paired_ratio_median"] == 1.5
+    alone = harness().rates({"eqxdiff": [2.0], "torch": []}, 8, "images")  # the peer not run: no ratio
+    assert alone == {"eqxdiff_images_per_s": 4.0, "eqxdiff_round_images_per_s": [4.0]}
+
+
+def test_alternate_runs_each_side_once_per_round_in_order():
+    calls = []
+    sides = {name: (lambda name=name: calls.append(name) or len(calls)) for name in ("a", "b")}
+    assert harness().alternate(sides, 3) == {"a": [1, 3, 5], "b": [2, 4, 6]}
+    assert calls == ["a", "b"] * 3
+
+
+class Loss:
+    """A step's loss that records when the loop blocks on it."""
+
+    def __init__(self, step: int, log: list):
+        self.step, self.log = step, log
+
+    def block_until_ready(self):
+        self.log.append(("block", self.step))
+        return self
+
+
+def test_steps_in_flight_keeps_at_most_two_steps_dispatched():
+    log = []
+
+    def step(state, batch):
+        log.append(("dispatch", batch))
+        return state + 1, {"loss": Loss(batch, log)}
+
+    state, metrics = harness().steps_in_flight(step, 0, range(3))
+    assert state == 3 and metrics["loss"].step == 2
+    # step i is dispatched before step i-1 is waited for; the last is waited for at the end
+    assert log == [("dispatch", 0), ("dispatch", 1), ("block", 0), ("dispatch", 2), ("block", 1), ("block", 2)]
