@@ -3,12 +3,14 @@ the condition (train/run_condition.py). (The step with a frozen tower: tests/tes
 
 import jax
 import numpy as np
+import pytest
 
 from eqxdiff.conditions import Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
 from eqxdiff.sharding import make_mesh
 from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
+from runs import train_here
 
 
 def scratch(**tower) -> ScratchText:
@@ -58,3 +60,9 @@ def test_old_checkpoints_name_their_condition_by_text_and_num_classes():
     old = stored_condition({"num_classes": 0, "text": {"text_encoder": "scratch", "tokenizer": "captioned_digits",
                                                        "null_text": "empty", "max_length": 8}})  # fmt: skip
     assert old["kind"] == "scratch_text" and old["causal"] is True and old["pooled"] is True
+
+
+def test_a_dataset_whose_flips_change_its_captions_refuses_hflip(tmp_path):
+    """main.py asks the source (`hflip_keeps_meaning`), before any model is built."""
+    with pytest.raises(SystemExit, match="--hflip would swap what captioned_digits's captions place left and right"):
+        train_here("--run_dir", tmp_path / "run", "--dataset", "captioned_digits", "--hflip", "--wandb", "disabled")
