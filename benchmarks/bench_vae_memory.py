@@ -14,16 +14,15 @@ leaks into its numbers. Two measures:
   just before the call (weights on the device).
 
 Tiling is diffusers' (`eqxdiff.nn.vae_tiling`, tiles of the config's sample_size, 512): an image of
-512² or less is not tiled, so `tiled` equals `whole` there. Prints one JSON line.
+512² or less is not tiled, so `tiled` equals `whole` there. Prints one JSON line, the machine record
+first (benchmarks/harness.py).
 
     python benchmarks/bench_vae_memory.py                    # 256 512 1024; runs up to 512
     python benchmarks/bench_vae_memory.py --run_max 0        # compiled figures only
 """
 
 import argparse
-import datetime
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import numpy as np  # noqa: E402
 
 from eqxdiff.nn import AutoencoderKL  # noqa: E402
 from eqxdiff.nn.vae_tiling import OVERLAP, decode_in_pieces, encode_in_pieces  # noqa: E402
+from harness import report  # noqa: E402  (benchmarks/ is on sys.path)
 
 SD_VAE = {
     "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
@@ -118,11 +118,7 @@ def main() -> None:
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(rows[-1], file=sys.stderr)
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
-    print(json.dumps({"bench": "vae_memory", "machine": f"{platform.machine()} {model} x{jax.device_count()}",
-                      "vae": "SD (83.65M, float32, random)", "batch": 1, "rows": rows,
-                      "date": str(datetime.date.today())}))  # fmt: skip
+    report("vae_memory", {"vae": "SD (83.65M, float32, random)", "batch": 1, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -8,47 +8,28 @@ second window (past the compile and every warm-up), the process start to the fir
 run.json's `startup/time_to_first_step_s` (mostly the step's compile). The folder holds the digits
 upscaled to 32×32 RGB PNGs in class sub-folders (benchmarks/readme_examples.py), resized to each
 size as the folder source does: the pixels do not change a step's cost. The box's fp32 matmul rate
-(2048², best of 5) is measured before and after each round, so a slower or busier box shows; with
-`--repeats R` the sizes run R rounds and each size's best round is reported (other work on a shared
-box only slows a step). Prints one JSON line.
+(2048², best of 5) is measured before and after each round (`matmul_gflops_rounds`), so a slower or
+busier box shows; with `--repeats R` the sizes run R rounds and each size's best round is reported
+(other work on a shared box only slows a step). Prints one JSON line, the machine record first
+(benchmarks/harness.py).
 
     python benchmarks/unet_own_images.py [--sizes 16 32 64 --batch 16 --steps 20 --repeats 2]
 """
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from readme_examples import rgb_digits_folder  # benchmarks/ is on sys.path when run as a script
-
-ROOT = Path(__file__).parent.parent
-
-
-def matmul_gflops() -> float:
-    """This box's fp32 2048² matmul rate, as train/main.py's MFU measures it (in a process of its own:
-    this one keeps JAX out)."""
-    code = "from eqxdiff.training.metrics import measured_cpu_matmul_flops as m; print(m(repeats=5) / 1e9)"
-    return round(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                      text=True).stdout), 1)  # fmt: skip
+from harness import matmul_gflops, report, run_logs, run_script  # benchmarks/ is on sys.path when run as a script
+from readme_examples import rgb_digits_folder
 
 
 def unet_step(folder: Path, size: int, batch: int, steps: int, work: Path, repeat: int) -> dict:
     run_dir = work / f"unet_{size}_{repeat}"
-    cmd = [sys.executable, str(ROOT / "train" / "main.py"), "--dataset", f"folder:{folder}", "--image_size",
-           str(size), "--hflip", "--batch_size", str(batch), "--run_dir", str(run_dir), "--steps", str(steps),
-           "--log_every", str(steps // 2), "--sample_every", "0", "--wandb", "disabled"]  # fmt: skip
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    startup = json.loads((run_dir / "run.json").read_text())
+    wall = run_script("main.py", "--dataset", f"folder:{folder}", "--image_size", size, "--hflip", "--batch_size",
+                      batch, "--run_dir", run_dir, "--steps", steps, "--log_every", steps // 2, "--sample_every", 0,
+                      "--wandb", "disabled")  # fmt: skip
+    rows, startup = run_logs(run_dir)
     step_s = rows[-1]["train/step_time_ms"] / 1000
     flops = startup["startup/step_flops_per_device"]
     return {"step_s": round(step_s, 3), "images_per_s": round(batch / step_s, 1),
@@ -73,11 +54,10 @@ def main() -> None:
                 results[f"{s}x{s}"].append(unet_step(folder, s, args.batch, args.steps, work, repeat))
             matmul.append(matmul_gflops())
     best = {size: min(runs, key=lambda r: r["step_s"]) for size, runs in results.items()}
-    print(json.dumps({
-        "bench": "unet_own_images", "date": datetime.date.today().isoformat(), "machine": platform.machine(),
-        "cpu_count": os.cpu_count(), "matmul_gflops": matmul, "model": "unet", "batch": args.batch,
-        "steps": args.steps, "best": best, "all_step_s": {k: [r["step_s"] for r in v] for k, v in results.items()},
-    }))  # fmt: skip
+    report("unet_own_images", {
+        "matmul_gflops_rounds": matmul, "model": "unet", "batch": args.batch, "steps": args.steps, "best": best,
+        "all_step_s": {k: [r["step_s"] for r in v] for k, v in results.items()},
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

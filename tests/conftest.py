@@ -8,6 +8,19 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# The edit loop reruns the suite: programs the edit did not touch load from a persistent XLA cache
+# instead of compiling again (the quick tier is mostly compiles; BENCHMARKS.md "Test suite" has
+# both timings). Keyed by the program, its flags and jax's version, so a stale entry is never hit;
+# `--cache-clear` empties it, EQXDIFF_TEST_XLA_CACHE=off switches it off (e.g. to time a cold run).
+XLA_CACHE = os.environ.get("EQXDIFF_TEST_XLA_CACHE", str(Path(__file__).parent.parent / ".pytest_cache" / "xla"))
+if XLA_CACHE != "off":
+    jax.config.update("jax_compilation_cache_dir", XLA_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 from jaxtyping import install_import_hook  # noqa: E402
 from typechecked import import_dependencies  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
 
@@ -36,9 +49,7 @@ import eqxdiff.xla_cpu  # noqa: E402
 eqxdiff.xla_cpu.enable()
 
 import gc  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -404,7 +404,7 @@ def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_pa
 
 def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_path, monkeypatch):
     source = CaptionedDigitsSource(num_examples=100)  # the dataset's 20,000 examples would take seconds
-    monkeypatch.setattr(encode, "open_source", lambda spec, *args, **kwargs: source)
+    monkeypatch.setattr(encode, "open_dataset", lambda spec, *args, **kwargs: source)
     out = tmp_path / "latents"
     run_encode(out, "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--shard_size", 64)
     latents = LatentSource(out, "latents:x")

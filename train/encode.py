@@ -28,7 +28,6 @@ import collections
 import hashlib
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +35,10 @@ import equinox as eqx
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm import tqdm
 
 from eqxdiff.autoencoders import (
     TILING_MODES, auto_batch_size, check_autoencoder, describe_autoencoder, open_autoencoder, sha256_file, use_tiling,
 )  # fmt: skip
-from eqxdiff.data import Prefetch, open_source
 from eqxdiff.data.latents import (
     META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
     tokenizer_files_sha256, write_shard,
@@ -53,6 +50,7 @@ from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
 )  # fmt: skip
+from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
@@ -189,23 +187,16 @@ def read_example(source, g: int) -> dict:
     return {**example, "image": example["image"][:, ::-1]} if g >= n else example
 
 
-def host_batches(
-    source, indices: list[int], batch_size: int, pool: ThreadPoolExecutor, text: TextConditioning | None = None
-):
-    """(other fields, (uint8 images, tokens), rows) for consecutive runs of `indices`. With `text`, the
-    captions' tokens {"input_ids", "attention_mask"} (also kept in the other fields; else None). Images
-    and tokens are padded to batch_size by repeating the last row: every batch has one shape (one compile)."""
-    pad = lambda x: np.concatenate([x, np.repeat(x[-1:], batch_size - len(x), axis=0)])  # noqa: E731
-    for start in range(0, len(indices), batch_size):
-        examples = list(pool.map(lambda g: read_example(source, g), indices[start : start + batch_size]))
-        images = pad(np.stack([e["image"] for e in examples]))
-        others = [{k: v for k, v in e.items() if k != "image"} for e in examples]
-        tokens = None
-        if text is not None:
-            tokens = text.tokens([e["caption"] for e in examples])
-            others = [{**o, **{k: v[i] for k, v in tokens.items()}} for i, o in enumerate(others)]
-            tokens = {k: pad(v) for k, v in tokens.items()}
-        yield others, (images, tokens), len(examples)
+def split_examples(examples: list[dict], text: TextConditioning | None = None) -> tuple[list[dict], tuple]:
+    """(other fields of each example, (uint8 images, tokens)). With `text`, the captions' tokens
+    {"input_ids", "attention_mask"} (also kept in the other fields; else None)."""
+    images = np.stack([e["image"] for e in examples])
+    others = [{k: v for k, v in e.items() if k != "image"} for e in examples]
+    tokens = None
+    if text is not None:
+        tokens = text.tokens([e["caption"] for e in examples])
+        others = [{**o, **{k: v[i] for k, v in tokens.items()}} for i, o in enumerate(others)]
+    return others, (images, tokens)
 
 
 @eqx.filter_jit
@@ -255,10 +246,7 @@ def main(cfg: Config) -> None:
             raise SystemExit(str(e)) from e
     out = check_writable(cfg.out, "--out", folder=True)  # every process writes its shards there
     captions = bool(cfg.text_encoder)
-    try:
-        source = open_source(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
-        raise SystemExit(str(e)) from e
+    source = open_dataset(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
     if "image" not in source.fields:
         raise SystemExit(f"--dataset {cfg.dataset} has no image field to encode (fields: {sorted(source.fields)}).")
     if cfg.hflip_copies and cfg.dataset == "captioned_digits":
@@ -299,35 +287,25 @@ def main(cfg: Config) -> None:
     indices = [g for _, r in shards for g in r]
 
     fields = fields_from_meta(plan["fields"])
-    sharding = batch_sharding(mesh)
     records: list[bytes] = []
-    bar = tqdm(total=len(indices), unit="img", desc="encode", disable=process != 0, smoothing=0.1)
-    started = time.perf_counter()
 
-    def collect(others, rows, encoded) -> None:
-        """Bring one batch's moments (and encoded text) to the host; write every shard that is now complete."""
-        encoded = {k: np.asarray(v)[:rows] for k, v in encoded.items()}
+    def collect(others, encoded) -> None:
+        """Take one batch's moments (and encoded text); write every shard that is now complete."""
         for i, other in enumerate(others):
             records.append(record_bytes({**{k: v[i] for k, v in encoded.items()}, **other}, fields))
         while shards and len(records) >= len(shards[0][1]):
             k, r = shards.popleft()
             write_shard(out, k, num_shards, records[: len(r)])
             del records[: len(r)]
-        bar.update(rows)
 
-    batch = batch_size // processes
-    with ThreadPoolExecutor(8) as pool:
-        batches = host_batches(source, indices, batch, pool, text)
-        with Prefetch(batches, lambda b: (b[0], jax.device_put(b[1], sharding), b[2]), depth=2) as device_batches:
-            in_flight = collections.deque()  # one batch encodes while the previous one is collected
-            for others, (images, tokens), rows in device_batches:
-                tokens = None if text_encoder is None else tokens
-                in_flight.append((others, rows, encode_batch(vae, images, text_encoder, tokens, tiling)))
-                if len(in_flight) > 1:
-                    collect(*in_flight.popleft())
-            while in_flight:
-                collect(*in_flight.popleft())
-    bar.close()
+    def compute(inputs) -> dict:
+        images, tokens = inputs
+        return encode_batch(vae, images, text_encoder, None if text_encoder is None else tokens, tiling)
+
+    started = time.perf_counter()
+    run_offline(lambda g: read_example(source, g), indices, batch_size // processes,
+                lambda examples: split_examples(examples, text), compute, collect,
+                sharding=batch_sharding(mesh), desc="encode", progress=process == 0)  # fmt: skip
     elapsed = time.perf_counter() - started
 
     if processes > 1:

@@ -23,22 +23,19 @@ ignores): FID against it warns for samples of another size or a model of other d
 of (almost) one image repeated warn here already.
 """
 
-import collections
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
-from eqxdiff.data import Prefetch, open_source
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
 from eqxdiff.eval.fid import (
     KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
 )  # fmt: skip
 from eqxdiff.sharding import batch_sharding, make_mesh
+from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
@@ -70,15 +67,6 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.keep_features < 0:
         parser.error(f"--keep_features must be >= 0, got {cfg.keep_features}")
     return cfg
-
-
-def host_batches(source, indices: range, batch_size: int, pool: ThreadPoolExecutor):
-    """(uint8 images [batch_size, h, w, c], rows) for consecutive runs of `indices`; the last batch is
-    padded by repeating its last image (every batch has one shape: one compile), rows says how many are real."""
-    for start in range(0, len(indices), batch_size):
-        rows = indices[start : start + batch_size]
-        images = np.stack(list(pool.map(lambda g: source[g]["image"], rows)))
-        yield np.concatenate([images, np.repeat(images[-1:], batch_size - len(rows), axis=0)]), len(rows)
 
 
 def image_field(source):
@@ -124,34 +112,19 @@ def dataset_stats(
     stats = FeatureStats(feature_dim(features_fn, image.shape, local))
     n = len(source)
     indices = range(p * n // processes, (p + 1) * n // processes)
-    sharding = batch_sharding(mesh)
-    bar = tqdm(total=len(indices), unit="img", desc="fid stats", disable=not progress or p != 0, smoothing=0.1)
     started = time.perf_counter()
     done = 0  # rows of `indices` summed so far
 
-    def collect(features, rows: int) -> None:
+    def collect(_, features) -> None:
         nonlocal done
-        features = np.asarray(features)[:rows]
         stats.update(features)
         if keep is not None:
             keep.update(features, indices.start + done)
-        done += rows
-        bar.update(rows)
+        done += len(features)
 
-    with (
-        ThreadPoolExecutor(8) as pool,
-        Prefetch(
-            host_batches(source, indices, local, pool), lambda b: (jax.device_put(b[0], sharding), b[1]), depth=2
-        ) as device_batches,
-    ):
-        in_flight = collections.deque()  # one batch runs while the previous one is summed on the host
-        for images, rows in device_batches:
-            in_flight.append((rgb_features(features_fn, images), rows))
-            if len(in_flight) > 1:
-                collect(*in_flight.popleft())
-        while in_flight:
-            collect(*in_flight.popleft())
-    bar.close()
+    run_offline(lambda g: source[g]["image"], indices, local, lambda images: (None, np.stack(images)),
+                lambda images: rgb_features(features_fn, images), collect, sharding=batch_sharding(mesh),
+                desc="fid stats", progress=progress and p == 0)  # fmt: skip
     if progress and p == 0:
         print(f"{len(indices)} images of {source.spec} in {time.perf_counter() - started:.1f} s on process 0")
     return stats
@@ -162,10 +135,7 @@ def main(cfg: Config, features_fn=None) -> None:
     start_jax(cfg)
     if jax.process_index() == 0:  # the one that writes: its folder made (~/fid/) and tried before any image is read
         check_writable(cfg.out, "--out")
-    try:
-        source = open_source(cfg.dataset, cfg.image_size)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:  # a missing or unreadable dataset: one line
-        raise SystemExit(str(e)) from e
+    source = open_dataset(cfg.dataset, cfg.image_size)
     if features_fn is None:
         try:
             features_fn = load_inception(cfg.inception)

@@ -7,7 +7,8 @@ from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch
 from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records
 from eqxdiff.data.folder import UnreadableImagesError
-from eqxdiff.data.sources import ImageSource, describe_source, open_source, write_arrayrecord
+from eqxdiff.data.sources import ImageSource, describe_source, write_arrayrecord
+from eqxdiff.data.specs import open_source
 from eqxdiff.data.tokenized import TokenizedSource
 
 __all__ = [

@@ -1,5 +1,5 @@
 """`folder:PATH` datasets: image files on disk, one sub-folder per class or none (see
-eqxdiff/data/sources.py's module docstring), every file decoded once when the folder opens."""
+eqxdiff/data/specs.py's module docstring), every file decoded once when the folder opens."""
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -1,0 +1,71 @@
+"""`open_source(spec)`: the dataset a `--dataset` spec string names, as a record source
+(eqxdiff/data/sources.py says what every image source holds). It sits above the modules of each kind,
+which build on sources.py's records and digits, so that imports point down only.
+
+- `digits`: scikit-learn's bundled 1,797 handwritten digits, 10 classes, kept at their native
+  8×8×1 (the models handle 8×8; chosen for speed). Levels 0..16 are stretched to 0..255.
+  No captions (captions=True needs allow_uncaptioned: all "").
+- `npz:PATH`: arrays `images` (N, H, W, C) uint8 and optional `labels` (N,) int; stored size kept.
+  Captions: an optional `captions` (N,) numpy str array (`np.array(list_of_str)`).
+- `folder:PATH`: image files decoded with pillow. Class sub-folders (sorted names -> labels
+  0..K-1), or images directly in PATH (unlabeled). Opening decodes every file in full (JPEG at
+  its smallest DCT scale, which still reads all its data; in threads), so a non-image or truncated
+  file fails at once: one `UnreadableImagesError` lists them all, or, with `skip_bad_images`, they
+  are dropped and kept in `source.skipped` (eqxdiff/data/folder.py). The folder is L (1 channel)
+  when every readable file is grayscale, else RGB. Images are center-cropped to a square and resized to `image_size`.
+  Captions: a `.txt` beside each image or a `captions.jsonl` (`eqxdiff.data.captions`).
+- `arrayrecord:GLOB`: grain ArrayRecord files in the record format of eqxdiff/data/sources.py
+  (`write_arrayrecord` writes it). Channels come from the first record (L stays 1 channel, anything
+  else is RGB); crop/resize as for folders. Captions: the header's "caption".
+- `latents:DIR`: latents pre-encoded by train/encode.py (`eqxdiff.data.latents.LatentSource`:
+  fields `mean`, `logvar` float16, plus the encoded source's label; `image_shape` is the latent's).
+  `captions` does not apply: its fields are what the encode stored.
+- `captioned_digits`: two digits side by side, 8×16×1, always captioned, no label
+  (`eqxdiff.data.captioned_digits`).
+"""
+
+from pathlib import Path
+
+from eqxdiff.data.captioned_digits import CaptionedDigitsSource
+from eqxdiff.data.captions import missing_caption
+from eqxdiff.data.folder import FolderSource
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.data.sources import ArrayRecordSource, ArraySource, ImageSource, load_digits_source, load_npz
+
+SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
+
+
+def open_source(
+    spec: str,
+    image_size: int = 32,
+    *,
+    captions: bool = False,
+    allow_uncaptioned: bool = False,
+    skip_bad_images: bool = False,
+) -> ImageSource:
+    """Open the dataset named by `spec` (see the module docstring). `image_size` applies to
+    `folder:` and `arrayrecord:` (resize); digits stay 8×8, captioned_digits 8×16 and npz keeps its
+    stored size. `captions` adds the "caption" text field to image sources; a missing caption raises
+    naming the image unless `allow_uncaptioned` (then ""). `skip_bad_images` applies to `folder:`
+    only (other kinds ignore it): unreadable files are dropped (`source.skipped`) instead of raising
+    `UnreadableImagesError`. Missing paths raise FileNotFoundError and bad specs ValueError, here,
+    before any compile."""
+    kind, _, arg = spec.partition(":")
+    if image_size < 1:
+        raise ValueError(f"image_size must be >= 1, got {image_size}.")
+    if spec == "digits":
+        if captions and not allow_uncaptioned:
+            raise missing_caption("any image of digits (use --dataset captioned_digits for captioned digits)")
+        digits = load_digits_source()
+        return ArraySource(digits.images, digits.labels, spec, [""] * len(digits)) if captions else digits
+    if spec == "captioned_digits":
+        return CaptionedDigitsSource()
+    if kind == "npz" and arg:
+        return load_npz(Path(arg).expanduser(), spec, captions, allow_uncaptioned)
+    if kind == "folder" and arg:
+        return FolderSource(Path(arg).expanduser(), image_size, spec, captions, allow_uncaptioned, skip_bad_images)
+    if kind == "arrayrecord" and arg:
+        return ArrayRecordSource(arg, image_size, spec, captions, allow_uncaptioned)
+    if kind == "latents" and arg:
+        return LatentSource(Path(arg).expanduser(), spec)
+    raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")

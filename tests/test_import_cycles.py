@@ -1,0 +1,77 @@
+"""No two eqxdiff modules import each other, directly or round a loop (DESIGN.md: imports point down
+only). Read from the source with `ast`, so an import inside a function (which Python resolves only
+when it runs, and so never fails on a cycle) counts as much as one at the top."""
+
+import ast
+from pathlib import Path
+
+import eqxdiff
+
+PACKAGE = Path(eqxdiff.__file__).parent
+
+
+def module_names() -> dict[str, Path]:
+    """Every eqxdiff module by dotted name (a package by its own name, for its __init__.py)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("eqxdiff", *path.relative_to(PACKAGE).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def imported(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The eqxdiff modules a file's import statements name: `from a.b import c` is a.b.c when that is
+    a module, else a.b. (Importing a.b.c also runs a.b's __init__; that is Python's doing, not an
+    edge of this file.)"""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            named = {f"{node.module}.{alias.name}" for alias in node.names}
+            out |= {name if name in modules else node.module for name in named}
+    return {name for name in out if name in modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, and modules that import themselves
+    (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycles_finds_a_loop_and_nothing_else():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["e"]]
+
+
+def test_no_eqxdiff_module_imports_its_way_back_to_itself():
+    modules = module_names()
+    assert len(modules) > 50 and "eqxdiff.data.sources" in modules
+    graph = {name: imported(path, modules) for name, path in modules.items()}
+    assert "eqxdiff.data.captions" in graph["eqxdiff.data.sources"]  # the reader sees `from x import y`
+    assert not cycles(graph), "eqxdiff modules that import each other (round a loop): " + "; ".join(
+        " -> ".join(c) for c in cycles(graph)
+    )
