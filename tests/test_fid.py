@@ -181,7 +181,7 @@ def test_fid_stats_of_one_image_repeated_warn(tmp_path):
     assert (tmp_path / "s.npz").is_file()  # written all the same: the warning says what it is worth
 
 
-def test_flags_for_fid_are_checked_before_anything_loads(capsys):
+def test_flags_for_fid_are_checked_before_anything_loads(capsys, tmp_path):
     import main as train_main
     import sample
     from checks import check_eval  # train/checks.py
@@ -201,9 +201,12 @@ def test_flags_for_fid_are_checked_before_anything_loads(capsys):
     files = ["--fid_ref", "ref.npz", "--inception", "w.safetensors"]
     with pytest.raises(SystemExit, match="--eval_num must be >= 2"):
         check(*files, "--eval_num", "1")
-    with pytest.raises(SystemExit, match="train/sample.py --fid --prompts"):
-        check(*files, "--eval_num", "128", "--dataset", "captioned_digits")
     check(*files, "--eval_num", "100")  # not a multiple of --batch_size 64: the last batch is cut
+    # A text run is refused once its condition is known, before the FID network loads (w.safetensors
+    # does not exist) or anything compiles.
+    with pytest.raises(SystemExit, match="train/sample.py --fid --prompts"):
+        train_main.main(train_main.parse_config(["--eval_every", "100", *files, "--dataset", "captioned_digits",
+                                                 "--run_dir", str(tmp_path / "run")]))  # fmt: skip
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxtyping import install_import_hook
 from PIL import Image
 
 from eqxdiff.data import ImageSource, TokenizedSource, describe_source, open_source, stack_records
@@ -24,8 +23,7 @@ from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
 from eqxdiff.text import load_tokenizer
 from run_condition import run_condition, sample_prompts  # train/run_condition.py
 
-with install_import_hook("eqxdiff", "beartype.beartype"):  # conftest's hook does not list this module
-    from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
+from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
 
 import encode  # train/encode.py (conftest puts train/ on the path)
 import runs

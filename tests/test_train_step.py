@@ -17,6 +17,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from eqxdiff.data import open_source
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
+from eqxdiff.conditions import Labels
 from eqxdiff.nn import UNet
 from eqxdiff.nn.layers import Dense, Embedding
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -30,7 +31,7 @@ def prepare(batch, key):
     """train/main.py's prepare; the test-only field "poison" (0 or NaN per example) is added to x0."""
     batch = dict(batch)
     poison = batch.pop("poison")
-    out = train_main.prepare(batch, key, schedule=SCHEDULE, cond_dropout=0.1, null_cond=jnp.array([10]))
+    out = train_main.prepare(batch, key, schedule=SCHEDULE, cond_dropout=0.1, condition=Labels(10))
     return dict(out, x0=out["x0"] + poison[:, None, None, None])
 
 
