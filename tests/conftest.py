@@ -21,6 +21,13 @@ if XLA_CACHE != "off":
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+import sys  # noqa: E402
+
+# The checkout's root first on the path, as `python -m pytest` has it: a plain `pytest` (CI's) would
+# find the package through the editable install's own finder, which the hook below does not wrap,
+# and eqxdiff/__init__.py would go unchecked (tests/test_typecheck_hook.py).
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
 from jaxtyping import install_import_hook  # noqa: E402
 from typechecked import import_dependencies  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
 
@@ -49,7 +56,6 @@ import eqxdiff.xla_cpu  # noqa: E402
 eqxdiff.xla_cpu.enable()
 
 import gc  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -30,6 +30,7 @@ if __name__ == "__main__":
     script = Path(sys.argv[1]).resolve()
     sys.argv = [str(script), *sys.argv[2:]]
     sys.path.insert(0, str(script.parent))  # as `python script.py` would
+    sys.path.insert(1, str(Path(__file__).parent.parent))  # eqxdiff by the path finder the hook wraps (conftest.py)
     import_dependencies()
     with install_import_hook("eqxdiff", "beartype.beartype"):
         runpy.run_path(str(script), run_name="__main__")
