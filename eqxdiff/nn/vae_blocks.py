@@ -14,7 +14,7 @@ from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
 
 EPS = 1e-6
 # Queries per block of the mid-block attention: its logits are [chunk, n] at a time, never [n, n]
-# (a 1024² image's 128² latent has n = 16384 tokens: a full float32 matrix is 1 GiB per image).
+# (the full matrix grows with the square of the latent's pixels; BENCHMARKS.md "VAE memory per image").
 QUERY_CHUNK = 1024
 
 
