@@ -1,5 +1,5 @@
 """Sampling a trained model into host images, on every device of every process; latents
-decoded by their autoencoder."""
+decoded by their autoencoder (`generate_images`: both, through a run's codec)."""
 
 import functools
 from typing import Any
@@ -60,6 +60,35 @@ def generate(
     noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
     out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
     return np.asarray(multihost_utils.process_allgather(out, tiled=True))
+
+
+def generate_images(
+    model: Any,
+    codec: Any,
+    schedule: Schedule,
+    parameterization: Parameterization,
+    cond: Any,
+    num: int,
+    sample_shape: tuple[int, ...],
+    *,
+    mesh: Mesh,
+    steps: int,
+    method: str = "heun",
+    guidance: float = 1.0,
+    null_cond: Any = None,
+    seed: int = 0,
+    tiling: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
+    `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/codecs.py: pixels are the
+    images themselves, the same array; latents go through the autoencoder, `tiling` "auto" | "on" |
+    "off"). `guidance`: `generate`'s `cfg_scale`, the classifier-free guidance scale (1: none). Every
+    process calls it alike and gets all the images."""
+    drawn = generate(
+        model, schedule, parameterization, cond, num, sample_shape, mesh=mesh, steps=steps, method=method,
+        cfg_scale=guidance, null_cond=null_cond, seed=seed,
+    )  # fmt: skip
+    return codec.decode(drawn, mesh=mesh, tiling=tiling), drawn
 
 
 @eqx.filter_jit

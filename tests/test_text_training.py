@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import eqxdiff.generate
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.sharding import make_mesh
 from eqxdiff.text import load_tokenizer
@@ -55,21 +56,22 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     prompts = ["a 3 left of a 7", "nine then one"]
     import sample  # train/sample.py, in this process (its script runs: tests/test_multihost.py)
 
-    nulls = []  # the null condition sample.py guides against
+    nulls, scales = [], []  # the null condition sample.py guides against, and the guidance scale
 
     def generate(*args, null_cond=None, **kwargs):
         nulls.append(null_cond)
+        scales.append(kwargs["cfg_scale"])
         return real_generate(*args, null_cond=null_cond, **kwargs)
 
-    real_generate = sample.generate
-    monkeypatch.setattr(sample, "generate", generate)
+    real_generate = eqxdiff.generate.generate  # what sample.py's generate_images samples with
+    monkeypatch.setattr(eqxdiff.generate, "generate", generate)
     sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
-                                   "--cfg", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip
+                                   "--guidance", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip
     assert "two digits: left" in capsys.readouterr().out  # (3, 7) and (9, 1), read from the prompts
     with np.load(tmp_path / "s.npz") as saved:
         assert saved["images"].shape == (6, 8, 16, 1) and "labels" not in saved.files  # one prompt per image
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(3)]
-    # --cfg 3 guides against zeros in place of the hidden states and pooled vector of "", whose
+    # --guidance 3 guides against zeros in place of the hidden states and pooled vector of "", whose
     # encoding by the tower is not zero; the mask stays the one of "" (SDXL's zeroed empty prompt).
     (null,) = nulls
     assert not np.any(null["context"]) and not np.any(null["pooled"])
@@ -79,9 +81,11 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     np.testing.assert_array_equal(null["mask"], encoded["mask"])
     assert null["context"].shape == encoded["context"].shape and null["pooled"].shape == encoded["pooled"].shape
 
-    # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused).
+    # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused);
+    # --cfg, --guidance's older name, still given.
     sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
                                    "--cfg", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
+    assert scales == [3.0, 3.0]  # each flag overrides the run's --cfg_scale (1.5)
     from test_train_main import row_label_margin
 
     with Image.open(tmp_path / "s.png") as grid:

@@ -163,9 +163,9 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
 
     # sample.py restores the EMA weights, not the raw model's (its runs: tests/test_multihost.py,
     # tests/test_latent_training.py).
-    from sample import load_ema  # train/sample.py
+    from rebuild import load_run  # train/rebuild.py
 
-    ema, *_ = load_ema(tmp_path, -1, make_mesh(data=-1, fsdp=1))
+    ema = load_run(tmp_path, mesh=make_mesh(data=-1, fsdp=1)).ema
     on_disk = leaf_paths(saved_arrays(tmp_path, 20))
     restored = leaf_paths(eqx.filter(ema, eqx.is_array))
     assert restored and all(np.array_equal(v, on_disk[("ema", *k)]) for k, v in restored.items())
@@ -260,6 +260,7 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
     samples are the library's generate of step 12's EMA (read from the checkpoint's files) with labels
     3 and 7 and the Euler sampler, and the PNG holds them as tiles, a row per class."""
     import sample  # train/sample.py
+    from rebuild import load_run  # train/rebuild.py
 
     from eqxdiff.diffusion import parameterization_by_name, schedule_by_name
     from eqxdiff.generate import generate
@@ -275,7 +276,7 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
 
     # Step 12's EMA from its files, in the structure of a restored model (step 24's, the newest).
     mesh = make_mesh(data=-1, fsdp=1)
-    newest, *_ = sample.load_ema(eight_device_run, -1, mesh)
+    newest = load_run(eight_device_run, mesh=mesh).ema
     on_disk = leaf_paths(saved_arrays(eight_device_run, 12))
     assert any(not np.array_equal(v, on_disk[("ema", *k)]) for k, v in leaf_paths(newest).items())
     flat, treedef = jax.tree_util.tree_flatten_with_path(newest)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entries
 from tqdm import tqdm
 
@@ -43,8 +42,6 @@ from eqxdiff.diffusion import (
     schedule_by_name,
 )
 from eqxdiff.codecs import Latents, Pixels
-from eqxdiff.generate import generate
-from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -65,6 +62,7 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
+from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
@@ -246,15 +244,17 @@ def main(cfg: Config, features_fn=None) -> None:
     if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
         schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
+    # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
+    sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
+                    sample_shape=image_shape, mesh=mesh)  # fmt: skip
+    write_samples = functools.partial(write_sample_grid, **sampling, rows=sample_rows, row_labels=row_labels)
+    evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
-        from eqxdiff.eval.fid import chunk_seed, fid_of_samples, open_fid  # scipy: only here
-
-        try:  # FID sees images: a latent run's samples decoded
-            fid_images = codec.image_shape(image_shape)
-            fid_network, fid_reference = open_fid(cfg.inception, cfg.fid_ref, fid_images, features_fn,
-                                                  dataset=latent_config.get("image_dataset", cfg.dataset))  # fmt: skip
-        except (ValueError, FileNotFoundError) as e:
-            raise SystemExit(f"--eval_every: {e}") from e
+        fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
+        fid_network, fid_reference = open_eval_fid(cfg, fid_images, latent_config.get("image_dataset", cfg.dataset),
+                                                   features_fn)  # fmt: skip
+        evaluate = functools.partial(evaluate_fid, **sampling, num_classes=num_classes, network=fid_network,
+                                     reference=fid_reference)  # fmt: skip
 
     args = model_args(cfg.model, image_shape, condition)  # the network's constructor arguments, in each checkpoint
     if resume is not None:
@@ -309,38 +309,6 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
         tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
         compiling.result()  # a compile error surfaces here
-
-    def write_samples(step: int, state) -> None:
-        """Every process samples (the EMA is sharded over all of them); process 0 writes the PNG."""
-        cond, null_cond = condition.for_sampling(sample_rows, 10)  # ten images of each label or prompt
-        out = generate(
-            state.ema, schedule, parameterization, cond, len(sample_rows) * 10, image_shape, mesh=mesh, steps=cfg.sample_steps,
-            method=cfg.sample_method, cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=cfg.seed + step,
-        )  # fmt: skip
-        out = codec.decode(out, mesh=mesh)
-        if is_main:
-            path = save_image_grid(run_dir / "samples" / f"step_{step:06d}.png", out, ncols=10, upscale=4,
-                                   row_labels=row_labels)  # fmt: skip
-            tqdm.write(f"step {step}: samples -> {path}")
-
-    def evaluate(step: int, state) -> dict:
-        """FID of --eval_num EMA samples (every class alike, the same noise at every evaluation), and
-        precision/recall if --fid_ref keeps features, as eval/* metrics; --batch_size at a time (the last
-        batch padded: one sampler program)."""
-        cond, null_cond = condition.for_sampling(np.arange(cfg.eval_num) % max(num_classes, 1), 1)  # every class alike
-
-        def sample_chunk(start: int, size: int) -> np.ndarray:
-            rows = np.minimum(np.arange(start, start + cfg.batch_size), cfg.eval_num - 1)
-            out = generate(
-                state.ema, schedule, parameterization, jax.tree.map(lambda a: a[rows], cond),
-                cfg.batch_size, image_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method,
-                cfg_scale=cfg.cfg_scale, null_cond=null_cond, seed=chunk_seed(cfg.seed, start),
-            )  # fmt: skip
-            return to_uint8(codec.decode(out, mesh=mesh)[:size])
-
-        result = fid_of_samples(sample_chunk, cfg.eval_num, fid_network, fid_reference, chunk_size=cfg.batch_size,
-                                seed=cfg.seed)  # fmt: skip
-        return {f"eval/{name}": value for name, value in result.items() if name != "num"}
 
     def save_checkpoint(step: int, state) -> None:
         examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step

@@ -2,7 +2,7 @@
 
     python train/sample.py --run_dir runs/digits-unet --out samples.png
     python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
-    python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --cfg 4 --out g.png
+    python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --guidance 4 --out g.png
     python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception pt_inception-2015-12-05-6726825d.pth
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
@@ -13,20 +13,20 @@ the dataset's resolution and channels) and, one per image, `labels` (class-condi
 `prompts` (text-to-image runs); for a run on latents (train/encode.py) also `latents` (as the
 model drew them, before decoding), and the images are decoded with the autoencoder the
 checkpoint names. A text-to-image run samples `--per_prompt` images for each of `--prompts`,
-guided against the null text the run trained with; a captioned_digits run without `--prompts`
-draws that dataset's prompts, and `--eval` scores both digits of each sample (with `--prompts`
-too, when they are in that dataset's grammar). `--eval` scores digits and captioned_digits runs
+guided (`--guidance`, alias `--cfg`) against the null text the run trained with; a run on a dataset
+with its own scoring prompts (captioned_digits) draws those without `--prompts`, and `--eval` scores
+both digits of each sample (with `--prompts` too, when they are in that dataset's grammar). `--eval` scores digits and captioned_digits runs
 only; any other run is refused before anything loads.
 
 `--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
 are made `--batch_size` at a time on every device of every process and streamed through
 pytorch-fid's InceptionV3 (`--inception pt_inception-2015-12-05-6726825d.pth`), grayscale
 repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
-precision and recall when the statistics keep features, ref, sampler) appended to `--fid_out`.
+precision and recall when the statistics keep features, ref, sampler, guidance) appended to `--fid_out`.
 """
 
 import argparse
-import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -34,24 +34,20 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from main import Config, sigma_data  # train/ is on sys.path as a script
-from models import build_model, model_args
+from main import Config  # train/ is on sys.path as a script
 from outputs import check_writable
-from run_condition import condition_from_config, stored_condition
-from resume import checkpoint_steps, close_runs, saved_config
+from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
+from run_condition import stored_condition
 from startup import HelpFormatter, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
-from eqxdiff.codecs import codec_from_config
 from eqxdiff.conditions import TextCondition
-from eqxdiff.checkpoint import CheckpointError, Checkpoints
-from eqxdiff.data.captioned_digits import caption_digits, captioned_digits_prompts
-from eqxdiff.diffusion import METHODS, parameterization_by_name, schedule_by_name
-from eqxdiff.generate import generate
+from eqxdiff.checkpoint import CheckpointError
+from eqxdiff.data.specs import builtin_source
+from eqxdiff.diffusion import METHODS
+from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
-from eqxdiff.training import abstract_train_state, adamw_cosine
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
@@ -67,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default=None, choices=METHODS,
                         help="sampler (default: the run's --sample_method)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=18, help="sampler steps")
-    parser.add_argument("--cfg", type=float, default=None,
+    parser.add_argument("--guidance", "--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the sampler's noise")
     parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
@@ -143,67 +139,19 @@ def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[n
     return np.concatenate(tiles), ncols, labels
 
 
-def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
-    """(the step, the config train/main.py saved with it) of checkpoint `step` (< 0: the newest), read as
-    plain JSON before JAX starts; a missing run or step named in one line."""
-    saved = checkpoint_steps(run_dir)  # before orbax opens anything
-    if not saved:
-        close = close_runs(run_dir)  # a mistyped --run_dir
-        hint = f"did you mean {' or '.join(map(str, close))}? Else train" if close else "train"
-        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: {hint} first "
-                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
-    if step >= 0 and step not in saved:
-        raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
-    return saved_config(run_dir, step)
-
-
 def check_eval(stored: dict) -> None:
-    """--eval's scores are a digits classifier's: refused, before anything loads, for any other run."""
+    """--eval's scores are a digits classifier's: a class-conditional digits run's, or a text run's whose
+    dataset says which digits each prompt asks for (`prompt_digits`); any other run is refused before
+    anything loads."""
     dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
     kind = stored_condition(stored)["kind"]
-    scored = "digits" if kind in ("none", "labels") else "captioned_digits"
-    if dataset != scored or kind == "none":
+    if kind in ("none", "labels"):
+        scored = kind == "labels" and dataset == "digits"
+    else:
+        scored = hasattr(builtin_source(dataset), "prompt_digits")
+    if not scored:
         raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
                          f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
-
-
-def stored_codec(run_dir, stored: dict, mesh):
-    """The codec a checkpoint's config describes (before codecs were stored: its `autoencoder`, if any)."""
-    config = stored.get("codec") or ({"kind": "latents", "autoencoder": stored["autoencoder"]}
-                                     if "autoencoder" in stored else None)  # fmt: skip
-    try:
-        return codec_from_config(config, mesh=mesh)
-    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
-        raise SystemExit(f"{run_dir} decodes with the VAE {config['autoencoder']}, which cannot be read now ({e}); "
-                         "put it back there.") from e  # fmt: skip
-
-
-def load_ema(run_dir: str | Path, step: int, mesh) -> tuple:
-    """(EMA model, the run's Config, its stored config dict, the step, its condition) from a
-    checkpoint, the model rebuilt from the stored config and replicated over `mesh`; step < 0: the
-    newest."""
-    step, _ = stored_run(run_dir, step)
-    with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
-        stored = checkpoints.restore_config(step)
-        cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
-        config = stored_condition(stored)  # the condition the run trained with: its tower and null text
-        try:
-            condition = condition_from_config(config, mesh=mesh)
-        except (FileNotFoundError, ValueError) as e:  # the folders moved since training
-            raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
-                             f"now ({e}); put it back there.") from e  # fmt: skip
-
-        # The network as trained; a checkpoint from before `model_args` were stored: its MODELS entry now.
-        args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)
-
-        def make_model(key):
-            return build_model(args, False, key, condition)
-
-        # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
-        optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
-        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
-        state, _, _ = checkpoints.restore(step, abstract, shardings)
-    return state.ema, cfg, stored, step, condition
 
 
 def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
@@ -211,7 +159,7 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
-    `sample_images(num, cond, seed)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
+    `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
     `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
     `dataset`: the images the run trained on (statistics of others warn)."""
     # Imported here: scipy's import is start-up time the other paths need not pay.
@@ -227,7 +175,7 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     def sample_chunk(start: int, size: int) -> np.ndarray:
         rows = np.minimum(np.arange(start, start + chunk), args.num - 1)  # past the end: the last row again
         chunk_cond = None if cond is None else jax.tree.map(lambda a: a[rows], cond)
-        images, _ = sample_images(chunk, chunk_cond, chunk_seed(args.seed, start))
+        images, _ = sample_images(chunk_cond, chunk, seed=chunk_seed(args.seed, start))
         bar.update(size)
         return to_uint8(images[:size])
 
@@ -235,7 +183,7 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     bar.close()
     if jax.process_index() == 0:
         record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
-                  "cfg": args.cfg, "seed": args.seed}  # fmt: skip
+                  "guidance": args.guidance, "seed": args.seed}  # fmt: skip
         print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
                                  for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
         out = Path(args.fid_out or Path(args.run_dir) / "fid.jsonl")
@@ -260,49 +208,45 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
                      process_id=args.process_id))  # fmt: skip
     mesh = make_mesh(data=-1, fsdp=1)
-    ema, cfg, stored, step, condition = load_ema(args.run_dir, args.step, mesh)
-    args.cfg = cfg.cfg_scale if args.cfg is None else args.cfg  # the guidance of the run's own grids
-    image_shape, num_classes = tuple(stored["image_shape"]), stored["num_classes"]
-    image_dataset = stored.get("image_dataset", cfg.dataset)  # latents: the images they encode
+    run = load_run(args.run_dir, args.step, mesh=mesh)
+    args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
+    args.method = args.method or run.cfg.sample_method
+    scorer = builtin_source(run.image_dataset)  # a built-in dataset's class: its scoring prompts, or None
 
+    num_classes = run.stored["num_classes"]
     labels = balanced_labels(args.num, classes) if num_classes else None
     prompts, digits = None, None
-    if isinstance(condition, TextCondition):
+    if isinstance(run.condition, TextCondition):
         prompts = args.prompts
-        if prompts is None and image_dataset == "captioned_digits":
-            prompts, digits = captioned_digits_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
-            digits = np.repeat(digits, args.per_prompt, axis=0)
+        if prompts is None and hasattr(scorer, "scoring_prompts"):  # the dataset's own, with the digits they ask for
+            prompts, digits = scorer.scoring_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
         elif prompts is None:
             raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
-        elif args.eval and image_dataset == "captioned_digits":  # the digits each prompt asks for
+        elif args.eval:  # the digits each prompt asks for, in the dataset's grammar (check_eval)
             try:
-                digits = np.repeat(np.array([caption_digits(p) for p in prompts], np.int32), args.per_prompt, axis=0)
+                digits = scorer.prompt_digits(list(prompts))
             except ValueError as e:
                 raise SystemExit(f"--eval: {e}") from e
-        cond, null_cond = condition.for_sampling(list(prompts), args.per_prompt)
+        digits = None if digits is None else np.repeat(digits, args.per_prompt, axis=0)
+        cond, null_cond = run.condition.for_sampling(list(prompts), args.per_prompt)
         args.num = len(prompts) * args.per_prompt
     elif args.prompts:
-        raise SystemExit(f"--prompts: this run ({cfg.dataset}) was not trained on captions.")
+        raise SystemExit(f"--prompts: this run ({run.cfg.dataset}) was not trained on captions.")
     else:
-        cond, null_cond = condition.for_sampling(labels, 1)  # class runs: one image per label; else none
-    codec = stored_codec(args.run_dir, stored, mesh)
-    parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
-
-    def sample_images(num: int, cond, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """(images [num, h, w, c] in about [-1, 1], the latents they decode or None)."""
-        images = generate(
-            ema, schedule_by_name(cfg.schedule), parameterization, cond,
-            num, image_shape, mesh=mesh, steps=args.steps, method=args.method or cfg.sample_method,
-            cfg_scale=args.cfg, null_cond=null_cond, seed=seed,
-        )  # fmt: skip
-        decoded = codec.decode(images, mesh=mesh, tiling=args.vae_tiling)
-        return decoded, None if decoded is images else images
+        cond, null_cond = run.condition.for_sampling(labels, 1)  # class runs: one image per label; else none
+    # (cond, num, seed=) -> (images [num, h, w, c] in about [-1, 1], the samples as drawn: a latent run's latents)
+    sample_images = functools.partial(
+        generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
+        mesh=mesh, steps=args.steps, method=args.method, guidance=args.guidance, null_cond=null_cond,
+        tiling=args.vae_tiling,
+    )  # fmt: skip
 
     if args.fid:
-        args.method = args.method or cfg.sample_method  # recorded with the FID
-        measure_fid(args, step, mesh, sample_images, cond, codec.image_shape(image_shape), features_fn, image_dataset)
+        measure_fid(args, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), features_fn,
+                    run.image_dataset)  # fmt: skip
         return
-    images, latents = sample_images(args.num, cond, args.seed)
+    images, drawn = sample_images(cond, args.num, seed=args.seed)
+    step = run.step
     if jax.process_index() == 0:
         out = Path(args.out)
         if out.suffix == ".png" and prompts is None and labels is None:
@@ -322,24 +266,25 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
                 arrays["prompts"] = np.repeat(np.asarray(prompts, dtype=str), args.per_prompt)
             elif labels is not None:
                 arrays["labels"] = labels
-            np.savez(out, **arrays, **({} if latents is None else {"latents": latents}))
+            np.savez(out, **arrays, **({} if drawn is images else {"latents": drawn}))  # a latent run's, as drawn
         print(f"step {step}: {args.num} samples -> {out}")
         if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
 
-            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method or cfg.sample_method} {args.steps} "
-                      f"steps, guidance {args.cfg:g}, seed {args.seed}")  # fmt: skip
+            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method} {args.steps} steps, guidance "
+                      f"{args.guidance:g}, seed {args.seed}")  # fmt: skip
+            record = {"step": step, "num": args.num, "guidance": args.guidance, "seed": args.seed}  # --json's line
         if args.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
             if args.json:
-                print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
+                print(json.dumps({**record, **scores}))
             else:
                 print(f"{scored}\ntwo digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
                       + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)")  # fmt: skip
         elif args.eval:  # a digits run (check_eval)
             scores = digits_sample_metrics(to_uint8(images), labels)  # scored as saved: clipped
             if args.json:
-                print(json.dumps({"step": step, "num": args.num, "cfg": args.cfg, "seed": args.seed, **scores}))
+                print(json.dumps({**record, **scores}))
             else:
                 print(f"{scored}; real = held-out real digits scored the same way\n{format_metrics(scores)}")
 

@@ -76,6 +76,17 @@ class CaptionedDigitsSource:
     text_defaults = {"text_encoder": "scratch", "tokenizer": "captioned_digits"}
     hflip_keeps_meaning = False
 
+    @staticmethod
+    def scoring_prompts(num: int, seed: int = 0) -> tuple[list[str], Int32[np.ndarray, "n 2"]]:
+        """`num` prompts to score samples by and the (left, right) digits each asks for (`captioned_digits_prompts`)."""
+        return captioned_digits_prompts(num, seed)
+
+    @staticmethod
+    def prompt_digits(prompts: list[str]) -> Int32[np.ndarray, "n 2"]:
+        """The (left, right) digits each prompt asks for (`caption_digits`); a prompt outside the grammar
+        raises ValueError naming it."""
+        return np.array([caption_digits(p) for p in prompts], np.int32).reshape(len(prompts), 2)
+
     def sample_prompts(self, num: int) -> list[str]:
         """`num` captions of the grammar for sample grids (`captioned_digits_prompts`, seed 0)."""
         return captioned_digits_prompts(num, seed=0)[0]

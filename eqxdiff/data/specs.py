@@ -33,6 +33,14 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.sources import ArrayRecordSource, ArraySource, ImageSource, load_digits_source, load_npz
 
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
+# Datasets named without a path, by their spec: the class a run's scripts ask what the data offers (its
+# captions' scoring prompts, whether a flip keeps their meaning) and that `open_source` builds.
+BUILTIN_SOURCES = {"captioned_digits": CaptionedDigitsSource}
+
+
+def builtin_source(spec: str) -> type | None:
+    """The class of the built-in dataset `spec` names (a stored run's, say), or None for any other spec."""
+    return BUILTIN_SOURCES.get(spec)
 
 
 def open_source(
@@ -58,8 +66,8 @@ def open_source(
             raise missing_caption("any image of digits (use --dataset captioned_digits for captioned digits)")
         digits = load_digits_source()
         return ArraySource(digits.images, digits.labels, spec, [""] * len(digits)) if captions else digits
-    if spec == "captioned_digits":
-        return CaptionedDigitsSource()
+    if spec in BUILTIN_SOURCES:
+        return BUILTIN_SOURCES[spec]()
     if kind == "npz" and arg:
         return load_npz(Path(arg).expanduser(), spec, captions, allow_uncaptioned)
     if kind == "folder" and arg:

@@ -1,0 +1,101 @@
+"""A trained run rebuilt from its directory alone: `load_run(run_dir, step)` restores a checkpoint's EMA
+model with everything needed to sample it (its Config, codec, condition, schedule, parameterization,
+sample shape), as train/main.py stored them. Used by train/sample.py and the notebooks."""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jax.sharding import Mesh
+
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.codecs import codec_from_config
+from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
+from eqxdiff.training import abstract_train_state, adamw_cosine
+
+from main import Config, sigma_data  # train/ is on sys.path as a script
+from models import build_model, model_args
+from resume import checkpoint_steps, close_runs, saved_config
+from run_condition import condition_from_config, stored_condition
+
+
+@dataclass(frozen=True)
+class Run:
+    """A checkpoint of a train/main.py run, ready to sample."""
+
+    ema: Any  # the EMA model, replicated over the mesh it was loaded onto
+    cfg: Config  # the run's flags
+    stored: dict  # the config the checkpoint stores (Config's fields, image_shape, model_args, codec, condition, ...)
+    step: int
+    condition: Any  # eqxdiff/conditions.py: what the network is conditioned on, with its tower and null
+    codec: Any  # eqxdiff/codecs.py: what x0 is, and how samples decode to images
+    schedule: Schedule  # the run's noise schedule (its σ range and scale s(σ))
+    parameterization: Parameterization  # with the run's σ_data
+    image_shape: tuple[int, ...]  # one sample as the model draws it, [h, w, c] (a latent run: the latent's)
+    image_dataset: str  # the images it learned (a latent run: those its latents encode)
+    class_names: list[str] | None  # a folder's sub-folders (index = label), else None
+
+
+def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
+    """(the step, the config train/main.py saved with it) of checkpoint `step` (< 0: the newest), read as
+    plain JSON before JAX starts; a missing run or step named in one line."""
+    saved = checkpoint_steps(run_dir)  # before orbax opens anything
+    if not saved:
+        close = close_runs(run_dir)  # a mistyped --run_dir
+        hint = f"did you mean {' or '.join(map(str, close))}? Else train" if close else "train"
+        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: {hint} first "
+                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
+    if step >= 0 and step not in saved:
+        raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
+    return saved_config(run_dir, step)
+
+
+def stored_codec(run_dir: str | Path, stored: dict, mesh: Mesh):
+    """The codec a checkpoint's config describes (before codecs were stored: its `autoencoder`, if any)."""
+    config = stored.get("codec") or ({"kind": "latents", "autoencoder": stored["autoencoder"]}
+                                     if "autoencoder" in stored else None)  # fmt: skip
+    try:
+        return codec_from_config(config, mesh=mesh)
+    except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
+        raise SystemExit(f"{run_dir} decodes with the VAE {config['autoencoder']}, which cannot be read now ({e}); "
+                         "put it back there.") from e  # fmt: skip
+
+
+def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
+    """The condition a checkpoint's config describes (`stored_condition`: also one from before they were stored)."""
+    config = stored_condition(stored)
+    try:
+        return condition_from_config(config, mesh=mesh)
+    except (FileNotFoundError, ValueError) as e:  # the folders moved since training
+        raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
+                         f"now ({e}); put it back there.") from e  # fmt: skip
+
+
+def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh) -> Run:
+    """Checkpoint `step` (< 0: the newest) of `run_dir`: its EMA model rebuilt from the stored constructor
+    arguments (a checkpoint from before they were stored: its MODELS entry now) and replicated over `mesh`
+    (the run may have trained on another mesh); a run, step, tower or VAE that cannot be read is a
+    SystemExit naming it; a checkpoint that does not fit raises CheckpointError."""
+    step, _ = stored_run(run_dir, step)
+    with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
+        stored = checkpoints.restore_config(step)
+        cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+        condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
+        image_shape = tuple(stored["image_shape"])
+        args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
+
+        def make_model(key):
+            return build_model(args, False, key, condition)
+
+        # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
+        optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
+        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
+        state, _, _ = checkpoints.restore(step, abstract, shardings)
+    codec = stored_codec(run_dir, stored, mesh)
+    return Run(
+        ema=state.ema, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
+        schedule=schedule_by_name(cfg.schedule), parameterization=parameterization_by_name(cfg.parameterization,
+        sigma_data(cfg, codec)), image_shape=image_shape, image_dataset=stored.get("image_dataset", cfg.dataset),
+        class_names=stored.get("class_names"),
+    )  # fmt: skip
