@@ -416,7 +416,7 @@ def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_pat
     tokenized = TokenizedSource(with_captions, captioned_digits_tokenizer())
     want, _ = captioned_digits_tokenizer()([source[1]["caption"]])
     np.testing.assert_array_equal(tokenized[1]["input_ids"], want[0])
-    with pytest.raises(SystemExit, match="swap the digits"):
+    with pytest.raises(SystemExit, match="swap what captioned_digits.s captions place left and right"):  # the source says
         run_encode(tmp_path / "flipped", "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--hflip_copies")
 
 

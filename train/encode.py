@@ -100,9 +100,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
     return cfg
 
 
-def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, null_sha256: str = "") -> dict:
+def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str]) -> dict:
     """meta.json's content, known before anything is encoded (eqxdiff/data/latents.py lists the keys);
-    `null_sha256`: of null_text.npz, with `text`."""
+    `text`: what the encode stores of the captions (`ImagesOnly` or `Captions`), `files_sha256`: the
+    hashes of its files beside meta.json."""
     images = jax.ShapeDtypeStruct((1, *source.image_shape), np.float32)
     try:  # shapes only: a size the VAE's factor does not divide, or other channels, fail here
         mean, _ = eqx.filter_eval_shape(type(vae).encode, vae, images)
@@ -111,16 +112,9 @@ def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, nu
     latent = tuple(mean.shape[1:])
     latent_field = jax.ShapeDtypeStruct(latent, np.float16)
     fields = {"mean": latent_field, "logvar": latent_field, **{k: f for k, f in source.fields.items() if k != "image"}}
-    if text is not None:
-        tokens = jax.ShapeDtypeStruct((text.max_length,), np.int32)
-        fields |= {"input_ids": tokens, "attention_mask": tokens}
-        if cfg.encode_text:
-            width = text.encoder_width
-            fields |= {"context": jax.ShapeDtypeStruct((text.max_length, width), np.float16),
-                       "pooled": jax.ShapeDtypeStruct((width,), np.float16)}  # fmt: skip
     count = len(source) * (2 if cfg.hflip_copies else 1)
     meta = {
-        "fields": fields_to_meta(fields), "vae": describe_autoencoder(cfg.vae),
+        "fields": fields_to_meta(fields | text.fields()), "vae": describe_autoencoder(cfg.vae),
         # per channel (lists) for a VAE with latents_mean/latents_std
         "scaling_factor": np.asarray(vae.scaling_factor).tolist(),
         "shift_factor": np.asarray(vae.shift_factor).tolist(),
@@ -129,16 +123,7 @@ def plan_meta(cfg: Config, source, vae, text: TextConditioning | None = None, nu
         "source": source.spec, "image_shape": list(source.image_shape), "hflip_copies": cfg.hflip_copies,
         "class_names": getattr(source, "class_names", None) or None,  # a folder's sub-folders: grid rows, --classes
     }  # fmt: skip
-    if text is not None:  # no "text" key otherwise: encodes without text keep their bytes
-        resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
-        encoder, tokenizer = resolve(cfg.text_encoder), resolve(tokenizer_folder(cfg.text_encoder, cfg.tokenizer))
-        meta["text"] = {
-            "text_encoder": encoder, "weights_sha256": sha256_file(Path(encoder) / TEXT_WEIGHTS_FILE),
-            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(tokenizer),
-            "max_length": text.max_length, "null_text": text.null_text, "encoded": cfg.encode_text,
-            "null": {"file": NULL_FILE, "sha256": null_sha256},
-        }  # fmt: skip
-    return meta
+    return meta | text.meta(files_sha256)
 
 
 def identity(meta: dict) -> dict:
@@ -187,15 +172,13 @@ def read_example(source, g: int) -> dict:
     return {**example, "image": example["image"][:, ::-1]} if g >= n else example
 
 
-def split_examples(examples: list[dict], text: TextConditioning | None = None) -> tuple[list[dict], tuple]:
-    """(other fields of each example, (uint8 images, tokens)). With `text`, the captions' tokens
-    {"input_ids", "attention_mask"} (also kept in the other fields; else None)."""
+def split_examples(examples: list[dict], text) -> tuple[list[dict], tuple]:
+    """(other fields of each example, with the captions' tokens `text` stores, if any; (uint8 images,
+    those tokens {"input_ids", "attention_mask"}, or {}))."""
     images = np.stack([e["image"] for e in examples])
-    others = [{k: v for k, v in e.items() if k != "image"} for e in examples]
-    tokens = None
-    if text is not None:
-        tokens = text.tokens([e["caption"] for e in examples])
-        others = [{**o, **{k: v[i] for k, v in tokens.items()}} for i, o in enumerate(others)]
+    tokens = text.tokens(examples)
+    others = [{**{k: v for k, v in e.items() if k != "image"}, **{k: v[i] for k, v in tokens.items()}}
+              for i, e in enumerate(examples)]  # fmt: skip
     return others, (images, tokens)
 
 
@@ -226,11 +209,67 @@ def encode_batch(vae, images, text_encoder=None, tokens: dict | None = None, til
     return out if text_encoder is None else out | encode_text16(text_encoder, tokens)
 
 
-def open_text(cfg: Config, mesh) -> TextConditioning | None:
-    """The text side for --text_encoder DIR (the tower read into `mesh`'s layout), else None."""
+class ImagesOnly:
+    """An encode without --text_encoder stores the latents and the source's other fields (a captioned
+    source keeps its raw captions): no tokens, no "text" entry in meta.json, no file beside it."""
+
+    encoder = None  # no text tower runs next to the VAE
+
+    def fields(self) -> dict:
+        return {}
+
+    def tokens(self, examples: list[dict]) -> dict:
+        return {}
+
+    def files(self) -> dict[str, bytes]:
+        """The files written beside meta.json, by name."""
+        return {}
+
+    def meta(self, files_sha256: dict[str, str]) -> dict:
+        return {}  # encodes without text keep their bytes
+
+
+class Captions:
+    """--text_encoder DIR: each caption's tokens (input_ids, attention_mask), with --encode_text also the
+    tower's last hidden states ("context") and pooled vector, float16, encoded on the devices next to the
+    VAE; the null condition of guidance (--null_text) in null_text.npz beside meta.json."""
+
+    def __init__(self, cfg: Config, text: TextConditioning):
+        self.text, self.encode_text = text, cfg.encode_text
+        self.encoder = text.encoder if cfg.encode_text else None
+        resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
+        self.folders = resolve(cfg.text_encoder), resolve(tokenizer_folder(cfg.text_encoder, cfg.tokenizer))
+
+    def fields(self) -> dict:
+        tokens = jax.ShapeDtypeStruct((self.text.max_length,), np.int32)
+        fields = {"input_ids": tokens, "attention_mask": tokens}
+        if self.encode_text:
+            width = self.text.encoder_width
+            fields |= {"context": jax.ShapeDtypeStruct((self.text.max_length, width), np.float16),
+                       "pooled": jax.ShapeDtypeStruct((width,), np.float16)}  # fmt: skip
+        return fields
+
+    def tokens(self, examples: list[dict]) -> dict:
+        return self.text.tokens([e["caption"] for e in examples])
+
+    def files(self) -> dict[str, bytes]:
+        return {NULL_FILE: null_npz_bytes(self.text.encoded_null())}
+
+    def meta(self, files_sha256: dict[str, str]) -> dict:
+        encoder, tokenizer = self.folders
+        return {"text": {
+            "text_encoder": encoder, "weights_sha256": sha256_file(Path(encoder) / TEXT_WEIGHTS_FILE),
+            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(tokenizer),
+            "max_length": self.text.max_length, "null_text": self.text.null_text, "encoded": self.encode_text,
+            "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
+        }}  # fmt: skip
+
+
+def open_text(cfg: Config, mesh) -> ImagesOnly | Captions:
+    """What the encode stores of the captions: with --text_encoder DIR its tower read into `mesh`'s layout."""
     if not cfg.text_encoder:
-        return None
-    return open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh)
+        return ImagesOnly()
+    return Captions(cfg, open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh))
 
 
 def main(cfg: Config) -> None:
@@ -249,8 +288,8 @@ def main(cfg: Config) -> None:
     source = open_dataset(cfg.dataset, cfg.image_size, captions=captions, allow_uncaptioned=cfg.allow_uncaptioned)
     if "image" not in source.fields:
         raise SystemExit(f"--dataset {cfg.dataset} has no image field to encode (fields: {sorted(source.fields)}).")
-    if cfg.hflip_copies and cfg.dataset == "captioned_digits":
-        raise SystemExit("--hflip_copies would swap the digits that captioned_digits' captions place left and right.")
+    if cfg.hflip_copies and not getattr(source, "hflip_keeps_meaning", True):
+        raise SystemExit(f"--hflip_copies would swap what {cfg.dataset}'s captions place left and right.")
     process, processes = jax.process_index(), jax.process_count()
     image_hw = tuple(source.image_shape[:2])
     count = len(source) * (2 if cfg.hflip_copies else 1)
@@ -264,18 +303,16 @@ def main(cfg: Config) -> None:
         text = open_text(cfg, mesh)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(str(e)) from e
-    null = None if text is None else null_npz_bytes(text.encoded_null())
-    plan = plan_meta(cfg, source, vae, text, "" if null is None else hashlib.sha256(null).hexdigest())
     out.mkdir(parents=True, exist_ok=True)
+    files = text.files()  # beside meta.json: null_text.npz with captions
+    if any((out / name).is_file() for name in (META, PLAN)):  # an encode resumed: keep the files its plan names
+        files = {name: (out / name).read_bytes() if (out / name).is_file() else data for name, data in files.items()}
+    plan = plan_meta(cfg, source, vae, text, {name: hashlib.sha256(data).hexdigest() for name, data in files.items()})
     refuse_other_encode(out, plan)
-    if null is not None and (out / NULL_FILE).is_file() and any((out / name).is_file() for name in (META, PLAN)):
-        null = (out / NULL_FILE).read_bytes()  # this encode's, resumed: keep the file meta.json names
-        plan["text"]["null"]["sha256"] = hashlib.sha256(null).hexdigest()
     if process == 0:
-        if null is not None:
-            write_bytes(out / NULL_FILE, null)
+        for name, data in files.items():
+            write_bytes(out / name, data)
         write_json(out / PLAN, plan)
-    text_encoder = text.encoder if text is not None and cfg.encode_text else None
     tiling = use_tiling(cfg.vae_tiling, vae, image_hw)
 
     num_shards, size = plan["num_shards"], cfg.shard_size
@@ -300,7 +337,7 @@ def main(cfg: Config) -> None:
 
     def compute(inputs) -> dict:
         images, tokens = inputs
-        return encode_batch(vae, images, text_encoder, None if text_encoder is None else tokens, tiling)
+        return encode_batch(vae, images, text.encoder, tokens, tiling)
 
     started = time.perf_counter()
     run_offline(lambda g: read_example(source, g), indices, batch_size // processes,
