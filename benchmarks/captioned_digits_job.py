@@ -3,7 +3,7 @@
 (each an ordered pair of different digits, "a 3 left of a 7", "seven then three", ...) scored by
 the digits classifier on each 8×8 half (`eqxdiff.eval.two_digit_accuracy`), guided and unguided.
 
-    python benchmarks/captioned_digits_job.py --out /tmp/captioned_digits.json [--steps 500] [--cfg 1,1.5,4]
+    python benchmarks/captioned_digits_job.py --out /tmp/captioned_digits.json [--steps 500] [--guidance 1,1.5,4]
 
 The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with EDM's training ln σ centred at
 0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--cfg", default="1,1.5,4", help="guidance scales to sample at, comma-separated")
+    parser.add_argument("--guidance", "--cfg", default="1,1.5,4", help="guidance scales to sample at, comma-separated")
     parser.add_argument("--per_prompt", type=int, default=5, help="samples per prompt (90 prompts)")
     parser.add_argument("--run_dir", default="", help="keep the run here (default: a temporary folder)")
     parser.add_argument("--flags", default="", help="extra train/main.py flags, space-separated")
@@ -53,10 +53,10 @@ def main() -> None:
         result["time_to_first_step_s"] = startup["startup/time_to_first_step_s"]
         result["matmul_gflops"] = startup["startup/peak_flops_per_device"] / 1e9
         _, digits = captioned_digits_prompts(90, seed=0)
-        for scale in args.cfg.split(","):
+        for scale in args.guidance.split(","):
             out = run_dir / f"cfg_{scale}.npz"
             wall = run_script("sample.py", "--run_dir", run_dir, "--num", 90 * args.per_prompt, "--per_prompt",
-                              args.per_prompt, "--cfg", scale, "--out", out, quiet=False)  # fmt: skip
+                              args.per_prompt, "--guidance", scale, "--out", out, quiet=False)  # fmt: skip
             with np.load(out) as saved:
                 scores = two_digit_accuracy(saved["images"], np.repeat(digits, args.per_prompt, axis=0))
             result[f"cfg_{scale}"] = {**scores, "sample_wall_s": wall}

@@ -11,7 +11,7 @@ UNet then sees 4×4 latents, and is
 scored again as `--small_model` (default `unet_flat`, one level of 128 channels: a model for
 inputs that small). Every run is the default job (`python train/main.py`, same seed,
 steps and flags) with σ_data = 0.5 (these latents are the pixels rearranged, std unchanged);
-each is sampled with `train/sample.py --num 500 --cfg 1` (no guidance, 50 per class) and scored
+each is sampled with `train/sample.py --num 500 --guidance 1` (no guidance, 50 per class) and scored
 by `eqxdiff.eval.digits_sample_metrics`. Writes JSON: the machine record (benchmarks/harness.py),
 then per space the scorecard, train wall time and final loss.
 """
@@ -32,7 +32,7 @@ def train_and_score(run_dir: Path, steps: int, extra: list) -> dict:
 
     train_s = run_script("main.py", "--run_dir", run_dir, "--steps", steps, "--wandb", "disabled", "--sample_every", 0,
                          *extra, quiet=False)  # fmt: skip
-    run_script("sample.py", "--run_dir", run_dir, "--num", 500, "--cfg", 1, "--out", run_dir / "s.npz", quiet=False)
+    run_script("sample.py", "--run_dir", run_dir, "--num", 500, "--guidance", 1, "--out", run_dir / "s.npz", quiet=False)
     with np.load(run_dir / "s.npz") as saved:
         scores = digits_sample_metrics(saved["images"], saved["labels"])
     rows, _ = run_logs(run_dir)

@@ -10,6 +10,7 @@ import pytest
 import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 from eqxdiff.codecs import Latents, Pixels
 from eqxdiff.conditions import Labels, ScratchText
+from eqxdiff.data import CaptionedDigitsSource
 from eqxdiff.diffusion import EDMPreconditioning, VPSchedule
 from eqxdiff.sharding import make_mesh
 from rebuild import load_run  # train/rebuild.py
@@ -54,15 +55,30 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
 
 
 @pytest.mark.slow
-def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path):
-    """captioned_digits' scratch tower: causal, no pooled vector, the word tokenizer named by its dataset."""
-    train_here("--run_dir", tmp_path, *TINY, "--dataset", "captioned_digits", "--steps", 1)
-    run = load_run(tmp_path, mesh=make_mesh(data=-1, fsdp=1))
-    stored = stored_config(tmp_path, 1)
-    assert_ema_as_saved(run, tmp_path)
+def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path, capsys):
+    """captioned_digits' scratch tower: causal, no pooled vector, the word tokenizer named by its dataset.
+    sample.py on it asks the dataset for its scoring prompts (no --prompts) and a prompt's digits (--eval)."""
+    run_dir = tmp_path / "run"
+    train_here("--run_dir", run_dir, *TINY, "--dataset", "captioned_digits", "--steps", 1)
+    run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))
+    stored = stored_config(run_dir, 1)
+    assert_ema_as_saved(run, run_dir)
     assert isinstance(run.codec, Pixels) and stored["codec"] == {"kind": "pixels"}
     assert isinstance(run.condition, ScratchText) and run.condition.to_config() == stored["condition"]
     assert stored["condition"]["causal"] and not stored["condition"]["pooled"]
     assert stored["condition"]["tokenizer"] == "captioned_digits"
     assert run.parameterization == EDMPreconditioning(0.5) and run.image_shape == (8, 16, 1)
     assert run.image_dataset == "captioned_digits"
+
+    import sample  # train/sample.py
+
+    flags = ["--run_dir", str(run_dir), "--steps", "1", "--per_prompt", "2", "--eval", "--json"]
+    capsys.readouterr()
+    sample.main(sample.parse_args([*flags, "--num", "6", "--seed", "3", "--out", str(tmp_path / "s.npz")]))
+    scores = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert scores["num"] == 6 and scores["guidance"] == run.cfg.cfg_scale and 0 <= scores["both"] <= 1
+    prompts, _ = CaptionedDigitsSource.scoring_prompts(3, seed=3)  # the dataset's own: 6 // 2 prompts, --seed's
+    with np.load(tmp_path / "s.npz") as saved:
+        assert list(saved["prompts"]) == [p for p in prompts for _ in range(2)]
+    with pytest.raises(SystemExit, match="--eval: 'a cat' is not a captioned_digits caption"):  # asked, refused
+        sample.main(sample.parse_args([*flags, "--prompts", "a 3 left of a 7", "a cat", "--out", str(tmp_path / "t.npz")]))

@@ -43,7 +43,8 @@ from startup import HelpFormatter, exit_on_user_error, start_jax
 from eqxdiff.autoencoders import TILING_MODES
 from eqxdiff.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError
-from eqxdiff.data.specs import builtin_source
+from eqxdiff.data import open_source
+from eqxdiff.data.specs import BUILTIN_SOURCES
 from eqxdiff.diffusion import METHODS
 from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
@@ -139,6 +140,12 @@ def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[n
     return np.concatenate(tiles), ncols, labels
 
 
+def builtin_dataset(name: str):
+    """The built-in dataset `name` names (eqxdiff/data/specs.py's BUILTIN_SOURCES), opened to ask what it offers
+    (captioned_digits: its scoring prompts and the digits a prompt asks for); None for any other (a folder...)."""
+    return open_source(name) if name in BUILTIN_SOURCES else None
+
+
 def check_eval(stored: dict) -> None:
     """--eval's scores are a digits classifier's: a class-conditional digits run's, or a text run's whose
     dataset says which digits each prompt asks for (`prompt_digits`); any other run is refused before
@@ -148,7 +155,7 @@ def check_eval(stored: dict) -> None:
     if kind in ("none", "labels"):
         scored = kind == "labels" and dataset == "digits"
     else:
-        scored = hasattr(builtin_source(dataset), "prompt_digits")
+        scored = hasattr(builtin_dataset(dataset), "prompt_digits")
     if not scored:
         raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
                          f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
@@ -211,20 +218,20 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     run = load_run(args.run_dir, args.step, mesh=mesh)
     args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
     args.method = args.method or run.cfg.sample_method
-    scorer = builtin_source(run.image_dataset)  # a built-in dataset's class: its scoring prompts, or None
+    dataset = builtin_dataset(run.image_dataset)  # asked for its scoring prompts; None: not built in
 
     num_classes = run.stored["num_classes"]
     labels = balanced_labels(args.num, classes) if num_classes else None
     prompts, digits = None, None
     if isinstance(run.condition, TextCondition):
         prompts = args.prompts
-        if prompts is None and hasattr(scorer, "scoring_prompts"):  # the dataset's own, with the digits they ask for
-            prompts, digits = scorer.scoring_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
+        if prompts is None and hasattr(dataset, "scoring_prompts"):  # the dataset's own, with the digits they ask for
+            prompts, digits = dataset.scoring_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
         elif prompts is None:
             raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
         elif args.eval:  # the digits each prompt asks for, in the dataset's grammar (check_eval)
             try:
-                digits = scorer.prompt_digits(list(prompts))
+                digits = dataset.prompt_digits(list(prompts))
             except ValueError as e:
                 raise SystemExit(f"--eval: {e}") from e
         digits = None if digits is None else np.repeat(digits, args.per_prompt, axis=0)
