@@ -38,7 +38,7 @@ import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import CLIPTextModel
-from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -112,23 +112,13 @@ def main() -> None:
         result.update(rates(alternate(sides, args.rounds), args.batch * args.calls, "prompts"))
         peer.close()
 
-    report(
-        "clip_text_vs_transformers",
-        {
-            "torch_peer": {
-                "python": args.torch_python,
-                "threads": torch_load["threads"],
-                "attention": torch_load["attention"],
-                **torch_load["versions"],
-            },
-            "config": config,
-            "params": {"torch": params, "eqxdiff": eqx_params},
-            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-            "quick": args.quick,
-            "result": result,
-            "note": "ratio = eqxdiff / torch prompts/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-        },
-    )
+    peer_report("clip_text_vs_transformers", args.torch_python, torch_load, "prompts", {
+        "config": config,
+        "params": {"torch": params, "eqxdiff": eqx_params},
+        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+        "quick": args.quick,
+        "result": result,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

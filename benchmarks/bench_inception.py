@@ -56,7 +56,7 @@ import numpy as np
 from eqxdiff import xla_cpu
 from eqxdiff.eval import InceptionV3
 from eqxdiff.eval.fid import rgb_features
-from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -134,18 +134,13 @@ def main() -> None:
             results.append(run_size(args, peer, net, tmp, size, rng))
         peer.close()
 
-    report(
-        "inception_vs_pytorch_fid",
-        {
-            "torch_peer": {"python": args.torch_python, "threads": build["threads"], **build["versions"]},
-            "dtype": "fp32",
-            "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
-            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
-            "quick": args.quick,
-            "results": results,
-            "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-        },
-    )
+    peer_report("inception_vs_pytorch_fid", args.torch_python, build, "images", {
+        "dtype": "fp32",
+        "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
+        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
+        "quick": args.quick,
+        "results": results,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ import numpy as np
 
 from eqxdiff import xla_cpu
 from eqxdiff.nn import AutoencoderKL
-from harness import alternate, call_seconds, compile_and_first_call, param_count, rates, report
+from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
 
 xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
@@ -181,18 +181,13 @@ def main() -> None:
                     results.append(run_config(args, peer, vaes, tmp, op, size, dtype, rng))
         peer.close()
 
-    report(
-        "vae_vs_diffusers",
-        {
-            "torch_peer": {"python": args.torch_python, "threads": torch_load["threads"], **torch_load["versions"]},
-            "config": config,
-            "params": {"torch": params, "eqxdiff": eqx_params},
-            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-            "quick": args.quick,
-            "results": results,
-            "note": "ratio = eqxdiff / torch images/s (> 1 favours eqxdiff); rounds alternate, one side at a time",
-        },
-    )
+    peer_report("vae_vs_diffusers", args.torch_python, torch_load, "images", {
+        "config": config,
+        "params": {"torch": params, "eqxdiff": eqx_params},
+        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+        "quick": args.quick,
+        "results": results,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

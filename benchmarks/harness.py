@@ -9,6 +9,7 @@ and runs of the train scripts in fresh processes.
   `call_seconds` times back-to-back calls; `compile_and_first_call` times both apart; `alternate`
   runs timed rounds of several sides in turn, so drift hits each alike; `rates` turns two sides'
   round seconds into items/s and their ratios; `param_count` counts a model's parameters.
+- `peer_report` is `report` for a run against a torch peer (benchmarks/torch_peer.py).
 - `run_script` / `run_logs` run `train/*.py` as a user would and read its run directory.
 
 JAX is imported inside the functions that need it: a benchmark that drives train scripts in
@@ -74,6 +75,15 @@ def machine_record(packages: Iterable[str] = PACKAGES) -> dict:
 def report(bench: str, result: dict, packages: Iterable[str] = PACKAGES) -> None:
     """Print the benchmark's one JSON line: its name, the machine record, then its own figures."""
     print(json.dumps({"bench": bench, **machine_record(packages), **result}), flush=True)
+
+
+def peer_report(bench: str, peer_python: str, peer_info: dict, unit: str, result: dict) -> None:
+    """`report` for a side-by-side run against a torch peer (benchmarks/torch_peer.py): the peer's python,
+    threads, attention kernel (if it says) and versions, then `result`, then how to read its ratios."""
+    peer = {"python": peer_python, "threads": peer_info["threads"],
+            **({"attention": peer_info["attention"]} if "attention" in peer_info else {}), **peer_info["versions"]}  # fmt: skip
+    note = f"ratio = eqxdiff / torch {unit}/s (> 1 favours eqxdiff); rounds alternate, one side at a time"
+    report(bench, {"torch_peer": peer, **result, "note": note})
 
 
 def steps_in_flight(step: Callable, state, batches: Iterable, *extra):

@@ -3,10 +3,14 @@
 Specs (`open_autoencoder`):
 
 - `space_to_depth:F`: `eqxdiff.nn.SpaceToDepth(F)`, exact and weightless (scale 1, shift 0);
-- `PATH`: a diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model.safetensors, or
+- `PATH`: a diffusers autoencoder folder (config.json + diffusion_pytorch_model.safetensors, or
   the shards its `.safetensors.index.json` lists), e.g. the `vae/` folder of a Stable Diffusion
-  checkpoint. A folder holding only a variant (`.fp16.safetensors`) is named as such: load it with
+  checkpoint, read by the port its config's `_class_name` names in DIFFUSERS_AUTOENCODERS. A folder
+  holding only a variant (`.fp16.safetensors`) is named as such: load it with
   `AutoencoderKL.from_diffusers(folder, variant="fp16")`, or save it plainly.
+
+A new autoencoder is a module with the `Autoencoder` protocol's members and a `from_diffusers(folder,
+*, mesh)`, and one entry in DIFFUSERS_AUTOENCODERS.
 
 A diffusion model sees `(mean + exp(logvar / 2)·ε - shift_factor) · scaling_factor`; samples are
 decoded with `decode(z / scaling_factor + shift_factor)`.
@@ -18,6 +22,7 @@ The peak memory behind both numbers is in BENCHMARKS.md ("VAE memory per image")
 """
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -31,7 +36,10 @@ PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 25
 MAX_AUTO_BATCH = 256  # small images: more rows per call buy little and pad a small dataset's last batch
 TILING_ABOVE = 768 * 768  # auto tiling: 1024² and larger images go tile by tile, 512² and smaller whole
 TILING_MODES = ("auto", "on", "off")
-SPEC_FORMS = f"space_to_depth:F (F an integer >= 1), or a diffusers AutoencoderKL folder (config.json + {WEIGHTS_FILE})"
+# A diffusers folder's config.json `_class_name` -> the port that reads it (`from_diffusers(folder, *, mesh)`).
+DIFFUSERS_AUTOENCODERS = {"AutoencoderKL": AutoencoderKL}
+SPEC_FORMS = (f"space_to_depth:F (F an integer >= 1), or a diffusers autoencoder folder (config.json + {WEIGHTS_FILE}) "
+              f"of a class in eqxdiff.autoencoders.DIFFUSERS_AUTOENCODERS ({', '.join(DIFFUSERS_AUTOENCODERS)})")  # fmt: skip
 _HASH_CHUNK = 1 << 20  # bytes read at a time: a large VAE file is never held whole
 
 
@@ -60,8 +68,9 @@ def _space_to_depth_factor(spec: str) -> int | None:
     return int(arg)
 
 
-def _folder(spec: str) -> Path:
-    """The absolute diffusers folder a spec names; raises if it does not hold a VAE."""
+def _folder(spec: str) -> tuple[Path, type]:
+    """(the absolute diffusers folder a spec names, the port that reads it); raises if it does not hold an
+    autoencoder of DIFFUSERS_AUTOENCODERS."""
     path = Path(spec).expanduser().resolve()
     if not path.exists():  # most often a typo: said plainly, before what a folder should hold
         raise FileNotFoundError(f"Autoencoder {spec!r}: {path} does not exist; the accepted forms are {SPEC_FORMS}.")
@@ -71,11 +80,18 @@ def _folder(spec: str) -> Path:
             f"the accepted forms are {SPEC_FORMS}."
         )
     try:
+        kind = json.loads((path / "config.json").read_text()).get("_class_name", "AutoencoderKL")
+    except (json.JSONDecodeError, AttributeError) as e:  # not JSON, or not an object
+        raise ValueError(f"Autoencoder {spec!r}: {path / 'config.json'} is not a diffusers config ({e}).") from e
+    if kind not in DIFFUSERS_AUTOENCODERS:
+        raise ValueError(f"Autoencoder {spec!r}: {path} holds a diffusers {kind}, which eqxdiff has no port of; "
+                         f"the accepted forms are {SPEC_FORMS}.")  # fmt: skip
+    try:
         weight_files(path, WEIGHTS_FILE)
     except (FileNotFoundError, ValueError) as e:  # no plain weights (a variant's only), or them twice
         raise type(e)(f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder ({e}); "
                       f"the accepted forms are {SPEC_FORMS}.") from e  # fmt: skip
-    return path
+    return path, DIFFUSERS_AUTOENCODERS[kind]
 
 
 def check_autoencoder(spec: str) -> None:
@@ -91,7 +107,8 @@ def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:
     factor = _space_to_depth_factor(spec)
     if factor is not None:
         return SpaceToDepth(factor)
-    return AutoencoderKL.from_diffusers(_folder(spec), mesh=mesh)
+    path, port = _folder(spec)
+    return port.from_diffusers(path, mesh=mesh)
 
 
 def sha256_file(path: Path | list[Path]) -> str:
@@ -109,7 +126,7 @@ def describe_autoencoder(spec: str) -> dict:
     the hash of its weights file (of its shards' bytes in order), both None for a weightless autoencoder."""
     if _space_to_depth_factor(spec) is not None:
         return {"spec": spec, "path": None, "weights_sha256": None}
-    path = _folder(spec)
+    path, _ = _folder(spec)
     return {"spec": spec, "path": str(path), "weights_sha256": sha256_file(weight_files(path, WEIGHTS_FILE))}
 
 

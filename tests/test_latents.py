@@ -23,7 +23,7 @@ from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
 from eqxdiff.text import load_tokenizer
 from run_condition import run_condition, sample_prompts  # train/run_condition.py
 
-from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder
+from eqxdiff.autoencoders import Autoencoder, check_autoencoder, describe_autoencoder, open_autoencoder
 
 import encode  # train/encode.py (conftest puts train/ on the path)
 import runs
@@ -236,6 +236,33 @@ def test_autoencoder_specs(tmp_path):
         open_autoencoder(str(SD_LIKE.parent / "nothing"))
     with pytest.raises(FileNotFoundError, match="not a diffusers VAE folder.*space_to_depth:F"):
         open_autoencoder(str(SD_LIKE.parent))  # a folder, not a VAE's
+
+
+def test_a_diffusers_autoencoder_is_read_by_the_port_its_class_names(tmp_path, monkeypatch):
+    """A folder's config `_class_name` picks the port (one entry in DIFFUSERS_AUTOENCODERS); a class with
+    no port is refused by name, by the check scripts make before their data as by the open."""
+    import eqxdiff.autoencoders as autoencoders
+
+    tiny = tmp_path / "vae"
+    shutil.copytree(SD_LIKE, tiny)
+    config = json.loads((tiny / "config.json").read_text())
+    (tiny / "config.json").write_text(json.dumps(dict(config, _class_name="AutoencoderTiny")))
+    for call in (open_autoencoder, check_autoencoder, describe_autoencoder):
+        with pytest.raises(ValueError, match=r"holds a diffusers AutoencoderTiny, which eqxdiff has no port of"):
+            call(str(tiny))
+
+    read = []
+
+    class TinyPort:  # the one edit a new autoencoder needs, beside its module
+        @staticmethod
+        def from_diffusers(folder, *, mesh=None):
+            read.append((folder, mesh))
+            return SpaceToDepth(2)  # any module with the Autoencoder protocol
+
+    monkeypatch.setitem(autoencoders.DIFFUSERS_AUTOENCODERS, "AutoencoderTiny", TinyPort)
+    check_autoencoder(str(tiny))
+    assert read == []  # the check reads no weights
+    assert open_autoencoder(str(tiny)) == SpaceToDepth(2) and read == [(tiny.resolve(), None)]
     with pytest.raises(SystemExit, match=r"space_to_depth:3 cannot encode the images of digits.*divisible by 3"):
         run_encode(tmp_path, "--dataset", "digits", "--vae", "space_to_depth:3")
 

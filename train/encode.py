@@ -60,7 +60,7 @@ PLAN = "encode.json"  # the meta.json to be, written at the start: a restart wit
 @dataclass
 class Config:
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
-    vae: str = ""  # space_to_depth:F | a diffusers AutoencoderKL folder
+    vae: str = ""  # space_to_depth:F | a diffusers autoencoder folder (AutoencoderKL: SD, SDXL, SD3, FLUX)
     out: str = ""  # the latent folder (created)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this
     batch_size: int = 0  # global, per call (each process batch_size / num_processes); 0: from the image size
