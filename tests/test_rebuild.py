@@ -46,7 +46,8 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
     run = load_run(run_dir, 1, mesh=make_mesh(data=-1, fsdp=1))  # not the newest
     assert run.step == 1 and run.stored == stored and run.cfg.model == "unet_tiny" and run.cfg.steps == 2
     assert_ema_as_saved(run, run_dir)
-    assert isinstance(run.codec, Latents) and run.codec.to_config() == {"kind": "latents", "autoencoder": "space_to_depth:2"}
+    assert isinstance(run.codec, Latents) and run.codec.to_config() == stored["codec"] == {
+        "kind": "latents", "autoencoder": "space_to_depth:2"}  # fmt: skip
     assert isinstance(run.condition, Labels) and run.condition.to_config() == stored["condition"] == {
         "kind": "labels", "num_classes": 10}  # fmt: skip
     assert run.schedule == VPSchedule.cosine() and run.parameterization == EDMPreconditioning(0.7)  # as trained
@@ -81,4 +82,5 @@ def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path, capsys):
     with np.load(tmp_path / "s.npz") as saved:
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(2)]
     with pytest.raises(SystemExit, match="--eval: 'a cat' is not a captioned_digits caption"):  # asked, refused
-        sample.main(sample.parse_args([*flags, "--prompts", "a 3 left of a 7", "a cat", "--out", str(tmp_path / "t.npz")]))
+        sample.main(sample.parse_args([*flags, "--prompts", "a 3 left of a 7", "a cat", "--out",
+                                       str(tmp_path / "t.npz")]))  # fmt: skip

@@ -15,8 +15,8 @@ model drew them, before decoding), and the images are decoded with the autoencod
 checkpoint names. A text-to-image run samples `--per_prompt` images for each of `--prompts`,
 guided (`--guidance`, alias `--cfg`) against the null text the run trained with; a run on a dataset
 with its own scoring prompts (captioned_digits) draws those without `--prompts`, and `--eval` scores
-both digits of each sample (with `--prompts` too, when they are in that dataset's grammar). `--eval` scores digits and captioned_digits runs
-only; any other run is refused before anything loads.
+both digits of each sample (with `--prompts` too, when they are in that dataset's grammar). `--eval`
+scores digits and captioned_digits runs only; any other run is refused before anything loads.
 
 `--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
 are made `--batch_size` at a time on every device of every process and streamed through
