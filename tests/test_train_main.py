@@ -237,7 +237,7 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, monk
                                        "16", "--seed", "0", "--fid", str(tmp_path / "ref.npz"), "--inception", "unused",
                                        "--fid_out", str(out)]), features_fn=projection)  # fmt: skip
     (line,) = [json.loads(s) for s in out.read_text().splitlines()]
-    assert line["step"] == 3 and line["num"] == 20
+    assert line["step"] == 3 and line["num"] == 20 and line["guidance"] == train_main.Config().cfg_scale  # the run's
     for key in ("fid", "precision", "recall"):
         assert line[key] == pytest.approx(evals[-1][f"eval/{key}"], rel=1e-6), key
 
