@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.sharding import placement
 
 PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 256 of 32² per VAE call
 MAX_AUTO_BATCH = 256  # small images: more rows per call buy little and pad a small dataset's last batch
@@ -91,7 +92,7 @@ def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:
     factor = _space_to_depth_factor(spec)
     if factor is not None:
         return SpaceToDepth(factor)
-    return AutoencoderKL.from_diffusers(_folder(spec), mesh=mesh)
+    return AutoencoderKL.from_diffusers(_folder(spec), place=None if mesh is None else placement(mesh))
 
 
 def sha256_file(path: Path | list[Path]) -> str:

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.sharding import placement
 from eqxdiff.text.tokenizer import TextTokenizer, load_tokenizer
 
 NULL_TEXTS = ("empty", "zeros")
@@ -162,7 +163,8 @@ def open_text_conditioning(
             "eos_token_id": eos,
         }
         return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
-    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), mesh=mesh, min_size=min_size)
+    place = None if mesh is None else placement(mesh, min_size)
+    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), place=place)
     vocab, rows = tokenizer.tokenizer.get_vocab_size(), encoder.embeddings.token_embedding.weight.shape[0]
     if vocab > rows:  # an id past the table would be clamped inside jit, silently
         raise ValueError(
