@@ -36,11 +36,12 @@ def test_encoded_text_is_a_typed_condition_and_its_null_one_row_of_it():
     """The step reads the stored float16 records as TextCond(context, mask, pooled) in float32; dropout
     puts the one-row null in whole; a dict null (the format of files, not of the step) is refused by the
     constructor's annotation (checked in tests)."""
-    null = TextCond(np.full((1, 4, 3), -1, np.float32), np.asarray([[1, 1, 0, 0]], np.int32), np.full((1, 3), -2, np.float32))
+    null = TextCond(np.full((1, 4, 3), -1, np.float32), np.asarray([[1, 1, 0, 0]], np.int32),
+                    np.full((1, 3), -2, np.float32))  # fmt: skip
     condition = EncodedText(None, null)
     rng = np.random.default_rng(0)
-    batch = {"context": rng.normal(size=(2, 4, 3)).astype(np.float16), "pooled": rng.normal(size=(2, 3)).astype(np.float16),
-             "attention_mask": np.asarray([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32)}  # fmt: skip
+    half = lambda *shape: rng.normal(size=shape).astype(np.float16)  # noqa: E731 — as records store them
+    batch = {"context": half(2, 4, 3), "pooled": half(2, 3), "attention_mask": np.asarray([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32)}
     frozen = condition.frozen()
     cond = condition.cond(batch, frozen)
     assert isinstance(cond, TextCond) and condition.null(frozen) is null and condition.null(None) is null
@@ -51,7 +52,8 @@ def test_encoded_text_is_a_typed_condition_and_its_null_one_row_of_it():
     kept, dropped = (drop_condition(jax.random.key(0), cond, p, null) for p in (0.0, 1.0))
     for name in ("context", "mask", "pooled"):
         np.testing.assert_array_equal(getattr(kept, name), getattr(cond, name))
-        np.testing.assert_array_equal(getattr(dropped, name), np.broadcast_to(getattr(null, name), getattr(cond, name).shape))
+        want = np.broadcast_to(getattr(null, name), getattr(cond, name).shape)
+        np.testing.assert_array_equal(getattr(dropped, name), want)
     with pytest.raises(TypeError, match="parameter 'null'"):
         EncodedText(None, null.as_dict())
 

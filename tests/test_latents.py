@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eqxdiff.data import ImageSource, TokenizedSource, describe_source, open_source, stack_records
+from eqxdiff.data import ImageSource, TokenizedSource, describe_source, load_tokenizer, open_source, stack_records
 from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_tokenizer
 from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
 from eqxdiff.data.records import TextField
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth, TextCond
-from eqxdiff.text import load_tokenizer
 from run_condition import run_condition, sample_prompts  # train/run_condition.py
 
 from eqxdiff.autoencoders import Autoencoder, describe_autoencoder, open_autoencoder

@@ -145,7 +145,7 @@ def test_wrong_text_conditions_raise(make):
         call(model, X, T, {"context": cond.context, "mask": cond.mask, "pooled": cond.pooled})
     with pytest.raises(ValueError, match=r"takes cond = TextCond.*got an array int32\[2\] \(labels\?\)"):
         call(model, X, T, jnp.array([0, 1]))  # labels
-    with pytest.raises(ValueError, match=r"cond has no pooled vector; the model takes TextCond\(context, mask, pooled\)"):
+    with pytest.raises(ValueError, match=r"no pooled vector; the model takes TextCond\(context, mask, pooled\)"):
         call(model, X, T, TextCond(cond.context, cond.mask))
     with pytest.raises(ValueError, match=r"context.*\[2, n, 12\]"):
         call(model, X, T, dataclasses.replace(cond, context=cond.context[..., :4]))
@@ -239,5 +239,5 @@ def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_o
     np.testing.assert_allclose(y, call(net, X, T, TextCond(hidden, mask)), rtol=1e-5, atol=1e-6)
     other = call(model, X, T, tokens | {"input_ids": ids.at[0, 1].set(6)})
     assert not np.allclose(other[0], y[0], atol=1e-4)  # the tokens reach the net
-    with pytest.raises(ValueError, match=r"cond has a pooled vector; the model takes TextCond\(context, mask, pooled=None\)"):
+    with pytest.raises(ValueError, match=r"has a pooled vector; the model takes TextCond\(context, mask, pooled=None"):
         call(TextConditioned(tower, net, (0, 2), (1, 1)), X, T, tokens)

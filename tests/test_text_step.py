@@ -12,13 +12,13 @@ import pytest
 
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
 from eqxdiff.conditions import FrozenText
+from eqxdiff.data import load_tokenizer
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import CLIPTextModel, TextCond
 from jax.sharding import PartitionSpec as P
 
 from eqxdiff.sharding import batch_sharding, fsdp_spec, make_mesh, state_shardings
 from eqxdiff.text.conditioning import TextConditioning, encode_tokens
-from eqxdiff.text.tokenizer import load_tokenizer
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
 DATA = Path(__file__).parent / "data"
@@ -122,7 +122,8 @@ def test_caption_dropout_uses_the_encoded_empty_caption():
     for i, drop in enumerate(dropped):
         want = jax.tree.map(lambda a: a[0], empty) if drop else jax.tree.map(lambda a: a[i], captions)
         for name in ("context", "pooled"):
-            np.testing.assert_allclose(getattr(cond, name)[i], getattr(want, name), atol=2e-6, err_msg=f"{name} row {i}")
+            got = getattr(cond, name)[i]
+            np.testing.assert_allclose(got, getattr(want, name), atol=2e-6, err_msg=f"{name} row {i}")
         np.testing.assert_array_equal(cond.mask[i], want.mask)
 
 

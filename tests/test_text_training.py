@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.data import load_tokenizer
 from eqxdiff.sharding import make_mesh
-from eqxdiff.text import load_tokenizer
 from run_condition import open_text  # train/run_condition.py
 from runs import ROOT, assert_finite_training, metric_rows, random_clip_folder, run, train_here
 

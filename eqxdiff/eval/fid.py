@@ -300,7 +300,8 @@ def load_inception(path: str | Path) -> InceptionV3:
     check_weights_file(path)
     abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
     local = make_mesh(devices=jax.local_devices()[:1])
-    return load_safetensors(abstract, path, ignore=skipped_keys(abstract), place=placement(local), layouts=TORCH_LAYOUTS)
+    ignore = skipped_keys(abstract)
+    return load_safetensors(abstract, path, ignore=ignore, place=placement(local), layouts=TORCH_LAYOUTS)
 
 
 def open_fid(

@@ -24,6 +24,6 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
     "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
-    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of",
-    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm",
+    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

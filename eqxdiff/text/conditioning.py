@@ -21,11 +21,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
 from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
 from eqxdiff.sharding import placement
-from eqxdiff.text.tokenizer import TextTokenizer, load_tokenizer
 
 NULL_TEXTS = ("empty", "zeros")
 SCRATCH = "scratch"
