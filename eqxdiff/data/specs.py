@@ -24,6 +24,7 @@ which build on sources.py's records and digits, so that imports point down only.
   (`eqxdiff.data.captioned_digits`).
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 from eqxdiff.data.captioned_digits import CaptionedDigitsSource
@@ -32,6 +33,28 @@ from eqxdiff.data.folder import FolderSource
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.sources import ArrayRecordSource, ArraySource, ImageSource, load_digits_source, load_npz
 
+
+def _digits(captions: bool, allow_uncaptioned: bool) -> ImageSource:
+    if captions and not allow_uncaptioned:
+        raise missing_caption("any image of digits (use --dataset captioned_digits for captioned digits)")
+    digits = load_digits_source()
+    return ArraySource(digits.images, digits.labels, "digits", [""] * len(digits)) if captions else digits
+
+
+# Datasets built in, by name: (captions, allow_uncaptioned) -> source. A new one is a row here.
+BUILTIN_SOURCES: dict[str, Callable[[bool, bool], ImageSource]] = {
+    "digits": _digits,
+    "captioned_digits": lambda captions, allow_uncaptioned: CaptionedDigitsSource(),  # always captioned
+}
+# Datasets on disk, `KIND:ARG`: (ARG, spec, image_size, captions, allow_uncaptioned, skip_bad_images) -> source.
+PATH_SOURCES: dict[str, Callable[[str, str, int, bool, bool, bool], ImageSource]] = {
+    "npz": lambda arg, spec, size, captions, allow, skip: load_npz(Path(arg).expanduser(), spec, captions, allow),
+    "folder": lambda arg, spec, size, captions, allow, skip: FolderSource(
+        Path(arg).expanduser(), size, spec, captions, allow, skip
+    ),
+    "arrayrecord": lambda arg, spec, size, captions, allow, skip: ArrayRecordSource(arg, size, spec, captions, allow),
+    "latents": lambda arg, spec, size, captions, allow, skip: LatentSource(Path(arg).expanduser(), spec),
+}
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
 
 
@@ -53,19 +76,8 @@ def open_source(
     kind, _, arg = spec.partition(":")
     if image_size < 1:
         raise ValueError(f"image_size must be >= 1, got {image_size}.")
-    if spec == "digits":
-        if captions and not allow_uncaptioned:
-            raise missing_caption("any image of digits (use --dataset captioned_digits for captioned digits)")
-        digits = load_digits_source()
-        return ArraySource(digits.images, digits.labels, spec, [""] * len(digits)) if captions else digits
-    if spec == "captioned_digits":
-        return CaptionedDigitsSource()
-    if kind == "npz" and arg:
-        return load_npz(Path(arg).expanduser(), spec, captions, allow_uncaptioned)
-    if kind == "folder" and arg:
-        return FolderSource(Path(arg).expanduser(), image_size, spec, captions, allow_uncaptioned, skip_bad_images)
-    if kind == "arrayrecord" and arg:
-        return ArrayRecordSource(arg, image_size, spec, captions, allow_uncaptioned)
-    if kind == "latents" and arg:
-        return LatentSource(Path(arg).expanduser(), spec)
+    if spec in BUILTIN_SOURCES:
+        return BUILTIN_SOURCES[spec](captions, allow_uncaptioned)
+    if kind in PATH_SOURCES and arg:
+        return PATH_SOURCES[kind](arg, spec, image_size, captions, allow_uncaptioned, skip_bad_images)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")
