@@ -23,7 +23,7 @@ import numpy as np
 from eqxdiff import xla_cpu
 from eqxdiff.conditions import EncodedText, FrozenText, Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
-from eqxdiff.nn import CLIPTextModel, UNet
+from eqxdiff.nn import CLIPTextModel, TextCond, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings
 from eqxdiff.text.conditioning import encode_tokens
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
@@ -54,8 +54,8 @@ def variant(name: str, args, mesh, tower):
     # The conditions only inside the step: no tokenizer (text None); the in-step tower's null is in `frozen`.
     condition = Labels(10)
     if name == "encoded":
-        condition = EncodedText(None, {"context": np.zeros((1, TOKENS, WIDTH), np.float32),
-                                       "mask": np.ones((1, TOKENS), np.int32), "pooled": np.zeros((1, WIDTH), np.float32)})  # fmt: skip
+        condition = EncodedText(None, TextCond(np.zeros((1, TOKENS, WIDTH), np.float32), np.ones((1, TOKENS), np.int32),
+                                               np.zeros((1, WIDTH), np.float32)))  # fmt: skip
     if name == "in_step":
         frozen["null_cond"] = jax.tree.map(lambda a: a[:1], tower_null(tower))
         condition = FrozenText(None, frozen["null_cond"])

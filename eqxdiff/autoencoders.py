@@ -10,7 +10,7 @@ Specs (`open_autoencoder`):
   `AutoencoderKL.from_diffusers(folder, variant="fp16")`, or save it plainly.
 
 A new autoencoder is a module with the `Autoencoder` protocol's members and a `from_diffusers(folder,
-*, mesh)`, and one entry in DIFFUSERS_AUTOENCODERS.
+*, place)`, and one entry in DIFFUSERS_AUTOENCODERS.
 
 A diffusion model sees `(mean + exp(logvar / 2)·ε - shift_factor) · scaling_factor`; samples are
 decoded with `decode(z / scaling_factor + shift_factor)`.
@@ -31,12 +31,14 @@ from jax.sharding import Mesh
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.sharding import placement
 
 PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 256 of 32² per VAE call
 MAX_AUTO_BATCH = 256  # small images: more rows per call buy little and pad a small dataset's last batch
 TILING_ABOVE = 768 * 768  # auto tiling: 1024² and larger images go tile by tile, 512² and smaller whole
 TILING_MODES = ("auto", "on", "off")
-# A diffusers folder's config.json `_class_name` -> the port that reads it (`from_diffusers(folder, *, mesh)`).
+# A diffusers folder's config.json `_class_name` -> the port that reads it: `from_diffusers(folder, *, place)`,
+# `place(abstract module) -> its shardings` (eqxdiff.sharding.placement) or None.
 DIFFUSERS_AUTOENCODERS = {"AutoencoderKL": AutoencoderKL}
 SPEC_FORMS = (f"space_to_depth:F (F an integer >= 1), or a diffusers autoencoder folder (config.json + {WEIGHTS_FILE}) "
               f"of a class in eqxdiff.autoencoders.DIFFUSERS_AUTOENCODERS ({', '.join(DIFFUSERS_AUTOENCODERS)})")  # fmt: skip
@@ -108,7 +110,7 @@ def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:
     if factor is not None:
         return SpaceToDepth(factor)
     path, port = _folder(spec)
-    return port.from_diffusers(path, mesh=mesh)
+    return port.from_diffusers(path, place=None if mesh is None else placement(mesh))
 
 
 def sha256_file(path: Path | list[Path]) -> str:

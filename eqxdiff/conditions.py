@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqxdiff.data import TokenizedSource
-from eqxdiff.nn import CLIPTextModel, TextConditioned
+from eqxdiff.nn import CLIPTextModel, TextCond, TextConditioned
 from eqxdiff.text.conditioning import TextConditioning, encode_tokens
 
 
@@ -152,21 +152,21 @@ class FrozenText(TextCondition):
 
     kind = "frozen_text"
 
-    def __init__(self, text: TextConditioning | None, null: dict):
+    def __init__(self, text: TextConditioning | None, null: TextCond):
         super().__init__(text)
         self.null_cond = null
 
     def frozen(self) -> dict:
         return {"text_encoder": self.text.encoder, "null_cond": self.null_cond}
 
-    def cond(self, batch: dict, frozen: dict | None) -> dict:
+    def cond(self, batch: dict, frozen: dict | None) -> TextCond:
         hidden, pooled = frozen["text_encoder"](batch["input_ids"], batch["attention_mask"])
-        return {"context": hidden, "mask": batch["attention_mask"], "pooled": pooled}
+        return TextCond(hidden, batch["attention_mask"], pooled)
 
-    def null(self, frozen: dict | None) -> dict:
+    def null(self, frozen: dict | None) -> TextCond:
         return self.null_cond if frozen is None else frozen["null_cond"]
 
-    def for_sampling(self, rows: Sequence | np.ndarray | None, per_row: int) -> tuple[dict, dict]:
+    def for_sampling(self, rows: Sequence | np.ndarray | None, per_row: int) -> tuple[TextCond, TextCond]:
         """`rows`: a prompt each, encoded by the tower on the host."""
         return _repeat(encode_tokens(self.text.encoder, self.text.tokens(list(rows))), per_row), self.null_cond
 
@@ -180,6 +180,6 @@ class EncodedText(FrozenText):
     def frozen(self) -> dict:
         return {"null_cond": self.null_cond}
 
-    def cond(self, batch: dict, frozen: dict | None) -> dict:
+    def cond(self, batch: dict, frozen: dict | None) -> TextCond:
         f32 = lambda name: batch[name].astype(jnp.float32)  # noqa: E731 — stored as float16
-        return {"context": f32("context"), "mask": batch["attention_mask"], "pooled": f32("pooled")}
+        return TextCond(f32("context"), batch["attention_mask"], f32("pooled"))

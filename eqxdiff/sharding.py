@@ -11,6 +11,7 @@ The batch is split over both axes. `fsdp=1` is plain data parallelism.
 import difflib
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -89,6 +90,13 @@ def _namer(tree) -> Callable:
         return ".".join(keys)
 
     return name
+
+
+def placement(mesh: Mesh, min_size: int = 2**12, *, rules: Sequence[Rule] = ()) -> Callable[[Any], Any]:
+    """`place` for the weight loaders (`eqxdiff.nn.torch_weights.load_safetensors`, `from_diffusers`,
+    `from_transformers`): an abstract module -> its `state_shardings` on `mesh`, so each weight is read
+    straight into the layout the training state's leaves of its size get."""
+    return lambda abstract: state_shardings(abstract, mesh, min_size, rules=rules)
 
 
 def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = ()):

@@ -24,7 +24,7 @@ from eqxdiff.conditions import Labels
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.nn import AutoencoderKL
 from eqxdiff.nn.torch_weights import leaf_layouts
-from eqxdiff.sharding import make_mesh, state_shardings
+from eqxdiff.sharding import make_mesh, placement, state_shardings
 from weight_folders import save_sharded  # tests/weight_folders.py
 
 DATA = Path(__file__).parent / "data" / "autoencoder_kl"
@@ -176,7 +176,7 @@ def test_benign_fields_and_defaults():
 
 def test_weights_load_into_the_mesh_shardings():
     mesh, min_size = make_mesh(-1, 4), 256
-    vae = AutoencoderKL.from_diffusers(DATA / "sd_like", mesh=mesh, min_size=min_size)
+    vae = AutoencoderKL.from_diffusers(DATA / "sd_like", place=placement(mesh, min_size))
     abstract = eqx.filter_eval_shape(AutoencoderKL.from_config, SD_LIKE, key=jax.random.key(0))
     expected = jax.tree.leaves(state_shardings(abstract, mesh, min_size))
     leaves = [x for x in jax.tree.leaves(vae) if eqx.is_array(x)]

@@ -21,10 +21,10 @@ from eqxdiff.data import (
     describe_fields,
     open_source,
     stack_records,
+    word_tokenizer,
     write_arrayrecord,
 )
 from eqxdiff.eval.digits import digits_split, two_digit_accuracy
-from eqxdiff.text import word_tokenizer
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 DIGIT_WORDS = {**{w: d for d, w in enumerate(NUMBER_WORDS)}, **{str(d): d for d in range(10)}}

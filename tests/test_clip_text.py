@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn import CLIPTextModel
 from eqxdiff.nn.torch_weights import leaf_layouts
-from eqxdiff.sharding import make_mesh, state_shardings
+from eqxdiff.sharding import make_mesh, placement, state_shardings
 
 DATA = Path(__file__).parent / "data" / "clip_text"
 WEIGHTS = "model.safetensors"
@@ -251,7 +251,7 @@ def test_a_plain_pytree_of_arrays_passed_to_jit():
 
 def test_weights_load_into_the_mesh_shardings():
     mesh, min_size = make_mesh(-1, 4), 256
-    clip = CLIPTextModel.from_transformers(DATA / "sd_like", mesh=mesh, min_size=min_size)
+    clip = CLIPTextModel.from_transformers(DATA / "sd_like", place=placement(mesh, min_size))
     abstract = eqx.filter_eval_shape(CLIPTextModel.from_config, SD_LIKE, key=jax.random.key(0))
     expected = jax.tree.leaves(state_shardings(abstract, mesh, min_size))
     assert [x.sharding for x in jax.tree.leaves(clip)] == expected

@@ -5,9 +5,10 @@ import jax
 import numpy as np
 import pytest
 
-from eqxdiff.conditions import Labels, NoCondition, ScratchText
+from eqxdiff.conditions import EncodedText, Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
+from eqxdiff.nn import TextCond
 from eqxdiff.sharding import make_mesh
 from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
 from runs import train_here
@@ -29,6 +30,32 @@ def test_labels_drop_to_label_n_and_guide_against_it():
     np.testing.assert_array_equal(cond, [3, 3, 7, 7])
     np.testing.assert_array_equal(null, [10])
     assert labels.model_kwargs() == {"num_classes": 10} and NoCondition().for_sampling([0], 3) == (None, None)
+
+
+def test_encoded_text_is_a_typed_condition_and_its_null_one_row_of_it():
+    """The step reads the stored float16 records as TextCond(context, mask, pooled) in float32; dropout
+    puts the one-row null in whole; a dict null (the format of files, not of the step) is refused by the
+    constructor's annotation (checked in tests)."""
+    null = TextCond(np.full((1, 4, 3), -1, np.float32), np.asarray([[1, 1, 0, 0]], np.int32),
+                    np.full((1, 3), -2, np.float32))  # fmt: skip
+    condition = EncodedText(None, null)
+    rng = np.random.default_rng(0)
+    half = lambda *shape: rng.normal(size=shape).astype(np.float16)  # noqa: E731 — as records store them
+    batch = {"context": half(2, 4, 3), "pooled": half(2, 3), "attention_mask": np.asarray([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32)}
+    frozen = condition.frozen()
+    cond = condition.cond(batch, frozen)
+    assert isinstance(cond, TextCond) and condition.null(frozen) is null and condition.null(None) is null
+    assert cond.context.dtype == cond.pooled.dtype == np.float32
+    np.testing.assert_array_equal(cond.context, batch["context"].astype(np.float32))
+    np.testing.assert_array_equal(cond.pooled, batch["pooled"].astype(np.float32))
+    np.testing.assert_array_equal(cond.mask, batch["attention_mask"])
+    kept, dropped = (drop_condition(jax.random.key(0), cond, p, null) for p in (0.0, 1.0))
+    for name in ("context", "mask", "pooled"):
+        np.testing.assert_array_equal(getattr(kept, name), getattr(cond, name))
+        want = np.broadcast_to(getattr(null, name), getattr(cond, name).shape)
+        np.testing.assert_array_equal(getattr(dropped, name), want)
+    with pytest.raises(TypeError, match="parameter 'null'"):
+        EncodedText(None, null.as_dict())
 
 
 def test_a_scratch_tower_guides_against_the_tokens_it_trains_with_and_its_widths_are_stored():

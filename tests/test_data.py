@@ -335,6 +335,17 @@ def test_unknown_spec_lists_the_accepted_forms():
             open_source(spec)
 
 
+def test_a_builtin_dataset_is_a_row_of_the_table(monkeypatch):
+    """Built-in names are looked up in `BUILTIN_SOURCES` (no string compared per name): a new row opens."""
+    from eqxdiff.data import specs
+
+    opened, digits = [], open_source("digits")
+    monkeypatch.setitem(specs.BUILTIN_SOURCES, "tiny_digits", lambda *flags: opened.append(flags) or digits)
+    assert open_source("tiny_digits", captions=True, allow_uncaptioned=True) is digits
+    assert opened == [(True, True)]
+    assert type(open_source("captioned_digits")).__name__ == "CaptionedDigitsSource"
+
+
 def test_data_position_round_trip_and_mismatch():
     source = IndexedSource()
     position = json.loads(json.dumps(data_position(1234, 5, source)))

@@ -16,6 +16,7 @@ from eqxdiff.diffusion import (
     parameterization_by_name,
     sample,
 )
+from eqxdiff.nn import TextCond
 
 MU, VAR = 0.2, 0.3
 
@@ -142,33 +143,34 @@ def test_drop_condition_rate_and_untouched_labels():
 
 
 def text_condition(b, n=5, d=3, seed=0):
-    """A text-style condition: context [b, n, d], mask [b, n], pooled [b, d]."""
+    """A text condition: context [b, n, d], mask [b, n], pooled [b, d]."""
     k1, k2 = jax.random.split(jax.random.key(seed))
-    return {
-        "context": jax.random.normal(k1, (b, n, d)),
-        "mask": jnp.arange(n)[None, :] < jnp.arange(1, b + 1)[:, None] % n + 1,
-        "pooled": jax.random.normal(k2, (b, d)),
-    }
+    return TextCond(
+        context=jax.random.normal(k1, (b, n, d)),
+        mask=jnp.arange(n)[None, :] < jnp.arange(1, b + 1)[:, None] % n + 1,
+        pooled=jax.random.normal(k2, (b, d)),
+    )
 
 
 def test_drop_condition_replaces_whole_examples_of_a_pytree():
     cond = text_condition(2000)
-    null = {"context": jnp.zeros((1, 5, 3)), "mask": jnp.zeros((1, 5), bool), "pooled": jnp.full((1, 3), -7.0)}
+    null = TextCond(jnp.zeros((1, 5, 3)), jnp.zeros((1, 5), bool), jnp.full((1, 3), -7.0))
     dropped = drop_condition(jax.random.key(3), cond, 0.3, null)
-    gone = np.asarray(dropped["pooled"][:, 0] == -7.0)
+    assert isinstance(dropped, TextCond)
+    gone = np.asarray(dropped.pooled[:, 0] == -7.0)
     assert 0.25 < gone.mean() < 0.35
     # every leaf of a dropped example is null, every leaf of a kept one untouched
-    np.testing.assert_array_equal(np.asarray(dropped["context"])[gone], 0.0)
-    np.testing.assert_array_equal(np.asarray(dropped["mask"])[gone], False)
-    for k in cond:
-        np.testing.assert_array_equal(np.asarray(dropped[k])[~gone], np.asarray(cond[k])[~gone])
+    np.testing.assert_array_equal(np.asarray(dropped.context)[gone], 0.0)
+    np.testing.assert_array_equal(np.asarray(dropped.mask)[gone], False)
+    for k in ("context", "mask", "pooled"):
+        np.testing.assert_array_equal(np.asarray(getattr(dropped, k))[~gone], np.asarray(getattr(cond, k))[~gone])
     assert drop_condition(jax.random.key(3), None, 0.3, None) is None
 
 
 def text_denoiser(x, sigma, cond):
     """Depends on every leaf of a text condition, masked context included."""
-    context = jnp.sum(cond["context"] * cond["mask"][..., None], axis=1)  # [b, d]
-    return 0.5 * x + context.sum(-1, keepdims=True) * cond["pooled"][:, :1] + sigma
+    context = jnp.sum(cond.context * cond.mask[..., None], axis=1)  # [b, d]
+    return 0.5 * x + context.sum(-1, keepdims=True) * cond.pooled[:, :1] + sigma
 
 
 def test_guidance_over_a_pytree_condition_equals_two_calls():
@@ -192,3 +194,6 @@ def test_guidance_rejects_a_null_condition_of_another_structure():
     cond = text_condition(4)
     with pytest.raises(ValueError, match="null condition"):
         ClassifierFreeGuidance(text_denoiser, cond, 2.0, {"pooled": jnp.zeros((1, 3))})(jnp.zeros((4, 3)), jnp.array(1.0))
+    no_pooled = TextCond(jnp.zeros((1, 5, 3)), jnp.ones((1, 5), bool))  # a null for a net without a pooled vector
+    with pytest.raises(ValueError, match="null condition"):
+        ClassifierFreeGuidance(text_denoiser, cond, 2.0, no_pooled)(jnp.zeros((4, 3)), jnp.array(1.0))

@@ -75,3 +75,25 @@ def test_no_eqxdiff_module_imports_its_way_back_to_itself():
     assert not cycles(graph), "eqxdiff modules that import each other (round a loop): " + "; ".join(
         " -> ".join(c) for c in cycles(graph)
     )
+
+
+# DESIGN.md: "Nothing in diffusion/ or nn/ imports training, data or sharding code."
+LOW_LAYERS = ("eqxdiff.nn", "eqxdiff.diffusion")
+ABOVE_THEM = ("eqxdiff.data", "eqxdiff.training", "eqxdiff.sharding")
+
+
+def under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_nn_and_diffusion_import_no_data_training_or_sharding():
+    modules = module_names()
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, path in modules.items()
+        if under(name, LOW_LAYERS)
+        for target in imported(path, modules)
+        if under(target, ABOVE_THEM)
+    )
+    assert "eqxdiff.nn.torch_weights" in modules and "eqxdiff.sharding" in modules
+    assert not upward, "imports that point up (pass what they need in from the caller instead): " + "; ".join(upward)

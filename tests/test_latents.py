@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eqxdiff.data import ImageSource, TokenizedSource, describe_source, open_source, stack_records
+from eqxdiff.data import ImageSource, TokenizedSource, describe_source, load_tokenizer, open_source, stack_records
 from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digits_tokenizer
 from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
 from eqxdiff.data.records import TextField
-from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth
-from eqxdiff.text import load_tokenizer
+from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth, TextCond
 from run_condition import run_condition, sample_prompts  # train/run_condition.py
 
 from eqxdiff.autoencoders import Autoencoder, check_autoencoder, describe_autoencoder, open_autoencoder
@@ -255,8 +254,8 @@ def test_a_diffusers_autoencoder_is_read_by_the_port_its_class_names(tmp_path, m
 
     class TinyPort:  # the one edit a new autoencoder needs, beside its module
         @staticmethod
-        def from_diffusers(folder, *, mesh=None):
-            read.append((folder, mesh))
+        def from_diffusers(folder, *, place=None):
+            read.append((folder, place))
             return SpaceToDepth(2)  # any module with the Autoencoder protocol
 
     monkeypatch.setitem(autoencoders.DIFFUSERS_AUTOENCODERS, "AutoencoderTiny", TinyPort)
@@ -377,17 +376,20 @@ def test_encode_with_a_text_encoder_stores_tokens_and_the_encoded_captions(text_
         "null": {"file": "null_text.npz", "sha256": hashlib.sha256(null_file.read_bytes()).hexdigest()},
     }  # fmt: skip
     null = latents.text_null()
-    assert {k: (v.shape, v.dtype.name) for k, v in null.items()} == {
+    assert isinstance(null, TextCond)
+    assert {k: (v.shape, v.dtype.name) for k, v in null.as_dict().items()} == {
         "context": ((1, n, d), "float32"), "mask": ((1, n), "int32"), "pooled": ((1, d), "float32")
     }  # fmt: skip
-    np.testing.assert_array_equal(null["mask"], mask[-1:])
-    np.testing.assert_allclose(null["context"], hidden[-1:], atol=1e-5)
-    np.testing.assert_allclose(null["pooled"], pooled[-1:], atol=1e-5)
+    with np.load(null_file) as stored:  # the file keeps the dict-era names
+        assert sorted(stored.files) == ["context", "mask", "pooled"]
+    np.testing.assert_array_equal(null.mask, mask[-1:])
+    np.testing.assert_allclose(null.context, hidden[-1:], atol=1e-5)
+    np.testing.assert_allclose(null.pooled, pooled[-1:], atol=1e-5)
     null_file.write_bytes(null_file.read_bytes()[:-1] + b"x")
     with pytest.raises(ValueError, match="null_text.npz is not the file meta.json names"):
         latents.text_null()
     null_file.write_bytes(null_npz_bytes(null))  # the same arrays give the same bytes
-    assert latents.text_null() is not None
+    np.testing.assert_array_equal(latents.text_null().context, null.context)
 
 
 def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_path):
@@ -411,8 +413,8 @@ def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_pa
     text = latents.meta["text"]
     assert (text["tokenizer"], text["null_text"], text["encoded"]) == (str(TOKENIZER.resolve()), "zeros", False)
     null = latents.text_null()
-    assert not null["context"].any() and not null["pooled"].any() and null["context"].shape == (1, 16, 32)
-    np.testing.assert_array_equal(null["mask"], full.text_null()["mask"])
+    assert not null.context.any() and not null.pooled.any() and null.context.shape == (1, 16, 32)
+    np.testing.assert_array_equal(null.mask, full.text_null().mask)
 
     copy = tmp_path / "copy"
     shutil.copytree(text_setup["out"], copy)
@@ -434,7 +436,9 @@ def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_pat
     run_encode(out, "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--shard_size", 64)
     latents = LatentSource(out, "latents:x")
     assert list(latents.fields) == ["mean", "logvar"] and latents.meta["fields"]["caption"] == {"dtype": "text"}
-    assert "text" not in latents.meta and latents.text_null() is None
+    assert "text" not in latents.meta
+    with pytest.raises(ValueError, match="encoded without a text encoder: it stores no null text condition"):
+        latents.text_null()
     assert ", raw captions, " in describe_source(latents)
     with_captions = LatentSource(out, "latents:x", captions=True)
     for i in (0, 1, len(source) - 1):
@@ -462,12 +466,15 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
     assert condition.text.specs == (str(encoder), str(encoder.parent / "tokenizer"))
     frozen = condition.frozen()
     assert set(frozen) == {"null_cond"}  # captions encoded ahead of time: the step runs no tower
-    for name, value in source.text_null().items():
-        np.testing.assert_array_equal(frozen["null_cond"][name], value)
+    assert isinstance(frozen["null_cond"], TextCond)
+    for name, value in source.text_null().as_dict().items():
+        np.testing.assert_array_equal(getattr(frozen["null_cond"], name), value)
     batch = stack_records([source[i] for i in range(2)], source.fields)
     cond = condition.cond(batch, frozen)
-    assert sorted(cond) == ["context", "mask", "pooled"] and cond["context"].dtype == jnp.float32
-    np.testing.assert_array_equal(cond["context"], batch["context"].astype(np.float32))
+    assert isinstance(cond, TextCond) and cond.context.dtype == jnp.float32 and cond.pooled.dtype == jnp.float32
+    np.testing.assert_array_equal(cond.context, batch["context"].astype(np.float32))
+    np.testing.assert_array_equal(cond.pooled, batch["pooled"].astype(np.float32))
+    np.testing.assert_array_equal(cond.mask, batch["attention_mask"])
     other = train_main.parse_config(["--dataset", spec, "--text_encoder", str(text_setup["images"])])
     with pytest.raises(SystemExit, match="was encoded with"):
         run_condition(other, source, mesh)

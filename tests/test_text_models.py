@@ -1,6 +1,8 @@
 """Text conditioning: CrossAttention against a numpy reference, text UNet/DiT (zero-init text
-path, padding masked out, errors), gradients through remat, guidance over a text dict, and what
-TextConditioned hands its network."""
+path, padding masked out, errors: a dict or a wrong TextCond is refused), gradients through remat,
+guidance over a TextCond, and what TextConditioned hands its network."""
+
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from eqxdiff.diffusion import ClassifierFreeGuidance
-from eqxdiff.nn import CLIPTextModel, DiT, TextConditioned, UNet
+from eqxdiff.nn import CLIPTextModel, DiT, TextCond, TextConditioned, UNet
 from eqxdiff.nn.layers import CrossAttention, sincos_pos_embed_2d
 from eqxdiff.nn.remat import checkpointed
 
@@ -23,11 +25,11 @@ T = jnp.array([0.3, 2.0])
 
 def text_cond(seed, mask=((1, 1, 1, 0, 0), (1, 1, 1, 1, 1))):
     rng = np.random.default_rng(seed)
-    return {
-        "context": jnp.asarray(rng.normal(size=(B, N, CTX)), jnp.float32),
-        "mask": jnp.asarray(mask, jnp.int32),
-        "pooled": jnp.asarray(rng.normal(size=(B, POOLED)), jnp.float32),
-    }
+    return TextCond(
+        context=jnp.asarray(rng.normal(size=(B, N, CTX)), jnp.float32),
+        mask=jnp.asarray(mask, jnp.int32),
+        pooled=jnp.asarray(rng.normal(size=(B, POOLED)), jnp.float32),
+    )
 
 
 def perturbed(model, scale):
@@ -40,7 +42,13 @@ def perturbed(model, scale):
 
 
 def with_cond_at(cond, name, index, value):
-    return cond | {name: cond[name].at[index].set(value)}
+    return dataclasses.replace(cond, **{name: getattr(cond, name).at[index].set(value)})
+
+
+def bypassing_init(cond, name, value):
+    """`cond` with field `name` set to `value` without TextCond's constructor, whose annotations the
+    tests' jaxtyping hook checks (a run without the hook reaches the model's own check)."""
+    return eqx.tree_at(lambda c: getattr(c, name), cond, value, is_leaf=lambda x: x is None)
 
 
 # One text UNet (an attention block on the way down and up, no middle; remat, so the text also
@@ -105,8 +113,8 @@ def test_text_model_reads_the_text_only_through_its_zero_initialised_projections
     # With the projections perturbed too, the text matters; through the context and the pooled vector each.
     y = call(model, X, T, a)
     assert not np.allclose(y, call(model, X, T, b), atol=1e-4)
-    assert not np.allclose(y, call(model, X, T, a | {"pooled": b["pooled"]}), atol=1e-4)
-    assert not np.allclose(y, call(model, X, T, a | {"context": b["context"]}), atol=1e-4)
+    assert not np.allclose(y, call(model, X, T, dataclasses.replace(a, pooled=b.pooled)), atol=1e-4)
+    assert not np.allclose(y, call(model, X, T, dataclasses.replace(a, context=b.context)), atol=1e-4)
 
 
 @pytest.mark.parametrize("model", [UNET, DIT], ids=["unet", "dit"])
@@ -131,22 +139,29 @@ def test_wrong_text_conditions_raise(make):
     cond = text_cond(5)
     with pytest.raises(ValueError, match="null condition"):
         call(model, X, T, None)
-    with pytest.raises(ValueError, match=r"keys \['context', 'mask', 'pooled'\].*got \['context', 'mask'\]"):
-        call(model, X, T, {"context": cond["context"], "mask": cond["mask"]})
-    with pytest.raises(ValueError, match="keys"):
-        call(model, X, T, cond | {"extra": cond["pooled"]})
-    with pytest.raises(ValueError, match="keys"):
+    # The dict-era condition, with every key it had: refused by type, naming TextCond.
+    with pytest.raises(ValueError, match=r"takes cond = TextCond\(context, mask, pooled\).*got a dict with keys "
+                                         r"\['context', 'mask', 'pooled'\]"):  # fmt: skip
+        call(model, X, T, {"context": cond.context, "mask": cond.mask, "pooled": cond.pooled})
+    with pytest.raises(ValueError, match=r"takes cond = TextCond.*got an array int32\[2\] \(labels\?\)"):
         call(model, X, T, jnp.array([0, 1]))  # labels
+    with pytest.raises(ValueError, match=r"no pooled vector; the model takes TextCond\(context, mask, pooled\)"):
+        call(model, X, T, TextCond(cond.context, cond.mask))
     with pytest.raises(ValueError, match=r"context.*\[2, n, 12\]"):
-        call(model, X, T, cond | {"context": cond["context"][..., :4]})
-    with pytest.raises(ValueError, match="mask"):
-        call(model, X, T, cond | {"mask": cond["mask"].astype(jnp.float32)})
+        call(model, X, T, dataclasses.replace(cond, context=cond.context[..., :4]))
+    with pytest.raises(ValueError, match=r"cond.pooled must be \[2, 6\]"):
+        call(model, X, T, bypassing_init(cond, "pooled", cond.pooled[:1]))
+    with pytest.raises(ValueError, match="mask must be int32"):
+        call(model, X, T, bypassing_init(cond, "mask", cond.mask.astype(jnp.float32)))
     assert model.null_cond(B) is None  # the run's encoder makes the null text, not the model
     args = (1, (16,), 1, (0,)) if make is UNet else (8, 2, 1, 32, 1, 4)
     with pytest.raises(ValueError, match="one kind of condition"):
         make(*args, num_classes=3, context_dim=CTX, key=KEY)
     with pytest.raises(ValueError, match="context_dim > 0"):
         make(*args, pooled_dim=POOLED, key=KEY)
+    name = make.__name__  # a label model refuses a text condition (traced only: the error comes first)
+    with pytest.raises(ValueError, match=rf"A label {name} \(num_classes > 0\) takes int32\[b\] labels, got TextCond"):
+        eqx.filter_eval_shape(make(*args, num_classes=3, key=KEY), X, T, cond)
 
 
 def test_text_unet_without_attention_level_raises():
@@ -165,8 +180,8 @@ def test_a_cross_attention_only_level_has_no_self_attention():
     x = jnp.asarray(RNG.normal(size=(B, 4, 2, 8)), jnp.float32)
     tokens = x.reshape(B, 8, 8)
     normed = (tokens - tokens.mean(-1, keepdims=True)) / jnp.sqrt(tokens.var(-1, keepdims=True) + 1e-6)
-    expected = tokens + block.cross(normed + sincos_pos_embed_2d(8, 4, 2), cond["context"], cond["mask"])
-    got = block(x, jnp.zeros((B, 16)), context=cond["context"], mask=cond["mask"])
+    expected = tokens + block.cross(normed + sincos_pos_embed_2d(8, 4, 2), cond.context, cond.mask)
+    got = block(x, jnp.zeros((B, 16)), context=cond.context, mask=cond.mask)
     np.testing.assert_allclose(got.reshape(B, 8, 8), expected, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="needs a text context"):
         UNet(1, (8, 16), 1, (1,), cross_attention_levels=(0, 1), key=KEY)
@@ -175,7 +190,7 @@ def test_a_cross_attention_only_level_has_no_self_attention():
 
 
 def test_gradients_reach_cross_attention_through_remat_but_not_padding():
-    attn, mask = perturbed(DIT.blocks[0].cross, 0.1), text_cond(6)["mask"]  # the layer alone: a cheap compile
+    attn, mask = perturbed(DIT.blocks[0].cross, 0.1), text_cond(6).mask  # the layer alone: a cheap compile
     x, context = (jnp.asarray(RNG.normal(size=(B, n, 32)), jnp.float32) for n in (4, N))  # DiT width 32
 
     @eqx.filter_jit
@@ -196,7 +211,7 @@ def test_guidance_over_a_text_condition_with_a_one_row_null():
     # b = 1 sample: the guided call's concatenated batch is [2, ...], the shape compiled above.
     model, cond = perturbed(UNET, 0.1), jax.tree.map(lambda a: a[:1], text_cond(7))
     # A null condition as a run might build it: one row, zeros with a single unmasked token.
-    null = {"context": jnp.zeros((1, N, CTX)), "mask": jnp.asarray([[1, 0, 0, 0, 0]]), "pooled": jnp.zeros((1, POOLED))}
+    null = TextCond(jnp.zeros((1, N, CTX)), jnp.asarray([[1, 0, 0, 0, 0]]), jnp.zeros((1, POOLED)))
     denoiser = lambda x, sigma, c: call(model, x, jnp.full((x.shape[0],), sigma), c)  # noqa: E731
     x, sigma, w = X[:1], jnp.float32(2.0), 3.0
     guided = ClassifierFreeGuidance(denoiser, cond, w, null)(x, sigma)
@@ -208,9 +223,9 @@ def test_guidance_over_a_text_condition_with_a_one_row_null():
 
 
 def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_only_if_asked():
-    """TextConditioned(pooled=False) passes `net` {"context": hidden states, "mask"} and no pooled
-    vector (captioned_digits' scratch wiring: a net built with pooled_dim=0); with the default
-    (pooled) that same net refuses the extra key."""
+    """TextConditioned(pooled=False) passes `net` TextCond(hidden states, mask) and no pooled vector
+    (captioned_digits' scratch wiring: a net built with pooled_dim=0); with the default (pooled) that
+    same net refuses the pooled vector."""
     config = dict(vocab_size=20, hidden_size=CTX, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
                   max_position_embeddings=N, hidden_act="gelu", eos_token_id=2)  # fmt: skip
     tower = CLIPTextModel.from_config(config, key=jax.random.key(1))
@@ -221,8 +236,8 @@ def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_o
     hidden, _ = tower(ids, mask)
     model = TextConditioned(tower, net, (0, 2), (1, 1), pooled=False)
     y = call(model, X, T, tokens)
-    np.testing.assert_allclose(y, call(net, X, T, {"context": hidden, "mask": mask}), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, call(net, X, T, TextCond(hidden, mask)), rtol=1e-5, atol=1e-6)
     other = call(model, X, T, tokens | {"input_ids": ids.at[0, 1].set(6)})
     assert not np.allclose(other[0], y[0], atol=1e-4)  # the tokens reach the net
-    with pytest.raises(ValueError, match="pooled"):
+    with pytest.raises(ValueError, match=r"has a pooled vector; the model takes TextCond\(context, mask, pooled=None"):
         call(TextConditioned(tower, net, (0, 2), (1, 1)), X, T, tokens)

@@ -12,13 +12,13 @@ import pytest
 
 import main as train_main  # train/main.py (conftest puts train/ on sys.path)
 from eqxdiff.conditions import FrozenText
+from eqxdiff.data import load_tokenizer
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
-from eqxdiff.nn import CLIPTextModel
+from eqxdiff.nn import CLIPTextModel, TextCond
 from jax.sharding import PartitionSpec as P
 
 from eqxdiff.sharding import batch_sharding, fsdp_spec, make_mesh, state_shardings
 from eqxdiff.text.conditioning import TextConditioning, encode_tokens
-from eqxdiff.text.tokenizer import load_tokenizer
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
 DATA = Path(__file__).parent / "data"
@@ -38,9 +38,9 @@ class PooledShift(eqx.Module):
         self.u, self.v = jax.random.normal(key, (2, 32, 1)) * 0.1
 
     def __call__(self, x, t, cond, *, key=None):
-        mask = cond["mask"][..., None].astype(x.dtype)
-        context = (cond["context"] * mask).sum(1) / mask.sum(1)
-        shift = cond["pooled"] @ self.u + context @ self.v
+        mask = cond.mask[..., None].astype(x.dtype)
+        context = (cond.context * mask).sum(1) / mask.sum(1)
+        shift = cond.pooled @ self.u + context @ self.v
         return x * self.a + shift[:, None, None, :]
 
 
@@ -113,22 +113,24 @@ def test_caption_dropout_uses_the_encoded_empty_caption():
                                 cond_dropout=0.5)
     frozen = {"text_encoder": text.encoder, "null_cond": text.encoded_null()}
     cond = jax.tree.map(np.asarray, jax.jit(prepare)(data, jax.random.key(0), frozen)["cond"])
+    assert isinstance(cond, TextCond) and isinstance(text.encoded_null(), TextCond)
     captions = encode_tokens(text.encoder, data)  # encoded on the host, row by row the same tower
     empty = encode_tokens(text.encoder, text.tokens([""]))
-    assert empty["mask"][0].sum() == 2  # "" is bos, eos
-    dropped = [not np.array_equal(cond["mask"][i], data["attention_mask"][i]) for i in range(BATCH)]
+    assert empty.mask[0].sum() == 2  # "" is bos, eos
+    dropped = [not np.array_equal(cond.mask[i], data["attention_mask"][i]) for i in range(BATCH)]
     assert 0 < sum(dropped) < BATCH  # both kinds of rows at p = 0.5 with this key
     for i, drop in enumerate(dropped):
         want = jax.tree.map(lambda a: a[0], empty) if drop else jax.tree.map(lambda a: a[i], captions)
         for name in ("context", "pooled"):
-            np.testing.assert_allclose(cond[name][i], want[name], atol=2e-6, err_msg=f"{name} row {i}")
-        np.testing.assert_array_equal(cond["mask"][i], want["mask"])
+            got = getattr(cond, name)[i]
+            np.testing.assert_allclose(got, getattr(want, name), atol=2e-6, err_msg=f"{name} row {i}")
+        np.testing.assert_array_equal(cond.mask[i], want.mask)
 
 
 def test_zeros_null_text_and_a_mismatched_tokenizer():
     text = text_side()
     zeros = TextConditioning(text.tokenizer, TOKENS, "zeros", encoder=text.encoder).encoded_null()
-    assert not zeros["context"].any() and not zeros["pooled"].any() and zeros["mask"].sum() == 2
+    assert not zeros.context.any() and not zeros.pooled.any() and zeros.mask.sum() == 2
     from eqxdiff.text.conditioning import open_text_conditioning
 
     with pytest.raises(ValueError, match="not a pair"):  # 10,514 token ids, a table of 99 rows

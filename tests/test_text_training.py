@@ -12,8 +12,8 @@ from PIL import Image
 
 import eqxdiff.generate
 from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.data import load_tokenizer
 from eqxdiff.sharding import make_mesh
-from eqxdiff.text import load_tokenizer
 from run_condition import open_text  # train/run_condition.py
 from runs import ROOT, assert_finite_training, metric_rows, random_clip_folder, run, train_here
 
@@ -74,12 +74,12 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     # --guidance 3 guides against zeros in place of the hidden states and pooled vector of "", whose
     # encoding by the tower is not zero; the mask stays the one of "" (SDXL's zeroed empty prompt).
     (null,) = nulls
-    assert not np.any(null["context"]) and not np.any(null["pooled"])
+    assert not np.any(null.context) and not np.any(null.pooled)
     empty = open_text(str(tower), "", "empty", scratch_config={}, mesh=make_mesh(data=-1, fsdp=1), min_size=2**62)
     encoded = empty.encoded_null()
-    assert np.abs(encoded["context"]).min() > 0 and np.abs(encoded["pooled"]).min() > 0
-    np.testing.assert_array_equal(null["mask"], encoded["mask"])
-    assert null["context"].shape == encoded["context"].shape and null["pooled"].shape == encoded["pooled"].shape
+    assert np.abs(encoded.context).min() > 0 and np.abs(encoded.pooled).min() > 0
+    np.testing.assert_array_equal(null.mask, encoded.mask)
+    assert null.context.shape == encoded.context.shape and null.pooled.shape == encoded.pooled.shape
 
     # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused);
     # --cfg, --guidance's older name, still given.

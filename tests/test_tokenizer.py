@@ -1,4 +1,4 @@
-"""eqxdiff.text's tokenizer against transformers' CLIPTokenizer ids, committed by
+"""eqxdiff.data's tokenizer against transformers' CLIPTokenizer ids, committed by
 tools/make_tokenizer_fixtures.py (tests/data/clip_tokenizer/: CLIP's first 10,000 real BPE merges, SD 1.x's
 vocab.json + merges.txt folder padding with <|endoftext|>, SD 2's tokenizer.json folder padding with "!")."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from eqxdiff.text import TokenizeText, load_tokenizer
+from eqxdiff.data import TokenizeText, load_tokenizer
 
 DATA = Path(__file__).parent / "data" / "clip_tokenizer"
 REFERENCE = json.loads((DATA / "reference.json").read_text(encoding="utf-8"))

@@ -1,4 +1,5 @@
-"""Data for eqxdiff: record sources, per-process grain pipelines and the device prefetch thread."""
+"""Data for eqxdiff: record sources, per-process grain pipelines, the host tokenizers they run and the
+device prefetch thread."""
 
 from eqxdiff.data.captioned_digits import (
     CaptionedDigitsSource, caption_digits, captioned_digits_prompts, captioned_digits_tokenizer,
@@ -10,6 +11,7 @@ from eqxdiff.data.folder import UnreadableImagesError
 from eqxdiff.data.sources import ImageSource, describe_source, write_arrayrecord
 from eqxdiff.data.specs import open_source
 from eqxdiff.data.tokenized import TokenizedSource
+from eqxdiff.data.tokenizer import TextTokenizer, TokenizeText, load_tokenizer, word_tokenizer
 
 __all__ = [
     "TEXT",
@@ -18,6 +20,8 @@ __all__ = [
     "Prefetch",
     "Source",
     "TextField",
+    "TextTokenizer",
+    "TokenizeText",
     "TokenizedSource",
     "UnreadableImagesError",
     "caption_digits",
@@ -29,7 +33,9 @@ __all__ = [
     "data_position",
     "describe_fields",
     "describe_source",
+    "load_tokenizer",
     "open_source",
     "stack_records",
+    "word_tokenizer",
     "write_arrayrecord",
 ]

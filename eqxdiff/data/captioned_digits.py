@@ -25,7 +25,7 @@ from jaxtyping import Int32
 
 from eqxdiff.data.records import TEXT
 from eqxdiff.data.sources import load_digits_source
-from eqxdiff.text.tokenizer import TextTokenizer, word_tokenizer
+from eqxdiff.data.tokenizer import TextTokenizer, word_tokenizer
 
 NUM_EXAMPLES = 20_000
 SEED = 0

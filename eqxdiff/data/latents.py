@@ -30,9 +30,10 @@ byte count, then that many bytes of UTF-8. meta.json:
                      "null": {"file": "null_text.npz", "sha256": of that file}}
 
 `null_text.npz` (beside meta.json, named by text.null.file) is the run's null condition for
-classifier-free guidance, `eqxdiff.text.conditioning.TextConditioning.encoded_null()`: "context"
-float32[1, n, d] and "pooled" float32[1, d] (the encoded empty caption "", or zeros for null_text
-"zeros"), "mask" int32[1, n] (the tokens of ""). `LatentSource.text_null()` reads it.
+classifier-free guidance, `eqxdiff.text.conditioning.TextConditioning.encoded_null()`, a TextCond
+stored by its fields' names: "context" float32[1, n, d] and "pooled" float32[1, d] (the encoded
+empty caption "", or zeros for null_text "zeros"), "mask" int32[1, n] (the tokens of "").
+`LatentSource.text_null()` reads it back as a TextCond.
 """
 
 import hashlib
@@ -47,12 +48,12 @@ import jax
 import numpy as np
 
 from eqxdiff.data.records import TEXT, Fields, TextField
+from eqxdiff.nn.text_cond import TextCond
 
 META = "meta.json"
 TMP_SUFFIX = ".tmp"
 RERUN = "(re)run train/encode.py with the same flags to complete it"
 NULL_FILE = "null_text.npz"
-NULL_KEYS = ("context", "mask", "pooled")
 _TEXT_LEN = struct.Struct("<I")  # a text field's byte count
 
 
@@ -145,12 +146,13 @@ def tokenizer_files_sha256(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def null_npz_bytes(null: dict) -> bytes:
-    """`null_text.npz`'s bytes for an encoded null {"context", "mask", "pooled"} (float32, int32,
-    float32; numpy's npz, whose zip entries carry a fixed date: equal arrays give equal bytes)."""
+def null_npz_bytes(null: TextCond) -> bytes:
+    """`null_text.npz`'s bytes for an encoded null: its context, mask, pooled as "context" float32,
+    "mask" int32, "pooled" float32 (numpy's npz, whose zip entries carry a fixed date: equal arrays
+    give equal bytes)."""
     buffer = io.BytesIO()
     dtypes = {"context": np.float32, "mask": np.int32, "pooled": np.float32}
-    np.savez(buffer, **{k: np.asarray(null[k], dtypes[k]) for k in NULL_KEYS})
+    np.savez(buffer, **{k: np.asarray(v, dtypes[k]) for k, v in null.as_dict().items()})
     return buffer.getvalue()
 
 
@@ -215,18 +217,17 @@ class LatentSource:
             raise KeyError(f"{self.folder} stores no captions (its fields: {sorted(self.record_fields)}).")
         return str(parse_record(self.records[i], self.record_fields)["caption"])
 
-    def text_null(self) -> dict[str, np.ndarray] | None:
-        """The null condition the encode stored (`null_text.npz`): {"context": float32[1, n, d],
-        "mask": int32[1, n], "pooled": float32[1, d]}; None for latents encoded without text.
-        A file that is missing or not the one meta.json names raises."""
-        text = self.meta.get("text")
-        if text is None:
-            return None
-        path = self.folder / text["null"]["file"]
+    def text_null(self) -> TextCond:
+        """The null condition the encode stored with text latents (`null_text.npz`): TextCond(context
+        float32[1, n, d], mask int32[1, n], pooled float32[1, d]). Latents encoded without a text
+        encoder, or a file that is missing or not the one meta.json names, raise."""
+        if "text" not in self.meta:
+            raise ValueError(f"{self.folder} was encoded without a text encoder: it stores no null text condition.")
+        path = self.folder / self.meta["text"]["null"]["file"]
         if not path.is_file():
             raise FileNotFoundError(f"{path} (the null text condition meta.json names) is missing; {RERUN}.")
         data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != text["null"]["sha256"]:
+        if hashlib.sha256(data).hexdigest() != self.meta["text"]["null"]["sha256"]:
             raise ValueError(f"{path} is not the file meta.json names (its sha256 differs); {RERUN}.")
         with np.load(io.BytesIO(data)) as arrays:
-            return {k: arrays[k] for k in NULL_KEYS}
+            return TextCond.from_dict(arrays)

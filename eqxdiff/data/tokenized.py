@@ -5,12 +5,12 @@ import jax
 import numpy as np
 
 from eqxdiff.data.records import Source, TextField, describe_fields
-from eqxdiff.text.tokenizer import TextTokenizer, TokenizeText
+from eqxdiff.data.tokenizer import TextTokenizer, TokenizeText
 
 
 class TokenizedSource:
     """`source` with its text field `field` replaced by "input_ids" and "attention_mask", int32[max_length] each
-    (`eqxdiff.text.TokenizeText` applied to every record read; `max_length` None: the tokenizer's
+    (`eqxdiff.data.TokenizeText` applied to every record read; `max_length` None: the tokenizer's
     model_max_length). Length, `spec` and every other attribute (`image_shape`, `num_classes`, ...) are the
     wrapped source's.
 

@@ -1,7 +1,8 @@
 """Classifier-free guidance (Ho & Salimans 2022) as a denoiser wrapper, and its condition dropout.
 
 A condition is any pytree whose leaves are batch-first arrays: class labels `int32[b]`, a text
-condition (context `[b, n, d]`, mask `[b, n]`, pooled `[b, d]`), or a researcher's own. Its null
+condition (`eqxdiff.nn.TextCond`: context `[b, n, d]`, mask `[b, n]`, pooled `[b, d]` or None), or a
+researcher's own. Its null
 condition has the same structure, each leaf with b rows or one row (broadcast over the batch).
 """
 

@@ -32,7 +32,7 @@ from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
 from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, check_weights_file, skipped_keys
 from eqxdiff.eval.precision_recall import precision_recall
 from eqxdiff.nn.torch_weights import load_safetensors
-from eqxdiff.sharding import batch_sharding, make_mesh
+from eqxdiff.sharding import batch_sharding, make_mesh, placement
 
 FEATURES_KEY = "features"  # the reference file's kept feature rows [n, d] float32, in random order
 DATA_KEYS = ("dataset", "image_shape")  # what the statistics are of: a str, int64 [3] (train/fid_stats.py)
@@ -300,7 +300,8 @@ def load_inception(path: str | Path) -> InceptionV3:
     check_weights_file(path)
     abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
     local = make_mesh(devices=jax.local_devices()[:1])
-    return load_safetensors(abstract, path, ignore=skipped_keys(abstract), mesh=local, layouts=TORCH_LAYOUTS)
+    ignore = skipped_keys(abstract)
+    return load_safetensors(abstract, path, ignore=ignore, place=placement(local), layouts=TORCH_LAYOUTS)
 
 
 def open_fid(

@@ -3,7 +3,7 @@ transformers' CLIP text tower and an exact space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
-arrays or None; conditional models also give `null_cond(b)`.
+arrays or None (a text model's: `TextCond`); conditional models also give `null_cond(b)`.
 """
 
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
@@ -17,12 +17,13 @@ from eqxdiff.nn.layers import (
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.space_to_depth import SpaceToDepth
+from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
     "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
-    "SelfAttention", "SpaceToDepth", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of",
-    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm",
+    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

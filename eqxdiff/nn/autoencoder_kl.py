@@ -18,12 +18,11 @@ from safetensors import safe_open
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, GroupNorm
 from eqxdiff.nn.ldm_vae import config_from_shapes, diffusers_name, vae_prefix
-from eqxdiff.nn.torch_weights import load_safetensors
+from eqxdiff.nn.torch_weights import Place, load_safetensors
 from eqxdiff.nn.vae_blocks import EPS, DownEncoderBlock, MidBlock, UpDecoderBlock
 from eqxdiff.nn.weight_files import weight_files
 
@@ -194,23 +193,23 @@ class AutoencoderKL(eqx.Module):
 
     @classmethod
     def from_diffusers(
-        cls, path: str | Path, *, variant: str | None = None, mesh: Mesh | None = None, min_size: int = 2**12
+        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None
     ) -> "AutoencoderKL":
         """A diffusers model folder (config.json + diffusion_pytorch_model.safetensors, or the
         shards of its `.safetensors.index.json`; fp32, fp16 or bf16), as float32 parameters.
         `variant` (e.g. "fp16") loads `diffusion_pytorch_model.<variant>.safetensors` or its shards
         instead, as diffusers' `variant=`; None loads the plain weights (`weight_files` names the
-        variants of a folder without them). With `mesh`, each weight is read straight into its
-        `eqxdiff.sharding` layout for `(mesh, min_size)`; without, onto the first device."""
+        variants of a folder without them). With `place` (e.g. `eqxdiff.sharding.placement(mesh)`),
+        each weight is read straight into its sharding in `place(abstract)`; without, onto the first device."""
         path = Path(path)
         weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
-        return load_safetensors(abstract, weights, rename=_current_attention_name, mesh=mesh, min_size=min_size)
+        return load_safetensors(abstract, weights, rename=_current_attention_name, place=place)
 
     @classmethod
     def from_single_file(
-        cls, path: str | Path, *, config: dict | str | Path, mesh: Mesh | None = None, min_size: int = 2**12
+        cls, path: str | Path, *, config: dict | str | Path, place: Place | None = None
     ) -> "AutoencoderKL":
         """One safetensors file with the original LDM / FLUX names (`vae-ft-mse-840000-ema-pruned`,
         `sdxl_vae`, FLUX's `ae`, or a whole SD checkpoint, whose `first_stage_model.` keys are read
@@ -244,7 +243,7 @@ class AutoencoderKL(eqx.Module):
             return diffusers_name(key.removeprefix(prefix), levels) if key.startswith(prefix) else None
 
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
-        return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, mesh=mesh, min_size=min_size)
+        return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, place=place)
 
     def encode(
         self, x: Float[Array, "b h w ci"]

@@ -18,11 +18,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import Dense, Embedding, layer_norm
-from eqxdiff.nn.torch_weights import load_safetensors
+from eqxdiff.nn.torch_weights import Place, load_safetensors
 from eqxdiff.nn.weight_files import weight_files
 
 WEIGHTS_FILE = "model.safetensors"
@@ -233,14 +232,14 @@ class CLIPTextModel(eqx.Module):
 
     @classmethod
     def from_transformers(
-        cls, path: str | Path, *, variant: str | None = None, mesh: Mesh | None = None, min_size: int = 2**12
+        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None
     ) -> "CLIPTextModel":
         """A transformers CLIPTextModel folder (config.json + model.safetensors, or the shards of its
         `model.safetensors.index.json`; fp32, fp16 or bf16; keys with or without "text_model."; a
         stored `position_ids` buffer is ignored), as float32 parameters. `variant` (e.g. "fp16") loads
-        `model.<variant>.safetensors` or its shards instead, as transformers' `variant=`. With `mesh`,
-        each weight is read straight into its `eqxdiff.sharding` layout for `(mesh, min_size)`;
-        without, onto the first device."""
+        `model.<variant>.safetensors` or its shards instead, as transformers' `variant=`. With `place`
+        (e.g. `eqxdiff.sharding.placement(mesh, min_size)`), each weight is read straight into its
+        sharding in `place(abstract)`; without, onto the first device."""
         config, full = text_config(Path(path))
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
 
@@ -248,7 +247,7 @@ class CLIPTextModel(eqx.Module):
             return None if full and key.startswith(OTHER_TOWERS) else key.removeprefix(PREFIX)
 
         weights = weight_files(path, WEIGHTS_FILE, variant)
-        return load_safetensors(abstract, weights, rename=rename, ignore=BUFFERS, mesh=mesh, min_size=min_size)
+        return load_safetensors(abstract, weights, rename=rename, ignore=BUFFERS, place=place)
 
     @property
     def num_layers(self) -> int:

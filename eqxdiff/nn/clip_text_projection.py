@@ -12,12 +12,11 @@ from pathlib import Path
 import equinox as eqx
 import jax
 import numpy as np
-from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.clip_text import BUFFERS, PREFIX, WEIGHTS_FILE, CLIPTextModel, parse_config, text_config
 from eqxdiff.nn.layers import Dense
-from eqxdiff.nn.torch_weights import load_safetensors
+from eqxdiff.nn.torch_weights import Place, load_safetensors
 from eqxdiff.nn.weight_files import weight_files
 
 PROJECTION_DIM = 512  # transformers' CLIPTextConfig default
@@ -46,12 +45,12 @@ class CLIPTextModelWithProjection(eqx.Module):
 
     @classmethod
     def from_transformers(
-        cls, path: str | Path, *, variant: str | None = None, mesh: Mesh | None = None, min_size: int = 2**12
+        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None
     ) -> "CLIPTextModelWithProjection":
         """A transformers folder holding the text tower and `text_projection.weight` (a
         CLIPTextModelWithProjection's, or a full CLIPModel's, whose `text_config` gives the sizes: its
-        `projection_dim` as transformers reads it), as float32 parameters; `variant`, `mesh` and
-        `min_size` as in `CLIPTextModel.from_transformers`."""
+        `projection_dim` as transformers reads it), as float32 parameters; `variant` and `place`
+        as in `CLIPTextModel.from_transformers`."""
         config, full = text_config(Path(path))
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
 
@@ -62,7 +61,7 @@ class CLIPTextModelWithProjection(eqx.Module):
 
         weights = weight_files(Path(path), WEIGHTS_FILE, variant)
         ignore = [PREFIX + b for b in BUFFERS]
-        return load_safetensors(abstract, weights, rename=rename, ignore=ignore, mesh=mesh, min_size=min_size)
+        return load_safetensors(abstract, weights, rename=rename, ignore=ignore, place=place)
 
     def __call__(
         self,

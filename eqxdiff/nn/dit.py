@@ -82,8 +82,8 @@ class DiTBlock(eqx.Module):
 class DiT(eqx.Module):
     """`model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]` on `image_size`² images; `cond` is class
     labels `int32[b]` (None: the null class), None for an unconditional DiT, or for a text DiT
-    (`context_dim > 0`) the dict `{"context": f32[b, n, context_dim], "mask": int32[b, n]
-    (1 = token, 0 = padding), "pooled": f32[b, pooled_dim] (only when pooled_dim > 0)}`.
+    (`context_dim > 0`) a `TextCond(context f32[b, n, context_dim], mask int32[b, n] (1 = token,
+    0 = padding), pooled f32[b, pooled_dim], None when pooled_dim = 0)`.
 
     Patchify (p×p stride-p conv) + fixed 2-D sin-cos positions (MAE), c = t_emb + y_emb
     (label table of num_classes + 1 rows, the last one null), `depth` adaLN-Zero blocks, a final
@@ -204,7 +204,7 @@ class DiT(eqx.Module):
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        cond: Int[Array, " b"] | dict[str, Array] | None = None,
+        cond: Any = None,  # int32[b] labels, a TextCond or None: checked below, by kind of model
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -226,8 +226,8 @@ class DiT(eqx.Module):
             if self.pooled_embed is not None:
                 emb = emb + self.pooled_embed(pooled).astype(emb.dtype)
         elif self.label_embed is not None:
-            if isinstance(cond, dict):
-                raise ValueError("A label DiT (num_classes > 0) takes int32[b] labels, got a dict (text?) condition.")
+            if cond is not None and not eqx.is_array(cond):
+                raise ValueError(f"A label DiT (num_classes > 0) takes int32[b] labels, got {type(cond).__name__}.")
             labels = self.null_cond(b) if cond is None else cond
             emb = emb + self.label_embed(labels).astype(emb.dtype)
         elif cond is not None:

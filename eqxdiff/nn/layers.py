@@ -18,6 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from eqxdiff import xla_cpu
 
 from .conv import conv2d
+from .text_cond import TextCond
 
 # jax.random.normal's lower bound for its U(-1, 1); uniform draws use it too, so a uniform and a
 # normal draw are one recipe (xla_cpu.padded_draw computes both in one program).
@@ -227,31 +228,35 @@ def unpack_text_cond(
     """Check a text-conditioned model's `cond` and return `(context [b, n, context_dim],
     mask [b, n], pooled [b, pooled_dim] or None)`.
 
-    `cond` must be exactly `{"context": f32[b, n, context_dim], "mask": int32[b, n]}` (1 = token,
-    0 = padding), plus `"pooled": f32[b, pooled_dim]` when `pooled_dim > 0`. Runs at trace time:
-    a wrong condition raises before anything compiles.
+    `cond` must be a `TextCond` with `context` f32[b, n, context_dim], `mask` int32 (or bool)[b, n]
+    (1 = token, 0 = padding) and `pooled` f32[b, pooled_dim] when `pooled_dim > 0`, None when not.
+    Runs at trace time: a wrong condition raises before anything compiles.
     """
-    want = ["context", "mask"] + (["pooled"] if pooled_dim else [])
     config = f"{model}(context_dim={context_dim}, pooled_dim={pooled_dim})"
+    want = f"TextCond(context, mask, {'pooled' if pooled_dim else 'pooled=None'})"
     if cond is None:
         raise ValueError(
-            f"{config} is text-conditioned and got cond=None. Pass the text condition, a dict with keys "
-            f"{want}; for 'no condition' (guidance, condition dropout) pass the run's null condition "
-            "(the text encoder's encoding of \"\", or zeros) - the model cannot make it: its null_cond() is None."
+            f"{config} is text-conditioned and got cond=None. Pass the text condition, a {want}; for 'no "
+            "condition' (guidance, condition dropout) pass the run's null condition (the text encoder's encoding "
+            "of \"\", or zeros) - the model cannot make it: its null_cond() is None."
         )
-    if not isinstance(cond, Mapping) or sorted(cond) != sorted(want):
-        got = sorted(cond) if isinstance(cond, Mapping) else type(cond).__name__
-        raise ValueError(f"{config} takes cond = a dict with keys {want} (no others); got {got}")
-    context, mask, pooled = cond["context"], cond["mask"], cond.get("pooled")
+    if not isinstance(cond, TextCond):
+        got = f"a dict with keys {sorted(cond)}" if isinstance(cond, Mapping) else type(cond).__name__
+        got = f"an array {cond.dtype}{list(cond.shape)} (labels?)" if eqx.is_array(cond) else got
+        raise ValueError(f"{config} takes cond = {want} (eqxdiff.nn.TextCond); got {got}")
+    context, mask, pooled = cond.context, cond.mask, cond.pooled
     if context.ndim != 3 or context.shape[0] != batch_size or context.shape[2] != context_dim:
-        raise ValueError(f"{config}: cond['context'] must be [{batch_size}, n, {context_dim}]; got {context.shape}")
+        raise ValueError(f"{config}: cond.context must be [{batch_size}, n, {context_dim}]; got {context.shape}")
     if mask.shape != context.shape[:2] or jnp.issubdtype(mask.dtype, jnp.floating):
         raise ValueError(
-            f"{config}: cond['mask'] must be int32 (or bool) {context.shape[:2]}, 1 = token, 0 = padding; "
+            f"{config}: cond.mask must be int32 (or bool) {context.shape[:2]}, 1 = token, 0 = padding; "
             f"got {mask.dtype}{mask.shape}"
         )
+    if (pooled is None) != (pooled_dim == 0):
+        has = "has no pooled vector" if pooled is None else "has a pooled vector"
+        raise ValueError(f"{config}: cond {has}; the model takes {want} (build it with pooled_dim=0 to take none)")
     if pooled is not None and pooled.shape != (batch_size, pooled_dim):
-        raise ValueError(f"{config}: cond['pooled'] must be [{batch_size}, {pooled_dim}]; got {pooled.shape}")
+        raise ValueError(f"{config}: cond.pooled must be [{batch_size}, {pooled_dim}]; got {pooled.shape}")
     return context, mask, pooled
 
 

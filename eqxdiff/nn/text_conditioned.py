@@ -13,12 +13,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.clip_text import CLIPTextModel
+from eqxdiff.nn.text_cond import TextCond
 
 
 class TextConditioned(eqx.Module):
     """`model(x[b,h,w,c], t[b], {"input_ids": int32[b,n], "attention_mask": int32[b,n]})`: the text
-    tower's (hidden states, pooled) become `net`'s condition `{"context", "mask", "pooled"}`; with
-    `pooled=False` only `{"context", "mask"}` (a net built with pooled_dim=0).
+    tower's (hidden states, pooled) become `net`'s condition `TextCond(hidden, attention_mask, pooled)`;
+    with `pooled=False` its pooled is None (a net built with pooled_dim=0).
 
     `null_ids`/`null_mask` are the tokens of the empty caption "", the null condition of
     classifier-free guidance (`null_cond`): dropping a caption in training and the unconditional
@@ -57,5 +58,5 @@ class TextConditioned(eqx.Module):
             got = sorted(cond) if isinstance(cond, dict) else type(cond).__name__
             raise ValueError(f"TextConditioned takes cond = {{'input_ids', 'attention_mask'}} (int32[b, n]); got {got}")
         hidden, pooled = self.text_encoder(cond["input_ids"], cond["attention_mask"])
-        text = {"context": hidden, "mask": cond["attention_mask"]} | ({"pooled": pooled} if self.pooled else {})
+        text = TextCond(hidden, cond["attention_mask"], pooled if self.pooled else None)
         return self.net(x, t, text, key=key)

@@ -7,22 +7,25 @@ index). Each key is read exactly once; a missing or unexpected key, or a wrong s
 names it. Layouts differ only by an axis permutation per layer type (`LAYOUTS`): a conv kernel is
 OIHW in PyTorch and HWIO here, a linear weight (out, in) there and (in, out) here. Every leaf is
 built with `jax.make_array_from_callback` in its target sharding, and each callback reads only
-its device's slice of the memory-mapped file, so no device ever holds a whole host copy.
+its device's slice of the memory-mapped file, so no device ever holds a whole host copy. The
+shardings come from the caller (`place`; `eqxdiff.sharding.placement(mesh, min_size)` gives the
+training state's layout): a network knows nothing of meshes.
 """
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import equinox as eqx
 import jax
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16", which safetensors' numpy reader asks for)
 import numpy as np
-from jax.sharding import Mesh, Sharding, SingleDeviceSharding
+from jax.sharding import Sharding, SingleDeviceSharding
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
 from eqxdiff.nn.torch_pickle import TorchFile
-from eqxdiff.sharding import is_array_like, state_shardings
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
 LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
@@ -30,7 +33,14 @@ LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
     Dense: {"weight": (1, 0)},  # (out, in) -> (in, out)
 }
 FLOAT_DTYPES = {"F32", "F16", "BF16"}
+# `place(abstract_module)`: a Sharding per array leaf (a pytree of the module's structure, None at the other leaves).
+Place = Callable[[Any], Any]
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")  # torch.save's files: read as tensors, never code
+
+
+def is_array_like(x) -> bool:
+    """A jax array or its abstract stand-in (ShapeDtypeStruct): the leaves that are read."""
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def leaf_layouts(module, layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS) -> dict[str, tuple[int, ...]]:
@@ -56,8 +66,7 @@ def load_safetensors(
     *,
     rename: Callable[[str], str | None] = lambda key: key,
     ignore: Collection[str] = (),
-    mesh: Mesh | None = None,
-    min_size: int = 2**12,
+    place: Place | None = None,
     layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS,
     conv1x1_as_dense: bool = False,
 ):
@@ -70,18 +79,17 @@ def load_safetensors(
     two file keys mapping to one name raise. `ignore` names (after `rename`) keys that are accepted
     and not read: buffers the module does not keep (transformers' `position_ids`). With
     `conv1x1_as_dense`, a Dense weight also loads from a 1x1 convolution's `[out, in, 1, 1]` (the
-    same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `mesh`, leaves
-    are placed in `eqxdiff.sharding`'s shardings for `(mesh, min_size)`; without, on the first
+    same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `place`, each
+    leaf is read straight into its sharding in `place(abstract_module)`; without, onto the first
     device. F32, F16 and BF16 files load; a torch file (`TORCH_SUFFIXES`) loads as a state_dict
     (torch_pickle).
     """
     perms = leaf_layouts(abstract_module, layouts)
-    if mesh is None:
+    if place is None:
         device_sharding = SingleDeviceSharding(jax.devices()[0])
         shardings = {name: device_sharding for name in perms}
     else:
-        tree = state_shardings(abstract_module, mesh, min_size)
-        shardings = dict(zip(perms, jax.tree.leaves(tree), strict=True))
+        shardings = dict(zip(perms, jax.tree.leaves(place(abstract_module)), strict=True))
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} shards)"
     with ExitStack() as stack:

@@ -129,9 +129,8 @@ class AttnBlock(eqx.Module):
 class UNet(eqx.Module):
     """Time- and class- or text-conditional UNet, `model(x[b,h,w,c], t[b], cond) -> [b,h,w,c]`,
     where `cond` is class labels `int32[b]` (None: the null class), None for an unconditional
-    UNet, or for a text UNet (`context_dim > 0`) the dict
-    `{"context": f32[b, n, context_dim], "mask": int32[b, n] (1 = token, 0 = padding),
-    "pooled": f32[b, pooled_dim] (only when pooled_dim > 0)}`.
+    UNet, or for a text UNet (`context_dim > 0`) a `TextCond(context f32[b, n, context_dim],
+    mask int32[b, n] (1 = token, 0 = padding), pooled f32[b, pooled_dim], None when pooled_dim = 0)`.
 
     Layout (FlaxDiff's): conv_in to channels[0]; at level i, `num_res_blocks` blocks keep the
     incoming width (attention after the last one if i is in `attention_levels`), then a
@@ -317,7 +316,7 @@ class UNet(eqx.Module):
         self,
         x: Float[Array, "b h w c"],
         t: Float[Array, " b"],
-        cond: Int[Array, " b"] | dict[str, Array] | None = None,
+        cond: Any = None,  # int32[b] labels, a TextCond or None: checked below, by kind of model
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "b h w c"]:
@@ -335,8 +334,8 @@ class UNet(eqx.Module):
             if self.pooled_embed is not None:
                 emb = emb + self.pooled_embed(pooled).astype(emb.dtype)
         elif self.label_embed is not None:
-            if isinstance(cond, dict):
-                raise ValueError("A label UNet (num_classes > 0) takes int32[b] labels, got a dict (text?) condition.")
+            if cond is not None and not eqx.is_array(cond):
+                raise ValueError(f"A label UNet (num_classes > 0) takes int32[b] labels, got {type(cond).__name__}.")
             labels = self.null_cond(b) if cond is None else cond
             emb = emb + self.label_embed(labels).astype(emb.dtype)
         elif cond is not None:

@@ -1,5 +1,2 @@
-"""Text for eqxdiff: tokenizers run on the host, in the data pipeline."""
-
-from eqxdiff.text.tokenizer import TextTokenizer, TokenizeText, load_tokenizer, word_tokenizer
-
-__all__ = ["TextTokenizer", "TokenizeText", "load_tokenizer", "word_tokenizer"]
+"""Text for eqxdiff: how a run's captions become its model's condition (`conditioning`). The host
+tokenizers run with the data pipeline: `eqxdiff.data.load_tokenizer`, `eqxdiff.data.word_tokenizer`."""

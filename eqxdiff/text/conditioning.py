@@ -2,8 +2,8 @@
 
 Two towers, one condition. A pretrained tower (`CLIPTextModel.from_transformers`, e.g. SD's
 `text_encoder/`) stays frozen: the training step takes it as an ARGUMENT and encodes each batch's
-tokens in `prepare`, and the network sees `{"context": f32[b,n,d], "mask": int32[b,n], "pooled":
-f32[b,d]}`. A tower trained from scratch ("scratch", e.g. for `captioned_digits`) is part of the
+tokens in `prepare`, and the network sees `TextCond(context f32[b,n,d], mask int32[b,n], pooled
+f32[b,d])`. A tower trained from scratch ("scratch", e.g. for `captioned_digits`) is part of the
 model (`eqxdiff.nn.TextConditioned`), which takes the tokens themselves.
 
 The null condition of classifier-free guidance is the run's, the same in training (caption dropout)
@@ -21,10 +21,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from eqxdiff.nn import CLIPTextModel
+from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
+from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
-from eqxdiff.text.tokenizer import TextTokenizer, load_tokenizer
+from eqxdiff.sharding import placement
 
 NULL_TEXTS = ("empty", "zeros")
 SCRATCH = "scratch"
@@ -56,12 +57,11 @@ class TextConditioning:
     def encoder_width(self) -> int:
         return self.encoder.final_layer_norm.weight.shape[-1]
 
-    def encoded_null(self) -> dict:
-        """{"context": f32[1,n,d], "mask": int32[1,n], "pooled": f32[1,d]}: "" encoded, or zeros."""
-        tokens = self.tokens([""])
-        cond = encode_tokens(self.encoder, tokens)
+    def encoded_null(self) -> TextCond:
+        """TextCond(context f32[1,n,d], mask int32[1,n], pooled f32[1,d]): "" encoded, or zeros."""
+        cond = encode_tokens(self.encoder, self.tokens([""]))
         if self.null_text == "zeros":
-            cond = {**cond, "context": np.zeros_like(cond["context"]), "pooled": np.zeros_like(cond["pooled"])}
+            cond = TextCond(np.zeros_like(cond.context), cond.mask, np.zeros_like(cond.pooled))
         return cond
 
     def sampling_condition(self, prompts: list[str]) -> tuple[Any, Any]:
@@ -79,14 +79,15 @@ def _encode(encoder: CLIPTextModel, input_ids: jax.Array, attention_mask: jax.Ar
     return encoder(input_ids, attention_mask)
 
 
-def encode_tokens(encoder: CLIPTextModel, tokens: dict, batch_size: int = 64) -> dict[str, np.ndarray]:
-    """Tokens -> the network's condition as host arrays, in chunks of `batch_size` prompts."""
+def encode_tokens(encoder: CLIPTextModel, tokens: dict, batch_size: int = 64) -> TextCond:
+    """Tokens {"input_ids", "attention_mask"} -> the network's condition as host (float32) arrays, in
+    chunks of `batch_size` prompts."""
     hidden, pooled = [], []
     for i in range(0, len(tokens["input_ids"]), batch_size):
         h, p = _encode(encoder, tokens["input_ids"][i : i + batch_size], tokens["attention_mask"][i : i + batch_size])
         hidden.append(np.asarray(h, np.float32))
         pooled.append(np.asarray(p, np.float32))
-    return {"context": np.concatenate(hidden), "mask": tokens["attention_mask"], "pooled": np.concatenate(pooled)}
+    return TextCond(np.concatenate(hidden), tokens["attention_mask"], np.concatenate(pooled))
 
 
 def tokenizer_folder(text_encoder: str, tokenizer: str) -> Path:
@@ -162,7 +163,8 @@ def open_text_conditioning(
             "eos_token_id": eos,
         }
         return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
-    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), mesh=mesh, min_size=min_size)
+    place = None if mesh is None else placement(mesh, min_size)
+    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), place=place)
     vocab, rows = tokenizer.tokenizer.get_vocab_size(), encoder.embeddings.token_embedding.weight.shape[0]
     if vocab > rows:  # an id past the table would be clamped inside jit, silently
         raise ValueError(
