@@ -60,6 +60,41 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
     assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
 
 
+def help_text(parse, capsys) -> str:
+    """What `parse(["--help"])` prints (it exits 0)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_flags(capsys):
+    import encode  # train/encode.py
+    import fid_stats  # train/fid_stats.py
+    import sample  # train/sample.py
+    from startup import Launch, field_sections  # train/startup.py
+
+    sections = field_sections(train_main.Config)
+    assert set(sections) == {f.name for f in dataclasses.fields(train_main.Config)}  # no flag outside a section
+    titles = ["data", "model", "diffusion", "text", "optimisation", "sampling", "evaluation", "run", "launch"]
+    assert list(dict.fromkeys(title for title, _ in sections.values())) == titles
+    text = help_text(train_main.parse_config, capsys)
+    starts = [text.index(f"\n{title}:\n") for title in titles]  # each a group of --help, in this order
+    assert starts == sorted(starts)
+    for field in dataclasses.fields(train_main.Config):  # each flag under its own section's heading
+        i = titles.index(sections[field.name][0])
+        group = text[starts[i] : starts[i + 1] if i + 1 < len(titles) else len(text)]
+        assert f"--{field.name}" in group, field.name
+    assert "text-to-image, from captions" in text[starts[3] : starts[4]]  # the section's line describes it
+
+    # One definition of the launch flags: the same group, word for word, in every script's --help.
+    launch = text[starts[-1] :]
+    assert all(f"--{f.name}" in launch for f in dataclasses.fields(Launch))
+    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args):
+        other = help_text(parse, capsys)
+        assert other[other.index("\nlaunch:\n") :] == launch, parse.__module__
+
+
 def test_the_default_run_dir_is_named_by_dataset_and_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no runs/ of a developer's own here
     assert train_main.parse_config([]).run_dir == "runs/digits-unet"

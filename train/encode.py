@@ -52,13 +52,15 @@ from eqxdiff.text.conditioning import (
 )  # fmt: skip
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
-from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
+from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
 
 @dataclass
-class Config:
+class Config(Launch):
+    """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
+
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
     vae: str = ""  # space_to_depth:F | a diffusers autoencoder folder (AutoencoderKL: SD, SDXL, SD3, FLUX)
     out: str = ""  # the latent folder (created)
@@ -72,11 +74,6 @@ class Config:
     encode_text: bool = False  # also store the encoded captions: hidden states and pooled vector, float16
     null_text: str = "empty"  # the null condition stored in null_text.npz: the encoded "" | zeros
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of stopping the encode
-    cpu_devices: int = 0  # >0: simulate this many CPU devices
-    compilation_cache_dir: str = ""
-    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
-    num_processes: int = 1
-    process_id: int = 0
 
 
 def parse_config(argv: list[str] | None = None) -> Config:

@@ -37,11 +37,13 @@ from eqxdiff.eval.fid import (
 from eqxdiff.sharding import batch_sharding, make_mesh
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
-from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
+from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 
 @dataclass
-class Config:
+class Config(Launch):
+    """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
+
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
     inception: str = ""  # pytorch-fid's FID Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
     out: str = ""  # the statistics file, *.npz (written by process 0)
@@ -49,11 +51,6 @@ class Config:
     batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
     keep_features: int = 0  # >0: also keep this many random feature rows (key "features") for precision/recall
     seed: int = 0  # which rows --keep_features keeps
-    cpu_devices: int = 0  # >0: simulate this many CPU devices
-    compilation_cache_dir: str = ""
-    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
-    num_processes: int = 1
-    process_id: int = 0
 
 
 def parse_config(argv: list[str] | None = None) -> Config:

@@ -4,6 +4,8 @@ SIGTERM or too many non-finite steps (`cfg`: its Config)."""
 import jax
 from tqdm import tqdm
 
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.data import Prefetch, data_position
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, process_age_s
 
 
@@ -63,3 +65,18 @@ def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_
             bar.write(f"{stop.received or 'another process'} received: saved step {step}, exiting")
             break
     return state
+
+
+def save_checkpoint(step: int, state, *, checkpoints: Checkpoints, config: dict, source, batches: Prefetch,
+                    start_example: int) -> None:  # fmt: skip
+    """`state` saved as step `step` with `config` (train/main.py's `checkpoint_config`: its run_dir,
+    seed and batch_size among them) and the data position: `start_example` plus the batches `batches`
+    handed to the step (not those still queued) of `source`. A state holding a non-finite value, or a
+    step older than the run's newest, is not saved, and says so."""
+    examples = start_example + batches.delivered * config["batch_size"]
+    saved = checkpoints.save(step, state, data_position(examples, config["seed"], source), config)
+    if saved == "non_finite":
+        tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
+    elif saved == "not_newest":
+        tqdm.write(f"step {step}: not saved, {config['run_dir']} holds newer step {checkpoints.steps[-1]}; "
+                   f"to branch from an older step, copy it into a new --run_dir")

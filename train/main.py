@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entr
 from tqdm import tqdm
 
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
-from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, data_position
+from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, global_batch
 from eqxdiff.diffusion import (
     METHODS,
     PARAMETERIZATIONS,
@@ -63,71 +63,74 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
-from loop import train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
+from loop import save_checkpoint, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
-from startup import dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
+from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 
 
 @dataclass
-class Config:
-    """train/main.py's flags: each field is `--name`, its comment the flag's help (train/startup.py)."""
+class Config(Launch):
+    """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a
+    group of --help (train/startup.py); the launch flags (--cpu_devices, --coordinator, ...) are `Launch`'s."""
 
-    run_dir: str = ""  # where checkpoints, grids and logs go; a run resumes from it (default: runs/DATASET-MODEL)
-    steps: int = 900  # optimizer updates in the whole run (a resumed run trains up to this step)
-    batch_size: int = 128  # global, per optimizer update (split over every device and process)
-    lr: float = 2e-3  # AdamW's peak learning rate, reached after --warmup_steps, then cosine to 0 at --steps
-    warmup_steps: int = 100  # linear learning-rate warm-up
-    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
-    seed: int = 0  # the model's initialisation, the data order and every draw of σ, ε and dropout
+    # data: the examples and their order
     dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
     image_size: int = 32  # folder: and arrayrecord: images are resized to this; digits stay 8×8
     skip_bad_images: bool = False  # folder: train without the files that do not decode (else: listed, no run)
     allow_dataset_change: bool = False  # resume on other data, from the saved example count
     hflip: bool = False  # random horizontal flips (not for digits)
+    # model: the network, its arithmetic and its layout over the devices
     model: str = "unet"  # the network, train/models.py
+    precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
+    remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
+    fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
+    # diffusion: the noise training draws, what the network predicts, classifier-free dropout
     schedule: str = "edm"  # the training noise distribution p(σ), eqxdiff/diffusion/schedules.py
     edm_p_mean: float = -1.2  # edm: the mean of ln σ in training (EDM's -1.2); higher trains more where the condition decides the image
     parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
-    # Text-to-image: captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field).
+    # text: text-to-image, from captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field)
     text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
     text_dropout: float = 0.1  # captions replaced by the null text (classifier-free guidance training)
     null_text: str = "empty"  # the null text: the encoded "" | zeros
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of an error
-    sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
-    fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
-    fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
-    cpu_devices: int = 0  # >0: simulate this many CPU devices
+    # optimisation: AdamW over --steps updates, the EMA, the non-finite guard
+    steps: int = 900  # optimizer updates in the whole run (a resumed run trains up to this step)
+    batch_size: int = 128  # global, per optimizer update (split over every device and process)
     grad_accum_steps: int = 1  # micro-batches per optimizer update
-    remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
-    precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
+    lr: float = 2e-3  # AdamW's peak learning rate, reached after --warmup_steps, then cosine to 0 at --steps
+    warmup_steps: int = 100  # linear learning-rate warm-up
+    weight_decay: float = 1e-4  # AdamW's decoupled weight decay
     ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps (each is skipped, the state kept)
-    log_every: int = 50  # steps between metrics.jsonl rows (the host reads metrics only then)
+    # sampling: the sample grids of the EMA
     sample_every: int = 300  # steps between sample grids in RUN_DIR/samples (and one at the end); 0: none
     sample_steps: int = 18  # sampler steps of the grids
     sample_method: str = "heun"  # the grids' sampler, eqxdiff/diffusion/samplers.py
     cfg_scale: float = 1.5  # the grids' classifier-free guidance (1: none); train/sample.py's default too
+    sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
+    # evaluation: FID during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
     eval_num: int = 10000  # sampled --batch_size at a time
     fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
     inception: str = ""  # pytorch-fid's Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
+    # run: its directory, seed, logs, checkpoints and profile
+    run_dir: str = ""  # where checkpoints, grids and logs go; a run resumes from it (default: runs/DATASET-MODEL)
+    seed: int = 0  # the model's initialisation, the data order and every draw of σ, ε and dropout
+    log_every: int = 50  # steps between metrics.jsonl rows (the host reads metrics only then)
     ckpt_every: int = 500  # steps between checkpoints, and always at the end (or on SIGTERM/SIGINT)
     keep_checkpoints: int = 3  # the newest N are kept
     resume_step: int = -1  # the checkpoint to resume from; -1: the newest in --run_dir, if any
     profile_steps: str = ""  # "A:B" traces steps A..B-1 to RUN_DIR/profile
-    compilation_cache_dir: str = ""  # JAX's persistent compile cache: a rerun loads its programs instead of compiling
     wandb: str = "offline"  # Weights & Biases: offline (files in RUN_DIR/wandb) | online | disabled
-    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job; "auto": cluster env
-    num_processes: int = 1  # with --coordinator: processes in the job
-    process_id: int = 0  # with --coordinator: this process's index
 
 
 # (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
@@ -200,6 +203,16 @@ def check_model_args(cfg: Config, step: int, args: dict) -> None:
                          f"or pass a new --run_dir to train the edited model.")  # fmt: skip
 
 
+def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
+                      latent_config: dict, class_names: list | None) -> dict:  # fmt: skip
+    """What each checkpoint stores beside the state, enough to rebuild the run from its directory alone: the
+    flags, the data's shape and classes, the network's constructor arguments (`model_args`), the codec and
+    condition (`to_config`) and what latents were encoded from (`latent_config`)."""
+    return dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, model_args=args,
+                codec=codec.to_config(), condition=condition.to_config(), **latent_config,
+                **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
+
+
 def main(cfg: Config, features_fn=None) -> None:
     """`features_fn`: --eval_every's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     cfg = cfg if cfg.run_dir else dataclasses.replace(cfg, run_dir=default_run_dir(cfg.dataset, cfg.model))
@@ -259,9 +272,7 @@ def main(cfg: Config, features_fn=None) -> None:
     args = model_args(cfg.model, image_shape, condition)  # the network's constructor arguments, in each checkpoint
     if resume is not None:
         check_model_args(cfg, resume, args)
-
-    def make_model(key):
-        return build_model(args, cfg.remat, key, condition)
+    make_model = functools.partial(build_model, args, cfg.remat, condition=condition)  # key -> the network
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
@@ -310,26 +321,14 @@ def main(cfg: Config, features_fn=None) -> None:
         tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
         compiling.result()  # a compile error surfaces here
 
-    def save_checkpoint(step: int, state) -> None:
-        examples = start_example + batches.delivered * cfg.batch_size  # batches handed to the step
-        config = dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes,
-                      model_args=args, codec=codec.to_config(), condition=condition.to_config(), **latent_config,
-                      **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
-        saved = checkpoints.save(step, state, data_position(examples, cfg.seed, source), config)
-        if saved == "non_finite":
-            tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
-        elif saved == "not_newest":
-            tqdm.write(f"step {step}: not saved, {run_dir} holds newer step {checkpoints.steps[-1]}; "
-                       f"to branch from an older step, copy it into a new --run_dir")
-
+    ckpt_config = checkpoint_config(cfg, image_shape, num_classes, args, codec, condition, latent_config, class_names)
     stream = batch_stream(
         source, cfg.batch_size, cfg.seed, start_example=start_example, hflip=cfg.hflip,
         process_index=jax.process_index(), process_count=jax.process_count(),
     )  # fmt: skip
-    to_global = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(data_sharding, x), b)  # noqa: E731
     peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
     flops_per_device = step_flops(train_step, abstract, spec, frozen) / mesh.size  # XLA's cost analysis of the step
-    with Prefetch(stream, to_global, depth=2) as batches, MetricsLogger(
+    with Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
     ) as logger, checkpoints, StopRequest() as stop:
         logger.truncate_after(start_step)  # a resumed run logs each step once
@@ -342,7 +341,9 @@ def main(cfg: Config, features_fn=None) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_samples, save_checkpoint=save_checkpoint, stop=stop, evaluate=evaluate,
+            write_samples=write_samples, stop=stop, evaluate=evaluate,
+            save_checkpoint=functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config, source=source,
+                                              batches=batches, start_example=start_example),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
 

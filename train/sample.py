@@ -34,11 +34,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from main import Config  # train/ is on sys.path as a script
 from outputs import check_writable
 from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
 from run_condition import stored_condition
-from startup import HelpFormatter, exit_on_user_error, start_jax
+from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
 from eqxdiff.conditions import TextCondition
@@ -77,12 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
     parser.add_argument("--vae_tiling", default="auto", choices=TILING_MODES,
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
-    parser.add_argument("--cpu_devices", type=int, default=0, help=">0: simulate this many CPU devices")
-    parser.add_argument("--coordinator", default="",
-                        help="HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py --script "
-                             "sample.py); \"auto\": cluster env")  # fmt: skip
-    parser.add_argument("--num_processes", type=int, default=1, help="with --coordinator: processes in the job")
-    parser.add_argument("--process_id", type=int, default=0, help="with --coordinator: this process's index")
+    add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
@@ -212,8 +206,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         check_writable(args.fid_out or Path(args.run_dir) / "fid.jsonl", "--fid_out")
     elif args.process_id == 0:
         check_writable(args.out, "--out")
-    start_jax(Config(cpu_devices=args.cpu_devices, coordinator=args.coordinator, num_processes=args.num_processes,
-                     process_id=args.process_id))  # fmt: skip
+    start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
     run = load_run(args.run_dir, args.step, mesh=mesh)
     args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'

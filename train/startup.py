@@ -1,6 +1,6 @@
-"""What every script in train/ does first: flags from a dataclass, then JAX's start (simulated
-devices, the persistent compile cache, jax.distributed, the XLA:CPU workarounds), before the
-backend exists."""
+"""What every script in train/ does first: flags from a dataclass (grouped in its sections; the launch
+flags, `Launch`, shared by every script), then JAX's start (simulated devices, the persistent compile
+cache, jax.distributed, the XLA:CPU workarounds), before the backend exists."""
 
 import argparse
 import dataclasses
@@ -24,32 +24,81 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+@dataclasses.dataclass
+class Launch:
+    """How a script's JAX starts (`start_jax`): the flags every script in train/ takes, each Config
+    there a subclass of this one (train/sample.py adds them to its parser with `add_flags`)."""
+
+    # launch: the devices, the compile cache and the processes of a jax.distributed job
+    cpu_devices: int = 0  # >0: simulate this many CPU devices
+    compilation_cache_dir: str = ""  # JAX's persistent compile cache: a rerun loads its compiled programs
+    coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py); "auto": cluster env
+    num_processes: int = 1  # with --coordinator: processes in the job
+    process_id: int = 0  # with --coordinator: this process's index
+
+
+def _dataclasses(config_type) -> list[type]:
+    """`config_type` and the dataclasses it derives from, itself first: each holds the source of its own fields."""
+    return [c for c in config_type.__mro__ if dataclasses.is_dataclass(c)]
+
+
 def field_comments(config_type) -> dict[str, str]:
-    """The `# ...` comment on each field's line of a dataclass's source: that flag's --help text."""
+    """The `# ...` comment on each field's line of a dataclass's source (and its bases'): that flag's --help text."""
     comments = {}
-    for line in inspect.getsource(config_type).splitlines():
-        if match := re.match(r"\s+(\w+): [^#]*?#\s*(.*)$", line):
-            comments[match[1]] = match[2]
+    for cls in reversed(_dataclasses(config_type)):
+        for line in inspect.getsource(cls).splitlines():
+            if match := re.match(r"\s+(\w+): [^#]*?#\s*(.*)$", line):
+                comments[match[1]] = match[2]
     return comments
+
+
+def field_sections(config_type) -> dict[str, tuple[str, str]]:
+    """`{field: (section, its description)}` from a dataclass's source (and its bases'): a comment on a line
+    of its own, `# name: what the section holds`, opens a section, holding the fields below it up to the
+    next; a field above the first is in none (absent here). --help shows each section as a group of flags."""
+    sections = {}
+    for cls in _dataclasses(config_type):
+        own = set(cls.__annotations__)
+        section = None
+        for line in inspect.getsource(cls).splitlines():
+            if match := re.match(r"\s+#\s*(\w+)(?::\s*(.*))?$", line):
+                section = (match[1], match[2] or "")
+            elif (match := re.match(r"\s+(\w+):", line)) and match[1] in own and section:
+                sections.setdefault(match[1], section)
+    return sections
+
+
+def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None = None, required: tuple = (),
+              given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
+    """A flag `--name value` per field of the dataclass `config_type` on `parser`, its help the field's
+    comment and its default the field's, grouped by the source's sections (`field_sections`: the
+    class's own, in order, then its bases'); booleans are `--name` / `--no-name`. `given_only`: flags
+    left off the command line are absent from the parsed namespace (which flags a command gives)."""
+    helps, sections = field_comments(config_type), field_sections(config_type)
+    groups = {}
+    for title, description in sections.values():  # in the order the sections come
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title, description or None)
+    title = lambda field: sections[field.name][0] if field.name in sections else None  # noqa: E731
+    order = {name: i for i, name in enumerate(groups)}  # usage lists the flags as --help does: a stable sort
+    for field in sorted(dataclasses.fields(config_type), key=lambda field: order.get(title(field), -1)):
+        where = parser if title(field) is None else groups[title(field)]
+        default = argparse.SUPPRESS if given_only else field.default
+        help_text = helps.get(field.name, "").replace("%", "%%")
+        if field.type is bool:
+            where.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=default,
+                               help=help_text)  # fmt: skip
+        else:
+            where.add_argument(f"--{field.name}", type=field.type, default=default, help=help_text,
+                               choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
+    return parser
 
 
 def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
                      given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
-    """A flag `--name value` per field of the dataclass `config_type`, its help the field's comment
-    and its default the field's; booleans are `--name` / `--no-name`. `given_only`: flags left off
-    the command line are absent from the parsed namespace (which flags a command gives)."""
+    """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
-    helps = field_comments(config_type)
-    for field in dataclasses.fields(config_type):
-        default = argparse.SUPPRESS if given_only else field.default
-        help_text = helps.get(field.name, "").replace("%", "%%")
-        if field.type is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)  # fmt: skip
-        else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=default, help=help_text,
-                                choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
-    return parser
+    return add_flags(parser, config_type, choices, required, given_only)
 
 
 def exit_on_user_error(fn) -> None:
@@ -65,18 +114,20 @@ def exit_on_user_error(fn) -> None:
         raise
 
 
-def start_jax(cfg) -> None:
+def start_jax(launch: Launch | argparse.Namespace) -> None:
     """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
-    before the backend starts. `cfg`: any config with the fields cpu_devices,
-    compilation_cache_dir, coordinator, num_processes and process_id (train/main.py's Config)."""
-    if cfg.cpu_devices:
-        jax.config.update("jax_num_cpu_devices", cfg.cpu_devices)
-    if cfg.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache_dir)
+    before the backend starts. `launch`: the flags of `Launch` (a Config of train/ is one; train/sample.py
+    passes its parsed flags)."""
+    launch = Launch(**{f.name: getattr(launch, f.name) for f in dataclasses.fields(Launch)})
+    if launch.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", launch.cpu_devices)
+    if launch.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", launch.compilation_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    if cfg.coordinator == "auto":  # SLURM, Open MPI, TPU pods, ...: jax reads the cluster's env
+    if launch.coordinator == "auto":  # SLURM, Open MPI, TPU pods, ...: jax reads the cluster's env
         jax.distributed.initialize()
-    elif cfg.coordinator:
-        jax.distributed.initialize(cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id)
+    elif launch.coordinator:
+        jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes,
+                                   process_id=launch.process_id)  # fmt: skip
     xla_cpu.enable()  # XLA:CPU workarounds; same results, on CPU faster (eqxdiff/xla_cpu.py says why)

@@ -5,7 +5,7 @@ from eqxdiff.data.captioned_digits import (
     CaptionedDigitsSource, caption_digits, captioned_digits_prompts, captioned_digits_tokenizer,
 )  # fmt: skip
 from eqxdiff.data.pipeline import batch_stream, check_position, data_position
-from eqxdiff.data.prefetch import Prefetch
+from eqxdiff.data.prefetch import Prefetch, global_batch
 from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records
 from eqxdiff.data.folder import UnreadableImagesError
 from eqxdiff.data.sources import ImageSource, describe_source, write_arrayrecord
@@ -33,6 +33,7 @@ __all__ = [
     "data_position",
     "describe_fields",
     "describe_source",
+    "global_batch",
     "load_tokenizer",
     "open_source",
     "stack_records",

@@ -1,6 +1,6 @@
 """Background prefetch: a daemon thread pulls host batches, moves them to devices, and queues them.
 
-In the trainer `to_device` builds global arrays with
+In the trainer `to_device` is `global_batch`, which builds global arrays with
 `jax.make_array_from_process_local_data(batch_sharding, host_batch)`, so the host→device copy of
 batch i+1 overlaps the step on batch i (with depth ≥ 2 the next batch is ready when a step ends).
 """
@@ -10,10 +10,19 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import jax
+from jax.sharding import Sharding
+
 T = TypeVar("T")
 U = TypeVar("U")
 
 _POLL_S = 0.05  # how often a blocked put/get re-checks the stop flag
+
+
+def global_batch(sharding: Sharding, batch: Any) -> Any:
+    """A pytree of this process's rows of a batch (host arrays) as global arrays in `sharding`, every
+    process's rows together (its leading axis split over the processes' devices)."""
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
 
 
 class _End:
