@@ -23,6 +23,7 @@ The peak memory behind both numbers is in BENCHMARKS.md ("VAE memory per image")
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -31,7 +32,7 @@ from jax.sharding import Mesh
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
-from eqxdiff.sharding import placement
+from eqxdiff.sharding import Rule, placement
 
 PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 256 of 32² per VAE call
 MAX_AUTO_BATCH = 256  # small images: more rows per call buy little and pad a small dataset's last batch
@@ -103,14 +104,18 @@ def check_autoencoder(spec: str) -> None:
         _folder(spec)
 
 
-def open_autoencoder(spec: str, *, mesh: Mesh | None = None) -> Autoencoder:
+def open_autoencoder(spec: str, *, mesh: Mesh | None = None, min_size: int = 2**12, rules: Sequence[Rule] = ()
+                     ) -> Autoencoder:  # fmt: skip
     """The autoencoder a spec names; AutoencoderKL weights load into `mesh`'s layout (see
-    `AutoencoderKL.from_diffusers`), else onto the first device."""
+    `AutoencoderKL.from_diffusers`), else onto the first device: each weight read straight into
+    `eqxdiff.sharding.state_shardings`'s layout for `(min_size, rules)`, its leaves named
+    `autoencoder.<its path>` (`autoencoder.decoder.conv_out.weight`) for the rules."""
     factor = _space_to_depth_factor(spec)
     if factor is not None:
         return SpaceToDepth(factor)
     path, port = _folder(spec)
-    return port.from_diffusers(path, place=None if mesh is None else placement(mesh))
+    place = None if mesh is None else placement(mesh, min_size, rules=rules, name="autoencoder")
+    return port.from_diffusers(path, place=place)
 
 
 def sha256_file(path: Path | list[Path]) -> str:

@@ -7,6 +7,7 @@ checkpoint (`to_config`; `codec_from_config` rebuilds it). A new kind of x0 (ano
 latents, a different scaling) is a class here.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -69,11 +70,13 @@ class Latents:
         return {"kind": "latents", "autoencoder": self.spec}
 
 
-def codec_from_config(config: dict | None, *, mesh: Mesh | None = None):
-    """The codec a checkpoint's `codec` entry describes (None, as before codecs were stored: pixels).
-    Raises what `open_autoencoder` raises when the autoencoder cannot be read."""
+def codec_from_config(config: dict | None, *, mesh: Mesh | None = None, min_size: int = 2**12, rules: Sequence = ()):
+    """The codec a checkpoint's `codec` entry describes (None, as before codecs were stored: pixels), its
+    autoencoder laid out over `mesh` by `min_size` and `rules` (`open_autoencoder`). Raises what
+    `open_autoencoder` raises when the autoencoder cannot be read."""
     if not config or config["kind"] == "pixels":
         return Pixels()
     if config["kind"] == "latents":
-        return Latents(open_autoencoder(config["autoencoder"], mesh=mesh), config["autoencoder"])
+        vae = open_autoencoder(config["autoencoder"], mesh=mesh, min_size=min_size, rules=rules)
+        return Latents(vae, config["autoencoder"])
     raise ValueError(f"Unknown codec kind {config['kind']!r} (pixels | latents).")

@@ -5,7 +5,9 @@ Every array leaf of the state gets a PartitionSpec from an ordered list of rules
 `sharding_strategy`: the first rule whose regex matches wins, and a leaf no rule matches gets
 `fsdp_spec`. An EMA copy or optimizer moment is matched by the path of the parameter it copies,
 so it is sharded exactly like its parameter; GSPMD inserts the all-gathers and reduce-scatters.
-The batch is split over both axes. `fsdp=1` is plain data parallelism.
+The batch is split over both axes. `fsdp=1` is plain data parallelism. Frozen modules (a text
+tower, a VAE) are laid out by the same function and rules, their leaves named by their paths in the
+tree they are placed as (`{"text_encoder": tower}`: `text_encoder.encoder.layers.0.mlp.fc1.weight`).
 """
 
 import difflib
@@ -92,14 +94,20 @@ def _namer(tree) -> Callable:
     return name
 
 
-def placement(mesh: Mesh, min_size: int = 2**12, *, rules: Sequence[Rule] = ()) -> Callable[[Any], Any]:
+def placement(mesh: Mesh, min_size: int = 2**12, *, rules: Sequence[Rule] = (), name: str | None = None
+              ) -> Callable[[Any], Any]:  # fmt: skip
     """`place` for the weight loaders (`eqxdiff.nn.torch_weights.load_safetensors`, `from_diffusers`,
     `from_transformers`): an abstract module -> its `state_shardings` on `mesh`, so each weight is read
-    straight into the layout the training state's leaves of its size get."""
-    return lambda abstract: state_shardings(abstract, mesh, min_size, rules=rules)
+    straight into the layout the training state's leaves of its size get. `name`: the module is one of
+    several one rule list lays out (a frozen text tower, a VAE), its leaves named `name.<path>` (its path
+    in the tree the rules see it in: `text_encoder` in the step's frozen argument), and a rule that
+    matches none of them is no error here (it may be another module's: `check_rules_match`)."""
+    if name is None:
+        return lambda abstract: state_shardings(abstract, mesh, min_size, rules=rules)
+    return lambda abstract: state_shardings({name: abstract}, mesh, min_size, rules=rules, strict=False)[name]
 
 
-def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = ()):
+def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = (), strict: bool = True):
     """NamedSharding for every array leaf of `abstract_state` (e.g. from eqx.filter_eval_shape),
     None for the rest.
 
@@ -111,37 +119,40 @@ def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequenc
     like `fsdp_spec`. A leaf no rule matches gets `fsdp_spec`: with no rules, scalars and small
     leaves are replicated and the rest sharded over 'fsdp'. Replicating one leaf is the rule
     `("conv_out", PartitionSpec())`. A regex that matches no leaf, or a spec that names an axis
-    not in the mesh or does not divide its leaf's shape, is an error naming it.
+    not in the mesh or does not divide its leaf's shape, is an error naming it. `strict=False`:
+    a rule that matches no leaf of this tree is no error (one rule list laying out several trees,
+    a model and frozen towers: `check_rules_match` checks it against all of them together).
     """
     fsdp_size = mesh.shape["fsdp"]
     compiled = [(_compile(regex), spec) for regex, spec in rules]
-    used = [False] * len(compiled)
-
-    namer, names = _namer(abstract_state), []
+    if strict:
+        check_rules_match(rules, [abstract_state])
+    namer = _namer(abstract_state)
 
     def leaf(path, x):
         name = namer(path, x)
         if name is None:
             return None
-        names.append(name)
         shape = tuple(x.shape)
-        hits = [i for i, (pattern, _) in enumerate(compiled) if pattern.search(name)]
-        for i in hits:
-            used[i] = True
-        rule = compiled[hits[0]][1] if hits else fsdp_spec
+        rule = next((spec for pattern, spec in compiled if pattern.search(name)), fsdp_spec)
         spec = rule if isinstance(rule, P) else rule(shape, fsdp_size, min_size)
         _check_spec(name, shape, spec, mesh)
         return NamedSharding(mesh, spec)
 
-    shardings = jax.tree_util.tree_map_with_path(leaf, abstract_state)
-    for (regex, _), was_used in zip(rules, used):
-        if not was_used:
-            close = difflib.get_close_matches(regex, sorted(set(names)), n=5, cutoff=0.3) or sorted(set(names))[:5]
+    return jax.tree_util.tree_map_with_path(leaf, abstract_state)
+
+
+def check_rules_match(rules: Sequence[Rule], trees: Sequence) -> None:
+    """Raises ValueError naming the first rule of `rules` whose regex matches no leaf name (`leaf_names`)
+    of any of `trees` (None among them: no leaves), with the closest names there are: a typo."""
+    names = sorted({name for tree in trees for name in jax.tree.leaves(leaf_names(tree)) if name is not None})
+    for regex, _ in rules:
+        if not any(_compile(regex).search(name) for name in names):
+            close = difflib.get_close_matches(regex, names, n=5, cutoff=0.3) or names[:5]
             raise ValueError(
                 f"Sharding rule {regex!r} matches no leaf (re.search on names such as {close}); "
                 f"fix the regex or remove the rule."
             )
-    return shardings
 
 
 def _path(path) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ from eqxdiff.diffusion import (
     schedule_by_name,
 )
 from eqxdiff.codecs import Latents, Pixels
-from eqxdiff.sharding import batch_sharding, make_mesh, sharding_summary, state_shardings
+from eqxdiff.sharding import batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
     PRECISIONS,
@@ -133,10 +133,14 @@ class Config(Launch):
     wandb: str = "offline"  # Weights & Biases: offline (files in RUN_DIR/wandb) | online | disabled
 
 
-# (regex on a parameter's path, PartitionSpec or spec function): the first match decides how a
-# parameter, its EMA copy and its Adam moments are laid out; no match: FSDP by size (fsdp_spec).
+# (regex on a leaf's path, PartitionSpec or spec function): the first match decides how a leaf is laid
+# out; no match: FSDP by size (fsdp_spec). The rules see every module the run places: a parameter by its
+# path in the model (`down_blocks.0.0.conv1.weight`; its EMA copy and Adam moments follow it), the frozen
+# text tower and null by their paths in the step's frozen argument (`text_encoder.embeddings.token_embedding
+# .weight`, `null_cond.context`) and a latent run's VAE under `autoencoder.` (`autoencoder.decoder.conv_out
+# .weight`). re.search: anchor with ^ to name one module; a rule that matches no leaf of any is an error.
 SHARDING_RULES = [
-    # ("conv_out", PartitionSpec()),  # keep the last conv whole on every device
+    # ("conv_out", PartitionSpec()),  # keep the last conv whole on every device (the VAE's decoder.conv_out too)
 ]
 CHOICES = {
     "model": sorted(MODELS),
@@ -203,6 +207,14 @@ def check_model_args(cfg: Config, step: int, args: dict) -> None:
                          f"or pass a new --run_dir to train the edited model.")  # fmt: skip
 
 
+def frozen_modules(condition, codec) -> dict:
+    """The pretrained modules a run loaded into its mesh by SHARDING_RULES, by the name their leaves' paths
+    start with there: a text condition's tower (the step's, or one that encodes sample prompts only) and a
+    latent run's VAE; None where there is none."""
+    tower = getattr(getattr(condition, "text", None), "encoder", None)  # None: no text, or a tower trained here
+    return {"text_encoder": tower, "autoencoder": getattr(codec, "autoencoder", None)}
+
+
 def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
                       latent_config: dict, class_names: list | None) -> dict:  # fmt: skip
     """What each checkpoint stores beside the state, enough to rebuild the run from its directory alone: the
@@ -240,13 +252,14 @@ def main(cfg: Config, features_fn=None) -> None:
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
-    condition = run_condition(cfg, source, mesh)  # what the network is conditioned on (eqxdiff/conditions.py)
+    condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
     check_eval_condition(cfg, condition)
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
     sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
     source = condition.records(source)  # captions -> token ids as records are read, on the host
-    codec, latent_config = run_codec(source, mesh)  # what x0 is: pixels, or latents (eqxdiff/codecs.py)
+    # What x0 is: pixels, or latents (eqxdiff/codecs.py) of a VAE laid out by the run's rules.
+    codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
         if not 0.5 <= std / sigma <= 2:
@@ -281,13 +294,18 @@ def main(cfg: Config, features_fn=None) -> None:
 
     # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
     abstract, shardings = abstract_train_state(
-        make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES
+        make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False
     )
     data_sharding = batch_sharding(mesh)
-    # A pretrained text tower and its encoded null: the step's frozen argument, laid out by size.
+    # A pretrained text tower and its encoded null: the step's frozen argument, laid out by the same rules.
     frozen = condition.frozen()
-    frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size)
+    frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
+                                                                   rules=SHARDING_RULES, strict=False)  # fmt: skip
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
+    try:  # a rule that matches none of the modules the run placed is a typo
+        check_rules_match(SHARDING_RULES, [abstract, frozen, frozen_modules(condition, codec)])
+    except ValueError as e:
+        raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     train_step = make_train_step(
         prepare=functools.partial(
             prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=getattr(cfg, condition.dropout_flag),

@@ -20,10 +20,11 @@ BUILTIN_TOKENIZERS = {"captioned_digits": captioned_digits_tokenizer}
 TEXT_KINDS = {"scratch_text": ScratchText, "frozen_text": FrozenText, "encoded_text": EncodedText}
 
 
-def run_condition(cfg, source, mesh: Mesh):
+def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     """The condition of a run of `cfg` (train/main.py's Config) on `source`: a frozen CLIP tower from
     --text_encoder (a folder), the one latents were encoded with (their meta.json), a tower trained with
-    the model (--text_encoder scratch, or the dataset's own `text_defaults`), else its labels, else none."""
+    the model (--text_encoder scratch, or the dataset's own `text_defaults`), else its labels, else none.
+    A pretrained tower is laid out over `mesh` by --fsdp_min_param_size and the run's sharding `rules`."""
     encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
     defaults = getattr(source, "text_defaults", {})  # a dataset with its own tower and tokenizer
     if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
@@ -41,7 +42,7 @@ def run_condition(cfg, source, mesh: Mesh):
         raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
     try:
         text = open_text(tower, tokenizer, cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                         min_size=cfg.fsdp_min_param_size)  # fmt: skip
+                         min_size=cfg.fsdp_min_param_size, rules=rules)  # fmt: skip
     except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
         raise SystemExit(str(e)) from e
     if text.encoder is None:
@@ -52,7 +53,7 @@ def run_condition(cfg, source, mesh: Mesh):
 
 
 def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh,
-              min_size: int) -> TextConditioning:  # fmt: skip
+              min_size: int, rules: tuple = ()) -> TextConditioning:  # fmt: skip
     """`tower` "scratch" (of `scratch_config`) or a folder; `tokenizer` a built-in one's name
     (BUILTIN_TOKENIZERS), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
     absolute specs, for checkpoints. A folder that does not fit is a SystemExit naming it."""
@@ -61,7 +62,7 @@ def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dic
     else:
         tokenizer_spec = tokenizer = str(tokenizer_folder(tower, tokenizer).resolve())
     text = open_text_conditioning(tower, tokenizer, null_text=null_text, scratch_config=scratch_config, mesh=mesh,
-                                  min_size=min_size)  # fmt: skip
+                                  min_size=min_size, rules=rules)  # fmt: skip
     tower_spec = tower if tower == SCRATCH else str(Path(tower).expanduser().resolve())
     return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
 

@@ -8,16 +8,17 @@ from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
 
 
-def run_codec(source, mesh) -> tuple:
+def run_codec(source, mesh, *, min_size: int, rules: tuple = ()) -> tuple:
     """(the run's codec, what checkpoints store beside it): latents from train/encode.py decode with the
-    autoencoder their meta.json names (its absolute folder, or a weightless spec), here and in
-    train/sample.py, and name the images they encode; anything else is pixels."""
+    autoencoder their meta.json names (its absolute folder, or a weightless spec; laid out over `mesh` by
+    `min_size` and the run's sharding `rules`), here and in train/sample.py, and name the images they
+    encode; anything else is pixels."""
     if not isinstance(source, LatentSource):
         return Pixels(), {}
     vae = source.meta["vae"]
     spec = vae["path"] or vae["spec"]
     try:
-        codec = codec_from_config({"kind": "latents", "autoencoder": spec}, mesh=mesh)
+        codec = codec_from_config({"kind": "latents", "autoencoder": spec}, mesh=mesh, min_size=min_size, rules=rules)
     except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
         raise SystemExit(f"{source.spec}: the VAE its meta.json names cannot be read ({e}); put it back there.") from e
     return codec, {"image_dataset": source.meta["source"]}

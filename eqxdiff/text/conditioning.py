@@ -13,6 +13,7 @@ zeros in place of its hidden states and pooled vector (`"zeros"`, SDXL's
 """
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
 from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
-from eqxdiff.sharding import placement
+from eqxdiff.sharding import Rule, placement
 
 NULL_TEXTS = ("empty", "zeros")
 SCRATCH = "scratch"
@@ -137,10 +138,12 @@ def open_text_conditioning(
     scratch_config: dict | None = None,
     mesh: Mesh | None = None,
     min_size: int = 2**12,
+    rules: Sequence[Rule] = (),
 ) -> TextConditioning:
-    """`text_encoder`: a transformers CLIP text folder (frozen; read straight into `mesh`'s layout)
-    or "scratch" (a tower of `scratch_config` trained with the model). `tokenizer`: a tokenizer, or a
-    folder (default: beside `text_encoder`)."""
+    """`text_encoder`: a transformers CLIP text folder (frozen; each weight read straight into its layout
+    on `mesh`, `eqxdiff.sharding.state_shardings`'s for `(min_size, rules)`, its leaves named as in the
+    training step's frozen argument: `text_encoder.<its path>`) or "scratch" (a tower of `scratch_config`
+    trained with the model). `tokenizer`: a tokenizer, or a folder (default: beside `text_encoder`)."""
     if null_text not in NULL_TEXTS:
         raise ValueError(f"null_text must be one of {NULL_TEXTS}, got {null_text!r}")
     if not isinstance(tokenizer, TextTokenizer):
@@ -163,7 +166,8 @@ def open_text_conditioning(
             "eos_token_id": eos,
         }
         return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
-    place = None if mesh is None else placement(mesh, min_size)
+    # Named as in the training step's frozen argument, where the run's rules (SHARDING_RULES) see it too.
+    place = None if mesh is None else placement(mesh, min_size, rules=rules, name="text_encoder")
     encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), place=place)
     vocab, rows = tokenizer.tokenizer.get_vocab_size(), encoder.embeddings.token_embedding.weight.shape[0]
     if vocab > rows:  # an id past the table would be clamped inside jit, silently

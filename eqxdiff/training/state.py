@@ -45,13 +45,14 @@ def state_from_model(model: eqx.Module, optimizer) -> TrainState:
     )
 
 
-def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = ()):
+def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = (),
+                         strict: bool = True):  # fmt: skip
     """(abstract state, shardings) without allocating anything: the state's structure as
     ShapeDtypeStructs (eqx.filter_eval_shape) and the NamedSharding of every array leaf (None at
-    the non-array leaves): `rules` by parameter name first, then FSDP (`state_shardings`).
-    Restoring a checkpoint needs exactly these two."""
+    the non-array leaves): `rules` by parameter name first, then FSDP (`state_shardings`, `strict`
+    as there). Restoring a checkpoint needs exactly these two."""
     abstract = eqx.filter_eval_shape(init_train_state, make_model, optimizer, jax.random.key(0))
-    return abstract, state_shardings(abstract, mesh, min_size, rules=rules)
+    return abstract, state_shardings(abstract, mesh, min_size, rules=rules, strict=strict)
 
 
 def create_train_state(
