@@ -61,6 +61,11 @@ def is_array_like(x) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
+class RuleError(ValueError):
+    """A sharding rule that cannot be applied: its regex is invalid or matches no leaf, or its spec does not
+    fit the leaf it names."""
+
+
 SpecFn = Callable[[tuple[int, ...], int, int], P]  # (shape, fsdp_size, min_size) -> spec, like fsdp_spec
 Rule = tuple[str, P | SpecFn]
 
@@ -143,13 +148,13 @@ def state_shardings(abstract_state, mesh: Mesh, min_size: int, *, rules: Sequenc
 
 
 def check_rules_match(rules: Sequence[Rule], trees: Sequence) -> None:
-    """Raises ValueError naming the first rule of `rules` whose regex matches no leaf name (`leaf_names`)
+    """Raises RuleError (a ValueError) naming the first rule of `rules` whose regex matches no leaf name (`leaf_names`)
     of any of `trees` (None among them: no leaves), with the closest names there are: a typo."""
     names = sorted({name for tree in trees for name in jax.tree.leaves(leaf_names(tree)) if name is not None})
     for regex, _ in rules:
         if not any(_compile(regex).search(name) for name in names):
             close = difflib.get_close_matches(regex, names, n=5, cutoff=0.3) or names[:5]
-            raise ValueError(
+            raise RuleError(
                 f"Sharding rule {regex!r} matches no leaf (re.search on names such as {close}); "
                 f"fix the regex or remove the rule."
             )
@@ -164,24 +169,24 @@ def _compile(regex: str) -> re.Pattern:
     try:
         return re.compile(regex)
     except re.error as e:
-        raise ValueError(f"Sharding rule {regex!r} is not a valid regex: {e}") from e
+        raise RuleError(f"Sharding rule {regex!r} is not a valid regex: {e}") from e
 
 
 def _check_spec(name: str, shape: tuple[int, ...], spec, mesh: Mesh) -> None:
     """Raise, naming the leaf, unless `spec` is a PartitionSpec that splits `shape` evenly on `mesh`."""
     where = f"leaf {name} of shape {shape}: spec {spec} on mesh {dict(mesh.shape)}"
     if not isinstance(spec, P):
-        raise ValueError(f"{where} is not a PartitionSpec")
+        raise RuleError(f"{where} is not a PartitionSpec")
     if len(spec) > len(shape):
-        raise ValueError(f"{where} names {len(spec)} dimensions, the leaf has {len(shape)}")
+        raise RuleError(f"{where} names {len(spec)} dimensions, the leaf has {len(shape)}")
     for dim, (size, axes) in enumerate(zip(shape, spec)):
         axes = (axes,) if isinstance(axes, str) else axes if isinstance(axes, tuple) else ()  # None: not split
         unknown = [a for a in axes if a not in mesh.shape]
         if unknown:
-            raise ValueError(f"{where} uses axes {unknown} the mesh does not have")
+            raise RuleError(f"{where} uses axes {unknown} the mesh does not have")
         parts = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
         if size % parts:
-            raise ValueError(f"{where} splits dimension {dim} (size {size}) into {parts} parts, which does not divide it; PartitionSpec() replicates it")
+            raise RuleError(f"{where} splits dimension {dim} (size {size}) into {parts} parts, which does not divide it; PartitionSpec() replicates it")
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

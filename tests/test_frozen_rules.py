@@ -76,6 +76,10 @@ def test_one_rule_list_lays_out_the_frozen_text_tower(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"SHARDING_RULES in train/main.py: Sharding rule '\^text_encodr\S*' "
                                          r"matches no leaf .*'text_encoder\."):  # fmt: skip
         built_step(monkeypatch, [(r"^text_encodr\.", P())], *flags)
+    # A spec that does not fit the tower's leaf is one line naming the rules, not the tower's folder.
+    with pytest.raises(SystemExit, match=r"^SHARDING_RULES in train/main.py: leaf text_encoder\.final_layer_norm"
+                                         r"\.weight of shape \(32,\).* names 2 dimensions"):  # fmt: skip
+        built_step(monkeypatch, [(r"^text_encoder\.final_layer_norm\.weight$", P(None, "fsdp"))], *flags)
 
 
 def test_one_rule_list_lays_out_a_latent_runs_vae(tmp_path, monkeypatch):
@@ -92,6 +96,13 @@ def test_one_rule_list_lays_out_a_latent_runs_vae(tmp_path, monkeypatch):
     assert conv_out.sharding.spec == P()
     conv_in = vae.decoder.conv_in.weight  # a leaf no rule names keeps the size rule's layout
     assert conv_in.sharding.spec == fsdp_spec(conv_in.shape, 2, MIN_SIZE) != P()
+
+    # A spec that does not fit its leaf is one line naming the rules, the VAE's leaf or the model's alike.
+    flags = ["--run_dir", tmp_path / "run", "--dataset", f"latents:{tmp_path / 'latents'}"]
+    for regex in (r"^autoencoder\.decoder\.conv_out\.weight$", r"^conv_out\.weight$"):
+        with pytest.raises(SystemExit, match=r"^SHARDING_RULES in train/main.py: leaf (autoencoder\.decoder\.)?"
+                                             r"conv_out\.weight of shape .* does not divide it"):  # fmt: skip
+            built_step(monkeypatch, [(regex, P("fsdp"))], *flags)  # a 3×3 kernel's 3 rows into 2
 
 
 def test_a_rule_counts_as_matched_in_any_module_the_run_placed():

@@ -42,7 +42,7 @@ from eqxdiff.diffusion import (
     schedule_by_name,
 )
 from eqxdiff.codecs import Latents, Pixels
-from eqxdiff.sharding import batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
+from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
     PRECISIONS,
@@ -292,20 +292,19 @@ def main(cfg: Config, features_fn=None) -> None:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
-    # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
-    abstract, shardings = abstract_train_state(
-        make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False
-    )
-    data_sharding = batch_sharding(mesh)
-    # A pretrained text tower and its encoded null: the step's frozen argument, laid out by the same rules.
-    frozen = condition.frozen()
-    frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
-                                                                   rules=SHARDING_RULES, strict=False)  # fmt: skip
-    frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
-    try:  # a rule that matches none of the modules the run placed is a typo
+    frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
+    try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
+        # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
+        abstract, shardings = abstract_train_state(
+            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False
+        )
+        frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
+                                                                       rules=SHARDING_RULES, strict=False)  # fmt: skip
         check_rules_match(SHARDING_RULES, [abstract, frozen, frozen_modules(condition, codec)])
-    except ValueError as e:
+    except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
+    frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
+    data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
         prepare=functools.partial(
             prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=getattr(cfg, condition.dropout_flag),

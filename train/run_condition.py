@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 from eqxdiff.conditions import EncodedText, FrozenText, Labels, NoCondition, ScratchText, TextCondition
 from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
+from eqxdiff.sharding import RuleError
 from eqxdiff.text.conditioning import SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
 
 from models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER  # train/models.py
@@ -43,6 +44,8 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     try:
         text = open_text(tower, tokenizer, cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
                          min_size=cfg.fsdp_min_param_size, rules=rules)  # fmt: skip
+    except RuleError as e:  # the rules, not the folder
+        raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
         raise SystemExit(str(e)) from e
     if text.encoder is None:

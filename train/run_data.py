@@ -6,6 +6,7 @@ import numpy as np
 from eqxdiff.codecs import Pixels, codec_from_config
 from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
+from eqxdiff.sharding import RuleError
 
 
 def run_codec(source, mesh, *, min_size: int, rules: tuple = ()) -> tuple:
@@ -19,6 +20,8 @@ def run_codec(source, mesh, *, min_size: int, rules: tuple = ()) -> tuple:
     spec = vae["path"] or vae["spec"]
     try:
         codec = codec_from_config({"kind": "latents", "autoencoder": spec}, mesh=mesh, min_size=min_size, rules=rules)
+    except RuleError as e:  # the rules, not the folder
+        raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
         raise SystemExit(f"{source.spec}: the VAE its meta.json names cannot be read ({e}); put it back there.") from e
     return codec, {"image_dataset": source.meta["source"]}
