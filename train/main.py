@@ -134,11 +134,11 @@ class Config(Launch):
 
 
 # (regex on a leaf's path, PartitionSpec or spec function): the first match decides how a leaf is laid
-# out; no match: FSDP by size (fsdp_spec). The rules see every module the run places: a parameter by its
-# path in the model (`down_blocks.0.0.conv1.weight`; its EMA copy and Adam moments follow it), the frozen
-# text tower and null by their paths in the step's frozen argument (`text_encoder.embeddings.token_embedding
-# .weight`, `null_cond.context`) and a latent run's VAE under `autoencoder.` (`autoencoder.decoder.conv_out
-# .weight`). re.search: anchor with ^ to name one module; a rule that matches no leaf of any is an error.
+# out; no match: FSDP by size (fsdp_spec). One list for every module the run places, each leaf by its path:
+#   a parameter of the model     down_blocks.0.0.conv1.weight (its EMA copy and Adam moments follow it)
+#   the step's frozen argument   text_encoder.final_layer_norm.weight, null_cond.context (a frozen tower)
+#   a latent run's VAE           autoencoder.decoder.conv_out.weight
+# re.search: anchor with ^ to name one module; a rule that matches no leaf of any of them is an error.
 SHARDING_RULES = [
     # ("conv_out", PartitionSpec()),  # keep the last conv whole on every device (the VAE's decoder.conv_out too)
 ]
