@@ -4,11 +4,12 @@ the condition (train/run_condition.py). (The step with a frozen tower: tests/tes
 import jax
 import numpy as np
 import pytest
+from pathlib import Path
 
 from eqxdiff.conditions import EncodedText, Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
-from eqxdiff.nn import TextCond
+from eqxdiff.nn import TextCond, UNet
 from eqxdiff.sharding import make_mesh
 from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
 from runs import train_here
@@ -93,3 +94,39 @@ def test_a_dataset_whose_flips_change_its_captions_refuses_hflip(tmp_path):
     """main.py asks the source (`hflip_keeps_meaning`), before any model is built."""
     with pytest.raises(SystemExit, match="--hflip would swap what captioned_digits's captions place left and right"):
         train_here("--run_dir", tmp_path / "run", "--dataset", "captioned_digits", "--hflip", "--wandb", "disabled")
+
+
+def readme_condition_example() -> str:
+    """The code block of README's edit (f), a new kind of condition."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("**(f) A new kind of condition**") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    return block[: block.index("\n```")]
+
+
+def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
+    """README's (f) as written: its class conditions a UNet (its condition, its null dropped in, guidance rows),
+    and train/sample.py's rebuild finds it through the row it adds to CONDITION_KINDS; a kind with no row is
+    refused naming the table."""
+    import jax.numpy as jnp
+    import run_condition
+
+    kinds = dict(run_condition.CONDITION_KINDS)
+    monkeypatch.setattr(run_condition, "CONDITION_KINDS", kinds)
+    with pytest.raises(KeyError, match="'image_embedding', which CONDITION_KINDS in train/run_condition.py does not"):
+        condition_from_config({"kind": "image_embedding", "dim": 6}, mesh=None)
+    scope = {"NoCondition": NoCondition, "TextCond": TextCond, "jnp": jnp, "np": np, "CONDITION_KINDS": kinds}
+    exec(readme_condition_example(), scope)
+    condition = condition_from_config(scope["ImageEmbedding"](6).to_config(), mesh=None)
+    assert type(condition) is scope["ImageEmbedding"] and condition.dim == 6
+    labels = condition_from_config(Labels(7).to_config(), mesh=None)
+    assert type(labels) is Labels and labels.num_classes == 7
+
+    net = UNet(1, (8,), 1, (0,), key=jax.random.key(0), **condition.model_kwargs())
+    embedding = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float16)
+    cond = drop_condition(jax.random.key(1), condition.cond({"embedding": embedding}, None), 0.5, condition.null(None))
+    x, t = jnp.zeros((4, 8, 8, 1)), jnp.ones((4,))
+    assert net(x, t, cond).shape == (4, 8, 8, 1)
+    rows, null = condition.for_sampling(embedding[:2], 3)
+    assert rows.context.shape == (6, 1, 6) and np.array_equal(rows.pooled[3:], np.repeat(embedding[1:2], 3, 0))
+    assert net(x[:1], t[:1], jax.tree.map(jnp.asarray, null)).shape == (1, 8, 8, 1)

@@ -67,6 +67,8 @@ def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
     config = stored_condition(stored)
     try:
         return condition_from_config(config, mesh=mesh)
+    except KeyError as e:  # a kind this checkout has no class for
+        raise SystemExit(f"{run_dir} trained with {e.args[0]}.") from e
     except (FileNotFoundError, ValueError) as e:  # the folders moved since training
         raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
                          f"now ({e}); put it back there.") from e  # fmt: skip

@@ -19,6 +19,9 @@ from models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER 
 # Tokenizers built into a dataset, by the name a dataset's `text_defaults` and checkpoints give them.
 BUILTIN_TOKENIZERS = {"captioned_digits": captioned_digits_tokenizer}
 TEXT_KINDS = {"scratch_text": ScratchText, "frozen_text": FrozenText, "encoded_text": EncodedText}
+# A checkpoint's condition kind -> its class, for train/sample.py's rebuild; the config `to_config` gives
+# is the class's keyword arguments (text kinds, above, open their tower and tokenizer first).
+CONDITION_KINDS = {"none": NoCondition, "labels": Labels}
 
 
 def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
@@ -88,11 +91,13 @@ def stored_condition(stored: dict) -> dict:
 def condition_from_config(config: dict, *, mesh: Mesh):
     """The condition `to_config` described, for sampling: a frozen or encoding tower replicated over `mesh`,
     its null the encoded "" (or zeros) of `null_text`. Raises FileNotFoundError or ValueError when a
-    tower or tokenizer folder cannot be read."""
-    if config["kind"] == "none":
-        return NoCondition()
-    if config["kind"] == "labels":
-        return Labels(config["num_classes"])
+    tower or tokenizer folder cannot be read, KeyError for a kind neither table names."""
+    kind = config["kind"]
+    if kind in CONDITION_KINDS:
+        return CONDITION_KINDS[kind](**{name: value for name, value in config.items() if name != "kind"})
+    if kind not in TEXT_KINDS:
+        raise KeyError(f"a condition of kind {kind!r}, which CONDITION_KINDS in train/run_condition.py does not "
+                       "name: add its class there")  # fmt: skip
     text = open_text(config["text_encoder"], config["tokenizer"], config["null_text"],
                      scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62)  # fmt: skip
     if config["kind"] == "scratch_text":
