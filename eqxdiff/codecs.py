@@ -3,8 +3,9 @@
 A codec turns a batch of records into the x0 the diffusion model learns (`x0(batch, key)`, inside
 the training step), turns the model's samples back into images in [-1, 1] (`decode`), says the
 data's standard deviation EDM's preconditioning assumes (`sigma_data`), and describes itself for a
-checkpoint (`to_config`; `codec_from_config` rebuilds it). A new kind of x0 (another autoencoder's
-latents, a different scaling) is a class here.
+checkpoint (`to_config`; `codec_from_config` rebuilds it) and the pretrained module it loaded
+(`pretrained`, by its name in SHARDING_RULES). A new kind of x0 (another autoencoder's latents, a
+different scaling) is a class here.
 """
 
 from collections.abc import Sequence
@@ -37,6 +38,11 @@ class Pixels:
         """The [h, w, c] of the images a sample of `sample_shape` decodes to."""
         return tuple(sample_shape)
 
+    def pretrained(self) -> dict:
+        """The pretrained modules it loaded into the mesh, by the first name of their leaves' paths in
+        train/main.py's SHARDING_RULES: {} (latents: {"autoencoder": the VAE})."""
+        return {}
+
     def to_config(self) -> dict:
         return {"kind": "pixels"}
 
@@ -65,6 +71,9 @@ class Latents:
         """The decoder's output shape for one latent (traced, not run)."""
         latent = jax.ShapeDtypeStruct((1, *sample_shape), np.float32)
         return tuple(jax.eval_shape(self.autoencoder.decode, latent).shape[1:])
+
+    def pretrained(self) -> dict:
+        return {"autoencoder": self.autoencoder}
 
     def to_config(self) -> dict:
         return {"kind": "latents", "autoencoder": self.spec}

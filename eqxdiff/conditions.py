@@ -8,6 +8,7 @@ question a run asks about it:
     build(make_net, key)      the network, wrapped where the condition trains its own tower
     records(source)           the records the step reads (captions tokenized on the host)
     frozen()                  the training step's frozen argument (a pretrained tower, its null), or None
+    pretrained()              the pretrained modules it loaded, by the name SHARDING_RULES know them by
     cond(batch, frozen)       the condition of a batch, inside the step
     null(frozen)              THE null condition of classifier-free guidance, one row: caption and label
                               dropout in training and the unconditional half of guided sampling read it
@@ -15,7 +16,7 @@ question a run asks about it:
     to_config()               every constructor argument, for the checkpoint (train/run_condition.py
                               rebuilds it)
 
-A new kind (a class label and a caption together, an image embedding) is one class here.
+A new kind (a class label and a caption together, an image embedding) is one class (README, edit (f)).
 """
 
 from collections.abc import Sequence
@@ -51,6 +52,11 @@ class NoCondition:
 
     def frozen(self) -> dict | None:
         return None
+
+    def pretrained(self) -> dict:
+        """The pretrained modules it loaded into the mesh, by the first name of their leaves' paths in
+        train/main.py's SHARDING_RULES: {} (a frozen tower: {"text_encoder": tower})."""
+        return {}
 
     def cond(self, batch: dict, frozen: dict | None) -> Any:
         return None
@@ -158,6 +164,9 @@ class FrozenText(TextCondition):
 
     def frozen(self) -> dict:
         return {"text_encoder": self.text.encoder, "null_cond": self.null_cond}
+
+    def pretrained(self) -> dict:
+        return {"text_encoder": self.text.encoder}  # also where the step takes none (EncodedText: sample prompts)
 
     def cond(self, batch: dict, frozen: dict | None) -> TextCond:
         hidden, pooled = frozen["text_encoder"](batch["input_ids"], batch["attention_mask"])

@@ -9,8 +9,9 @@ from pathlib import Path
 from eqxdiff.conditions import EncodedText, Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
-from eqxdiff.nn import TextCond, UNet
+from eqxdiff.nn import CLIPTextModel, TextCond, UNet
 from eqxdiff.sharding import make_mesh
+from jax.sharding import PartitionSpec
 from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
 from runs import train_here
 
@@ -130,3 +131,22 @@ def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
     rows, null = condition.for_sampling(embedding[:2], 3)
     assert rows.context.shape == (6, 1, 6) and np.array_equal(rows.pooled[3:], np.repeat(embedding[1:2], 3, 0))
     assert net(x[:1], t[:1], jax.tree.map(jnp.asarray, null)).shape == (1, 8, 8, 1)
+
+
+def test_a_rule_for_a_tower_that_encodes_only_sample_prompts_is_no_typo():
+    """An encoded-text run's step takes no tower, yet its tower is loaded by SHARDING_RULES (it encodes the
+    sample prompts): `pretrained()` names it, so main's check finds a rule for it; a scratch tower is the model's."""
+    import dataclasses
+
+    from eqxdiff.sharding import RuleError, check_rules_match
+
+    tower = scratch()  # a tower to stand in for a pretrained one: the names are the same
+    null = TextCond(np.zeros((1, 4, 3), np.float32), np.ones((1, 4), np.int32), np.zeros((1, 3), np.float32))
+    model = CLIPTextModel.from_config(tower.text.scratch_config, key=jax.random.key(0), causal=True)
+    frozen_tower = dataclasses.replace(tower.text, encoder=model)
+    encoded = EncodedText(frozen_tower, null)
+    rules = [(r"^text_encoder\.", PartitionSpec())]
+    with pytest.raises(RuleError, match="matches no leaf"):
+        check_rules_match(rules, [encoded.frozen()])  # the step's argument alone: the null
+    check_rules_match(rules, [encoded.frozen(), encoded.pretrained()])
+    assert tower.pretrained() == {} and Labels(3).pretrained() == {} and NoCondition().pretrained() == {}

@@ -207,14 +207,6 @@ def check_model_args(cfg: Config, step: int, args: dict) -> None:
                          f"or pass a new --run_dir to train the edited model.")  # fmt: skip
 
 
-def frozen_modules(condition, codec) -> dict:
-    """The pretrained modules a run loaded into its mesh by SHARDING_RULES, by the name their leaves' paths
-    start with there: a text condition's tower (the step's, or one that encodes sample prompts only) and a
-    latent run's VAE; None where there is none."""
-    tower = getattr(getattr(condition, "text", None), "encoder", None)  # None: no text, or a tower trained here
-    return {"text_encoder": tower, "autoencoder": getattr(codec, "autoencoder", None)}
-
-
 def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
                       latent_config: dict, class_names: list | None) -> dict:  # fmt: skip
     """What each checkpoint stores beside the state, enough to rebuild the run from its directory alone: the
@@ -300,7 +292,7 @@ def main(cfg: Config, features_fn=None) -> None:
         )
         frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
                                                                        rules=SHARDING_RULES, strict=False)  # fmt: skip
-        check_rules_match(SHARDING_RULES, [abstract, frozen, frozen_modules(condition, codec)])
+        check_rules_match(SHARDING_RULES, [abstract, frozen, condition.pretrained() | codec.pretrained()])
     except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
