@@ -104,3 +104,15 @@ def clear_jax_caches():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def optimised_compile():
+    """LLVM's optimisations back on while a test compiles programs that run long loops (they run
+    slower unoptimised than they compile optimised); jax reads the switch at each compile."""
+    from jax._src.compiler import _DISABLE_MOST_OPTIMIZATIONS
+
+    before = _DISABLE_MOST_OPTIMIZATIONS.value
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)

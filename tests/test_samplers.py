@@ -187,6 +187,7 @@ def test_ddpm_ddim_eta1_and_euler_ancestral_are_one_process():
         np.testing.assert_allclose(np.asarray(ddpm), np.asarray(anc), atol=1e-10)
 
 
+@pytest.mark.usefixtures("optimised_compile")  # 20,000 samples through up to 1000 steps
 @pytest.mark.parametrize(
     "method, options, grid",
     [
