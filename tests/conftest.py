@@ -21,6 +21,14 @@ if XLA_CACHE != "off":
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+# The tests' programs compile for longer than they run: LLVM does not optimise the code XLA
+# generates (jax_disable_most_optimizations: the same HLO passes, fusions and buffers; XLA:CPU
+# allows no fast-math at any level). Subprocesses inherit it; JAX_DISABLE_MOST_OPTIMIZATIONS=0
+# runs the scripts' full pipeline.
+if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    jax.config.update("jax_disable_most_optimizations", True)
+
 import sys  # noqa: E402
 
 # The checkout's root first on the path, as `python -m pytest` has it: a plain `pytest` (CI's) would
@@ -96,3 +104,15 @@ def clear_jax_caches():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def optimised_compile():
+    """LLVM's optimisations back on while a test compiles programs that run long loops (they run
+    slower unoptimised than they compile optimised); jax reads the switch at each compile."""
+    from jax._src.compiler import _DISABLE_MOST_OPTIMIZATIONS
+
+    before = _DISABLE_MOST_OPTIMIZATIONS.value
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 import main as train_main  # train/ is on sys.path (conftest)
+import sample
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import open_source
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow
@@ -51,8 +52,6 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
         assert " ".join(comments[field.name].split())[:30] in text, field.name  # every flag has its one line
     assert "--steps STEPS optimizer updates in the whole run" in text and "(default: 900)" in text
     assert "--remat, --no-remat" in text and "(default: runs/DATASET-MODEL)" in text
-
-    import sample  # train/sample.py
 
     with pytest.raises(SystemExit):
         sample.parse_args(["--help"])
@@ -148,14 +147,22 @@ def test_flags_that_define_a_run_cannot_change_on_resume(tmp_path, capsys):
         train_main.parse_config(["--run_dir", str(tmp_path), "--resume_step", "3"])
 
 
-def test_a_finished_run_says_so_and_starts_nothing(tmp_path):
+def test_a_finished_run_says_so_and_starts_nothing(tmp_path, capsys):
     saved_run(tmp_path / "run", 6, model="unet_tiny", steps=6, wandb="offline")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    result = cli("main.py", "--run_dir", tmp_path / "run")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "is already at step 6 of --steps 6: nothing to train" in result.stdout + result.stderr
-    assert "--steps 12" in result.stdout + result.stderr  # how to train longer
+    train_main.main(train_main.parse_config(["--run_dir", str(tmp_path / "run")]))  # returns: status 0
+    said = capsys.readouterr()
+    assert "is already at step 6 of --steps 6: nothing to train" in said.out + said.err
+    assert "--steps 12" in said.out + said.err  # how to train longer
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no wandb, no log, no file
+
+
+def sample_refusal(*args) -> str:
+    """The SystemExit message with which sample.py's own `main` refuses `args`, in this process."""
+    with pytest.raises(SystemExit) as refused:
+        sample.main(sample.parse_args([*map(str, args)]))
+    assert isinstance(refused.value.code, str)
+    return refused.value.code
 
 
 def test_user_errors_are_one_line_with_status_2(tmp_path):
@@ -166,25 +173,22 @@ def test_user_errors_are_one_line_with_status_2(tmp_path):
         f"error: {tmp_path / 'run'} is a run of step 6 whose --model dit_s (saved: unet_tiny) cannot change: leave it "
         "off to continue that run, or pass a new --run_dir to start another."
     ]
+    # sample.py's refusals in this process (its status-2 wiring: tests/test_script_errors.py).
     # Read-only: a mistyped run directory leaves nothing behind.
-    result = cli("sample.py", "--run_dir", tmp_path / "typo", "--out", tmp_path / "grid.png")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert f"No checkpoint under {tmp_path / 'typo' / 'checkpoints'}: train first" in result.stderr
+    assert f"No checkpoint under {tmp_path / 'typo' / 'checkpoints'}: train first" in sample_refusal(
+        "--run_dir", tmp_path / "typo", "--out", tmp_path / "grid.png")  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     # --eval on a run it cannot score: refused from the saved config alone, before the state (a stand-in
     # that fits no model here) is restored or anything sampled.
     saved_run(tmp_path / "pets", 6, dataset="folder:~/pets")
-    result = cli("sample.py", "--run_dir", tmp_path / "pets", "--eval", "--out", tmp_path / "s.npz")
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: --eval scores class-conditional digits and captioned_digits runs with a digits classifier; this run "
+    assert sample_refusal("--run_dir", tmp_path / "pets", "--eval", "--out", tmp_path / "s.npz") == (
+        "--eval scores class-conditional digits and captioned_digits runs with a digits classifier; this run "
         "trained on folder:~/pets: measure it with --fid STATS.npz (train/fid_stats.py)."
-    ]  # fmt: skip
+    )  # fmt: skip
     assert not (tmp_path / "s.npz").exists()
 
 
 def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
-    import sample  # train/sample.py
-
     names = ["1", "cat", "dog", "eel"]  # a folder's sorted sub-folders; a name wins over an index
     assert sample.class_indices("dog,3, 1", names, 4) == [2, 3, 0]
     assert sample.class_indices("", names, 4) == [0, 1, 2, 3]
@@ -267,8 +271,9 @@ def test_one_wandb_run_across_resumes(tmp_path):
             logger.log(1, {"x": 1.0})
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    # wandb names a start's folder by its second and the id, "-1" added for a second start in the same second
-    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", r.name) for r in runs), runs
+    # offline-run-DATE_TIME-ID; wandb adds -1 to the second folder when both starts fall in one second.
+    named = [re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-1)?", r.name) for r in runs]
+    assert len(runs) == 2 and all(named), runs
 
 
 def test_eval_scorecard_says_what_each_row_means():

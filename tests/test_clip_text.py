@@ -274,6 +274,7 @@ def test_full_size_architecture_has_transformers_keys_and_shapes():
     assert sum(np.prod(s) for s in ours.values()) == FULL["num_parameters"] == 123_060_480
 
 
+@pytest.mark.slow  # 123M weights made and run; the quick tier keeps the full size's keys and shapes (above) and parity
 def test_full_size_clip_l_runs():
     """CLIP-L/14's text tower from SD 1.x's config with random weights, one 77-token prompt. The
     weights tile one 2^20-value uniform draw: drawing 123M values (jax.random's threefry or numpy)

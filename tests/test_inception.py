@@ -191,6 +191,7 @@ def test_random_init_is_the_loaded_network_with_he_weights(net):
     np.testing.assert_allclose(bn(x), x / np.sqrt(1 + bn.eps), rtol=1e-6)
 
 
+@pytest.mark.usefixtures("optimised_compile")  # the network at 299²: its long fused loops
 def test_real_network_through_the_fid_path(state, ref, tmp_path):
     """open_fid loads the weights file and checks it against a 2048-d statistics file; fid_of_samples
     takes grayscale 64×48 samples (padded to a batch over the 8 devices), repeats them to RGB and

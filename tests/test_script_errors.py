@@ -1,7 +1,8 @@
 """Expected mistakes in every train/ script, as a user meets them: one line on stderr, status 2, no
 traceback, the key phrase, and nothing loaded first (each refusal comes before any dataset is read
-or anything compiles). One case per script and kind of mistake runs as a process (the wiring: status,
-one line); its variants call the script's own `main` here (a process start costs seconds)."""
+or anything compiles). One case per script runs as a process (the wiring: status 2, one line, no
+traceback; main.py's is in tests/test_cli.py); the rest call the script's own `main` here, the same
+code up to the exit (a process start costs seconds)."""
 
 import json
 import os
@@ -18,9 +19,9 @@ import sample
 from runs import ROOT, command
 
 
-def refused(script: str, *args, cwd=ROOT) -> str:
+def refused(script: str, *args) -> str:
     """The one stderr line of a script that must refuse `args` with status 2."""
-    result = subprocess.run(command(script, *args), cwd=cwd, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command(script, *args), cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
     return lines[0]
@@ -59,10 +60,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_pa
     assert line == (f"error: --out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
                     "folder; pass another --out (or make that folder writable).")  # fmt: skip
     run_dir = fake_run(tmp_path / "run")
-    line = refused("sample.py", "--run_dir", run_dir, "--out", a_file / "grid.png")
-    assert line.startswith(f"error: --out {a_file / 'grid.png'}: cannot write into {a_file}: it is a file")
-    line = refused("main.py", "--run_dir", a_file / "run", "--model", "unet_tiny")
-    assert line.startswith(f"error: --run_dir {a_file / 'run'}: cannot write into {a_file}: it is a file")
+    message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--out", a_file / "grid.png")
+    assert message.startswith(f"--out {a_file / 'grid.png'}: cannot write into {a_file}: it is a file")
+    message = refusal(train_main.main, train_main.parse_config, "--run_dir", a_file / "run", "--model", "unet_tiny")
+    assert message.startswith(f"--run_dir {a_file / 'run'}: cannot write into {a_file}: it is a file")
     message = refusal(encode.main, encode.parse_config, "--dataset", f"folder:{tmp_path / 'none'}", "--vae",
                       "space_to_depth:2", "--out", a_file / "latents")  # fmt: skip
     assert message.startswith(f"--out {a_file / 'latents'}: cannot write into {a_file}: it is a file")
@@ -104,10 +105,6 @@ def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
     empty.mkdir()
     line = refused("encode.py", "--vae", tmp_path / "sd-vea", "--out", tmp_path / "latents")
     assert line.startswith(f"error: --vae: Autoencoder '{tmp_path / 'sd-vea'}': {tmp_path / 'sd-vea'} does not exist;")
-    line = refused("main.py", "--dataset", "captioned_digits", "--text_encoder", tmp_path / "nope", "--run_dir",
-                   tmp_path / "run")  # fmt: skip
-    assert line.startswith(f"error: --text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist (a "
-                           "transformers CLIP text folder")  # fmt: skip
 
     def encode_refusal(*args) -> str:
         return refusal(encode.main, encode.parse_config, "--out", tmp_path / "latents", *args)
@@ -116,6 +113,8 @@ def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
         return refusal(train_main.main, train_main.parse_config, "--dataset", "captioned_digits", "--run_dir",
                        tmp_path / "run", *args)  # fmt: skip
 
+    assert main_refusal("--text_encoder", tmp_path / "nope").startswith(
+        f"--text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist (a transformers CLIP text folder")
     message = encode_refusal("--vae", "space_to_depth:x")
     assert message.startswith("--vae: Bad autoencoder 'space_to_depth:x': the accepted forms are space_to_depth:F")
     message = encode_refusal("--vae", empty)
@@ -160,15 +159,16 @@ def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
     assert message.endswith("); put it back there.")
 
 
-def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close_run(tmp_path, capsys):
+def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close_run(tmp_path, capsys, monkeypatch):
     """`main.py --run_dir runs/X` alone (the README's resume form) on a folder that does not exist beside a run
     of a close name: refused, not a fresh default digits run; a command giving what to train, or a folder
     made first, starts the new run and says so."""
     (tmp_path / "runs" / "pets-dit_s" / "checkpoints" / "500").mkdir(parents=True)
     (tmp_path / "runs" / "pets-dit_s" / "checkpoints" / "1000").mkdir()
     typo = Path("runs") / "pets-dti_s"
-    line = refused("main.py", "--run_dir", typo, cwd=tmp_path)
-    assert line == (f"error: --run_dir {typo} does not exist; did you mean runs/pets-dit_s (a run at step 1000)? To "
+    monkeypatch.chdir(tmp_path)
+    message = refusal(train_main.main, train_main.parse_config, "--run_dir", typo)
+    assert message == (f"--run_dir {typo} does not exist; did you mean runs/pets-dit_s (a run at step 1000)? To "
                     f"start a new run there anyway, give its --dataset (or make the folder first: mkdir -p {typo}).")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pets-dit_s"]  # nothing started or made
     message = refusal(sample.main, sample.parse_args, "--run_dir", tmp_path / typo, "--out", tmp_path / "g.png")

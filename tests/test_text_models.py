@@ -36,8 +36,9 @@ def perturbed(model, scale):
     """Move every parameter off its (partly zero) init so every layer affects the output."""
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)  # numpy: eager jax.random would compile per shape
-    # Sums in numpy too: an eager jnp add compiles once per parameter shape.
-    params = jax.tree.map(lambda p: jnp.asarray(np.asarray(p) + scale * rng.normal(size=p.shape), p.dtype), params)
+    # Sums and the cast in numpy too: an eager jnp add or astype compiles once per parameter shape.
+    moved = lambda p: jnp.asarray((np.asarray(p) + scale * rng.normal(size=p.shape)).astype(p.dtype))  # noqa: E731
+    params = jax.tree.map(moved, params)
     return eqx.combine(params, static)
 
 
@@ -59,6 +60,8 @@ UNET = UNet(
 )  # fmt: skip
 DIT = DiT(8, 2, 1, 32, 1, 4, context_dim=CTX, pooled_dim=POOLED, key=KEY)
 call = eqx.filter_jit(lambda m, x, t, cond: m(x, t, cond))
+# Any layer or tower called as one program: called eagerly, each of its ops compiles on its own.
+jitted = eqx.filter_jit(lambda f, *args, **kwargs: f(*args, **kwargs))
 
 
 def unet_text_projections(m):
@@ -178,10 +181,11 @@ def test_a_cross_attention_only_level_has_no_self_attention():
     assert level1.attn is not None and level1.cross is not None and unet.middle_blocks[0][1].attn is not None
     block, cond = perturbed(level0, 0.1), text_cond(8)
     x = jnp.asarray(RNG.normal(size=(B, 4, 2, 8)), jnp.float32)
-    tokens = x.reshape(B, 8, 8)
-    normed = (tokens - tokens.mean(-1, keepdims=True)) / jnp.sqrt(tokens.var(-1, keepdims=True) + 1e-6)
-    expected = tokens + block.cross(normed + sincos_pos_embed_2d(8, 4, 2), cond.context, cond.mask)
-    got = block(x, jnp.zeros((B, 16)), context=cond.context, mask=cond.mask)
+    tokens = np.asarray(x).reshape(B, 8, 8)  # the reference's LayerNorm in numpy, the cross-attention as called alone
+    normed = (tokens - tokens.mean(-1, keepdims=True)) / np.sqrt(tokens.var(-1, keepdims=True) + 1e-6)
+    queries = (normed + sincos_pos_embed_2d(8, 4, 2)).astype(np.float32)
+    expected = tokens + np.asarray(jitted(block.cross, queries, cond.context, cond.mask))
+    got = np.asarray(jitted(block, x, np.zeros((B, 16), np.float32), context=cond.context, mask=cond.mask))
     np.testing.assert_allclose(got.reshape(B, 8, 8), expected, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="needs a text context"):
         UNet(1, (8, 16), 1, (1,), cross_attention_levels=(0, 1), key=KEY)
@@ -230,14 +234,16 @@ def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_o
                   max_position_embeddings=N, hidden_act="gelu", eos_token_id=2)  # fmt: skip
     tower = CLIPTextModel.from_config(config, key=jax.random.key(1))
     net = perturbed(UNet(1, (16,), 1, (0,), 0, 16, norm_groups=4, num_heads=2, context_dim=CTX, key=KEY), 0.1)
-    ids = jnp.asarray([[0, 5, 7, 2, 1], [0, 9, 2, 1, 1]], jnp.int32)
-    mask = jnp.asarray([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], jnp.int32)
+    ids = np.asarray([[0, 5, 7, 2, 1], [0, 9, 2, 1, 1]], np.int32)
+    mask = np.asarray([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], np.int32)
     tokens = {"input_ids": ids, "attention_mask": mask}
-    hidden, _ = tower(ids, mask)
+    hidden, _ = jitted(tower, ids, mask)
     model = TextConditioned(tower, net, (0, 2), (1, 1), pooled=False)
     y = call(model, X, T, tokens)
     np.testing.assert_allclose(y, call(net, X, T, TextCond(hidden, mask)), rtol=1e-5, atol=1e-6)
-    other = call(model, X, T, tokens | {"input_ids": ids.at[0, 1].set(6)})
-    assert not np.allclose(other[0], y[0], atol=1e-4)  # the tokens reach the net
+    other_ids = ids.copy()
+    other_ids[0, 1] = 6
+    other = call(model, X, T, tokens | {"input_ids": other_ids})
+    assert not np.allclose(np.asarray(other)[0], np.asarray(y)[0], atol=1e-4)  # the tokens reach the net
     with pytest.raises(ValueError, match=r"has a pooled vector; the model takes TextCond\(context, mask, pooled=None"):
         call(TextConditioned(tower, net, (0, 2), (1, 1)), X, T, tokens)
