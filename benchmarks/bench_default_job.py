@@ -20,6 +20,7 @@ from harness import ROOT, matmul_gflops, report, run_logs, run_script  # benchma
 
 
 def run_job(checkout: Path, run_dir: Path, extra: list[str]) -> dict:
+    run_dir.mkdir(parents=True)  # made first: main.py asks whether a new folder beside a run is a typo of it
     wall = run_script("main.py", "--run_dir", run_dir, "--wandb", "disabled", *extra, checkout=checkout)
     rows, startup = run_logs(run_dir)
     last = rows[-1]

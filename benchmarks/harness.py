@@ -165,8 +165,11 @@ def run_script(name: str, *args, checkout: Path = ROOT, quiet: bool = True) -> f
     wall seconds (start to exit)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(checkout / "train" / name), *map(str, args)], cwd=checkout, env=env,
-                   capture_output=quiet, text=True, check=True)  # fmt: skip
+    done = subprocess.run([sys.executable, str(checkout / "train" / name), *map(str, args)], cwd=checkout, env=env,
+                          capture_output=quiet, text=True)  # fmt: skip
+    if done.returncode:  # what the script said, kept from a quiet run: its last lines name the error
+        raise RuntimeError(f"train/{name} {' '.join(map(str, args))} exited {done.returncode}:\n"
+                           + "\n".join((done.stderr or "").splitlines()[-5:]))  # fmt: skip
     return time.perf_counter() - start
 
 

@@ -1,17 +1,19 @@
 """eqxdiff/conditions.py: one null per condition, for dropout and guidance alike, and configs that rebuild
 the condition (train/run_condition.py). (The step with a frozen tower: tests/test_text_step.py.)"""
 
+from pathlib import Path
+
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
-from pathlib import Path
+from jax.sharding import PartitionSpec
 
 from eqxdiff.conditions import EncodedText, Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
 from eqxdiff.nn import CLIPTextModel, TextCond, UNet
 from eqxdiff.sharding import make_mesh
-from jax.sharding import PartitionSpec
 from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
 from runs import train_here
 
@@ -127,10 +129,11 @@ def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
     embedding = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float16)
     cond = drop_condition(jax.random.key(1), condition.cond({"embedding": embedding}, None), 0.5, condition.null(None))
     x, t = jnp.zeros((4, 8, 8, 1)), jnp.ones((4,))
-    assert net(x, t, cond).shape == (4, 8, 8, 1)
+    # traced, not compiled: the network's checks of its condition run at trace time
+    assert eqx.filter_eval_shape(net, x, t, cond).shape == (4, 8, 8, 1)
     rows, null = condition.for_sampling(embedding[:2], 3)
     assert rows.context.shape == (6, 1, 6) and np.array_equal(rows.pooled[3:], np.repeat(embedding[1:2], 3, 0))
-    assert net(x[:1], t[:1], jax.tree.map(jnp.asarray, null)).shape == (1, 8, 8, 1)
+    assert eqx.filter_eval_shape(net, x[:1], t[:1], jax.tree.map(jnp.asarray, null)).shape == (1, 8, 8, 1)
 
 
 def test_a_rule_for_a_tower_that_encodes_only_sample_prompts_is_no_typo():
