@@ -87,8 +87,11 @@ class DiT(eqx.Module):
 
     Patchify (p×p stride-p conv) + fixed 2-D sin-cos positions (MAE), c = t_emb + y_emb
     (label table of num_classes + 1 rows, the last one null), `depth` adaLN-Zero blocks, a final
-    adaLN + zero-init linear to p·p·c per token, unpatchify. Output is c channels (no learned
-    sigma). DiT has no dropout, so `key` is accepted and unused.
+    adaLN + zero-init linear to p·p·c per token, unpatchify. Output is c channels, or with
+    `learn_sigma` 2c (the published DiTs): channels [..., :c] are the ε prediction and [..., c:]
+    the iDDPM variance interpolation v (log σ² = (v+1)/2·log β + (1-v)/2·log β̃), so eqxdiff's
+    denoisers and samplers, which know no learned variance, use the first c channels only.
+    DiT has no dropout, so `key` is accepted and unused.
 
     Text (PixArt-α): the context goes through PixArt's caption projection (Dense -> GELU(tanh)
     -> Dense to hidden_size, weights N(0, 0.02²)), then every block cross-attends to it (see
@@ -113,6 +116,7 @@ class DiT(eqx.Module):
     context_dim: int = eqx.field(static=True)
     pooled_dim: int = eqx.field(static=True)
     remat: bool = eqx.field(static=True)
+    learn_sigma: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -128,6 +132,7 @@ class DiT(eqx.Module):
         remat: bool = False,
         context_dim: int = 0,
         pooled_dim: int = 0,
+        learn_sigma: bool = False,
         key: PRNGKeyArray,
     ):
         if image_size % patch_size:
@@ -142,6 +147,7 @@ class DiT(eqx.Module):
         self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
         self.hidden_size = hidden_size
         self.num_classes, self.context_dim, self.pooled_dim, self.remat = num_classes, context_dim, pooled_dim, remat
+        self.learn_sigma = learn_sigma
 
         kp, kt, kt1, kt2, kl, kb, kf = jax.random.split(key, 7)
         p = patch_size
@@ -167,7 +173,8 @@ class DiT(eqx.Module):
             for k in jax.random.split(kb, depth)
         ]
         self.final_ada = zero_init(Dense(hidden_size, 2 * hidden_size, key=kf))
-        self.final_linear = zero_init(Dense(hidden_size, p * p * in_channels, key=kf))
+        out_channels = 2 * in_channels if learn_sigma else in_channels
+        self.final_linear = zero_init(Dense(hidden_size, p * p * out_channels, key=kf))
 
     def null_cond(self, batch_size: int) -> Int[Array, " b"] | None:
         """The "no class" condition of classifier-free guidance: label `num_classes` (the label
@@ -207,7 +214,7 @@ class DiT(eqx.Module):
         cond: Any = None,  # int32[b] labels, a TextCond or None: checked below, by kind of model
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "b h w c"]:
+    ) -> Float[Array, "b h w c"] | Float[Array, "b h w 2*c"]:  # 2c with learn_sigma
         b, h, w, c = x.shape
         if (h, w, c) != (self.image_size, self.image_size, self.in_channels):
             raise ValueError(
@@ -237,6 +244,7 @@ class DiT(eqx.Module):
             tokens = checkpointed(blk, self.remat)(tokens, emb, **text)
         shift, scale = jnp.split(self.final_ada(jax.nn.silu(emb)), 2, axis=-1)
         out = self.final_linear(_modulate(layer_norm(tokens), shift, scale))
-        # Unpatchify: token (gi, gj) holds its p×p×c patch in (pi, pj, c) order.
-        out = out.reshape(b, g, g, p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        oc = 2 * c if self.learn_sigma else c
+        # Unpatchify: token (gi, gj) holds its p×p×oc patch in (pi, pj, oc) order.
+        out = out.reshape(b, g, g, p, p, oc).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, oc)
         return out.astype(x.dtype)

@@ -12,7 +12,9 @@ _rebuild_parameter`, the typed storage classes (`torch.FloatStorage`, ...), dtyp
 complex` — and refuses every other global by name, before anything is called (so also
 `torch.storage._load_from_bytes`, which torch's rule refuses too: it calls torch.load). Objects the
 reader hands the pickle refuse a BUILD (no state can be set on them). Storages are
-memory-mapped where the file stores them uncompressed; a tensor is a read-only strided view of its
+memory-mapped where the file stores them uncompressed; globals the caller names in `skip`
+(`argparse.Namespace`, the `"args"` of a training checkpoint) become inert `Skipped` placeholders
+whose arguments and state are dropped, so nothing of theirs runs either; a tensor is a read-only strided view of its
 storage, checked to lie inside it, so views that share a storage share memory as in torch.
 Reference: torch 2.13's torch/serialization.py (`_save`, `_legacy_save`, `_load`, `_legacy_load`)
 and torch/_weights_only_unpickler.py (`_get_allowed_globals`).
@@ -23,7 +25,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -162,17 +164,45 @@ ALLOWED = {
 }  # fmt: skip
 
 
-class _Unpickler(pickle.Unpickler):
-    """Globals from ALLOWED only; persistent ids (storages) through `storage(key, dtype, numel, view)`."""
+class Skipped:
+    """What an object of a global the caller chose to skip reads as: its class's name only; the
+    arguments and state the pickle gives it are dropped (BUILD included), nothing of the class runs."""
 
-    def __init__(self, file, storage, where: str):
+    __slots__ = ()
+    global_name = "?"
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __repr__(self) -> str:
+        return f"<skipped {self.global_name}>"
+
+
+def _skipped(name: str) -> type:
+    """A `Skipped` subclass standing in for the global `name` (a type, as the pickle's NEWOBJ needs)."""
+    return type("Skipped", (Skipped,), {"__slots__": (), "global_name": name})
+
+
+class _Unpickler(pickle.Unpickler):
+    """Globals from ALLOWED only, or `Skipped` for those named in `skip` ("module.name"); persistent
+    ids (storages) through `storage(key, dtype, numel, view)`."""
+
+    def __init__(self, file, storage, where: str, skip: Collection[str] = ()):
         super().__init__(file)
-        self._storage, self._where = storage, where
+        self._storage, self._where, self._skip = storage, where, frozenset(skip)
 
     def find_class(self, module: str, name: str):
         if (module, name) in _compat_pickle.NAME_MAPPING:  # Python 2 names (protocol 2), as pickle's own
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        if f"{module}.{name}" in self._skip:
+            return _skipped(f"{module}.{name}")
         if (module, name) not in ALLOWED:
             raise TorchFileError(
                 f"{self._where}: refused the global {module}.{name}: a torch file is read as tensors and plain "
@@ -197,8 +227,8 @@ class _Unpickler(pickle.Unpickler):
         return self._storage(key, storage_type.dtype, numel, view)
 
 
-def _load(file, where: str, storage=None) -> Any:
-    return _Unpickler(file, storage or _no_storage, where).load()
+def _load(file, where: str, storage=None, skip: Collection[str] = ()) -> Any:
+    return _Unpickler(file, storage or _no_storage, where, skip).load()
 
 
 def _no_storage(key, dtype, numel, view):
@@ -238,7 +268,7 @@ def _mapped(path: Path, offset: int, nbytes: int) -> np.ndarray:
     return np.memmap(path, np.uint8, mode="r", offset=offset, shape=(nbytes,))
 
 
-def _read_zip(path: Path) -> Any:
+def _read_zip(path: Path, skip: Collection[str] = ()) -> Any:
     with zipfile.ZipFile(path) as archive:
         pickles = [n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
         if len(pickles) != 1:
@@ -257,7 +287,7 @@ def _read_zip(path: Path) -> Any:
             return _Storage(key, dtype, numel)
 
         with archive.open(pickles[0]) as file:
-            obj = _load(file, str(path), storage)
+            obj = _load(file, str(path), storage, skip)
         arrays = {}
         for key, (dtype, numel) in wanted.items():
             info = archive.getinfo(f"{prefix}data/{key}")
@@ -274,7 +304,7 @@ def _read_zip(path: Path) -> Any:
     return _resolve(obj, arrays, {})
 
 
-def _read_legacy(path: Path) -> Any:
+def _read_legacy(path: Path, skip: Collection[str] = ()) -> Any:
     with path.open("rb") as file:
         try:
             magic = _load(file, str(path))
@@ -298,7 +328,7 @@ def _read_legacy(path: Path) -> Any:
                 raise pickle.UnpicklingError(f"storage view {view_key} lies outside storage {key}")
             return _Storage(key, dtype, view_numel, offset)
 
-        obj = _load(file, str(path), storage)
+        obj = _load(file, str(path), storage, skip)
         keys = _load(file, str(path))
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise TorchFileError(f"{path}: its list of storages is a {type(keys).__name__}")
@@ -322,17 +352,18 @@ def _read_legacy(path: Path) -> Any:
     return _resolve(obj, arrays, {})
 
 
-def read_torch_file(path: str | Path) -> Any:
+def read_torch_file(path: str | Path, *, skip: Collection[str] = ()) -> Any:
     """The object `torch.save` wrote to `path`, with every tensor a read-only numpy array (a view
     of its storage, memory-mapped where the file allows; `np.array(x)` for a copy) and containers
-    as pickled (dict, OrderedDict, list, tuple, ...). Raises TorchFileError naming any global other
-    than plain tensors' and containers' (nothing from the file runs), and for a file that is not
-    torch's zip or legacy format."""
+    as pickled (dict, OrderedDict, list, tuple, ...). Objects of the globals named in `skip`
+    ("module.name", e.g. "argparse.Namespace") read as inert `Skipped` placeholders. Raises
+    TorchFileError naming any other global than plain tensors' and containers' (nothing from the
+    file runs), and for a file that is not torch's zip or legacy format."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        return _read_zip(path) if zipfile.is_zipfile(path) else _read_legacy(path)
+        return _read_zip(path, skip) if zipfile.is_zipfile(path) else _read_legacy(path, skip)
     except TorchFileError:
         raise
     except (pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError, AttributeError, ValueError,
@@ -360,6 +391,33 @@ def _flatten(tree: dict, prefix: str, path: Path) -> Iterator[tuple[str, np.ndar
             yield name, value
         else:
             raise TorchFileError(f"{path}: {name!r} is a {type(value).__name__}, not a tensor (not a state_dict)")
+
+
+class Tensors:
+    """`{name: array}` behind safetensors' reader interface (`keys`, `get_slice`, `get_tensor`), so
+    eqxdiff.nn.torch_weights loads a state_dict taken out of a larger checkpoint; `where` names it
+    in errors."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], where: str):
+        self.tensors, self.where = dict(tensors), where
+
+    def __str__(self) -> str:
+        return self.where
+
+    def __enter__(self) -> "Tensors":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        return self.tensors[key]
+
+    def get_slice(self, key: str) -> "_Slice":
+        return _Slice(self.tensors[key])
 
 
 class TorchFile:

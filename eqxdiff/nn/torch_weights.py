@@ -25,7 +25,7 @@ from jax.sharding import Sharding, SingleDeviceSharding
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
-from eqxdiff.nn.torch_pickle import TorchFile
+from eqxdiff.nn.torch_pickle import Tensors, TorchFile
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
 LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
@@ -62,7 +62,7 @@ def leaf_layouts(module, layouts: Mapping[type, Mapping[str, tuple[int, ...]]] =
 
 def load_safetensors(
     abstract_module,
-    path: str | Path | Sequence[str | Path],
+    path: str | Path | Tensors | Sequence[str | Path],
     *,
     rename: Callable[[str], str | None] = lambda key: key,
     ignore: Collection[str] = (),
@@ -82,7 +82,8 @@ def load_safetensors(
     same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `place`, each
     leaf is read straight into its sharding in `place(abstract_module)`; without, onto the first
     device. F32, F16 and BF16 files load; a torch file (`TORCH_SUFFIXES`) loads as a state_dict
-    (torch_pickle).
+    (torch_pickle). `path` may also be an open reader (`torch_pickle.Tensors`: a state_dict taken out
+    of a larger checkpoint).
     """
     perms = leaf_layouts(abstract_module, layouts)
     if place is None:
@@ -90,7 +91,7 @@ def load_safetensors(
         shardings = {name: device_sharding for name in perms}
     else:
         shardings = dict(zip(perms, jax.tree.leaves(place(abstract_module)), strict=True))
-    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    paths = [path] if isinstance(path, (str, Path, Tensors)) else list(path)
     where = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} shards)"
     with ExitStack() as stack:
         files = _files_by_key([stack.enter_context(open_weights(p)) for p in paths], paths)
@@ -106,9 +107,11 @@ def load_safetensors(
     return jax.tree.unflatten(treedef, [next(it) if is_array_like(x) else x for x in leaves])
 
 
-def open_weights(path: str | Path):
+def open_weights(path: str | Path | Tensors):
     """A reader of the file's tensors by name (`keys`, `get_slice`, `get_tensor`): safetensors'
-    for a safetensors file, eqxdiff.nn.torch_pickle's for a torch file."""
+    for a safetensors file, eqxdiff.nn.torch_pickle's for a torch file; an open reader as it is."""
+    if isinstance(path, Tensors):
+        return path
     if Path(path).suffix in TORCH_SUFFIXES:
         return TorchFile(path)
     return safe_open(str(path), framework="numpy")

@@ -1,0 +1,9 @@
+"""Published checkpoints as they are distributed, loaded into eqxdiff models (DESIGN.md: pretrained/).
+
+`load_dit`: facebookresearch/DiT's checkpoints (`DiT-XL-2-256x256.pt`, train.py's `*.pt`, or as
+safetensors) as an eqxdiff `DiT`, without torch and without running anything the file names.
+"""
+
+from eqxdiff.pretrained.dit import load_dit
+
+__all__ = ["load_dit"]
