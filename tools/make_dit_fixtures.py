@@ -21,7 +21,7 @@ Apache-2.0; the unfused attention path, softmax(q·scale @ kᵀ) @ v) and have i
   at 256² (latent 32) and DiT-XL/2 at 512², built on torch's meta device (no weights).
 
 The network: depth 2, hidden 32, 2 heads, patch 2, input 8, 4 channels, 10 classes, learn_sigma;
-every trainable parameter moved off its init by N(0, 0.05²) (adaLN-Zero's zeros included), the
+every trainable parameter moved off its init by N(0, 0.2²) (adaLN-Zero's zeros included), the
 frozen sin-cos `pos_embed` left as the official code sets it.
 
     tools/.venv/bin/python tools/make_dit_fixtures.py --dit PATH/TO/DiT
@@ -122,7 +122,7 @@ def main() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = models.DiT(**CONFIG).eval()
-    ema = perturbed(model, gen, 0.05)
+    ema = perturbed(model, gen, 0.2)  # large enough that GELU(tanh) vs exact moves the output by 1e-4
     x = torch.randn(4, CONFIG["in_channels"], CONFIG["input_size"], CONFIG["input_size"], generator=gen)
     t = torch.tensor([0.0, 17.0, 500.0, 999.0])
     y = torch.tensor([0, 3, 9, CONFIG["num_classes"]])

@@ -24,7 +24,9 @@ from eqxdiff.nn.torch_pickle import Tensors, TorchFileError, read_torch_file
 from eqxdiff.nn.torch_weights import TORCH_SUFFIXES, Place, load_safetensors
 
 # The official configurations (models.py's DiT_models): (depth, hidden size) -> (name, heads).
-OFFICIAL_SIZES = {(12, 384): ("DiT-S", 6), (12, 768): ("DiT-B", 12), (24, 1024): ("DiT-L", 16), (28, 1152): ("DiT-XL", 16)}
+OFFICIAL_SIZES = {
+    (12, 384): ("DiT-S", 6), (12, 768): ("DiT-B", 12), (24, 1024): ("DiT-L", 16), (28, 1152): ("DiT-XL", 16),
+}  # fmt: skip
 # Official state_dict name patterns -> eqxdiff DiT leaf names.
 OFFICIAL_NAMES = [
     (r"x_embedder\.proj\.(weight|bias)", r"patch_embed.\1"),
