@@ -67,6 +67,14 @@ def test_train_checkpoint_loads_ema_not_model():
     np.testing.assert_array_equal(np.asarray(loaded), checkpoint["ema"][table])
 
 
+def test_a_flattened_train_checkpoint_in_safetensors_loads_its_ema(tmp_path):
+    """{"ema.*", "model.*"} keys in one safetensors file (the "model" half moved): the "ema." half."""
+    ema = safetensors_state()
+    moved = {f"model.{k}": v + 1 for k, v in ema.items()}
+    save_file({**moved, **{f"ema.{k}": v for k, v in ema.items()}}, tmp_path / "flat.safetensors")
+    assert relative_errors(load_dit(tmp_path / "flat.safetensors", num_heads=2)).max() <= 1e-4
+
+
 def test_args_namespace_is_skipped_not_built():
     """train.py's "args" reads as an inert placeholder; without the skip the reader refuses it."""
     checkpoint = read_torch_file(DATA / "train_checkpoint.pt", skip=("argparse.Namespace",))

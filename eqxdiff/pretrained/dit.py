@@ -120,19 +120,23 @@ def official_state(path: str | Path) -> Tensors | Path:
 
 def load_dit(path: str | Path, num_heads: int | None = None, *, place: Place | None = None) -> DiT:
     """An official DiT checkpoint (`DiT-XL-2-256x256.pt`, a train.py `*.pt` — its "ema" — or either
-    as `.safetensors`) as `DiT`: `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma
+    as `.safetensors`: a flattened train.py checkpoint's `ema.*` keys) as `DiT`: `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma
     (ε then the variance interpolation; DiT's docstring), equal to the official `forward(x, t, y)`
     in NHWC. `t` is DiT's timestep index (0..999), label `num_classes` the null class. Heads come from
     the official table (S 6, B 12, L 16, XL 16) unless `num_heads` is given; `place` as in
     `load_safetensors` (each leaf read into its sharding)."""
     source = official_state(path)
     with safe_open(str(source), framework="numpy") if isinstance(source, Path) else source as file:
-        shapes = {k: tuple(file.get_slice(k).get_shape()) for k in file.keys()}
-        config = dit_config(shapes, num_heads, str(source))
+        # A train.py checkpoint flattened into one safetensors file: its "ema." keys.
+        prefix = "ema." if "ema.pos_embed" in file.keys() else ""
+        shapes = {k[len(prefix) :]: tuple(file.get_slice(k).get_shape()) for k in file.keys() if k.startswith(prefix)}
+        where = f"{source}{' (its ema.* keys)' if prefix else ''}"
+        config = dit_config(shapes, num_heads, where)
         fixed = sincos_pos_embed_2d(config["hidden_size"], config["image_size"] // config["patch_size"])
-        stored = np.asarray(file.get_tensor("pos_embed"), np.float32).reshape(fixed.shape)
+        stored = np.asarray(file.get_tensor(f"{prefix}pos_embed"), np.float32).reshape(fixed.shape)
     if not np.allclose(stored, fixed, rtol=0, atol=1e-5):
-        raise ValueError(f"{source}: pos_embed is not DiT's fixed sin-cos embedding (off by up to "
+        raise ValueError(f"{where}: pos_embed is not DiT's fixed sin-cos embedding (off by up to "
                          f"{np.abs(stored - fixed).max():.3g}); eqxdiff's DiT computes that one")  # fmt: skip
     abstract = eqx.filter_eval_shape(lambda: DiT(**config, key=jax.random.key(0)))
-    return load_safetensors(abstract, source, rename=eqxdiff_name, place=place)
+    rename = lambda key: eqxdiff_name(key[len(prefix) :]) if key.startswith(prefix) else None  # noqa: E731
+    return load_safetensors(abstract, source, rename=rename, place=place)
