@@ -120,16 +120,17 @@ def official_state(path: str | Path) -> Tensors | Path:
 
 def load_dit(path: str | Path, num_heads: int | None = None, *, place: Place | None = None) -> DiT:
     """An official DiT checkpoint (`DiT-XL-2-256x256.pt`, a train.py `*.pt` — its "ema" — or either
-    as `.safetensors`: a flattened train.py checkpoint's `ema.*` keys) as `DiT`: `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma
-    (ε then the variance interpolation; DiT's docstring), equal to the official `forward(x, t, y)`
-    in NHWC. `t` is DiT's timestep index (0..999), label `num_classes` the null class. Heads come from
+    as `.safetensors`, a flattened train.py checkpoint by its `ema.*` keys) as `DiT`:
+    `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma (ε, then the variance
+    interpolation: `DiT`'s docstring), equal to the official `forward(x, t, y)` in NHWC. `t` is DiT's timestep index (0..999), label `num_classes` the null class. Heads come from
     the official table (S 6, B 12, L 16, XL 16) unless `num_heads` is given; `place` as in
     `load_safetensors` (each leaf read into its sharding)."""
     source = official_state(path)
     with safe_open(str(source), framework="numpy") if isinstance(source, Path) else source as file:
         # A train.py checkpoint flattened into one safetensors file: its "ema." keys.
         prefix = "ema." if "ema.pos_embed" in file.keys() else ""
-        shapes = {k[len(prefix) :]: tuple(file.get_slice(k).get_shape()) for k in file.keys() if k.startswith(prefix)}
+        keys = [k for k in file.keys() if k.startswith(prefix)]
+        shapes = {k[len(prefix) :]: tuple(file.get_slice(k).get_shape()) for k in keys}
         where = f"{source}{' (its ema.* keys)' if prefix else ''}"
         config = dit_config(shapes, num_heads, where)
         fixed = sincos_pos_embed_2d(config["hidden_size"], config["image_size"] // config["patch_size"])
