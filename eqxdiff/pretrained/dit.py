@@ -122,9 +122,10 @@ def load_dit(path: str | Path, num_heads: int | None = None, *, place: Place | N
     """An official DiT checkpoint (`DiT-XL-2-256x256.pt`, a train.py `*.pt` — its "ema" — or either
     as `.safetensors`, a flattened train.py checkpoint by its `ema.*` keys) as `DiT`:
     `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma (ε, then the variance
-    interpolation: `DiT`'s docstring), equal to the official `forward(x, t, y)` in NHWC. `t` is DiT's timestep index (0..999), label `num_classes` the null class. Heads come from
-    the official table (S 6, B 12, L 16, XL 16) unless `num_heads` is given; `place` as in
-    `load_safetensors` (each leaf read into its sharding)."""
+    interpolation: `DiT`'s docstring), equal to the official `forward(x, t, y)` in NHWC. `t` is
+    DiT's timestep index (0..999), label `num_classes` the null class. Heads come from the official
+    table (S 6, B 12, L 16, XL 16) unless `num_heads` is given; `place` as in `load_safetensors`
+    (each leaf read into its sharding)."""
     source = official_state(path)
     with safe_open(str(source), framework="numpy") if isinstance(source, Path) else source as file:
         # A train.py checkpoint flattened into one safetensors file: its "ema." keys.
