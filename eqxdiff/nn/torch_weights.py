@@ -22,6 +22,7 @@ import jax
 import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16", which safetensors' numpy reader asks for)
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
+from jax.typing import DTypeLike
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
@@ -69,10 +70,11 @@ def load_safetensors(
     place: Place | None = None,
     layouts: Mapping[type, Mapping[str, tuple[int, ...]]] = LAYOUTS,
     conv1x1_as_dense: bool = False,
+    dtype: DTypeLike = np.float32,
 ):
     """`abstract_module` (e.g. from `eqx.filter_eval_shape`) with every array leaf read from the
     safetensors file at `path`, or from several (the shards of one state_dict: a key in two raises),
-    as float32.
+    as `dtype` (float32; bfloat16 casts each slice as it is read, no float32 copy of the model).
 
     `rename` maps a file key to the current name (older checkpoints' aliases, another codebase's
     names), or to None for a key that belongs to another model in the same file (it is not read);
@@ -99,7 +101,7 @@ def load_safetensors(
         keys = {name: key for name, key in keys.items() if name not in ignore}
         _check_names(set(perms), set(keys), where)
         values = [
-            _read(files[keys[name]], keys[name], perm, shardings[name], leaf, conv1x1_as_dense)
+            _read(files[keys[name]], keys[name], perm, shardings[name], leaf, conv1x1_as_dense, dtype)
             for (name, perm), leaf in zip(perms.items(), _array_leaves(abstract_module), strict=True)
         ]
     leaves, treedef = jax.tree.flatten(abstract_module, is_leaf=is_array_like)
@@ -157,14 +159,17 @@ def _check_names(expected: set[str], found: set[str], path) -> None:
         raise ValueError(f"{path} does not match the model: " + "; ".join(problems))
 
 
-def _read(file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf, conv1x1_as_dense: bool = False) -> jax.Array:
-    """One leaf as float32 in `sharding`; each device's callback reads only its slice."""
+def _read(
+    file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf, conv1x1_as_dense: bool = False,
+    dtype: DTypeLike = np.float32,
+) -> jax.Array:  # fmt: skip
+    """One leaf as `dtype` in `sharding`; each device's callback reads only its slice."""
     tensor = file.get_slice(key)
-    dtype, torch_shape = tensor.get_dtype(), tuple(tensor.get_shape())
-    if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{key}: dtype {dtype} is not one of {sorted(FLOAT_DTYPES)}")
+    stored, torch_shape = tensor.get_dtype(), tuple(tensor.get_shape())
+    if stored not in FLOAT_DTYPES:
+        raise ValueError(f"{key}: dtype {stored} is not one of {sorted(FLOAT_DTYPES)}")
     if conv1x1_as_dense and perm == (1, 0) and len(torch_shape) > 2 and set(torch_shape[2:]) == {1}:
-        return _read_squeezed(file, key, torch_shape[:2], perm, sharding, leaf)
+        return _read_squeezed(file, key, torch_shape[:2], perm, sharding, leaf, dtype)
     shape = tuple(torch_shape[p] for p in perm)
     if shape != tuple(leaf.shape):
         raise ValueError(
@@ -179,19 +184,21 @@ def _read(file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf, conv1
         cache_key = tuple((s.start, s.stop, s.step) for s in torch_index)
         if cache_key not in cache:
             part = tensor[tuple(torch_index)] if perm else np.asarray(file.get_tensor(key))
-            cache[cache_key] = np.ascontiguousarray(np.transpose(part, perm), dtype=np.float32)
+            cache[cache_key] = np.ascontiguousarray(np.transpose(part, perm), dtype=dtype)
         return cache[cache_key]
 
     return jax.make_array_from_callback(shape, sharding, shard)
 
 
-def _read_squeezed(file, key: str, torch_shape: tuple, perm: tuple[int, ...], sharding: Sharding, leaf) -> jax.Array:
+def _read_squeezed(
+    file, key: str, torch_shape: tuple, perm: tuple[int, ...], sharding: Sharding, leaf, dtype: DTypeLike = np.float32
+) -> jax.Array:  # fmt: skip
     """A 1x1 convolution kernel `[out, in, 1, ...]` as a Dense leaf (small: read whole, then sliced)."""
     shape = tuple(torch_shape[p] for p in perm)
     if shape != tuple(leaf.shape):
         raise ValueError(f"{key}: a 1x1 kernel of shape {torch_shape} is {shape} as a linear map, the model expects "
                          f"{tuple(leaf.shape)}")  # fmt: skip
-    whole = np.ascontiguousarray(np.transpose(np.asarray(file.get_tensor(key)).reshape(torch_shape), perm), np.float32)
+    whole = np.ascontiguousarray(np.transpose(np.asarray(file.get_tensor(key)).reshape(torch_shape), perm), dtype)
     return jax.make_array_from_callback(shape, sharding, lambda index: whole[index])
 
 

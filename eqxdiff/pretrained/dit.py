@@ -11,11 +11,13 @@ buffer, not a weight: it is checked equal to the embedding eqxdiff computes, not
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import equinox as eqx
 import jax
 import numpy as np
+from jax.typing import DTypeLike
 from safetensors import safe_open
 
 from eqxdiff.nn.dit import DiT
@@ -23,10 +25,20 @@ from eqxdiff.nn.layers import sincos_pos_embed_2d
 from eqxdiff.nn.torch_pickle import Tensors, TorchFileError, read_torch_file
 from eqxdiff.nn.torch_weights import TORCH_SUFFIXES, Place, load_safetensors
 
-# The official configurations (models.py's DiT_models): (depth, hidden size) -> (name, heads).
-OFFICIAL_SIZES = {
-    (12, 384): ("DiT-S", 6), (12, 768): ("DiT-B", 12), (24, 1024): ("DiT-L", 16), (28, 1152): ("DiT-XL", 16),
-}  # fmt: skip
+# The official configurations (models.py's DiT_models): (depth, hidden size) -> (size name, heads).
+OFFICIAL_SIZES = {(12, 384): ("S", 6), (12, 768): ("B", 12), (24, 1024): ("L", 16), (28, 1152): ("XL", 16)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A published codebase whose `models.py` is DiT's network under DiT's state_dict names: what
+    differs is only what its errors call it (the heads table and the names are the same)."""
+
+    name: str  # "DiT", "SiT"
+    repo: str  # where its models.py is
+
+
+DIT = Family("DiT", "facebookresearch/DiT")
 # Official state_dict name patterns -> eqxdiff DiT leaf names.
 OFFICIAL_NAMES = [
     (r"x_embedder\.proj\.(weight|bias)", r"patch_embed.\1"),
@@ -53,7 +65,9 @@ def eqxdiff_name(key: str) -> str | None:
     return key
 
 
-def dit_config(shapes: Mapping[str, Sequence[int]], num_heads: int | None = None, where: str = "") -> dict:
+def dit_config(
+    shapes: Mapping[str, Sequence[int]], num_heads: int | None = None, where: str = "", family: Family = DIT
+) -> dict:
     """`DiT(**config)`'s arguments from an official state_dict's `{key: shape}`: depth, hidden
     size, patch, input size (the `pos_embed` grid × patch), channels, classes (label rows - 1),
     learn_sigma (out channels = 2 × in), MLP ratio; heads from `OFFICIAL_SIZES` or `num_heads`."""
@@ -61,7 +75,7 @@ def dit_config(shapes: Mapping[str, Sequence[int]], num_heads: int | None = None
               "blocks.0.mlp.fc1.weight"]  # fmt: skip
     missing = [k for k in needed if k not in shapes]
     if missing:
-        raise ValueError(f"{where}: not a DiT state_dict (facebookresearch/DiT's): no {missing}; its keys begin "
+        raise ValueError(f"{where}: not a {family.name} state_dict ({family.repo}'s): no {missing}; its keys begin "
                          f"{list(shapes)[:5]}")  # fmt: skip
     hidden, in_channels, p, pw = _shape(shapes, "x_embedder.proj.weight", 4, where)
     _, tokens, pos_hidden = _shape(shapes, "pos_embed", 3, where)
@@ -81,9 +95,10 @@ def dit_config(shapes: Mapping[str, Sequence[int]], num_heads: int | None = None
                          "rows (classes + the null one)")  # fmt: skip
     if num_heads is None:
         if (depth, hidden) not in OFFICIAL_SIZES:
-            table = ", ".join(f"{n} (depth {d}, width {w}): {h}" for (d, w), (n, h) in OFFICIAL_SIZES.items())
-            raise ValueError(f"{where}: depth {depth}, width {hidden} is none of the official DiTs, whose heads are "
-                             f"known ({table}); pass num_heads=")  # fmt: skip
+            sizes = OFFICIAL_SIZES.items()
+            table = ", ".join(f"{family.name}-{n} (depth {d}, width {w}): {h}" for (d, w), (n, h) in sizes)
+            raise ValueError(f"{where}: depth {depth}, width {hidden} is none of the official {family.name}s, whose "
+                             f"heads are known ({table}); pass num_heads=")  # fmt: skip
         num_heads = OFFICIAL_SIZES[depth, hidden][1]
     if num_heads < 1 or hidden % num_heads:
         raise ValueError(f"{where}: num_heads={num_heads} does not divide the width {hidden}")
@@ -100,9 +115,9 @@ def _shape(shapes: Mapping[str, Sequence[int]], key: str, ndim: int, where: str)
     return shape
 
 
-def official_state(path: str | Path) -> Tensors | Path:
+def official_state(path: str | Path, family: Family = DIT) -> Tensors | Path:
     """What to read a DiT from: a safetensors file as it is; a torch file's state_dict (its "ema"
-    for a train.py checkpoint `{"model", "ema", "opt", "args"}`, as DiT's `find_model`) as Tensors."""
+    for a train.py checkpoint `{"model", "ema", "opt", "args"}`, as DiT's and SiT's `find_model`) as Tensors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
@@ -114,31 +129,42 @@ def official_state(path: str | Path) -> Tensors | Path:
         obj, where = obj["ema"], f"{path}['ema']"
     if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
         kind = f"a dict with keys {list(obj)[:6]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
-        raise TorchFileError(f"{where} holds {kind}, not DiT's state_dict or a train.py checkpoint with \"ema\"")
+        raise TorchFileError(f"{where} holds {kind}, not {family.name}'s state_dict or a train.py "
+                             "checkpoint with \"ema\"")
     return Tensors(obj, where)
 
 
-def load_dit(path: str | Path, num_heads: int | None = None, *, place: Place | None = None) -> DiT:
+def load_dit(
+    path: str | Path, num_heads: int | None = None, *, place: Place | None = None, dtype: DTypeLike = np.float32
+) -> DiT:
     """An official DiT checkpoint (`DiT-XL-2-256x256.pt`, a train.py `*.pt` — its "ema" — or either
     as `.safetensors`, a flattened train.py checkpoint by its `ema.*` keys) as `DiT`:
     `model(x[b,h,w,c], t[b], labels[b]) -> [b,h,w,2c]` with learn_sigma (ε, then the variance
     interpolation: `DiT`'s docstring), equal to the official `forward(x, t, y)` in NHWC. `t` is
     DiT's timestep index (0..999), label `num_classes` the null class. Heads come from the official
     table (S 6, B 12, L 16, XL 16) unless `num_heads` is given; `place` as in `load_safetensors`
-    (each leaf read into its sharding)."""
-    source = official_state(path)
+    (each leaf read into its sharding); `dtype` the leaves' (bfloat16: each cast as it is read)."""
+    return load_official(path, DIT, num_heads, place=place, dtype=dtype)
+
+
+def load_official(
+    path: str | Path, family: Family, num_heads: int | None = None, *, place: Place | None = None,
+    dtype: DTypeLike = np.float32,
+) -> DiT:  # fmt: skip
+    """`load_dit` for any `Family` (DiT's network and names): its errors name `family`."""
+    source = official_state(path, family)
     with safe_open(str(source), framework="numpy") if isinstance(source, Path) else source as file:
         # A train.py checkpoint flattened into one safetensors file: its "ema." keys.
         prefix = "ema." if "ema.pos_embed" in file.keys() else ""
         keys = [k for k in file.keys() if k.startswith(prefix)]
         shapes = {k[len(prefix) :]: tuple(file.get_slice(k).get_shape()) for k in keys}
         where = f"{source}{' (its ema.* keys)' if prefix else ''}"
-        config = dit_config(shapes, num_heads, where)
+        config = dit_config(shapes, num_heads, where, family)
         fixed = sincos_pos_embed_2d(config["hidden_size"], config["image_size"] // config["patch_size"])
         stored = np.asarray(file.get_tensor(f"{prefix}pos_embed"), np.float32).reshape(fixed.shape)
     if not np.allclose(stored, fixed, rtol=0, atol=1e-5):
-        raise ValueError(f"{where}: pos_embed is not DiT's fixed sin-cos embedding (off by up to "
+        raise ValueError(f"{where}: pos_embed is not {family.name}'s fixed sin-cos embedding (off by up to "
                          f"{np.abs(stored - fixed).max():.3g}); eqxdiff's DiT computes that one")  # fmt: skip
     abstract = eqx.filter_eval_shape(lambda: DiT(**config, key=jax.random.key(0)))
     rename = lambda key: eqxdiff_name(key[len(prefix) :]) if key.startswith(prefix) else None  # noqa: E731
-    return load_safetensors(abstract, source, rename=rename, place=place)
+    return load_safetensors(abstract, source, rename=rename, place=place, dtype=dtype)
