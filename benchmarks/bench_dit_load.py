@@ -4,11 +4,13 @@
 A random state_dict with the official DiT-XL/2 256² shapes (tests/data/dit/official_shapes.json;
 values N(0, 0.02²) — memory does not depend on them — and the official sin-cos `pos_embed`) is
 written as float32 safetensors in a temporary folder. Each dtype loads in a fresh subprocess with 8
-CPU devices: `load_dit(path, place=placement(make_mesh(data=-1, fsdp=8)), dtype=...)`. Its
-resident peak (VmHWM: JAX's runtime, the devices' buffers, the file pages read) is
-reported against the file size and the loaded model's size; "no full host copy per device" means
-the peak stays far below 8 × the model. The child also checks every leaf's sharding is
-`state_shardings`' FSDP one and a few leaves' values equal the file's.
+CPU devices: `load_dit(path, place=placement(make_mesh(data=-1, fsdp=8)), dtype=...)`. Its resident
+peak (VmHWM: JAX's runtime, the devices' buffers, the file pages read) is reported against the file
+size and the loaded model's size; "no full host copy per device" means the peak stays far below
+8 × the model. The resident memory added, split after the load into
+anonymous (the arrays: about one model) and file-backed (the checkpoint's pages read through
+safetensors' mapping: page cache, up to one file), says where the peak goes. The child also
+checks every leaf's sharding is `state_shardings`' FSDP one and a few leaves' values equal the file's.
 
     python benchmarks/bench_dit_load.py                 # full XL/2
     python benchmarks/bench_dit_load.py --shapes "DiT-S/2 256"
@@ -57,6 +59,16 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
+def rss_kinds() -> dict[str, float]:
+    """Resident MiB now, by kind (Linux): anonymous (the arrays) and file-backed (the checkpoint's
+    pages safetensors mapped in: page cache, given back under pressure); {} elsewhere."""
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return {}
+    fields = dict(ln.split(":", 1) for ln in status.read_text().splitlines() if ln.startswith(("RssAnon", "RssFile")))
+    return {k: int(v.split()[0]) / 1024 for k, v in fields.items()}
+
+
 def child(path: str, dtype: str, min_size: int) -> dict:
     """Load `path` onto an 8-device FSDP mesh in `dtype`; the peak RSS and the checks."""
     import jax
@@ -67,15 +79,16 @@ def child(path: str, dtype: str, min_size: int) -> dict:
     from eqxdiff.sharding import make_mesh, placement, state_shardings
 
     mesh = make_mesh(data=-1, fsdp=8)
-    before = peak_rss()
+    before, kinds_before = peak_rss(), rss_kinds()
     start = time.perf_counter()
     model = load_dit(path, place=placement(mesh, min_size), dtype=jnp.dtype(dtype))
     jax.block_until_ready(model)
     seconds = time.perf_counter() - start
-    peak = peak_rss()
+    peak, kinds_after = peak_rss(), rss_kinds()
     leaves = [x for x in jax.tree.leaves(model) if isinstance(x, jax.Array)]
     expected = [s for s in jax.tree.leaves(state_shardings(model, mesh, min_size)) if s is not None]
-    wrong = [i for i, (x, s) in enumerate(zip(leaves, expected, strict=True)) if not x.sharding.is_equivalent_to(s, x.ndim)]
+    pairs = enumerate(zip(leaves, expected, strict=True))
+    wrong = [i for i, (x, s) in pairs if not x.sharding.is_equivalent_to(s, x.ndim)]
     sharded = sum(x.nbytes for x in leaves if len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated)
     assert not wrong and all(x.dtype == jnp.dtype(dtype) for x in leaves), (wrong, {x.dtype for x in leaves})
     last = len(model.blocks) - 1
@@ -90,7 +103,9 @@ def child(path: str, dtype: str, min_size: int) -> dict:
             np.testing.assert_array_equal(np.asarray(ours.astype(jnp.float32)), theirs.astype(dtype).astype(np.float32))
     return dict(dtype=dtype, baseline_mib=before / MIB, peak_mib=peak / MIB, load_s=seconds,
                 model_mib=sum(x.nbytes for x in leaves) / MIB, sharded_fraction=sharded / sum(x.nbytes for x in leaves),
-                params=sum(x.size for x in leaves), leaves=len(leaves))  # fmt: skip
+                params=sum(x.size for x in leaves), leaves=len(leaves),
+                anon_added_mib=kinds_after.get("RssAnon", np.nan) - kinds_before.get("RssAnon", np.nan),
+                file_added_mib=kinds_after.get("RssFile", np.nan) - kinds_before.get("RssFile", np.nan))  # fmt: skip
 
 
 def main() -> None:
@@ -106,8 +121,9 @@ def main() -> None:
     if args.write:
         print(write_checkpoint(args.shapes, args.write))
         return
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    path_env = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path_env}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dit.safetensors"
         # Written by a child too: this process stays small, so nothing of the state_dict is in the loads' memory.
@@ -122,6 +138,7 @@ def main() -> None:
             run = json.loads(out.stdout.strip().splitlines()[-1])
             run["peak_over_model"] = run["peak_mib"] / run["model_mib"]
             run["added_over_model"] = (run["peak_mib"] - run["baseline_mib"]) / run["model_mib"]
+            run["anon_added_over_model"] = run["anon_added_mib"] / run["model_mib"]
             runs.append(run)
     report("dit_load", {"shapes": args.shapes, "file_mib": size / MIB, "devices": 8, "runs": runs})
 

@@ -44,8 +44,9 @@ def test_leaves_land_in_their_fsdp_shardings_with_the_files_values(dtype):
 
 @pytest.mark.slow
 def test_sharded_load_adds_about_one_model_to_the_peak_not_one_per_device():
-    """The benchmark at DiT-S/2 (33M parameters), fresh processes: the load adds < 2 models to the
-    resident peak in float32 and in bfloat16 (one copy per device would be 8); measured 1.0, 0.92."""
+    """The benchmark at DiT-S/2 (33M parameters), fresh processes, float32 and bfloat16: the arrays
+    add < 2 models of anonymous memory (measured 1.09, 1.14; all leaves replicated, 6.8) and the
+    peak < 4.5 models (measured 2.1, 3.2, the file's pages mapped while read; replicated 7.7, 8.8)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dit_load.py"), "--shapes", "DiT-S/2 256"],
                          env=env, capture_output=True, text=True, check=True, cwd=ROOT / "benchmarks")  # fmt: skip
@@ -53,4 +54,4 @@ def test_sharded_load_adds_about_one_model_to_the_peak_not_one_per_device():
     assert [r["dtype"] for r in runs] == ["float32", "bfloat16"]
     for run in runs:
         assert run["sharded_fraction"] > 0.99 and run["params"] == 32_865_056
-        assert run["added_over_model"] < 2.0, run
+        assert run["anon_added_over_model"] < 2.0 and run["added_over_model"] < 4.5, run
