@@ -3,8 +3,9 @@
 tests/test_pretrained_sit.py (eqxdiff.pretrained.load_sit reads them without torch).
 
 The official model code is imported from a clone of https://github.com/willisma/SiT given as `--sit`
-(written against commit 947f95b); it is not copied here: SiT's code is under the MIT licence (its
-LICENSE.txt). timm's three layers are stood in for as in tools/make_dit_fixtures.py (imported from it).
+(written against commit 947f95bd3a510e9af441d38c1e9f72e0eee873c5); it is not copied here: SiT's code is
+under the MIT licence (its LICENSE.txt). timm's three layers are stood in for as in
+tools/make_dit_fixtures.py (imported from it).
 
 - `train_checkpoint.pt`: what SiT's train.py saves, `{"model", "ema", "opt", "args"}` (zip format),
   "model" moved further than "ema"; `ema.pt`: the bare "ema" state_dict as SiT-XL-2-256x256.pt is
