@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from harness import ROOT, report  # benchmarks/ is on sys.path
 
 SHAPES = ROOT / "tests" / "data" / "dit" / "official_shapes.json"
@@ -132,7 +131,7 @@ def main() -> None:
         runs = []
         for dtype in ("float32", "bfloat16"):
             command = [sys.executable, __file__, "--child", str(path), dtype, "--min_size", str(args.min_size)]
-            out = subprocess.run(command, env=env, capture_output=True, text=True)
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if out.returncode:
                 raise SystemExit(f"the {dtype} load failed:\n{out.stderr[-3000:]}")
             run = json.loads(out.stdout.strip().splitlines()[-1])

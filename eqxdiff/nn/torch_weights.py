@@ -204,4 +204,3 @@ def _read_squeezed(
 
 def _name(path) -> str:
     return ".".join(str(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k)))) for k in path)
-

@@ -129,8 +129,9 @@ def official_state(path: str | Path, family: Family = DIT) -> Tensors | Path:
         obj, where = obj["ema"], f"{path}['ema']"
     if not isinstance(obj, dict) or not all(isinstance(v, np.ndarray) for v in obj.values()):
         kind = f"a dict with keys {list(obj)[:6]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
-        raise TorchFileError(f"{where} holds {kind}, not {family.name}'s state_dict or a train.py "
-                             "checkpoint with \"ema\"")
+        raise TorchFileError(
+            f'{where} holds {kind}, not {family.name}\'s state_dict or a train.py checkpoint with "ema"'
+        )
     return Tensors(obj, where)
 
 
