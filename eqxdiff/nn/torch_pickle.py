@@ -420,27 +420,12 @@ class Tensors:
         return _Slice(self.tensors[key])
 
 
-class TorchFile:
+class TorchFile(Tensors):
     """A state_dict file behind safetensors' reader interface (`keys`, `get_slice`, `get_tensor`),
     so eqxdiff.nn.torch_weights loads torch files and safetensors files alike."""
 
     def __init__(self, path: str | Path):
-        self.tensors = read_state_dict(path)
-
-    def __enter__(self) -> "TorchFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    def get_tensor(self, key: str) -> np.ndarray:
-        return self.tensors[key]
-
-    def get_slice(self, key: str) -> "_Slice":
-        return _Slice(self.tensors[key])
+        super().__init__(read_state_dict(path), str(path))
 
 
 class _Slice:
