@@ -25,7 +25,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,6 @@ TORCH_DTYPES = {
     "complex64": np.complex64, "complex128": np.complex128,
     "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
 }  # fmt: skip
-# numpy dtype -> safetensors' dtype names, for TorchFile.get_slice(...).get_dtype()
-SAFETENSORS_NAMES = {
-    np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-    np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
-    np.dtype(np.int16): "I16", np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL",
-}  # fmt: skip
-
-
 class TorchFileError(ValueError):
     """A torch file this reader refuses (a global outside the allowed set) or cannot read."""
 
@@ -391,53 +383,3 @@ def _flatten(tree: dict, prefix: str, path: Path) -> Iterator[tuple[str, np.ndar
             yield name, value
         else:
             raise TorchFileError(f"{path}: {name!r} is a {type(value).__name__}, not a tensor (not a state_dict)")
-
-
-class Tensors:
-    """`{name: array}` behind safetensors' reader interface (`keys`, `get_slice`, `get_tensor`), so
-    eqxdiff.nn.torch_weights loads a state_dict taken out of a larger checkpoint; `where` names it
-    in errors."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray], where: str):
-        self.tensors, self.where = dict(tensors), where
-
-    def __str__(self) -> str:
-        return self.where
-
-    def __enter__(self) -> "Tensors":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    def get_tensor(self, key: str) -> np.ndarray:
-        return self.tensors[key]
-
-    def get_slice(self, key: str) -> "_Slice":
-        return _Slice(self.tensors[key])
-
-
-class TorchFile(Tensors):
-    """A state_dict file behind safetensors' reader interface (`keys`, `get_slice`, `get_tensor`),
-    so eqxdiff.nn.torch_weights loads torch files and safetensors files alike."""
-
-    def __init__(self, path: str | Path):
-        super().__init__(read_state_dict(path), str(path))
-
-
-class _Slice:
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-    def get_dtype(self) -> str:
-        dtype = self.array.dtype.newbyteorder("=")
-        return SAFETENSORS_NAMES.get(dtype, str(dtype))
-
-    def get_shape(self) -> list[int]:
-        return list(self.array.shape)
-
-    def __getitem__(self, index) -> np.ndarray:
-        return self.array[index]

@@ -26,7 +26,7 @@ from jax.typing import DTypeLike
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
-from eqxdiff.nn.torch_pickle import Tensors, TorchFile
+from eqxdiff.nn.tensor_readers import Tensors, TorchFile
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
 LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
@@ -84,7 +84,7 @@ def load_safetensors(
     same map; LDM's attention projections, diffusers' `conv_attn_to_linear`). With `place`, each
     leaf is read straight into its sharding in `place(abstract_module)`; without, onto the first
     device. F32, F16 and BF16 files load; a torch file (`TORCH_SUFFIXES`) loads as a state_dict
-    (torch_pickle). `path` may also be an open reader (`torch_pickle.Tensors`: a state_dict taken out
+    (torch_pickle). `path` may also be an open reader (`tensor_readers.Tensors`: a state_dict taken out
     of a larger checkpoint).
     """
     perms = leaf_layouts(abstract_module, layouts)
@@ -111,7 +111,8 @@ def load_safetensors(
 
 def open_weights(path: str | Path | Tensors):
     """A reader of the file's tensors by name (`keys`, `get_slice`, `get_tensor`): safetensors'
-    for a safetensors file, eqxdiff.nn.torch_pickle's for a torch file; an open reader as it is."""
+    for a safetensors file, a `TorchFile` (eqxdiff.nn.tensor_readers over eqxdiff.nn.torch_pickle) for
+    a torch file; an open reader as it is."""
     if isinstance(path, Tensors):
         return path
     if Path(path).suffix in TORCH_SUFFIXES:
