@@ -11,12 +11,10 @@ import re
 import zipfile
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from eqxdiff.nn import DiT
@@ -24,24 +22,17 @@ from eqxdiff.nn.dit import layer_norm as dit_layer_norm
 from eqxdiff.nn.torch_pickle import Skipped, TorchFileError, read_torch_file
 from eqxdiff.pretrained import load_dit
 from eqxdiff.pretrained.dit import dit_config
+from official_fixtures import call, reference, safetensors_state  # tests/official_fixtures.py
+from official_fixtures import relative_errors as official_relative_errors
 
 DATA = Path(__file__).parent / "data" / "dit"
-CONFIG = json.loads((DATA / "config.json").read_text())
-with np.load(DATA / "reference.npz") as _ref:
-    REF = dict(_ref)
-call = eqx.filter_jit(lambda m, x, t, y: m(x, t, y))
+CONFIG, REF = reference(DATA)
 
 
 def relative_errors(model) -> np.ndarray:
     """Per example: max |ours - official| / max |official|."""
-    out = np.asarray(call(model, jnp.asarray(REF["x"]), jnp.asarray(REF["t"]), jnp.asarray(REF["y"])))
-    assert out.shape == REF["out"].shape  # [b, h, w, 2c]: learn_sigma's variance channels kept
-    return np.abs(out - REF["out"]).max(axis=(1, 2, 3)) / np.abs(REF["out"]).max()
-
-
-def safetensors_state() -> dict[str, np.ndarray]:
-    with safe_open(str(DATA / "ema.safetensors"), framework="numpy") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    assert call(model, REF["x"], REF["t"], REF["y"]).shape == REF["out"].shape  # [b, h, w, 2c]: variance kept
+    return official_relative_errors(model, REF)
 
 
 @pytest.mark.parametrize("name", ["ema.safetensors", "ema_legacy.pt", "train_checkpoint.pt"])
@@ -69,7 +60,7 @@ def test_train_checkpoint_loads_ema_not_model():
 
 def test_a_flattened_train_checkpoint_in_safetensors_loads_its_ema(tmp_path):
     """{"ema.*", "model.*"} keys in one safetensors file (the "model" half moved): the "ema." half."""
-    ema = safetensors_state()
+    ema = safetensors_state(DATA / "ema.safetensors")
     moved = {f"model.{k}": v + 1 for k, v in ema.items()}
     save_file({**moved, **{f"ema.{k}": v for k, v in ema.items()}}, tmp_path / "flat.safetensors")
     assert relative_errors(load_dit(tmp_path / "flat.safetensors", num_heads=2)).max() <= 1e-4
@@ -148,7 +139,7 @@ def test_num_heads_outside_the_table():
     ],
 )  # fmt: skip
 def test_a_state_that_is_not_the_official_dit_is_refused(edit, message, tmp_path):
-    state = safetensors_state()
+    state = safetensors_state(DATA / "ema.safetensors")
     edit(state)
     save_file(state, tmp_path / "edited.safetensors")
     with pytest.raises(ValueError, match=message):

@@ -3,32 +3,27 @@ random-weight SiT, every trainable parameter moved off its init, saved as SiT pu
 (bare state_dict, train.py's {"model", "ema", "opt", "args"}, safetensors), gives the official
 forward(x, t, y) — t in [0, 1], learn_sigma's second half dropped — as the first c channels, NHWC."""
 
-import json
 from pathlib import Path
 
-import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from eqxdiff.nn.torch_pickle import TorchFileError, read_torch_file
 from eqxdiff.pretrained import load_sit
+from official_fixtures import call, reference, safetensors_state  # tests/official_fixtures.py
+from official_fixtures import relative_errors as official_relative_errors
 
 DATA = Path(__file__).parent / "data" / "sit"
-CONFIG = json.loads((DATA / "config.json").read_text())
-with np.load(DATA / "reference.npz") as _ref:
-    REF = dict(_ref)
-call = eqx.filter_jit(lambda m, x, t, y: m(x, t, y))
+CONFIG, REF = reference(DATA)
 
 
 def relative_errors(model) -> np.ndarray:
     """Per example: max |ours[..., :c] - official| / max |official|."""
-    out = np.asarray(call(model, jnp.asarray(REF["x"]), jnp.asarray(REF["t"]), jnp.asarray(REF["y"])))
     c = CONFIG["in_channels"]
-    assert out.shape == REF["out"].shape[:-1] + (2 * c,)  # the unused variance head kept
-    return np.abs(out[..., :c] - REF["out"]).max(axis=(1, 2, 3)) / np.abs(REF["out"]).max()
+    assert call(model, REF["x"], REF["t"], REF["y"]).shape == REF["out"].shape[:-1] + (2 * c,)  # variance head kept
+    return official_relative_errors(model, REF, c)
 
 
 @pytest.mark.parametrize("name", ["ema.pt", "train_checkpoint.pt", "ema.safetensors"])
@@ -66,8 +61,7 @@ def test_errors_name_sit():
 
 
 def test_a_changed_pos_embed_is_refused(tmp_path):
-    with safe_open(str(DATA / "ema.safetensors"), framework="numpy") as f:
-        state = {k: f.get_tensor(k) for k in f.keys()}
+    state = safetensors_state(DATA / "ema.safetensors")
     state["pos_embed"] = state["pos_embed"] + 0.01
     save_file(state, tmp_path / "edited.safetensors")
     with pytest.raises(ValueError, match="pos_embed is not SiT's fixed sin-cos"):
