@@ -9,8 +9,9 @@ NCHW for the official code) and labels `y`; with cfg (scale > 1) the batch is do
 (`z` twice, the null label in the second half, `model.forward_with_cfg`) and every array keeps its 2b rows.
 
 Arrays, NHWC float32, per case NAME:
-- `NAME/x`: the official trajectory (float64 for the `_f64` cases), `[steps, rows, h, w, c]` (`sample_ode`'s odeint output at SiT's time
-  grid linspace(t0, t1, steps); `sample_sde`'s list: one entry per SDE step, then the last step's);
+- `NAME/x`: the official trajectory, `[steps, rows, h, w, c]` (float64 for the `_f64` cases): `sample_ode`'s
+  odeint output at SiT's time grid linspace(t0, t1, steps); `sample_sde`'s list: one entry per SDE step,
+  then the last step's;
 - `NAME/w`: for the SDE, the unit normals each SDE step drew (`torch.randn`, recorded), `[steps - 1, rows, ...]`;
 - `NAME/t_calls`: for dopri5, the time of every network call torchdiffeq made, in order.
 `cases.json` gives each case's settings.

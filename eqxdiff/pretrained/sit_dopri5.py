@@ -17,7 +17,6 @@ moves step sizes by a fraction of a percent (tests/test_sit_sampling.py states t
 
 from collections.abc import Callable
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -45,6 +44,8 @@ def first_step(velocity: Callable, x: Array, rtol: float, atol: float, order: in
 @eqx.filter_jit
 def dopri5(velocity: Callable, x: Float[Array, "rows h w c"], rtol: float, atol: float, max_steps: int) -> Array:
     """x at τ = 1 from x at τ = 0 under dx/dτ = velocity(x, τ), as SiT's `sample_ode` (dopri5) computes it."""
+    import diffrax  # here, not at the top: a heavy import that only this solver needs
+
     past_one = diffrax.Event(lambda t, y, args, **kwargs: t >= 1.0)
     solution = diffrax.diffeqsolve(
         diffrax.ODETerm(lambda tau, y, args: velocity(y, tau)),

@@ -93,7 +93,7 @@ def sample_sit(
     diffusion_norm: float = 1.0,
     last_step: str | None = "Mean",
     last_step_size: float = 0.04,
-    brownian: Float[Array, "n rows h w c"] | None = None,
+    brownian: Float[Array, "n rows h w c"] | Float[np.ndarray, "n rows h w c"] | None = None,
 ) -> Float[Array, "b h w c"]:
     """Sample a SiT (`load_sit`) from `noise` (SiT's x at τ = 0, NHWC) to τ = 1, as SiT's sample_ddp.py does.
 
