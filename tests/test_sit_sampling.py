@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from eqxdiff.diffusion import samplers
 from eqxdiff.diffusion.samplers import Step, sample
 from eqxdiff.pretrained import load_sit, sample_sit, sit_denoiser
 from eqxdiff.pretrained.sit_dopri5 import first_step
@@ -150,14 +151,16 @@ def test_sit_denoiser_runs_eqxdiffs_sigma_space_samplers(model):
 
 def test_sde_key_draws_what_brownian_replays(model):
     """With `key` each SDE step draws its normal from its own split of the key (eqxdiff's `sample`); passing
-    those normals as `brownian` gives the same sample, and another key another one."""
+    those normals as `brownian` gives the same sample, and another key another one, without a new compile."""
     kw = dict(method="sde", steps=6, cfg_scale=1.5)
     key = jax.random.key(3)
     drawn = sample_sit(model, Y, Z, key=key, **kw)
     keys = jax.random.split(key, 6)  # 5 SDE steps and the last step
     normals = jnp.stack([jax.random.normal(k, (2 * B,) + Z.shape[1:]) for k in keys[:5]])
     np.testing.assert_allclose(sample_sit(model, Y, Z, brownian=normals, **kw), drawn, rtol=1e-6, atol=1e-6)
+    traces = eqx.debug.get_num_traces(samplers._sample_traced)
     assert relative_error(sample_sit(model, Y, Z, key=jax.random.key(4), **kw), np.asarray(drawn)) > 1e-2
+    assert eqx.debug.get_num_traces(samplers._sample_traced) == traces
 
 
 @pytest.mark.parametrize(

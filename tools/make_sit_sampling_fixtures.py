@@ -106,7 +106,7 @@ def main() -> None:
         x0 = x0.to(dtype)
         t_calls = []
 
-        def net(x, t, **kw):
+        def net(x, t, t_calls=t_calls, forward=forward, **kw):
             t_calls.append(float(t[0]))
             return forward(x, t, **kw)
 

@@ -18,7 +18,6 @@ since torchdiffeq's error norm (dopri5's step sizes) and the SDE's noise draws r
 """
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
