@@ -174,6 +174,7 @@ def test_sde_key_draws_what_brownian_replays(model):
         (dict(method="sde", steps=5, sampler="heun", last_step=None, key=jax.random.key(0)), "divides by 0"),
         (dict(method="sde", steps=5, diffusion_form="constant", key=jax.random.key(0)), "Linear path runs"),
         (dict(method="sde", steps=5, last_step="Median", key=jax.random.key(0)), "SiT's are"),
+        (dict(method="sde", steps=5, last_step_size=0.0, key=jax.random.key(0)), "from 1 - last_step_size to 1"),
         (dict(cfg_scale=0.5), "cfg_scale >= 1"),
     ],
 )

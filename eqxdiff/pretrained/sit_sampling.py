@@ -4,6 +4,8 @@ Linear path, velocity prediction, SiT's defaults for them (train_eps = sample_ep
 from 0 to 1). `steps` is SiT's `--num-sampling-steps`, the number of points of its time grid
 τ = linspace(t0, t1, steps): the fixed-step ODE takes steps - 1 steps (Heun: 2·(steps - 1) network calls);
 the SDE takes steps - 1 SDE steps on linspace(0, 1 - last_step_size, steps), then its last step to τ = 1.
+(The authors' "Heun, 125 steps, 250 NFE" of willisma/SiT#18 corresponds to `--sampling-method heun2
+--num-sampling-steps 126` in their PyTorch code: here `method="ode", sampler="heun", steps=126`.)
 The grid maps onto eqxdiff's σ grid σ = (1-τ)/τ and the fixed-step methods run as one `lax.scan` in
 `eqxdiff.diffusion.sample` (see `sit_steps` for what maps onto what); dopri5 is diffrax's, set up as
 torchdiffeq runs it (`sit_dopri5`) at SiT's tolerances (atol 1e-6, rtol 1e-3), one adaptive solve for
@@ -125,6 +127,8 @@ def sample_sit(
         raise ValueError(f"steps={steps!r}: SiT's {method} {sampler} needs a time grid of steps >= 2 points.")
     options = {}
     if method == "sde":
+        if last_step is not None and not 0 < last_step_size < 1:
+            raise ValueError(f"last_step_size {last_step_size}: SiT's last step runs from 1 - last_step_size to 1.")
         if sampler == "heun" and last_step is None:
             raise ValueError("SiT's Heun SDE without a last step evaluates the score at τ = 1, where it divides by 0.")
         if brownian is not None:
