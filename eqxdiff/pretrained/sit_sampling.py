@@ -4,8 +4,10 @@ Linear path, velocity prediction, SiT's defaults for them (train_eps = sample_ep
 from 0 to 1). `steps` is SiT's `--num-sampling-steps`, the number of points of its time grid
 τ = linspace(t0, t1, steps): the fixed-step ODE takes steps - 1 steps (Heun: 2·(steps - 1) network calls);
 the SDE takes steps - 1 SDE steps on linspace(0, 1 - last_step_size, steps), then its last step to τ = 1.
-(The authors' "Heun, 125 steps, 250 NFE" of willisma/SiT#18 corresponds to `--sampling-method heun2
---num-sampling-steps 126` in their PyTorch code: here `method="ode", sampler="heun", steps=126`.)
+SiT-XL/2's published FIDs at cfg 1.5 (the authors' project page, its benchmark table): 2.06 with the SDE,
+w(t) = σ_t (here `method="sde"` with its defaults, Euler–Maruyama, sigma, Mean), 2.15 with the ODE, by
+default "a 250 steps Heun ODE solver" there and "125 steps (250 NFEs)" in willisma/SiT#18, which is
+`--sampling-method heun2 --num-sampling-steps 126` in their PyTorch code (`sampler="heun", steps=126`).
 The grid maps onto eqxdiff's σ grid σ = (1-τ)/τ and the fixed-step methods run as one `lax.scan` in
 `eqxdiff.diffusion.sample` (see `sit_steps` for what maps onto what); dopri5 is diffrax's, set up as
 torchdiffeq runs it (`sit_dopri5`) at SiT's tolerances (atol 1e-6, rtol 1e-3), one adaptive solve for
