@@ -35,6 +35,7 @@ class Launch:
     coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py); "auto": cluster env
     num_processes: int = 1  # with --coordinator: processes in the job
     process_id: int = 0  # with --coordinator: this process's index
+    xla_cpu: str = "on"  # XLA:CPU workarounds (eqxdiff/xla_cpu.py): on (all), off, or a comma list of their names
 
 
 def _dataclasses(config_type) -> list[type]:
@@ -130,4 +131,15 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
     elif launch.coordinator:
         jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes,
                                    process_id=launch.process_id)  # fmt: skip
-    xla_cpu.enable()  # XLA:CPU workarounds; same results, on CPU faster (eqxdiff/xla_cpu.py says why)
+    xla_cpu.enable(xla_cpu_switches(launch.xla_cpu))  # same results; which pay off depends on the CPU (BENCHMARKS.md)
+
+
+def xla_cpu_switches(flag: str) -> frozenset[str]:
+    """The workarounds `--xla_cpu` names: "on" all of them, "off" none, else a comma list of names."""
+    if flag in ("on", "off"):
+        return xla_cpu.DEFAULT if flag == "on" else frozenset()
+    names = frozenset(name.strip() for name in flag.split(",") if name.strip())
+    if unknown := names - xla_cpu.SWITCHES.keys():
+        raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off or a comma list of "
+                         f"{', '.join(xla_cpu.SWITCHES)}.")  # fmt: skip
+    return names
