@@ -55,6 +55,7 @@ FlaxDiff. FlaxDiff's own prints go to stderr; stdout gets one JSON line.
 
 import argparse
 import contextlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 import itertools
 import shutil
@@ -81,9 +82,8 @@ from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
 from harness import PACKAGES, alternate, param_count, report, steps_in_flight  # noqa: E402
-from unconditional_edm import unconditional_edm  # noqa: E402
-
-xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
+from unconditional_edm import unconditional_edm  # noqa: E402  (puts train/ on sys.path)
+from startup import xla_cpu_switches  # noqa: E402  (train/startup.py: --xla_cpu as the scripts read it)
 
 PEER_VERSION = "0.2.11"
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
@@ -243,9 +243,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--flaxdiff_first", action="store_true", help="FlaxDiff first in set-up, first step, rounds")
     parser.add_argument("--quick", action="store_true", help="smoke run: 8x8 images, batch 4, 3 steps x 2 rounds")
+    parser.add_argument("--xla_cpu", default="on", help="eqxdiff's XLA:CPU switches, as the train scripts' flag")
     args = parser.parse_args()
     if args.quick:
         args.image_size, args.batch, args.steps, args.rounds, args.num_batches = 8, 4, 3, 2, 2
+    # Before JAX's backend starts, as train/main.py: the process-level part (YNNPACK off in XLA_FLAGS)
+    # holds for both sides alike; the report prints XLA_FLAGS and each side's compiler options.
+    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     rng = np.random.default_rng(args.seed)
@@ -293,6 +297,7 @@ def main() -> None:
     per_side["eqxdiff"].update(
         model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
         step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
+        compiler_options=sides["eqxdiff"].train_step.compiler_options,
         batch_format="uint8 on device (prepare maps to [-1, 1])",
     )  # fmt: skip
     per_side["flaxdiff"].update(
@@ -301,6 +306,7 @@ def main() -> None:
         loss="optax.l2_loss x schedule weights", ema_decay=0.999,
         step="GeneralDiffusionTrainer._define_train_step (jit, batch donated), timed via its train_loop",
         max_in_flight=1, batch_format="host numpy uint8 {'image'} + [b] dummy 'textcontext' key",
+        compiler_options={},  # jax.jit's defaults
     )  # fmt: skip
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if per_side["eqxdiff"]["params"] != per_side["flaxdiff"]["params"]:
@@ -321,6 +327,8 @@ def main() -> None:
             "rounds": args.rounds,
             "order": order,
             "quick": args.quick,
+            "xla_flags_both_sides": os.environ.get("XLA_FLAGS", ""),
+            "xla_cpu_switches": sorted(xla_cpu.switched_on()),
             "eqxdiff": per_side["eqxdiff"],
             "flaxdiff": per_side["flaxdiff"],
             "ratio_eqxdiff_over_flaxdiff": {
