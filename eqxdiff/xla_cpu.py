@@ -81,13 +81,15 @@ def _checked(switches) -> frozenset[str]:
     return switches
 
 
-def enable(switches=None) -> None:
+def enable(switches=None, process_flags: bool = True) -> None:
     """Switch the named workarounds on (`DEFAULT` when None), the rest off. Call it before JAX's
-    backend starts (any array, device query or compile): the YNNPACK switch (5) in XLA_FLAGS is read then."""
+    backend starts (any array, device query or compile): the YNNPACK switch (5) in XLA_FLAGS is read
+    then. `process_flags=False` leaves XLA_FLAGS alone (YNNPACK then stays off only in the compiles
+    that take `compiler_options()`, the training step's)."""
     global _on
     _on = DEFAULT if switches is None else _checked(switches)
     flags = os.environ.get("XLA_FLAGS", "")
-    if "no_ynnpack" in _on and YNN_OPTION not in flags:  # a user's own setting wins
+    if process_flags and "no_ynnpack" in _on and YNN_OPTION not in flags:  # a user's own setting wins
         os.environ["XLA_FLAGS"] = f"{flags} --{YNN_OPTION}=".strip()
 
 

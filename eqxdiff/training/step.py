@@ -157,6 +157,7 @@ class TrainStep:
         self._step = step
         self._shardings = (state_shardings, batch_sharding, frozen_shardings), (state_shardings, metrics_sharding)
         self._static = self._frozen_static = None
+        self.batch_sharding = batch_sharding
         self.jitted = None
         self._lowered: dict = {}
         self._compiled: dict = {}
