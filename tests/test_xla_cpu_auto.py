@@ -57,7 +57,7 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
         def compile(self, *args):
             pass
 
-    seconds = itertools.cycle([3.0, 1.0, 2.0])  # in CANDIDATES' order: "off" is fastest
+    seconds = itertools.cycle([3.0, 1.0, 2.0, 4.0])  # in CANDIDATES' order: "off" is fastest
     monkeypatch.setattr(xla_cpu_auto, "_seconds", lambda *_: next(seconds))
     spec = {"image": jax.ShapeDtypeStruct((4, 8, 8, 1), np.uint8)}
     with xla_cpu.only(xla_cpu.DEFAULT):
@@ -65,7 +65,8 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
     name, step = xla_cpu_auto.choose(Step, shipped, None, spec, None, tmp_path / "choice.json", "k", steps=3)
     assert list(xla_cpu_auto.CANDIDATES)[1] == "off" and name == "off" and step.switches == frozenset()
     entry = json.loads((tmp_path / "choice.json").read_text())["k"]
-    assert entry["choice"] == "off" and entry["step_ms"] == {"on": 1000.0, "off": 333.33, "on_without_conv_grad_matmul": 666.67}
+    assert entry["choice"] == "off" and entry["step_ms"] == {"on": 1000.0, "off": 333.33, "on_without_conv_grad_matmul": 666.67,
+                                                             "on_with_ynnpack": 1333.33}
     assert xla_cpu.switched_on() == frozenset()  # later traces follow the choice
     assert xla_cpu_auto.cached(tmp_path / "choice.json", "k") == "off" and xla_cpu_auto.cached(tmp_path / "x", "k") is None
 

@@ -1,7 +1,8 @@
 """`--xla_cpu auto`: the XLA:CPU switches chosen on this machine, by timing the run's own step.
 
 Which workarounds pay off depends on the CPU (BENCHMARKS.md, "XLA:CPU switches": the conv-gradient
-matmuls sped one 2-core box's step up 1.6× and slowed the next box's by a tenth). So on a CPU mesh the
+matmuls sped one 2-core box's step up 1.6× and slowed the next box's by a tenth; YNNPACK's kernels lost
+to XLA's own on one box and not on another). So on a CPU mesh the
 step is compiled under each set in `CANDIDATES` (the shipped one is the step the run already built),
 each runs `steps` steps on a copy of the state with a zero batch, and the fastest wins. The choice is
 stored in a JSON file (beside the persistent compile cache when there is one, else in the run
@@ -27,6 +28,7 @@ CANDIDATES = {
     "on": xla_cpu.DEFAULT,
     "off": frozenset(),
     "on_without_conv_grad_matmul": xla_cpu.DEFAULT - {"conv_grad_matmul"},
+    "on_with_ynnpack": xla_cpu.DEFAULT - {"no_ynnpack"},
 }
 FILE = "xla_cpu_choice.json"
 
