@@ -6,12 +6,21 @@ mean and log-variance equal `p_mean_variance`'s; the DDPM loop replaying the off
 import json
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqxdiff.diffusion import learned_range_posterior, sample, spaced_sigmas, spaced_timesteps
+from eqxdiff.diffusion import samplers as samplers_module
+from eqxdiff.diffusion import (
+    EpsilonPrediction,
+    LearnedVarianceDenoiser,
+    learned_range_posterior,
+    sample,
+    spaced_sigmas,
+    spaced_timesteps,
+)
 from eqxdiff.pretrained import dit_schedule, load_dit, sample_dit
 from eqxdiff.pretrained.dit_sampling import dit_denoiser
 
@@ -52,6 +61,15 @@ def test_the_schedule_is_iddpms_linear_one():
     for T in (1000, 4000):
         betas = np.linspace(0.1 / T, 20 / T, T)
         np.testing.assert_allclose(dit_schedule(T).alphas_cumprod, np.cumprod(1 - betas), rtol=1e-12)
+
+
+def test_the_network_sees_the_kept_timesteps():
+    """As `_WrappedModel` feeds them: the original index of each kept step (float32 σ's, exactly)."""
+    schedule = dit_schedule()
+    sigmas = jnp.asarray(spaced_sigmas(schedule, "25")[:-1], jnp.float32)
+    time_as_v = lambda x, t, cond: jnp.concatenate([x, jnp.broadcast_to(t[:, None, None, None], x.shape)], -1)  # noqa: E731
+    out = LearnedVarianceDenoiser(time_as_v, schedule, EpsilonPrediction())(jnp.ones((25, 2, 2, 1)), sigmas)
+    np.testing.assert_array_equal(np.asarray(out[:, 0, 0, 1]), spaced_timesteps(1000, "25")[::-1])
 
 
 @pytest.mark.parametrize(
@@ -117,3 +135,13 @@ def test_bad_arguments_name_the_fix(model):
         sample_dit(model, LABELS, NOISE[:, :4], steps=10, method="ddim")
     with pytest.raises(ValueError, match="noises .* per step"):
         sample_dit(model, LABELS, NOISE, steps=10, noises=jnp.zeros((9, *NOISE.shape)))
+
+
+def test_sampling_compiles_once_per_shape_and_protocol(model):
+    """New noise, labels and key: the same program (one scan in one jit, DESIGN.md rule 3)."""
+    before = eqx.debug.get_num_traces(samplers_module._sample_traced)
+    for seed in range(3):
+        noise = jax.random.normal(jax.random.key(seed), NOISE.shape)
+        labels = LABELS.at[0].set(seed)
+        sample_dit(model, labels, noise, steps="ddim5", method="ddpm", cfg_scale=1.5, key=jax.random.key(seed))
+    assert eqx.debug.get_num_traces(samplers_module._sample_traced) - before == 1

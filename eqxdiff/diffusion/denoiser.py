@@ -45,8 +45,8 @@ class LearnedVarianceDenoiser(eqx.Module):
     learn_sigma): its output has 2c channels, F in [..., :c] and the variance interpolation v in [..., c:].
 
     Returns [b, ..., 2c]: D(x; σ) = c_skip·x + c_out·F (as `Denoiser`), then v unchanged — what
-    `ddpm_learned_variance` takes. The network's time is the schedule's timestep rounded to an integer: on the
-    schedule's own σ's (any respaced grid) the t it was trained on, as iDDPM's `_WrappedModel` feeds it.
+    `ddpm_learned_variance` takes. The network's time is the schedule's `sigma_to_t`: on the schedule's own
+    σ's (any respaced grid) the integer t it was trained on, as iDDPM's `_WrappedModel` feeds it.
     """
 
     model: Callable
@@ -61,7 +61,7 @@ class LearnedVarianceDenoiser(eqx.Module):
     ) -> Float[Array, "b *spatial c2"]:
         sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
         c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
-        out = self.model(per_example(c_in, x) * x, jnp.round(self.schedule.sigma_to_t(sigma)), cond).astype(x.dtype)
+        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond).astype(x.dtype)
         c = x.shape[-1]
         if out.shape[-1] != 2 * c:
             raise ValueError(

@@ -5,7 +5,7 @@ What maps onto what (DiT's name -> eqxdiff's):
 - `space_timesteps(T, steps)` and `SpacedDiffusion`'s recomputed β's -> `spaced_sigmas(schedule, steps)`: the
   kept timesteps' σ's (a step's β = 1 - ᾱ/ᾱ_next is what each VP step computes from its two σ's), then 0;
 - `_WrappedModel` (the original timestep fed) and ε-prediction with `ModelVarType.LEARNED_RANGE` ->
-  `LearnedVarianceDenoiser(model, schedule, EpsilonPrediction())`: D(x; σ) and v, the network at integer t;
+  `LearnedVarianceDenoiser(model, schedule, EpsilonPrediction())`: D(x; σ) and v, the network at the kept t;
 - `forward_with_cfg` (ε of the first 3 channels guided, the rest from the conditional half) ->
   `ClassifierFreeGuidance(..., channels=3)`; guidance on D equals guidance on ε (D = x - σ·ε at one x, σ);
 - `p_sample_loop` -> `sample(..., "ddpm_learned_variance")`, `p_mean_variance` -> `learned_range_posterior`;
