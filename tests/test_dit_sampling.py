@@ -67,7 +67,10 @@ def test_the_network_sees_the_kept_timesteps():
     """As `_WrappedModel` feeds them: the original index of each kept step (float32 σ's, exactly)."""
     schedule = dit_schedule()
     sigmas = jnp.asarray(spaced_sigmas(schedule, "25")[:-1], jnp.float32)
-    time_as_v = lambda x, t, cond: jnp.concatenate([x, jnp.broadcast_to(t[:, None, None, None], x.shape)], -1)  # noqa: E731
+
+    def time_as_v(x, t, cond):
+        return jnp.concatenate([x, jnp.broadcast_to(t[:, None, None, None], x.shape)], -1)
+
     out = LearnedVarianceDenoiser(time_as_v, schedule, EpsilonPrediction())(jnp.ones((25, 2, 2, 1)), sigmas)
     np.testing.assert_array_equal(np.asarray(out[:, 0, 0, 1]), spaced_timesteps(1000, "25")[::-1])
 
