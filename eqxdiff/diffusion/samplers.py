@@ -214,7 +214,8 @@ def ddpm_learned_variance(
     """DDPM's ancestral step with iDDPM's learned-range variance (`learned_range_posterior`), as ADM and DiT sample.
 
     `denoise(x, sigma)` gives 2c channels, D(x; σ) then the network's v in [-1, 1] (`LearnedVarianceDenoiser`);
-    one of c channels has no learned variance: v = -1, the posterior β̃ (`ddpm`). No noise on the step to σ = 0.
+    a denoiser of c channels has no learned variance: v = -1, the posterior β̃ (`ddpm`). No noise on the step to
+    σ = 0.
     `noises` [num_steps, *x.shape]: every step's unit noise given (another implementation's draws), no key.
     """
     out = denoise(x, step.sigma)
