@@ -14,6 +14,7 @@ import pytest
 
 from eqxdiff.diffusion import samplers as samplers_module
 from eqxdiff.diffusion import (
+    ClassifierFreeGuidance,
     EpsilonPrediction,
     LearnedVarianceDenoiser,
     learned_range_posterior,
@@ -148,3 +149,15 @@ def test_sampling_compiles_once_per_shape_and_protocol(model):
         labels = LABELS.at[0].set(seed)
         sample_dit(model, labels, noise, steps="ddim5", method="ddpm", cfg_scale=1.5, key=jax.random.key(seed))
     assert eqx.debug.get_num_traces(samplers_module._sample_traced) - before == 1
+
+
+def test_guidance_on_the_first_channels_takes_the_rest_from_the_conditional_half():
+    """ClassifierFreeGuidance(channels=k): D_u + w·(D_c - D_u) on channels < k, D_c on the others."""
+
+    def label_denoiser(x, sigma, labels):
+        return x + labels.astype(x.dtype)[:, None, None, None] * jnp.arange(1.0, 6.0)
+
+    x = jnp.zeros((2, 1, 1, 5))
+    out = ClassifierFreeGuidance(label_denoiser, jnp.array([1, 2]), 3.0, jnp.array([0]), channels=2)(x, jnp.array(1.0))
+    cond = np.array([1, 2])[:, None] * np.arange(1.0, 6.0)
+    np.testing.assert_allclose(np.asarray(out[:, 0, 0]), np.concatenate([3 * cond[:, :2], cond[:, 2:]], axis=1))
