@@ -2,10 +2,12 @@
 
 `load_dit`: facebookresearch/DiT's checkpoints (`DiT-XL-2-256x256.pt`, train.py's `*.pt`, or as
 safetensors) as an eqxdiff `DiT`, without torch and without running anything the file names.
+`sample_dit`: DiT's sampling protocol (iDDPM schedule, learned variance, respacing, DDPM/DDIM, its guidance).
 `load_sit`: willisma/SiT's (`SiT-XL-2-256x256.pt`, train.py's `*.pt`), the same network.
 """
 
 from eqxdiff.pretrained.dit import load_dit
+from eqxdiff.pretrained.dit_sampling import dit_schedule, sample_dit
 from eqxdiff.pretrained.sit import load_sit
 
-__all__ = ["load_dit", "load_sit"]
+__all__ = ["load_dit", "load_sit", "dit_schedule", "sample_dit"]
