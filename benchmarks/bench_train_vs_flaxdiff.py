@@ -55,6 +55,7 @@ FlaxDiff. FlaxDiff's own prints go to stderr; stdout gets one JSON line.
 
 import argparse
 import contextlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 import itertools
 import shutil
@@ -81,11 +82,10 @@ from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
 from harness import PACKAGES, alternate, param_count, report, steps_in_flight  # noqa: E402
-from unconditional_edm import unconditional_edm  # noqa: E402
+from flaxdiff_peer import UNET  # noqa: E402
+from unconditional_edm import unconditional_edm  # noqa: E402  (puts train/ on sys.path)
+from startup import xla_cpu_switches  # noqa: E402  (train/startup.py: --xla_cpu as the scripts read it)
 
-xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
-
-PEER_VERSION = "0.2.11"
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
 
 
@@ -150,44 +150,17 @@ class FlaxdiffSide:
     name = "flaxdiff"
 
     def __init__(self, args, images_u8: list[np.ndarray], optimizer, checkpoint_dir: str):
-        from flaxdiff.inputs import ConditionalInputConfig, DiffusionInputConfig
-        from flaxdiff.inputs.encoders import ConditioningEncoder
-        from flaxdiff.models.simple_unet import Unet
         from flaxdiff.predictors import KarrasPredictionTransform
         from flaxdiff.schedulers import EDMNoiseScheduler
         from flaxdiff.trainer import GeneralDiffusionTrainer
 
-        class NullContextEncoder(ConditioningEncoder):
-            """A `[b, 1, 1]` zero text context: the simple UNet requires the argument but, without
-            attention, reads only its shape. No model, no tokenizer, nothing downloaded."""
-
-            @property
-            def key(self):
-                return "textcontext"  # the UNet's argument name, and the batch key it is read from
-
-            def __call__(self, data):
-                return jnp.zeros((len(data), 1, 1), jnp.float32)
-
-            def serialize(self):
-                return {}
-
-            @staticmethod
-            def deserialize(serialized_config):
-                return NullContextEncoder(model=None, tokenizer=None)
+        from flaxdiff_peer import input_config, simple_unet
 
         h, w, c = images_u8[0].shape[1:]
-        self.model = Unet(
-            output_channels=c, emb_features=128, feature_depths=(32, 64, 128),
-            attention_configs=(None, None, None), num_res_blocks=2, num_middle_res_blocks=1,
-        )  # fmt: skip
-        input_config = DiffusionInputConfig(
-            sample_data_key="image",
-            sample_data_shape=(h, w, c),
-            conditions=[ConditionalInputConfig(encoder=NullContextEncoder(model=None, tokenizer=None))],
-        )
+        self.model = simple_unet(c)
         edm_schedule = EDMNoiseScheduler(1, sigma_max=80, rho=7, sigma_data=0.5)
         self.trainer = GeneralDiffusionTrainer(
-            self.model, optimizer=optimizer, input_config=input_config, noise_schedule=edm_schedule,
+            self.model, optimizer=optimizer, input_config=input_config((h, w, c)), noise_schedule=edm_schedule,
             rngs=jax.random.PRNGKey(args.seed), name="bench",
             model_output_transform=KarrasPredictionTransform(sigma_data=edm_schedule.sigma_data),
             distributed_training=False, checkpoint_base_path=checkpoint_dir, native_resolution=h,
@@ -243,9 +216,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--flaxdiff_first", action="store_true", help="FlaxDiff first in set-up, first step, rounds")
     parser.add_argument("--quick", action="store_true", help="smoke run: 8x8 images, batch 4, 3 steps x 2 rounds")
+    parser.add_argument("--xla_cpu", default="on", help="eqxdiff's XLA:CPU switches, as the train scripts' flag")
     args = parser.parse_args()
     if args.quick:
         args.image_size, args.batch, args.steps, args.rounds, args.num_batches = 8, 4, 3, 2, 2
+    # Before JAX's backend starts, as train/main.py: the process-level part (YNNPACK off in XLA_FLAGS)
+    # holds for both sides alike; the report prints XLA_FLAGS and each side's compiler options.
+    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     rng = np.random.default_rng(args.seed)
@@ -293,14 +270,16 @@ def main() -> None:
     per_side["eqxdiff"].update(
         model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
         step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
+        compiler_options=sides["eqxdiff"].train_step.compiler_options,
         batch_format="uint8 on device (prepare maps to [-1, 1])",
     )  # fmt: skip
     per_side["flaxdiff"].update(
-        model="flaxdiff.models.simple_unet.Unet(emb 128, depths (32, 64, 128), no attention)",
+        model=UNET,
         schedule="EDMNoiseScheduler(1, sigma_max=80, rho=7, sigma_data=0.5) + KarrasPredictionTransform(0.5)",
         loss="optax.l2_loss x schedule weights", ema_decay=0.999,
         step="GeneralDiffusionTrainer._define_train_step (jit, batch donated), timed via its train_loop",
         max_in_flight=1, batch_format="host numpy uint8 {'image'} + [b] dummy 'textcontext' key",
+        compiler_options={},  # jax.jit's defaults
     )  # fmt: skip
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if per_side["eqxdiff"]["params"] != per_side["flaxdiff"]["params"]:
@@ -321,6 +300,8 @@ def main() -> None:
             "rounds": args.rounds,
             "order": order,
             "quick": args.quick,
+            "xla_flags_both_sides": os.environ.get("XLA_FLAGS", ""),
+            "xla_cpu_switches": sorted(xla_cpu.switched_on()),
             "eqxdiff": per_side["eqxdiff"],
             "flaxdiff": per_side["flaxdiff"],
             "ratio_eqxdiff_over_flaxdiff": {

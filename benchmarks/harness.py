@@ -49,6 +49,17 @@ def cpu_model() -> str | None:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
 
 
+def cpu_simd_flags() -> list[str]:
+    """The CPU's vector-unit flags (/proc/cpuinfo, as lscpu shows them): what XLA:CPU's and the
+    libraries' kernels can use, so two boxes with one model name still compare."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "vnni")))
+
+
 def matmul_gflops() -> float:
     """The box's speed now: the best of 5 jitted fp32 2048² matmuls (GFLOP/s), as train/main.py's MFU
     measures its peak. In a fresh process: the measurement is cached per process, and the caller's
@@ -65,6 +76,7 @@ def machine_record(packages: Iterable[str] = PACKAGES) -> dict:
         "date": datetime.date.today().isoformat(),
         "machine": platform.machine(),
         "cpu": cpu_model(),
+        "cpu_simd_flags": cpu_simd_flags(),
         "cpu_count": os.cpu_count(),
         "jax_devices": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
         "versions": {p: version(p) for p in packages},

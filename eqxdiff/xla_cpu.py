@@ -1,4 +1,4 @@
-"""XLA:CPU workarounds, off by default: `enable()` at start-up switches them all on.
+"""XLA:CPU workarounds, off by default: `enable()` at start-up switches them on (all, or the named ones).
 
 With the switch off the library is plain JAX: `lax.conv_general_dilated`, plain
 `eqx.filter_checkpoint`, plain `jax.random` init draws, XLA's default compiler options; forward-
@@ -33,12 +33,18 @@ scripts call `enable()`):
 6. checkpoint finiteness on the host (`host_all_finite`, single-process CPU only). A jitted
    "every leaf finite" compiles one reduction kernel per leaf on XLA:CPU (seconds for a UNet's
    state, once per run); the arrays already live in host memory, so numpy reads them instead.
+7. gradient accumulation's micro-steps unrolled (`eqxdiff.training.step`, CPU backend only):
+   XLA:CPU runs a conv backward inside a rolled loop far slower than the same ops unrolled.
+
+Each has a name (`SWITCHES`); `enable(names)` or `only(names)` picks a set. Whether one pays off
+depends on the machine (BENCHMARKS.md, "XLA:CPU switches"): benchmarks/bench_xla_cpu.py measures
+each on its own, side by side, and the scripts' `--xla_cpu` flag picks them.
 
 Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
 (custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
 inputs alone compute its parameter gradients too. Measurements: BENCHMARKS.md.
 
-The switch is read when a function is traced (and when a `TrainStep` is built): functions
+A switch is read when a function is traced (and when a `TrainStep` is built): functions
 already traced or compiled keep the behaviour they were traced with.
 """
 
@@ -51,52 +57,87 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_enabled = False
 YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"  # the fusion types XLA:CPU hands to YNNPACK
 
+# Each workaround by name (the numbers of the list above); `enable()` with no names switches on DEFAULT.
+SWITCHES = {
+    "conv_grad_matmul": "1. conv weight gradient as matmuls",
+    "remat_order": "2. remat block dependency",
+    "init_draws": "3. init draws in a few shared programs",
+    "llvm_o1": "4. LLVM at -O1 without its expensive passes",
+    "memory_scheduler": "4. the memory-optimized scheduler",
+    "no_ynnpack": "5. YNNPACK off",
+    "host_finite": "6. checkpoint finiteness on the host",
+    "unrolled_accumulation": "7. gradient accumulation's micro-steps unrolled",
+}
+DEFAULT = frozenset(SWITCHES)
+_on: frozenset[str] = frozenset()
 
-def enable() -> None:
-    """Switch every workaround on (idempotent). Call it before JAX's backend starts (any array,
-    device query or compile): the YNNPACK switch (5) in XLA_FLAGS is read then."""
-    global _enabled
-    _enabled = True
+
+def _checked(switches) -> frozenset[str]:
+    switches = frozenset(switches)
+    if unknown := switches - SWITCHES.keys():
+        raise ValueError(f"Unknown XLA:CPU switch(es) {sorted(unknown)}; choose from {sorted(SWITCHES)}.")
+    return switches
+
+
+def enable(switches=None, process_flags: bool = True) -> None:
+    """Switch the named workarounds on (`DEFAULT` when None), the rest off. Call it before JAX's
+    backend starts (any array, device query or compile): the YNNPACK switch (5) in XLA_FLAGS is read
+    then. `process_flags=False` leaves XLA_FLAGS alone (YNNPACK then stays off only in the compiles
+    that take `compiler_options()`, the training step's)."""
+    global _on
+    _on = DEFAULT if switches is None else _checked(switches)
     flags = os.environ.get("XLA_FLAGS", "")
-    if YNN_OPTION not in flags:  # a user's own setting wins
+    if process_flags and "no_ynnpack" in _on and YNN_OPTION not in flags:  # a user's own setting wins
         os.environ["XLA_FLAGS"] = f"{flags} --{YNN_OPTION}=".strip()
 
 
-def enabled() -> bool:
-    """Whether the workarounds are on."""
-    return _enabled
+def enabled(switch: str | None = None) -> bool:
+    """Whether the named workaround is on (None: any of them)."""
+    return bool(_on) if switch is None else _checked([switch]) <= _on
+
+
+def switched_on() -> frozenset[str]:
+    """The names of the workarounds that are on."""
+    return _on
 
 
 @contextlib.contextmanager
-def disabled():
-    """Switch the workarounds off inside the block (tests), then back to what they were."""
-    global _enabled
-    before, _enabled = _enabled, False
+def only(switches):
+    """Exactly the named workarounds on inside the block (benchmarks, tests), then back to what they
+    were. XLA_FLAGS is left as it is: the process's YNNPACK setting was read when the backend started."""
+    global _on
+    before, _on = _on, _checked(switches)
     try:
         yield
     finally:
-        _enabled = before
+        _on = before
 
 
-def on_cpu() -> bool:
-    """On, and JAX's default backend is XLA:CPU (where 1 and 2 apply)."""
-    return _enabled and jax.default_backend() == "cpu"
+def disabled():
+    """Every workaround off inside the block (tests), then back to what they were."""
+    return only(())
+
+
+def on_cpu(switch: str | None = None) -> bool:
+    """The named workaround (None: any) is on, and JAX's default backend is XLA:CPU (where 1, 2 and 7 apply)."""
+    return enabled(switch) and jax.default_backend() == "cpu"
 
 
 # --- 4. compiler options ----------------------------------------------------------------------
 
 
 def compiler_options() -> dict:
-    """XLA options for compiling a step on a CPU mesh (see the module docstring)."""
-    return {
-        "xla_backend_optimization_level": 1,
-        "xla_llvm_disable_expensive_passes": True,
-        "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
-        YNN_OPTION: "",  # no fusion type handed to YNNPACK (5)
-    }
+    """XLA options for compiling a step on a CPU mesh: those of the switches that are on (4, 5)."""
+    options = {}
+    if "llvm_o1" in _on:
+        options.update(xla_backend_optimization_level=1, xla_llvm_disable_expensive_passes=True)
+    if "memory_scheduler" in _on:
+        options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+    if "no_ynnpack" in _on:
+        options[YNN_OPTION] = ""  # no fusion type handed to YNNPACK (5)
+    return options
 
 
 # --- 1. conv weight gradient as matmuls -------------------------------------------------------
@@ -236,7 +277,7 @@ def host_all_finite(leaves: list[jax.Array]) -> bool | None:
     """Whether every array in `leaves` is finite, read with numpy when the workarounds are on,
     this is the only process and every leaf lives on CPU devices (each shard once: replicas
     skipped); None otherwise (the caller's jitted reduction then decides, across processes)."""
-    if not _enabled or jax.process_count() != 1:
+    if "host_finite" not in _on or jax.process_count() != 1:
         return None
     if any(d.platform != "cpu" for x in leaves for d in x.devices()):
         return None

@@ -17,11 +17,13 @@ from PIL import Image
 
 import main as train_main  # train/ is on sys.path (conftest)
 import sample
+from eqxdiff import xla_cpu
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import open_source
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow
 from eqxdiff.training.preemption import StopRequest
 from runs import command
+from startup import xla_cpu_switches
 
 ROOT = Path(__file__).parent.parent
 
@@ -295,3 +297,10 @@ def test_scripts_have_json_readable_checkpoint_configs(tmp_path):
     assert saved_config(tmp_path) == (4, json.loads(json.dumps(config)))
     assert saved_config(tmp_path / "empty") is None
     assert sys.modules["resume"].checkpoint_steps(tmp_path) == [4]
+
+
+def test_the_xla_cpu_flag_names_switches_and_refuses_unknown_ones():
+    assert xla_cpu_switches("on") == xla_cpu.DEFAULT and xla_cpu_switches("off") == frozenset()
+    assert xla_cpu_switches("llvm_o1, memory_scheduler") == {"llvm_o1", "memory_scheduler"}
+    with pytest.raises(SystemExit, match="--xla_cpu: unknown switch.*'fast'.*conv_grad_matmul"):
+        xla_cpu_switches("llvm_o1,fast")

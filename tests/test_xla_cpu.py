@@ -227,3 +227,24 @@ def test_the_switch_keeps_work_away_from_ynnpack():
     assert "__ynn_fusion" not in lowered.compile(xla_cpu.compiler_options()).as_text()
     assert "__ynn_fusion" not in lowered.compile().as_text()
     assert f"--{xla_cpu.YNN_OPTION}=" in os.environ["XLA_FLAGS"]
+
+
+def test_each_switch_by_name_reaches_only_its_own_workaround():
+    # Benchmarks measure one switch at a time (benchmarks/bench_xla_cpu.py), so a name must turn on
+    # exactly its workaround: the conv's custom gradient, the remat dependency, the compiler options.
+    w = jnp.zeros((3, 3, 8, 8))
+    block = checkpointed(Dense(4, 4, key=jax.random.key(0)), True)
+    conv_custom = lambda: uses_custom_vjp(lambda x: conv2d(x, w, 1, 1), X)  # noqa: E731
+    remat_custom = lambda: uses_custom_vjp(lambda x: block(x), jnp.ones((3, 4)))  # noqa: E731
+    with xla_cpu.only({"conv_grad_matmul"}):
+        assert conv_custom() and not remat_custom() and xla_cpu.compiler_options() == {}
+    with xla_cpu.only({"remat_order"}):
+        assert remat_custom() and not conv_custom()
+    with xla_cpu.only({"llvm_o1"}):
+        assert xla_cpu.compiler_options() == {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
+    with xla_cpu.only({"memory_scheduler", "no_ynnpack"}):
+        assert xla_cpu.compiler_options() == {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", xla_cpu.YNN_OPTION: ""}
+        assert xla_cpu.switched_on() == {"memory_scheduler", "no_ynnpack"}
+    assert xla_cpu.switched_on() == xla_cpu.DEFAULT  # back to what conftest switched on
+    with pytest.raises(ValueError, match="conv_grad_matmul"):
+        xla_cpu.only({"conv_grad_matmuls"}).__enter__()

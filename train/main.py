@@ -70,6 +70,7 @@ from run_condition import check_eval_condition, run_condition, sample_grid_rows 
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
+import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
 @dataclass
@@ -297,7 +298,8 @@ def main(cfg: Config, features_fn=None) -> None:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     data_sharding = batch_sharding(mesh)
-    train_step = make_train_step(
+    build_step = functools.partial(
+        make_train_step,
         prepare=functools.partial(
             prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=getattr(cfg, condition.dropout_flag),
         ),
@@ -307,11 +309,15 @@ def main(cfg: Config, features_fn=None) -> None:
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
     )  # fmt: skip
+    spec = batch_spec(source, cfg.batch_size)
+    # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
+    auto = xla_cpu_auto.target(cfg, abstract, spec, frozen, mesh) if cfg.xla_cpu == "auto" else None
+    timed = auto is not None and xla_cpu_auto.cached(*auto) is None
+    train_step = build_step()
 
     # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
     # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL).
     checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    spec = batch_spec(source, cfg.batch_size)
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
@@ -329,6 +335,8 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"resumed from {checkpoints.directory / str(resume)} ({start_example} examples consumed)")
         tqdm.write(f"mesh {dict(mesh.shape)}; " + sharding_summary(state, shardings))
         compiling.result()  # a compile error surfaces here
+    if timed:
+        _, train_step = xla_cpu_auto.choose(build_step, train_step, state, spec, frozen, *auto)
 
     ckpt_config = checkpoint_config(cfg, image_shape, num_classes, args, codec, condition, latent_config, class_names)
     stream = batch_stream(

@@ -17,7 +17,8 @@ from pathlib import Path
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder",
          "tokenizer", "null_text")  # fmt: skip
 # How this one command starts, not what the run is: never taken from a checkpoint.
-PER_COMMAND = ("run_dir", "resume_step", "allow_dataset_change", "coordinator", "num_processes", "process_id")
+PER_COMMAND = ("run_dir", "resume_step", "allow_dataset_change", "coordinator", "num_processes", "process_id",
+               "xla_cpu")  # fmt: skip
 
 
 def dataset_name(spec: str) -> str:

@@ -5,8 +5,8 @@ and what the network sees, a parameterization turns its output into D(x; σ), an
 integrates D down a σ grid (README, "One idea: everything speaks σ").
 """
 
-from .denoiser import Denoiser
-from .grids import karras_sigmas, logsnr_sigmas, vp_sigmas, vp_timesteps
+from .denoiser import Denoiser, LearnedVarianceDenoiser, WithoutVariance
+from .grids import karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps
 from .guidance import ClassifierFreeGuidance, drop_condition
 from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise
 from .parameterization import (
@@ -20,13 +20,17 @@ from .parameterization import (
     loss_weight,
     parameterization_by_name,
 )
-from .samplers import METHODS, SAMPLERS, Step, pf_ode_slope, sample
+from .samplers import METHODS, SAMPLERS, Step, learned_range_posterior, pf_ode_slope, sample
 from .schedules import SCHEDULES, EDMSchedule, FlowSchedule, Schedule, VPSchedule, schedule_by_name
 
 __all__ = [
     "Denoiser",
+    "LearnedVarianceDenoiser",
+    "WithoutVariance",
     "karras_sigmas",
     "logsnr_sigmas",
+    "spaced_sigmas",
+    "spaced_timesteps",
     "vp_sigmas",
     "vp_timesteps",
     "ClassifierFreeGuidance",
@@ -47,6 +51,7 @@ __all__ = [
     "METHODS",
     "SAMPLERS",
     "Step",
+    "learned_range_posterior",
     "pf_ode_slope",
     "sample",
     "SCHEDULES",

@@ -38,3 +38,45 @@ class Denoiser(eqx.Module):
         c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
         out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond)
         return per_example(c_skip, x) * x + per_example(c_out, x) * out.astype(x.dtype)
+
+
+class LearnedVarianceDenoiser(eqx.Module):
+    """A discrete-time VP network with iDDPM's learned-range variance (Nichol & Dhariwal 2021, §3.1; ADM, DiT's
+    learn_sigma): its output has 2c channels, F in [..., :c] and the variance interpolation v in [..., c:].
+
+    Returns [b, ..., 2c]: D(x; σ) = c_skip·x + c_out·F (as `Denoiser`), then v unchanged — what
+    `ddpm_learned_variance` takes. The network's time is the schedule's `sigma_to_t`: on the schedule's own
+    σ's (any respaced grid) the integer t it was trained on, as iDDPM's `_WrappedModel` feeds it.
+    """
+
+    model: Callable
+    schedule: Schedule
+    parameterization: Parameterization
+
+    def __call__(
+        self,
+        x: Float[Array, "b *spatial c"],
+        sigma: Float[Array, ""] | Float[Array, " b"],
+        cond: Any = None,
+    ) -> Float[Array, "b *spatial c2"]:
+        sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
+        c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
+        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond).astype(x.dtype)
+        c = x.shape[-1]
+        if out.shape[-1] != 2 * c:
+            raise ValueError(
+                f"LearnedVarianceDenoiser: the network gives {out.shape[-1]} channels for {c}; a learned variance "
+                f"takes 2c = {2 * c} (DiT(learn_sigma=True)); without one use Denoiser."
+            )
+        denoised = per_example(c_skip, x) * x + per_example(c_out, x) * out[..., :c]
+        return jnp.concatenate([denoised, out[..., c:]], axis=-1)
+
+
+class WithoutVariance(eqx.Module):
+    """D(x; σ) alone, the first c channels of a learned-variance denoiser's 2c (guided or not), for the
+    samplers that take no variance (ddim, euler, heun, ...)."""
+
+    denoise: Callable
+
+    def __call__(self, x: Float[Array, "b *spatial c"], sigma: Float[Array, ""]) -> Float[Array, "b *spatial c"]:
+        return self.denoise(x, sigma)[..., : x.shape[-1]]

@@ -59,3 +59,46 @@ def vp_timesteps(num_train_timesteps: int, n: int, spacing: str = "leading") -> 
 def vp_sigmas(schedule: VPSchedule, n: int, spacing: str = "leading") -> Float[np.ndarray, " n_plus_1"]:
     """σ at the schedule's own timesteps (see `vp_timesteps`), then 0. Shape (n+1,)."""
     return np.append(schedule.sigmas[vp_timesteps(schedule.num_timesteps, n, spacing)], 0.0)
+
+
+def spaced_timesteps(num_timesteps: int, section_counts: int | str) -> np.ndarray:
+    """The timesteps iDDPM's respacing keeps, increasing (Nichol & Dhariwal 2021, §4; `space_timesteps` of
+    openai/improved-diffusion, as ADM and DiT use it). `"ddimN"`: the one integer stride giving exactly N steps,
+    range(0, T, stride) (Song et al. 2021); `N` or `"N1,N2,..."`: the T steps cut into equal sections (the first
+    T mod k one longer), section i giving Ni steps at a fractional stride, rounded as Python's round does."""
+    T = num_timesteps
+    spec = str(section_counts)
+    if spec.startswith("ddim"):
+        count = spec[len("ddim") :]
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"Respacing {spec!r}: write 'ddimN' with N >= 1 steps, e.g. 'ddim50'.")
+        for stride in range(1, T):
+            if len(range(0, T, stride)) == int(count):
+                return np.arange(0, T, stride)
+        raise ValueError(f"Respacing {spec!r}: no stride gives exactly {count} steps as range(0, {T}, stride); "
+                         f"'{count}' spaces {count} steps evenly instead.")  # fmt: skip
+    try:
+        counts = [int(c) for c in spec.split(",")]
+    except ValueError:
+        message = f"Respacing {spec!r}: give a step count ('250'), section counts ('10,15,20') or 'ddimN'."
+        raise ValueError(message) from None
+    size_per, extra = divmod(T, len(counts))
+    start, kept = 0, []
+    for i, count in enumerate(counts):
+        size = size_per + (1 if i < extra else 0)
+        if not 1 <= count <= size:
+            raise ValueError(f"Respacing {spec!r}: section {i} has {size} of the {T} timesteps; {count} steps "
+                             f"must be between 1 and {size}.")  # fmt: skip
+        stride = 1 if count == 1 else (size - 1) / (count - 1)
+        position = 0.0  # accumulated in float64 as the reference does: its rounding decides the ties
+        for _ in range(count):
+            kept.append(start + round(position))
+            position += stride
+        start += size
+    return np.array(sorted(set(kept)), dtype=np.int64)
+
+
+def spaced_sigmas(schedule: VPSchedule, section_counts: int | str) -> Float[np.ndarray, " n_plus_1"]:
+    """σ at the kept timesteps of `spaced_timesteps`, decreasing, then 0. Shape (n+1,). A respaced
+    process's β_i = 1 - ᾱ_i/ᾱ_(i-1) over the kept ᾱ's is what any VP step computes from two adjacent σ's."""
+    return np.append(schedule.sigmas[spaced_timesteps(schedule.num_timesteps, section_counts)[::-1]], 0.0)

@@ -49,19 +49,25 @@ class ClassifierFreeGuidance(eqx.Module):
     `denoiser(x, sigma, cond)` is a conditional denoiser (e.g. `Denoiser`); `cond` a condition
     pytree for the b samples; `null_cond` the one the model was trained with for "no condition"
     (the model's `null_cond(b)`). With `scale == 1` (a Python number) only the conditional half
-    is evaluated. The result is a `denoise(x, sigma)` callable for `sample`.
+    is evaluated. The result is a `denoise(x, sigma)` callable for `sample`. `channels`: guide only
+    the first `channels` output channels and take the rest from the conditional half, as DiT's
+    `forward_with_cfg` guides 3 of its 4 latent channels and never its learned variance (None: all).
     """
 
     denoiser: Callable
     cond: Any
     scale: float | Float[Array, ""]
     null_cond: Any
+    channels: int | None = eqx.field(static=True, default=None)
 
-    def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *dims"]:
+    def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
         if isinstance(self.scale, (int, float)) and self.scale == 1:
             return self.denoiser(x, sigma, self.cond)
         b = x.shape[0]
         both = jax.tree.map(lambda c, n: jnp.concatenate([c, n]), self.cond, _null_like(self.cond, self.null_cond))
         out = self.denoiser(jnp.concatenate([x, x]), sigma, both)
         cond, uncond = out[:b], out[b:]
-        return uncond + self.scale * (cond - uncond)
+        guided = uncond + self.scale * (cond - uncond)
+        if self.channels is None:
+            return guided
+        return jnp.concatenate([guided[..., : self.channels], cond[..., self.channels :]], axis=-1)

@@ -186,6 +186,51 @@ def ddpm(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
     return (mean + jnp.sqrt(var) * step.noise(x)) / sqrt_alpha_bar_prev, denoised
 
 
+def _vp_step_variances(sigma, sigma_next):
+    """(β, β̃) of one VP step σ → σ_next, ᾱ = 1/(1+σ²): β = 1 - ᾱ/ᾱ_next and the posterior variance
+    β̃ = β·(1-ᾱ_next)/(1-ᾱ), both written from σ² - σ_next² so that short steps do not cancel."""
+    drop = (sigma - sigma_next) * (sigma + sigma_next)
+    return drop / (1 + sigma**2), drop * sigma_next**2 / (sigma**2 * (1 + sigma_next**2))
+
+
+def learned_range_posterior(x, denoised, v, sigma_prev, sigma, sigma_next) -> tuple[Array, Array]:
+    """iDDPM's p(x_next | x) with the learned-range variance (Nichol & Dhariwal 2021, eq. 15), one step σ → σ_next.
+
+    mean = D + (σ_next/σ)²·(x - D): DDPM's posterior mean (eq. 7) of q(x_next | x, x0 = D) in σ-space.
+    log_variance is in the units of x_t = sqrt(ᾱ)·x, as iDDPM reports it: frac·log β + (1-frac)·log β̃ with
+    frac = (v+1)/2 and the step's own β, β̃ (a respaced grid's recomputed ones); on the step to σ = 0, where
+    β̃ = 0, β̃ is the step before's (sigma_prev → sigma): iDDPM's `posterior_log_variance_clipped`.
+    """
+    beta, posterior = _vp_step_variances(sigma, sigma_next)
+    _, posterior_before = _vp_step_variances(sigma_prev, sigma)
+    log_min = jnp.log(jnp.where(sigma_next > 0, posterior, posterior_before))
+    frac = (v + 1) / 2
+    return denoised + (sigma_next / sigma) ** 2 * (x - denoised), frac * jnp.log(beta) + (1 - frac) * log_min
+
+
+def ddpm_learned_variance(
+    denoise: DenoiseFn, x: Array, step: Step, *, noises: Array | None = None
+) -> tuple[Array, Array]:
+    """DDPM's ancestral step with iDDPM's learned-range variance (`learned_range_posterior`), as ADM and DiT sample.
+
+    `denoise(x, sigma)` gives 2c channels, D(x; σ) then the network's v in [-1, 1] (`LearnedVarianceDenoiser`);
+    a denoiser of c channels has no learned variance: v = -1, the posterior β̃ (`ddpm`). No noise on the step to
+    σ = 0.
+    `noises` [num_steps, *x.shape]: every step's unit noise given (another implementation's draws), no key.
+    """
+    out = denoise(x, step.sigma)
+    c = x.shape[-1]
+    if out.shape[-1] not in (c, 2 * c):
+        raise ValueError(f"ddpm_learned_variance: the denoiser gives {out.shape[-1]} channels for {c}; it gives c "
+                         "(D alone) or 2c (D, then the learned-variance interpolation v).")  # fmt: skip
+    denoised = out[..., :c]
+    v = out[..., c:] if out.shape[-1] == 2 * c else -jnp.ones_like(denoised)
+    mean, log_variance = learned_range_posterior(x, denoised, v, step.sigma_prev, step.sigma, step.sigma_next)
+    noise = step.noise(x) if noises is None else noises[step.index].astype(x.dtype)
+    std = jnp.sqrt(1 + step.sigma_next**2) * jnp.exp(0.5 * log_variance)  # x_t's std in units of x = x_t/sqrt(ᾱ)
+    return jnp.where(step.sigma_next > 0, mean + std * noise, mean), denoised
+
+
 # The one list of methods: `sample(..., method=name)` looks names up here.
 SAMPLERS = {
     "euler": euler,
@@ -195,6 +240,7 @@ SAMPLERS = {
     "euler_ancestral": euler_ancestral,
     "ddim": ddim,
     "ddpm": ddpm,
+    "ddpm_learned_variance": ddpm_learned_variance,
 }
 METHODS = SAMPLERS.keys()  # a live view: a sampler added to SAMPLERS later (from train/) is a method too
 

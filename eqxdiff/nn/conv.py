@@ -12,7 +12,7 @@ def conv2d(
     """`lax.conv_general_dilated` on NHWC/HWIO with symmetric `padding`. With
     `eqxdiff.xla_cpu` on and the CPU backend, its weight gradient is computed as matmuls
     (`xla_cpu.conv2d`: same values to float32 rounding, no forward-mode autodiff)."""
-    if xla_cpu.on_cpu():
+    if xla_cpu.on_cpu("conv_grad_matmul"):
         return xla_cpu.conv2d(x, w, stride, padding)
     return jax.lax.conv_general_dilated(
         x, w, window_strides=(stride, stride), padding=[(padding, padding)] * 2,

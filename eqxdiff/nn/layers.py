@@ -28,7 +28,7 @@ _LOW = np.nextafter(np.float32(-1), np.float32(0))
 def _draw(key: PRNGKeyArray, shape: tuple[int, ...], normal: bool, scale: float) -> Array:
     """`scale`·N(0, 1) or `scale`·U(-1, 1) of `shape`; with `eqxdiff.xla_cpu` on, the same
     values from a few shared compiled programs instead of one per shape."""
-    if xla_cpu.enabled():
+    if xla_cpu.enabled("init_draws"):
         return xla_cpu.padded_draw(key, shape, normal, scale)
     if normal:
         return scale * jax.random.normal(key, shape)

@@ -31,7 +31,7 @@ def checkpointed(block: Callable, remat: bool) -> Callable:
     run = eqx.filter_checkpoint(lambda blk, *a, **kw: blk(*a, **kw), policy=REMAT_POLICY)
 
     def call(*args, **kwargs):
-        if not xla_cpu.on_cpu():
+        if not xla_cpu.on_cpu("remat_order"):
             return run(block, *args, **kwargs)
         floats, rest = eqx.partition((block, args, kwargs), eqx.is_inexact_array)
         blk, a, kw = eqx.combine(xla_cpu.backward_after_param_grads(floats), rest)

@@ -2,14 +2,16 @@
 
 `load_dit`: facebookresearch/DiT's checkpoints (`DiT-XL-2-256x256.pt`, train.py's `*.pt`, or as
 safetensors) as an eqxdiff `DiT`, without torch and without running anything the file names.
+`sample_dit`: DiT's sampling protocol (iDDPM schedule, learned variance, respacing, DDPM/DDIM, its guidance).
 `load_sit`: willisma/SiT's (`SiT-XL-2-256x256.pt`, train.py's `*.pt`), the same network;
 `sample_sit`: SiT's sampling protocols (its `transport/` ODE and SDE samplers, `forward_with_cfg`);
 `sit_denoiser`: a SiT as an eqxdiff σ-space denoiser, for eqxdiff's own samplers.
 """
 
 from eqxdiff.pretrained.dit import load_dit
+from eqxdiff.pretrained.dit_sampling import dit_schedule, sample_dit
 from eqxdiff.pretrained.sit import load_sit
 from eqxdiff.pretrained.sit_denoiser import sit_denoiser
 from eqxdiff.pretrained.sit_sampling import sample_sit
 
-__all__ = ["load_dit", "load_sit", "sample_sit", "sit_denoiser"]
+__all__ = ["load_dit", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "sit_denoiser"]

@@ -92,7 +92,7 @@ def make_train_step(
             return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
         init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-        unroll = xla_cpu.on_cpu()
+        unroll = xla_cpu.on_cpu("unrolled_accumulation")
         (loss_sum, grad_sum), _ = jax.lax.scan(micro, init, (jnp.arange(k), _micro_batches(batch, k)), unroll=unroll)
         return loss_sum / k, jax.tree.map(lambda g: g / k, grad_sum)
 
@@ -157,6 +157,7 @@ class TrainStep:
         self._step = step
         self._shardings = (state_shardings, batch_sharding, frozen_shardings), (state_shardings, metrics_sharding)
         self._static = self._frozen_static = None
+        self.batch_sharding = batch_sharding
         self.jitted = None
         self._lowered: dict = {}
         self._compiled: dict = {}
@@ -165,7 +166,7 @@ class TrainStep:
         # XLA:CPU's workaround options (eqxdiff.xla_cpu) when it is on and the mesh is on CPU,
         # read when the step is built; else XLA's defaults.
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
-        self.compiler_options = xla_cpu.compiler_options() if on_cpu and xla_cpu.enabled() else {}
+        self.compiler_options = xla_cpu.compiler_options() if on_cpu else {}
 
     def _split(self, state: TrainState, frozen):
         arrays, static = eqx.partition(state, is_array_like)

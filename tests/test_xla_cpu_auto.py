@@ -1,0 +1,81 @@
+"""--xla_cpu auto (train/xla_cpu_auto.py): the run's own step is timed under each candidate set of
+XLA:CPU switches, the fastest is switched on and stored for this machine and step, and a run of the
+same step reads the stored choice instead of timing again."""
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import xla_cpu_auto  # train/ is on sys.path (conftest)
+from eqxdiff import xla_cpu
+from eqxdiff.sharding import make_mesh
+from runs import TINY, train_here
+
+
+@pytest.fixture
+def switches_restored():
+    with xla_cpu.only(xla_cpu.switched_on()):  # a run's start_jax switches them for this whole process
+        yield
+
+
+def stored(run_dir):
+    (entry,) = json.loads((run_dir / xla_cpu_auto.FILE).read_text()).values()
+    return entry
+
+
+def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, switches_restored):
+    args = [*TINY, "--run_dir", tmp_path, "--xla_cpu", "auto", "--ckpt_every", 2]
+    train_here(*args, "--steps", 2)
+    entry = stored(tmp_path)
+    assert entry["choice"] in xla_cpu_auto.CANDIDATES and set(entry["step_ms"]) == set(xla_cpu_auto.CANDIDATES)
+    assert all(ms > 0 for ms in entry["step_ms"].values())
+    assert entry["switches"] == sorted(xla_cpu_auto.CANDIDATES[entry["choice"]])
+    assert "--xla_cpu auto:" in capsys.readouterr().out
+    assert xla_cpu.switched_on() == xla_cpu_auto.CANDIDATES[entry["choice"]]
+
+    # The same step again (the run resumed): the stored choice, nothing timed.
+    table = json.loads((tmp_path / xla_cpu_auto.FILE).read_text())
+    (key,) = table
+    table[key]["choice"] = "off"  # a stored choice (whatever was timed) shows it is read, not timed again
+    (tmp_path / xla_cpu_auto.FILE).write_text(json.dumps(table))
+    train_here(*args, "--steps", 4)
+    assert "--xla_cpu auto:" not in capsys.readouterr().out
+    assert xla_cpu.switched_on() == frozenset()
+
+
+def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_restored, monkeypatch):
+    class Step:  # stands for a TrainStep: what choose() calls of one
+        batch_sharding = NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec())
+
+        def __init__(self):
+            self.switches = xla_cpu.switched_on()  # built under the candidate's switches
+
+        def compile(self, *args):
+            pass
+
+    seconds = itertools.cycle([3.0, 1.0, 2.0, 4.0])  # in CANDIDATES' order: "off" is fastest
+    monkeypatch.setattr(xla_cpu_auto, "_seconds", lambda *_: next(seconds))
+    spec = {"image": jax.ShapeDtypeStruct((4, 8, 8, 1), np.uint8)}
+    with xla_cpu.only(xla_cpu.DEFAULT):
+        shipped = Step()
+    name, step = xla_cpu_auto.choose(Step, shipped, None, spec, None, tmp_path / "choice.json", "k", steps=3)
+    assert list(xla_cpu_auto.CANDIDATES)[1] == "off" and name == "off" and step.switches == frozenset()
+    entry = json.loads((tmp_path / "choice.json").read_text())["k"]
+    assert entry["choice"] == "off" and entry["step_ms"] == {"on": 1000.0, "off": 333.33, "on_without_conv_grad_matmul": 666.67,
+                                                             "on_with_ynnpack": 1333.33}
+    assert xla_cpu.switched_on() == frozenset()  # later traces follow the choice
+    assert xla_cpu_auto.cached(tmp_path / "choice.json", "k") == "off" and xla_cpu_auto.cached(tmp_path / "x", "k") is None
+
+
+def test_the_key_changes_with_the_step():
+    spec = {"image": jax.ShapeDtypeStruct((16, 8, 8, 1), "uint8")}
+    key = lambda spec, extra: xla_cpu_auto.step_key({"w": jax.ShapeDtypeStruct((3, 3), "float32")}, spec, None,  # noqa: E731
+                                                    {"data": 8, "fsdp": 1}, extra)  # fmt: skip
+    base = key(spec, {"precision": "fp32"})
+    assert base == key(spec, {"precision": "fp32"})
+    assert base != key({"image": jax.ShapeDtypeStruct((32, 8, 8, 1), "uint8")}, {"precision": "fp32"})
+    assert base != key(spec, {"precision": "bf16"})
