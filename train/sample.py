@@ -23,6 +23,11 @@ are made `--batch_size` at a time on every device of every process and streamed 
 pytorch-fid's InceptionV3 (`--inception pt_inception-2015-12-05-6726825d.pth`), grayscale
 repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
 precision and recall when the statistics keep features, ref, sampler, guidance) appended to `--fid_out`.
+
+`--format adm --out FILE.npz` writes ADM's sample batch instead (train/sample_batches.py): `arr_0` uint8
+NHWC, `arr_1` int64 labels balanced over `--classes`, made `--batch_size` at a time on every device of
+every process in chunks kept in FILE.npz.parts/, which a restart with the same flags skips (the result
+equals an uninterrupted run's); what ADM's evaluator and train/evaluate.py read.
 """
 
 import argparse
@@ -36,6 +41,7 @@ from tqdm import tqdm
 
 from outputs import check_writable
 from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
+from sample_batches import write_sample_batches
 from run_condition import stored_condition
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
 
@@ -73,7 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth")
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
-                        help="--fid: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
+                        help="--fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
+    parser.add_argument("--format", default="eqxdiff", choices=("eqxdiff", "adm"),
+                        help=".npz: eqxdiff's (images, labels/prompts, latents) or ADM's sample batch (arr_0, arr_1), "
+                             "made in chunks a restart skips")  # fmt: skip
     parser.add_argument("--vae_tiling", default="auto", choices=TILING_MODES,
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
@@ -88,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
     if args.json and not args.eval:
         parser.error("--json prints --eval's scores: pass --eval too")
+    if args.format == "adm" and (Path(args.out).suffix != ".npz" or args.eval or args.fid or args.prompts
+                                 or args.batch_size < 1):  # fmt: skip
+        parser.error("--format adm writes --num samples to --out FILE.npz (--batch_size >= 1), without --eval, --fid "
+                     "or --prompts (its arr_1 holds class labels)")  # fmt: skip
     if args.fid and (args.num < 2 or args.batch_size < 1):
         parser.error("--fid needs --num >= 2 and --batch_size >= 1")
     return args
@@ -195,6 +208,24 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     return result
 
 
+def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, condition, classes: list[int] | None) -> None:
+    """--format adm: `args.num` samples as ADM's batch at --out, in resumable chunks of --batch_size rows (rounded
+    up to a multiple of the devices); the flags that decide the samples are recorded with the chunks."""
+    chunk_size = -(-args.batch_size // mesh.size) * mesh.size
+
+    def sample_chunk(labels: np.ndarray | None, key) -> np.ndarray:
+        seed = int(jax.random.bits(key, dtype=np.uint32))  # generate_images draws its noise from an int seed
+        return to_uint8(sample_images(condition.for_sampling(labels, 1)[0], chunk_size, seed=seed)[0])
+
+    flags = {"--run_dir": str(Path(args.run_dir).resolve()), "--step": step, "--num": args.num, "--seed": args.seed,
+             "--batch_size": chunk_size, "--classes": classes, "--method": args.method, "--steps": args.steps,
+             "--guidance": args.guidance, "--vae_tiling": args.vae_tiling}  # fmt: skip
+    write_sample_batches(sample_chunk, args.out, num=args.num, chunk_size=chunk_size, seed=args.seed, classes=classes,
+                         flags=flags)  # fmt: skip
+    if jax.process_index() == 0:
+        print(f"step {step}: {args.num} samples -> {args.out} (ADM's arr_0{', arr_1' * (classes is not None)})")
+
+
 def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     _, saved = stored_run(args.run_dir, args.step)  # what was asked is checked against the run first
@@ -244,6 +275,9 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     if args.fid:
         measure_fid(args, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), features_fn,
                     run.image_dataset)  # fmt: skip
+        return
+    if args.format == "adm":
+        write_adm_batch(args, run.step, mesh, sample_images, run.condition, classes if num_classes else None)
         return
     images, drawn = sample_images(cond, args.num, seed=args.seed)
     step = run.step
