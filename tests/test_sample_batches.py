@@ -7,8 +7,11 @@ import sys
 import textwrap
 import time
 
+import jax
 import numpy as np
 import pytest
+
+import sample_batches  # train/sample_batches.py (conftest puts train/ on sys.path)
 
 from runs import ROOT, TINY, Started, kill, train_here, wait_for
 from sample_batches import balanced_labels, chunk_key, parts_dir, write_sample_batches  # train/ (conftest: on sys.path)
@@ -56,6 +59,8 @@ def test_the_batch_is_adms_format_each_chunk_a_function_of_seed_and_index(tmp_pa
         expected = sample_chunk(labels[rows].astype(np.int32), chunk_key(3, i))[: min(6, 23 - start)]
         np.testing.assert_array_equal(images[start : start + 6], expected)
     assert not parts_dir(out).exists()  # its chunks are in the batch now
+    keys = [np.asarray(jax.random.key_data(k)) for k in (chunk_key(3, 0), chunk_key(3, 1), chunk_key(4, 0))]
+    assert all(not np.array_equal(a, b) for a, b in [(keys[0], keys[1]), (keys[0], keys[2]), (keys[1], keys[2])])
 
     unconditional = write(tmp_path / "u.npz", num=7, classes=None)
     with np.load(unconditional) as saved:
@@ -94,6 +99,21 @@ def test_a_restart_skips_the_finished_chunks_and_ends_bitwise_equal(tmp_path):
     (parts_dir(out2) / "chunk_000000.npz").unlink()
     write(out2)
     assert out2.read_bytes() == reference
+
+
+def test_a_chunk_is_renamed_into_place_only_once_written(tmp_path, monkeypatch):
+    out = tmp_path / "s.npz"
+
+    def torn_savez(f, **arrays):  # the process dies half-way through writing a chunk
+        f.write(b"PK\x03\x04 half a chunk")
+        raise Preempted
+
+    monkeypatch.setattr(sample_batches.np, "savez", torn_savez)
+    with pytest.raises(Preempted):
+        write(out)
+    assert not list(parts_dir(out).glob("chunk_*")) and (parts_dir(out) / "flags.json").exists()
+    monkeypatch.undo()
+    assert write(out).read_bytes() == write(tmp_path / "ref.npz").read_bytes()
 
 
 def test_a_restart_with_other_flags_is_refused_naming_them(tmp_path):
@@ -178,3 +198,36 @@ def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold():
     for extra in (["--out", "s.png"], ["--out", "s.npz", "--eval"], ["--out", "s.npz", "--prompts", "a"]):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", "r", "--format", "adm", *extra])
+
+
+@pytest.mark.slow
+def test_two_processes_finish_a_batch_one_process_began(tmp_path, monkeypatch):
+    """Process 0 reads which chunks are done and tells process 1: both sample the same chunks (else their
+    collectives pair different chunks); the result is the one-process batch."""
+    import sample
+
+    run_dir = tmp_path / "run"
+    train_here("--run_dir", run_dir, *TINY, "--dataset", "digits", "--steps", 1, "--ckpt_every", 1)
+    flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "8", "--steps", "2",
+             "--seed", "2"]  # fmt: skip
+    sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
+    out, original, calls = tmp_path / "s.npz", sample.generate_images, []
+
+    def preempted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Preempted
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sample, "generate_images", preempted)
+    with pytest.raises(Preempted):
+        sample.main(sample.parse_args([*flags, "--out", str(out)]))
+    assert [p.name for p in parts_dir(out).glob("chunk_*")] == ["chunk_000000.npz"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train" / "launch_local.py"), "--script", str(ROOT / "train" / "sample.py"),
+         "--num_processes", "2", "--", *flags, "--out", str(out), "--cpu_devices", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[p0]" in result.stdout and "[p1]" in result.stdout
+    assert out.read_bytes() == (tmp_path / "ref.npz").read_bytes()
