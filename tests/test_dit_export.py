@@ -1,0 +1,95 @@
+"""eqxdiff.pretrained.save_dit: an eqxdiff DiT in facebookresearch/DiT's layout. The official checkpoint
+loaded and saved again is the same file's tensors; a DiT built as train/models.py builds one comes back
+from load_dit leaf for leaf; the official sizes' keys and shapes are models.py's (tests/data/dit/
+official_shapes.json, written by the official code); what models.py cannot hold is refused. (The
+official forward on a saved file: tools/check_dit_export.py.)"""
+
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from eqxdiff.nn import DiT
+from eqxdiff.pretrained import load_dit, save_dit
+from eqxdiff.pretrained.dit import OFFICIAL_SIZES
+from eqxdiff.pretrained.dit_export import official_state
+from models import MODELS  # train/models.py (conftest puts train/ on sys.path)
+
+DATA = Path(__file__).parent / "data" / "dit"
+
+
+def tensors(path) -> dict[str, np.ndarray]:
+    with safe_open(str(path), framework="numpy") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def moved(model, seed: int = 0):
+    """Every array leaf moved off its init (adaLN-Zero's zeros too), so a leaf put in the wrong place shows."""
+    leaves, treedef = jax.tree.flatten(model)
+    rng = np.random.default_rng(seed)
+    return jax.tree.unflatten(treedef, [x + rng.normal(0, 0.2, x.shape).astype(np.float32) if eqx.is_array(x) else x
+                                        for x in leaves])  # fmt: skip
+
+
+def assert_same_model(a, b) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)  # the static configuration too
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_an_official_checkpoint_saved_again_is_the_same_state_dict(tmp_path):
+    model = load_dit(DATA / "ema.safetensors", num_heads=2)  # the fixture: depth 2, width 32, 2 heads
+    saved = save_dit(model, tmp_path / "again.safetensors")
+    official, ours = tensors(DATA / "ema.safetensors"), tensors(saved)
+    assert ours.keys() == official.keys()
+    for key in official:
+        assert ours[key].dtype == np.float32 and ours[key].shape == official[key].shape, key
+        np.testing.assert_array_equal(ours[key], official[key], err_msg=key)  # pos_embed as models.py sets it, too
+    assert_same_model(load_dit(saved, num_heads=2), model)
+    with safe_open(str(saved), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt", "num_heads": "2"}
+
+
+@pytest.mark.parametrize("name, learn_sigma, patch", [("dit_tiny", False, 2), ("dit_tiny", True, 4), ("dit_s", False, 2)])
+def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path, name, learn_sigma, patch):
+    constructor, kwargs = MODELS[name]((8, 8, 4), num_classes=10)
+    kwargs = {**kwargs, "patch_size": patch}
+    build = DiT.small if constructor == "DiT.small" else lambda **kw: DiT(**kw, learn_sigma=learn_sigma)
+    model = moved(build(**kwargs, key=jax.random.key(1)))
+    heads = model.blocks[0].attn.num_heads
+    saved = save_dit(model, tmp_path / "m.safetensors")
+    official = name == "dit_s"  # DiT-S: its heads come from the official table
+    loaded = load_dit(saved) if official else load_dit(saved, num_heads=heads)
+    assert_same_model(loaded, model)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 8, 8, 4)), jnp.float32)
+    t, y = jnp.array([0.0, 500.0, 999.0]), jnp.array([0, 9, 10])  # 10: the null class
+    np.testing.assert_array_equal(loaded(x, t, y), model(x, t, y))
+
+
+@pytest.mark.parametrize("entry", ["DiT-S/2 256", "DiT-B/4 256", "DiT-L/8 256", "DiT-XL/2 256", "DiT-XL/2 512"])
+def test_the_official_sizes_have_models_py_keys_and_shapes(entry):
+    official = json.loads((DATA / "official_shapes.json").read_text())[entry]
+    size, rest = entry.removeprefix("DiT-").split("/")
+    patch, resolution = map(int, rest.split())
+    (depth, hidden), (_, heads) = next((k, v) for k, v in OFFICIAL_SIZES.items() if v[0] == size)
+    abstract = eqx.filter_eval_shape(lambda: DiT(resolution // 8, patch, 4, hidden, depth, heads, num_classes=1000,
+                                                 learn_sigma=True, key=jax.random.key(0)))  # fmt: skip
+    assert {k: list(v.shape) for k, v in official_state(abstract).items()} == official
+
+
+def test_what_models_py_cannot_hold_is_refused(tmp_path):
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"text DiT \(context_dim=8\).*class labels only"):
+        save_dit(DiT(8, 2, 4, 32, 1, 2, context_dim=8, key=key), tmp_path / "t.safetensors")
+    with pytest.raises(ValueError, match=r"unconditional DiT \(num_classes=0\).*always adds a class embedding"):
+        save_dit(DiT(8, 2, 4, 32, 1, 2, key=key), tmp_path / "u.safetensors")
+    with pytest.raises(ValueError, match=r"DiT-S, whose 6 heads.*this model has 4"):
+        save_dit(eqx.filter_eval_shape(lambda: DiT(8, 2, 4, 384, 12, 4, num_classes=10, key=key)), tmp_path / "h.safetensors")
+    with pytest.raises(ValueError, match=r"writes \.safetensors.*not 'm\.pt'"):
+        save_dit(DiT(8, 2, 4, 32, 1, 2, num_classes=10, key=key), tmp_path / "m.pt")
+    assert not list(tmp_path.iterdir())  # nothing written
