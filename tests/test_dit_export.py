@@ -66,6 +66,8 @@ def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path
     official = name == "dit_s"  # DiT-S: its heads come from the official table
     loaded = load_dit(saved) if official else load_dit(saved, num_heads=heads)
     assert_same_model(loaded, model)
+    if official:
+        return  # its leaves are equal; a forward of 12 blocks adds compile time, not a check
     x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 8, 8, 4)), jnp.float32)
     t, y = jnp.array([0.0, 500.0, 999.0]), jnp.array([0, 9, 10])  # 10: the null class
     np.testing.assert_array_equal(loaded(x, t, y), model(x, t, y))

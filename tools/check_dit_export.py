@@ -1,0 +1,106 @@
+"""Check `eqxdiff.pretrained.save_dit` against the official code: facebookresearch/DiT's `models.py` loads
+each file eqxdiff saved (`load_state_dict(safetensors.torch.load_file(path))`, strict) and its
+`forward(x, t, y)` is compared with eqxdiff's on the same inputs. Two halves, two venvs:
+
+    PYTHONPATH=. .venv/bin/python tools/check_dit_export.py write --out /tmp/dit_export    # eqxdiff's side
+    tools/.venv/bin/python tools/check_dit_export.py check --out /tmp/dit_export --dit PATH/TO/DiT   # torch's
+
+`write` saves, with random weights every one moved off its init (adaLN-Zero's zeros too): a DiT built as
+`--model dit_s` builds it (DiT-S/2, learn_sigma off, loaded as `DiT_models["DiT-S/2"]`), a small one with
+learn_sigma and patch 4 (loaded as `DiT(...)` with its sizes), and the official fixture read by `load_dit`
+and saved again; each with inputs (NHWC x, t, labels with the null class) and eqxdiff's outputs in
+`cases.npz`. `check` prints each case's max |official - eqxdiff| and relative error, and fails above 1e-4
+relative. The official code comes from a clone given as `--dit` (timm stood in as tools/make_dit_fixtures.py does).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 1e-4  # relative to the output's largest value; float32 on both sides, summed in other orders
+
+
+def write(out: Path) -> None:
+    """eqxdiff's side: the saved files, the inputs and eqxdiff's outputs (the main venv)."""
+    import jax
+    import jax.numpy as jnp
+
+    from eqxdiff.nn import DiT
+    from eqxdiff.pretrained import load_dit, save_dit
+
+    def moved(model, seed):
+        leaves, treedef = jax.tree.flatten(model)
+        rng = np.random.default_rng(seed)
+        return jax.tree.unflatten(treedef, [x + rng.normal(0, 0.05, x.shape).astype(np.float32)
+                                            if isinstance(x, jax.Array) else x for x in leaves])  # fmt: skip
+
+    key = jax.random.key(0)
+    cases = {
+        # name: (eqxdiff model, how the official code builds it: a DiT_models entry or DiT's arguments)
+        "dit_s": (moved(DiT.small(8, 4, 2, num_classes=10, key=key), 1),
+                  {"DiT_models": "DiT-S/2", "input_size": 8, "num_classes": 10, "learn_sigma": False}),
+        "learn_sigma_p4": (moved(DiT(8, 4, 4, 64, 2, 4, num_classes=10, learn_sigma=True, key=key), 2),
+                           {"input_size": 8, "patch_size": 4, "in_channels": 4, "hidden_size": 64, "depth": 2,
+                            "num_heads": 4, "num_classes": 10, "learn_sigma": True}),
+        "loaded_fixture": (load_dit(ROOT / "tests" / "data" / "dit" / "ema.safetensors", num_heads=2),
+                           json.loads((ROOT / "tests" / "data" / "dit" / "config.json").read_text())),
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    rng, arrays = np.random.default_rng(0), {}
+    for name, (model, official) in cases.items():
+        save_dit(model, out / f"{name}.safetensors")
+        size, c = model.image_size, model.in_channels
+        x = rng.normal(size=(4, size, size, c)).astype(np.float32)
+        t, y = np.array([0.0, 17.0, 500.0, 999.0], np.float32), np.array([0, 3, 9, model.num_classes], np.int32)
+        arrays |= {f"{name}/x": x, f"{name}/t": t, f"{name}/y": y,
+                   f"{name}/out": np.asarray(model(jnp.asarray(x), jnp.asarray(t), jnp.asarray(y)))}  # fmt: skip
+        (out / f"{name}.json").write_text(json.dumps(official))
+    np.savez(out / "cases.npz", **arrays)
+    print(f"wrote {', '.join(cases)} to {out}")
+
+
+def check(out: Path, dit: Path) -> None:
+    """torch's side: each file into the official model, its forward against eqxdiff's (tools/.venv)."""
+    import torch
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from make_dit_fixtures import official_models
+
+    models = official_models(dit)
+    arrays, worst = np.load(out / "cases.npz"), 0.0
+    for spec in sorted(out.glob("*.json")):
+        name, official = spec.stem, json.loads(spec.read_text())
+        entry = official.pop("DiT_models", None)
+        model = (models.DiT_models[entry](**official) if entry else models.DiT(**official)).eval()
+        model.load_state_dict(load_file(str(out / f"{name}.safetensors")), strict=True)
+        x, t, y = (torch.from_numpy(arrays[f"{name}/{k}"]) for k in "xty")
+        with torch.no_grad():
+            theirs = model(x.permute(0, 3, 1, 2), t, y.long()).permute(0, 2, 3, 1).numpy()
+        ours = arrays[f"{name}/out"]
+        diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
+        worst = max(worst, diff / scale)
+        print(f"{name} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| {diff:.3g}, "
+              f"relative to the largest output {diff / scale:.3g}")  # fmt: skip
+    if worst > TOLERANCE:
+        raise SystemExit(f"FAIL: a relative difference of {worst:.3g} is above {TOLERANCE}")
+    print(f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("side", choices=("write", "check"), help="write: eqxdiff's side (main venv); check: torch's")
+    parser.add_argument("--out", type=Path, required=True, help="a folder for the saved files and cases.npz")
+    parser.add_argument("--dit", type=Path, help="check: a clone of github.com/facebookresearch/DiT")
+    args = parser.parse_args()
+    if args.side == "check" and not args.dit:
+        parser.error("check needs --dit PATH: a clone of github.com/facebookresearch/DiT")
+    write(args.out) if args.side == "write" else check(args.out, args.dit)
+
+
+if __name__ == "__main__":
+    main()
