@@ -15,6 +15,7 @@ import pytest
 from safetensors import safe_open
 
 from eqxdiff.nn import DiT
+from eqxdiff.nn.torch_pickle import read_torch_file
 from eqxdiff.pretrained import load_dit, save_dit
 from eqxdiff.pretrained.dit import OFFICIAL_SIZES
 from eqxdiff.pretrained.dit_export import official_state
@@ -54,6 +55,13 @@ def test_an_official_checkpoint_saved_again_is_the_same_state_dict(tmp_path):
     with safe_open(str(saved), framework="numpy") as f:
         assert f.metadata() == {"format": "pt", "num_heads": "2"}
 
+    as_torch = save_dit(model, tmp_path / "again.pt")  # torch's zip format, a bare state_dict as DiT publishes
+    state = read_torch_file(as_torch)
+    assert list(state) == list(official_state(model)) and set(state) == set(official)
+    for key in official:
+        np.testing.assert_array_equal(state[key], official[key], err_msg=key)
+    assert_same_model(load_dit(as_torch, num_heads=2), model)
+
 
 @pytest.mark.parametrize("name, learn_sigma, patch", [("dit_tiny", False, 2), ("dit_tiny", True, 4), ("dit_s", False, 2)])
 def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path, name, learn_sigma, patch):
@@ -92,6 +100,6 @@ def test_what_models_py_cannot_hold_is_refused(tmp_path):
         save_dit(DiT(8, 2, 4, 32, 1, 2, key=key), tmp_path / "u.safetensors")
     with pytest.raises(ValueError, match=r"DiT-S, whose 6 heads.*this model has 4"):
         save_dit(eqx.filter_eval_shape(lambda: DiT(8, 2, 4, 384, 12, 4, num_classes=10, key=key)), tmp_path / "h.safetensors")
-    with pytest.raises(ValueError, match=r"writes \.safetensors.*not 'm\.pt'"):
-        save_dit(DiT(8, 2, 4, 32, 1, 2, num_classes=10, key=key), tmp_path / "m.pt")
+    with pytest.raises(ValueError, match=r"writes \.pt .* or \.safetensors, not 'm\.ckpt'"):
+        save_dit(DiT(8, 2, 4, 32, 1, 2, num_classes=10, key=key), tmp_path / "m.ckpt")
     assert not list(tmp_path.iterdir())  # nothing written

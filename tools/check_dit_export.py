@@ -1,6 +1,7 @@
 """Check `eqxdiff.pretrained.save_dit` against the official code: facebookresearch/DiT's `models.py` loads
-each file eqxdiff saved (`load_state_dict(safetensors.torch.load_file(path))`, strict) and its
-`forward(x, t, y)` is compared with eqxdiff's on the same inputs. Two halves, two venvs:
+each file eqxdiff saved — the `.pt` through DiT's own `download.find_model` (`torch.load`, as `sample.py
+--ckpt` reads one), the `.safetensors` by `safetensors.torch.load_file` — with a strict `load_state_dict`,
+and its `forward(x, t, y)` is compared with eqxdiff's on the same inputs. Two halves, two venvs:
 
     PYTHONPATH=. .venv/bin/python tools/check_dit_export.py write --out /tmp/dit_export    # eqxdiff's side
     tools/.venv/bin/python tools/check_dit_export.py check --out /tmp/dit_export --dit PATH/TO/DiT   # torch's
@@ -9,8 +10,9 @@ each file eqxdiff saved (`load_state_dict(safetensors.torch.load_file(path))`, s
 `--model dit_s` builds it (DiT-S/2, learn_sigma off, loaded as `DiT_models["DiT-S/2"]`), a small one with
 learn_sigma and patch 4 (loaded as `DiT(...)` with its sizes), and the official fixture read by `load_dit`
 and saved again; each with inputs (NHWC x, t, labels with the null class) and eqxdiff's outputs in
-`cases.npz`. `check` prints each case's max |official - eqxdiff| and relative error, and fails above 1e-4
-relative. The official code comes from a clone given as `--dit` (timm stood in as tools/make_dit_fixtures.py does).
+`cases.npz`. `check` prints each case's and format's max |official - eqxdiff| and relative error, and fails
+above 1e-4 relative. The official code comes from a clone given as `--dit` (timm stood in as
+tools/make_dit_fixtures.py does; torchvision, which download.py imports for downloads only, too).
 """
 
 import argparse
@@ -53,6 +55,7 @@ def write(out: Path) -> None:
     rng, arrays = np.random.default_rng(0), {}
     for name, (model, official) in cases.items():
         save_dit(model, out / f"{name}.safetensors")
+        save_dit(model, out / f"{name}.pt")
         size, c = model.image_size, model.in_channels
         x = rng.normal(size=(4, size, size, c)).astype(np.float32)
         t, y = np.array([0.0, 17.0, 500.0, 999.0], np.float32), np.array([0, 3, 9, model.num_classes], np.int32)
@@ -65,6 +68,8 @@ def write(out: Path) -> None:
 
 def check(out: Path, dit: Path) -> None:
     """torch's side: each file into the official model, its forward against eqxdiff's (tools/.venv)."""
+    import types
+
     import torch
     from safetensors.torch import load_file
 
@@ -72,20 +77,29 @@ def check(out: Path, dit: Path) -> None:
     from make_dit_fixtures import official_models
 
     models = official_models(dit)
+    if "torchvision" not in sys.modules:  # download.py's import, used only to download published checkpoints
+        utils = types.ModuleType("torchvision.datasets.utils")
+        utils.download_url = lambda *a, **k: sys.exit("check_dit_export: no downloads")
+        sys.modules.update({"torchvision": types.ModuleType("torchvision"),
+                            "torchvision.datasets": types.ModuleType("torchvision.datasets"),
+                            "torchvision.datasets.utils": utils})  # fmt: skip
+    from download import find_model  # DiT's, from the clone (models.py put it on sys.path)
+
     arrays, worst = np.load(out / "cases.npz"), 0.0
     for spec in sorted(out.glob("*.json")):
         name, official = spec.stem, json.loads(spec.read_text())
         entry = official.pop("DiT_models", None)
-        model = (models.DiT_models[entry](**official) if entry else models.DiT(**official)).eval()
-        model.load_state_dict(load_file(str(out / f"{name}.safetensors")), strict=True)
-        x, t, y = (torch.from_numpy(arrays[f"{name}/{k}"]) for k in "xty")
-        with torch.no_grad():
-            theirs = model(x.permute(0, 3, 1, 2), t, y.long()).permute(0, 2, 3, 1).numpy()
-        ours = arrays[f"{name}/out"]
-        diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
-        worst = max(worst, diff / scale)
-        print(f"{name} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| {diff:.3g}, "
-              f"relative to the largest output {diff / scale:.3g}")  # fmt: skip
+        for suffix, read in ((".pt", find_model), (".safetensors", load_file)):
+            model = (models.DiT_models[entry](**official) if entry else models.DiT(**official)).eval()
+            model.load_state_dict(read(str(out / f"{name}{suffix}")), strict=True)
+            x, t, y = (torch.from_numpy(arrays[f"{name}/{k}"]) for k in "xty")
+            with torch.no_grad():
+                theirs = model(x.permute(0, 3, 1, 2), t, y.long()).permute(0, 2, 3, 1).numpy()
+            ours = arrays[f"{name}/out"]
+            diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
+            worst = max(worst, diff / scale)
+            print(f"{name}{suffix} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| "
+                  f"{diff:.3g}, relative to the largest output {diff / scale:.3g}")  # fmt: skip
     if worst > TOLERANCE:
         raise SystemExit(f"FAIL: a relative difference of {worst:.3g} is above {TOLERANCE}")
     print(f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative")

@@ -2,10 +2,12 @@
 
 The state_dict names are `dit.OFFICIAL_NAMES` read backwards (each pattern's groups carried over), the
 layouts those of `load_safetensors` undone (a Dense weight back to (out, in), a conv kernel to OIHW), and
-`pos_embed`, a frozen buffer eqxdiff computes, written as models.py sets it. The official code loads the
-file with `model.load_state_dict(safetensors.torch.load_file(path))` into `DiT_models[...]` (or `DiT(...)`
-with the sizes), and eqxdiff with `load_dit(path)`: a model trained here (`--model dit_*`) compares
-with, and samples like, theirs (tools/check_dit_export.py runs the official forward on one).
+`pos_embed`, a frozen buffer eqxdiff computes, written as models.py sets it. As `.pt` (torch's zip format,
+written without torch) the file is what DiT's `sample.py --ckpt` / `sample_ddp.py --ckpt` read (its
+`find_model`: `torch.load`); as `.safetensors`, `model.load_state_dict(safetensors.torch.load_file(path))`
+loads it into `DiT_models[...]` (or `DiT(...)` with the sizes); eqxdiff reads both with `load_dit(path)`. So a
+model trained here (`--model dit_*`) compares with, and samples like, theirs (tools/check_dit_export.py
+runs the official forward on such files).
 """
 
 import re
@@ -17,6 +19,7 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn.dit import DiT
 from eqxdiff.nn.layers import sincos_pos_embed_2d
+from eqxdiff.nn.torch_save import save_torch_state_dict
 from eqxdiff.nn.torch_weights import is_array_like, leaf_layouts
 from eqxdiff.pretrained.dit import OFFICIAL_NAMES, OFFICIAL_SIZES, eqxdiff_name
 
@@ -87,15 +90,18 @@ def official_state(model: DiT) -> dict[str, np.ndarray | jax.ShapeDtypeStruct]:
 
 def save_dit(model: DiT, path: str | Path) -> Path:
     """`model` (an eqxdiff `DiT`: trained with `--model dit_*`, or from `load_dit`) as facebookresearch/DiT's
-    state_dict in a `.safetensors` file at `path`, float32, torch's layouts, `pos_embed` included; what it
-    cannot hold raises (`check_exportable`). Metadata: `format` "pt" (as safetensors.torch writes) and the
-    heads, which the tensors do not tell (load_dit needs `num_heads=` outside the official sizes).
+    state_dict at `path`, float32, torch's layouts, `pos_embed` included: a `.pt`/`.pth` is a bare state_dict
+    in torch's zip format (as DiT-XL-2-256x256.pt), a `.safetensors` the same tensors with metadata `format`
+    "pt" (as safetensors.torch writes) and the heads, which the tensors do not tell (load_dit needs
+    `num_heads=` outside the official sizes). What models.py cannot hold raises (`check_exportable`).
     Returns `path`."""
     path = Path(path)
-    if path.suffix != ".safetensors":
-        raise ValueError(f"save_dit writes .safetensors (the official code reads it with safetensors.torch.load_file "
-                         f"and load_state_dict), not {path.name!r}")  # fmt: skip
+    if path.suffix not in (".safetensors", ".pt", ".pth"):
+        raise ValueError(f"save_dit writes .pt (torch.load's, as DiT's checkpoints) or .safetensors, not {path.name!r}")
     state = official_state(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path), metadata={"format": "pt", "num_heads": str(model.blocks[0].attn.num_heads)})
+    if path.suffix == ".safetensors":
+        save_file(state, str(path), metadata={"format": "pt", "num_heads": str(model.blocks[0].attn.num_heads)})
+    else:
+        save_torch_state_dict(state, path)
     return path
