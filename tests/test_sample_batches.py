@@ -29,7 +29,7 @@ SAMPLER = textwrap.dedent("""
 namespace: dict = {}
 exec(SAMPLER, namespace)
 sample_chunk = namespace["sample_chunk"]
-FLAGS = {"--steps": 4, "--method": "heun"}
+FLAGS = {"--steps": 4, "--method": "heun", "--classes": (0, 1, 2, 3, 4)}  # a tuple: JSON gives back a list
 
 
 def write(out, num=23, chunk_size=6, seed=3, classes=(0, 1, 2, 3, 4), flags=FLAGS, sampler=sample_chunk):

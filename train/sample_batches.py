@@ -69,11 +69,15 @@ def write_sample_batches(
     samples, by flag name (`{"--steps": 250, ...}`, JSON values), recorded with the parts; a restart
     whose flags (or num, chunk_size, seed, classes) differ is refused with a SystemExit naming them.
     Every process calls it alike; process 0 writes. Returns `out`."""
+    if num < 1 or chunk_size < 1 or (classes is not None and not len(classes)):
+        raise ValueError(f"write_sample_batches: num {num} and chunk_size {chunk_size} must be >= 1, classes "
+                         f"{classes} None or some")  # fmt: skip
     out, parts = Path(out), parts_dir(out)
     n_chunks = -(-num // chunk_size)
     labels = None if classes is None else balanced_labels(num, classes, seed)
     record = {"flags": flags, "num": num, "chunk_size": chunk_size, "seed": seed,
               "classes": None if classes is None else [int(c) for c in classes]}  # fmt: skip
+    record = json.loads(json.dumps(record))  # as it is read back (tuples are lists)
     done, refusal = np.zeros(n_chunks, bool), ""
     if jax.process_index() == 0:
         refusal = _check_record(parts, record)
