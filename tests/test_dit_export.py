@@ -19,6 +19,7 @@ from eqxdiff.nn.torch_pickle import read_torch_file
 from eqxdiff.pretrained import load_dit, save_dit
 from eqxdiff.pretrained.dit import OFFICIAL_SIZES
 from eqxdiff.pretrained.dit_export import official_state
+from eqxdiff.sharding import make_mesh, placement
 from models import MODELS  # train/models.py (conftest puts train/ on sys.path)
 
 DATA = Path(__file__).parent / "data" / "dit"
@@ -61,6 +62,18 @@ def test_an_official_checkpoint_saved_again_is_the_same_state_dict(tmp_path):
     for key in official:
         np.testing.assert_array_equal(state[key], official[key], err_msg=key)
     assert_same_model(load_dit(as_torch, num_heads=2), model)
+
+    # An FSDP-sharded model (a training state's EMA over 8 devices) and a bfloat16 one save the same way.
+    sharded = load_dit(DATA / "ema.safetensors", num_heads=2, place=placement(make_mesh(data=1, fsdp=8), min_size=64))
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated for x in jax.tree.leaves(sharded))
+    assert tensors(save_dit(sharded, tmp_path / "sharded.safetensors")).keys() == official.keys()
+    for key, value in tensors(tmp_path / "sharded.safetensors").items():
+        np.testing.assert_array_equal(value, official[key], err_msg=key)
+    bf16 = load_dit(DATA / "ema.safetensors", num_heads=2, dtype=jnp.bfloat16)
+    for key, value in tensors(save_dit(bf16, tmp_path / "bf16.safetensors")).items():  # float32, the bf16 values
+        assert value.dtype == np.float32
+        expected = official[key] if key == "pos_embed" else official[key].astype(jnp.bfloat16).astype(np.float32)
+        np.testing.assert_array_equal(value, expected, err_msg=key)
 
 
 @pytest.mark.parametrize("name, learn_sigma, patch", [("dit_tiny", False, 2), ("dit_tiny", True, 4), ("dit_s", False, 2)])
