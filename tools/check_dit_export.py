@@ -10,8 +10,11 @@ and its `forward(x, t, y)` is compared with eqxdiff's on the same inputs. Two ha
 `--model dit_s` builds it (DiT-S/2, learn_sigma off, loaded as `DiT_models["DiT-S/2"]`), a small one with
 learn_sigma and patch 4 (loaded as `DiT(...)` with its sizes), and the official fixture read by `load_dit`
 and saved again; each with inputs (NHWC x, t, labels with the null class) and eqxdiff's outputs in
-`cases.npz`. `check` prints each case's and format's max |official - eqxdiff| and relative error, and fails
-above 1e-4 relative. The official code comes from a clone given as `--dit` (timm stood in as
+`cases.npz`; for the learn_sigma ones also `sample_dit`'s DDIM latents ("ddim10", cfg 1.5 on 3 channels)
+from a given x_T. `check` prints each case's and format's max |official - eqxdiff| and relative error for
+the forward and, from the `.pt` as DiT's `sample.py --ckpt` reads it, for `create_diffusion("ddim10")
+.ddim_sample_loop` with `forward_with_cfg` (sample.py's set-up), and fails above 1e-4 (forward) or 1e-3
+(sampling, as tests/test_dit_sampling.py's bound) relative. The official code comes from a clone given as `--dit` (timm stood in as
 tools/make_dit_fixtures.py does; torchvision, which download.py imports for downloads only, too).
 """
 
@@ -24,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4  # relative to the output's largest value; float32 on both sides, summed in other orders
+SAMPLING_TOLERANCE = 1e-3  # ten network calls' float32 differences, carried through the DDIM steps
+STEPS, CFG = "ddim10", 1.5
 
 
 def write(out: Path) -> None:
@@ -32,7 +37,7 @@ def write(out: Path) -> None:
     import jax.numpy as jnp
 
     from eqxdiff.nn import DiT
-    from eqxdiff.pretrained import load_dit, save_dit
+    from eqxdiff.pretrained import load_dit, sample_dit, save_dit
 
     def moved(model, seed):
         leaves, treedef = jax.tree.flatten(model)
@@ -61,6 +66,10 @@ def write(out: Path) -> None:
         t, y = np.array([0.0, 17.0, 500.0, 999.0], np.float32), np.array([0, 3, 9, model.num_classes], np.int32)
         arrays |= {f"{name}/x": x, f"{name}/t": t, f"{name}/y": y,
                    f"{name}/out": np.asarray(model(jnp.asarray(x), jnp.asarray(t), jnp.asarray(y)))}  # fmt: skip
+        if model.learn_sigma:  # DiT's protocol samples learn_sigma DiTs (its create_diffusion's default)
+            labels = y[:3]  # real classes only
+            arrays[f"{name}/sampled"] = np.asarray(sample_dit(model, jnp.asarray(labels), jnp.asarray(x[:3]),
+                                                              steps=STEPS, method="ddim", cfg_scale=CFG))  # fmt: skip
         (out / f"{name}.json").write_text(json.dumps(official))
     np.savez(out / "cases.npz", **arrays)
     print(f"wrote {', '.join(cases)} to {out}")
@@ -83,13 +92,14 @@ def check(out: Path, dit: Path) -> None:
         sys.modules.update({"torchvision": types.ModuleType("torchvision"),
                             "torchvision.datasets": types.ModuleType("torchvision.datasets"),
                             "torchvision.datasets.utils": utils})  # fmt: skip
+    from diffusion import create_diffusion
     from download import find_model  # DiT's, from the clone (models.py put it on sys.path)
 
-    arrays, worst = np.load(out / "cases.npz"), 0.0
+    arrays, worst, worst_sampling = np.load(out / "cases.npz"), 0.0, 0.0
     for spec in sorted(out.glob("*.json")):
         name, official = spec.stem, json.loads(spec.read_text())
         entry = official.pop("DiT_models", None)
-        for suffix, read in ((".pt", find_model), (".safetensors", load_file)):
+        for suffix, read in ((".safetensors", load_file), (".pt", find_model)):  # the .pt's model samples below
             model = (models.DiT_models[entry](**official) if entry else models.DiT(**official)).eval()
             model.load_state_dict(read(str(out / f"{name}{suffix}")), strict=True)
             x, t, y = (torch.from_numpy(arrays[f"{name}/{k}"]) for k in "xty")
@@ -100,9 +110,23 @@ def check(out: Path, dit: Path) -> None:
             worst = max(worst, diff / scale)
             print(f"{name}{suffix} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| "
                   f"{diff:.3g}, relative to the largest output {diff / scale:.3g}")  # fmt: skip
-    if worst > TOLERANCE:
-        raise SystemExit(f"FAIL: a relative difference of {worst:.3g} is above {TOLERANCE}")
-    print(f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative")
+        if f"{name}/sampled" in arrays:  # sample.py's set-up: z doubled, the null class, forward_with_cfg
+            z, labels = x[:3].permute(0, 3, 1, 2), y[:3].long()
+            kwargs = dict(y=torch.cat([labels, torch.full_like(labels, model.y_embedder.num_classes)]), cfg_scale=CFG)
+            with torch.no_grad():
+                latents = create_diffusion(STEPS).ddim_sample_loop(model.forward_with_cfg, (6, *z.shape[1:]),
+                                                               torch.cat([z, z]), clip_denoised=False,
+                                                               model_kwargs=kwargs, device="cpu")  # fmt: skip
+            theirs, ours = latents[:3].permute(0, 2, 3, 1).numpy(), arrays[f"{name}/sampled"]
+            diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
+            worst_sampling = max(worst_sampling, diff / scale)
+            print(f"{name}.pt sampled ({STEPS}, cfg {CFG}): max |official - eqxdiff| {diff:.3g}, relative "
+                  f"{diff / scale:.3g}")  # fmt: skip
+    if worst > TOLERANCE or worst_sampling > SAMPLING_TOLERANCE:
+        raise SystemExit(f"FAIL: relative differences {worst:.3g} (forward, bound {TOLERANCE}), {worst_sampling:.3g} "
+                         f"(sampling, bound {SAMPLING_TOLERANCE})")  # fmt: skip
+    print(f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative, its official DDIM "
+          f"samples sample_dit's within {SAMPLING_TOLERANCE}")  # fmt: skip
 
 
 def main() -> None:
