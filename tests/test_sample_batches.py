@@ -197,12 +197,28 @@ def test_sample_py_format_adm_resumes_a_run_bitwise(tmp_path, monkeypatch):
         assert same_labels.any() and (other["arr_0"][same_labels] != images[same_labels]).mean() > 0.5
 
 
-def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold():
+def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold(tmp_path):
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    import main as train_main
     import sample
+    from eqxdiff.checkpoint import Checkpoints
 
     for extra in (["--out", "s.png"], ["--out", "s.npz", "--eval"], ["--out", "s.npz", "--prompts", "a"]):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", "r", "--format", "adm", *extra])
+    # A text run, refused from its saved config before anything loads (the checkpoint holds no model).
+    config = dict(dataclasses.asdict(train_main.Config(dataset="captioned_digits")), image_shape=[8, 16, 1],
+                  num_classes=0, condition={"kind": "scratch_text"})  # fmt: skip
+    with Checkpoints(tmp_path / "t2i" / "checkpoints", async_save=False) as checkpoints:
+        assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
+    with pytest.raises(SystemExit, match=r"^--format adm writes ADM's batch of images and class labels; this run is "
+                                         r"text-to-image"):  # fmt: skip
+        sample.main(sample.parse_args(["--run_dir", str(tmp_path / "t2i"), "--format", "adm", "--out",
+                                       str(tmp_path / "s.npz")]))  # fmt: skip
+    assert not (tmp_path / "s.npz.parts").exists()
 
 
 @pytest.mark.slow

@@ -233,6 +233,9 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
         check_eval(saved)
+    if args.format == "adm" and stored_condition(saved)["kind"] not in ("none", "labels"):
+        raise SystemExit("--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
+                         "sample it with --prompts into eqxdiff's .npz (--format eqxdiff).")  # fmt: skip
     if args.process_id == 0 and args.fid:  # the process that writes: its output's folder made and tried first
         check_writable(args.fid_out or Path(args.run_dir) / "fid.jsonl", "--fid_out")
     elif args.process_id == 0:
