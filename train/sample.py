@@ -42,6 +42,7 @@ from tqdm import tqdm
 from outputs import check_writable
 from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
 from sample_batches import write_sample_batches
+import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
 from run_condition import stored_condition
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
 
@@ -57,8 +58,13 @@ from eqxdiff.sharding import make_mesh
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--run_dir", required=True,
+    parser.add_argument("--run_dir", default="",
                         help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
+    parser.add_argument("--pretrained", default="",
+                        help="dit:FILE or sit:FILE instead of --run_dir: a published checkpoint, sampled by its "
+                             "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
+    parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
+    parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
@@ -66,9 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
-    parser.add_argument("--method", default=None, choices=METHODS,
-                        help="sampler (default: the run's --sample_method)")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=18, help="sampler steps")
+    parser.add_argument("--method", default=None,
+                        help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
+                             f"dit ddpm|ddim, sit ode|sde")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default 18; --pretrained 250)")
     parser.add_argument("--guidance", "--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the sampler's noise")
@@ -87,9 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
+    if bool(args.run_dir) == bool(args.pretrained):
+        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE")
+    if not args.pretrained:
+        args.steps = args.steps or 18
+        if args.method is not None and args.method not in METHODS:
+            parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
-    if args.num < 1 or args.steps < 1 or args.per_prompt < 1:
+    if args.num < 1 or (args.steps or 1) < 1 or args.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
     if args.fid and not args.inception:
         parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")
@@ -228,6 +241,8 @@ def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, co
 
 def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
+    if args.pretrained:
+        return sample_pretrained.main(args)
     _, saved = stored_run(args.run_dir, args.step)  # what was asked is checked against the run first
     class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
     classes = class_indices(args.classes, class_names, saved["num_classes"])
