@@ -1,5 +1,6 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
-transformers' CLIP text tower and an exact space-to-depth "autoencoder".
+transformers' CLIP text tower, diffusers' Stable Diffusion UNet (SD 1.x/2.x/XL) and an exact
+space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -16,6 +17,8 @@ from eqxdiff.nn.layers import (
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
+from eqxdiff.nn.sd_unet import SDUNet
+from eqxdiff.nn.sdxl_cond import SDXLCond, sdxl_time_ids
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.text_conditioned import TextConditioned
@@ -24,6 +27,6 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
     "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
-    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm",
-    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "SDUNet", "SDXLCond", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet",
+    "layer_norm", "null_cond_of", "sdxl_time_ids", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

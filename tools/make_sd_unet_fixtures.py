@@ -1,0 +1,117 @@
+"""Write the parity fixtures of `eqxdiff.nn.SDUNet` with diffusers' `UNet2DConditionModel` under
+tests/data/sd_unet/<family>/: small seeded random configs of the three Stable Diffusion families, saved
+by diffusers' own `save_pretrained` (config.json + diffusion_pytorch_model.safetensors; `sd1_like` also
+as the `fp16` variant, `sdxl_like` in shards with an index), and reference.npz.
+
+Every parameter is moved off diffusers' init (norm scales 1 + 0.2·N(0, 1), everything else + 0.02·N(0, 1)),
+so no layer sits at an init value that would hide a mistake. reference.npz (NHWC float32): the input `x`,
+timesteps `t`, text `context` [b, n, cross_attention_dim] with a padding `mask` (never passed to diffusers:
+its SD pipelines do not, and SDUNet ignores it likewise), SDXL's `pooled` (text_embeds) and `time_ids`, and
+diffusers' outputs `out` (fp32 weights), `out_fp16` and `out_bf16` (the weights rounded to that dtype, run in
+float32). `sd2_like` also holds `x_odd`/`out_odd`: a 7x9 latent, which diffusers' UNet upsamples to the
+skip connections' sizes.
+
+    tools/.venv/bin/python tools/make_sd_unet_fixtures.py
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import UNet2DConditionModel
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "sd_unet"
+
+COMMON = dict(sample_size=8, in_channels=4, out_channels=4, cross_attention_dim=16, layers_per_block=1)
+FAMILIES = {
+    # SD 1.x: attention_head_dim 8 as an int (diffusers reads it as 8 heads per level), 1x1-conv projections.
+    "sd1_like": dict(COMMON, block_out_channels=[8, 16], norm_num_groups=4, attention_head_dim=8,
+                     down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+                     up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"]),
+    # SD 2.x: heads per level, linear projections, upcast attention; the x4 upscaler's only_cross_attention.
+    "sd2_like": dict(COMMON, block_out_channels=[8, 16, 16], norm_num_groups=4, attention_head_dim=[2, 4, 4],
+                     use_linear_projection=True, upcast_attention=True, only_cross_attention=[True, False, False],
+                     down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+                     up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]),
+    # SDXL: no attention in the first level, transformer depth per level (and in the mid block), text_time.
+    "sdxl_like": dict(COMMON, block_out_channels=[8, 16, 16], norm_num_groups=4, attention_head_dim=[2, 4, 4],
+                      use_linear_projection=True, transformer_layers_per_block=[1, 1, 2], layers_per_block=2,
+                      down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                      up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                      addition_embed_type="text_time", addition_time_embed_dim=4, projection_class_embeddings_input_dim=
+                      8 + 6 * 4, norm_eps=1e-6, flip_sin_to_cos=True, freq_shift=0),
+}  # fmt: skip
+POOLED_DIM = 8  # sdxl_like's text_embeds width: projection_class_embeddings_input_dim - 6 * addition_time_embed_dim
+BATCH, TOKENS = 2, 5
+
+
+def random_unet(config: dict, seed: int) -> UNet2DConditionModel:
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(**config).eval()
+    with torch.no_grad():
+        for name, p in unet.named_parameters():
+            is_norm_scale = "norm" in name.split(".")[-2] and name.endswith("weight")
+            p.copy_(1 + 0.2 * torch.randn_like(p) if is_norm_scale else p + 0.02 * torch.randn_like(p))
+    return unet
+
+
+def nhwc(t: torch.Tensor) -> np.ndarray:
+    return t.detach().permute(0, 2, 3, 1).contiguous().numpy().astype(np.float32)
+
+
+def inputs(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    size = config["sample_size"]
+    out = {
+        "x": torch.randn(BATCH, config["in_channels"], size, size, generator=gen),
+        "t": torch.tensor([981.0, 7.25]),
+        "context": torch.randn(BATCH, TOKENS, config["cross_attention_dim"], generator=gen),
+        "mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.int32),
+        "x_odd": torch.randn(BATCH, config["in_channels"], 7, 9, generator=gen),
+    }
+    if config.get("addition_embed_type") == "text_time":
+        out["pooled"] = torch.randn(BATCH, POOLED_DIM, generator=gen)
+        # (original h, w, crop top, left, target h, w), as SDXL's pipelines make add_time_ids.
+        out["time_ids"] = torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0], [48.0, 80.0, 4.0, 8.0, 64.0, 64.0]])
+    return out
+
+
+def run(unet: UNet2DConditionModel, ins: dict, x: torch.Tensor) -> np.ndarray:
+    added = {"text_embeds": ins["pooled"], "time_ids": ins["time_ids"]} if "pooled" in ins else None
+    with torch.no_grad():
+        return nhwc(unet(x, ins["t"], ins["context"], added_cond_kwargs=added).sample)
+
+
+def main() -> None:
+    shutil.rmtree(OUT, ignore_errors=True)
+    for seed, (name, config) in enumerate(FAMILIES.items()):
+        unet, folder = random_unet(config, seed), OUT / name
+        ins = inputs(config, 100 + seed)
+        refs = {"out": run(unet, ins, ins["x"])}
+        if name == "sd2_like":
+            refs |= {"x_odd": nhwc(ins["x_odd"]), "out_odd": run(unet, ins, ins["x_odd"])}
+        for dtype, suffix in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+            rounded = random_unet(config, seed)
+            with torch.no_grad():
+                for p in rounded.parameters():
+                    p.copy_(p.to(dtype).to(torch.float32))
+            refs[f"out_{suffix}"] = run(rounded, ins, ins["x"])
+        shard = {"max_shard_size": "150KB"} if name == "sdxl_like" else {}
+        unet.save_pretrained(folder, **shard)
+        if name == "sd1_like":
+            unet.half().save_pretrained(folder, variant="fp16")
+        arrays = {"x": nhwc(ins["x"]), "t": ins["t"].numpy(), "context": ins["context"].numpy(),
+                  "mask": ins["mask"].numpy()}  # fmt: skip
+        arrays |= {k: ins[k].numpy() for k in ("pooled", "time_ids") if k in ins}
+        np.savez_compressed(folder / "reference.npz", **arrays, **refs)
+        n = sum(p.numel() for p in unet.parameters())
+        print(name, n, "params", sorted(p.name for p in folder.iterdir()), "|out|max", np.abs(refs["out"]).max())
+    (OUT / "README.md").write_text(__doc__.split("\n\n")[0] + "\n\nWritten by tools/make_sd_unet_fixtures.py.\n")
+    total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
+    print(f"{total / 1e6:.2f} MB in {OUT}")
+
+
+if __name__ == "__main__":
+    main()
