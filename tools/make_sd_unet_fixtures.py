@@ -11,9 +11,14 @@ diffusers' outputs `out` (fp32 weights), `out_fp16` and `out_bf16` (the weights 
 float32). `sd2_like` also holds `x_odd`/`out_odd`: a 7x9 latent, which diffusers' UNet upsamples to the
 skip connections' sizes.
 
+full_size_shapes.json.gz holds, for the released UNets' configs (SD 1.5, SD 2.1, SDXL base; fields as in
+their unet/config.json), every state_dict key with its shape and diffusers' own `num_parameters()`, so
+the tests check the full architectures without torch or weights.
+
     tools/.venv/bin/python tools/make_sd_unet_fixtures.py
 """
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -42,6 +47,21 @@ FAMILIES = {
                       up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
                       addition_embed_type="text_time", addition_time_embed_dim=4, projection_class_embeddings_input_dim=
                       8 + 6 * 4, norm_eps=1e-6, flip_sin_to_cos=True, freq_shift=0),
+}  # fmt: skip
+SD_BLOCKS = dict(down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
+                 up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3)
+FULL_SIZE = {
+    "sd15": dict(SD_BLOCKS, block_out_channels=[320, 640, 1280, 1280], attention_head_dim=8, cross_attention_dim=768,
+                 layers_per_block=2, norm_num_groups=32, sample_size=64),
+    "sd21": dict(SD_BLOCKS, block_out_channels=[320, 640, 1280, 1280], attention_head_dim=[5, 10, 20, 20],
+                 cross_attention_dim=1024, layers_per_block=2, norm_num_groups=32, sample_size=96,
+                 use_linear_projection=True, upcast_attention=True),
+    "sdxl_base": dict(block_out_channels=[320, 640, 1280], attention_head_dim=[5, 10, 20], cross_attention_dim=2048,
+                      down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                      up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                      layers_per_block=2, norm_num_groups=32, sample_size=128, use_linear_projection=True,
+                      transformer_layers_per_block=[1, 2, 10], addition_embed_type="text_time",
+                      addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816),
 }  # fmt: skip
 POOLED_DIM = 8  # sdxl_like's text_embeds width: projection_class_embeddings_input_dim - 6 * addition_time_embed_dim
 BATCH, TOKENS = 2, 5
@@ -108,6 +128,16 @@ def main() -> None:
         np.savez_compressed(folder / "reference.npz", **arrays, **refs)
         n = sum(p.numel() for p in unet.parameters())
         print(name, n, "params", sorted(p.name for p in folder.iterdir()), "|out|max", np.abs(refs["out"]).max())
+    full = {}
+    for name, config in FULL_SIZE.items():
+        with torch.device("meta"):
+            unet = UNet2DConditionModel(**config)
+        full[name] = {"config": {"_class_name": "UNet2DConditionModel", **config},
+                      "num_parameters": unet.num_parameters(),  # diffusers' ModelMixin count
+                      "shapes": {k: list(v.shape) for k, v in unet.state_dict().items()}}  # fmt: skip
+        print(name, full[name]["num_parameters"], "params (diffusers)")
+    with gzip.GzipFile(OUT / "full_size_shapes.json.gz", "wb", mtime=0) as f:  # mtime 0: the same bytes each run
+        f.write(json.dumps(full, indent=1).encode())
     (OUT / "README.md").write_text(__doc__.split("\n\n")[0] + "\n\nWritten by tools/make_sd_unet_fixtures.py.\n")
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"{total / 1e6:.2f} MB in {OUT}")

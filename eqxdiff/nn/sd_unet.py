@@ -83,8 +83,8 @@ class SDUNet(eqx.Module):
         for i, kind in enumerate(cfg["down_block_types"]):
             n = cfg["layers_per_block"][i]
             cin, last = widths[max(i - 1, 0)], i == levels - 1
-            self.down_blocks.append(DownBlock(cin, widths[i], n, temb, groups, eps,
-                                              attention(i, kind.startswith("CrossAttn")), not last, key=next(keys)))  # fmt: skip
+            spec = attention(i, kind.startswith("CrossAttn"))
+            self.down_blocks.append(DownBlock(cin, widths[i], n, temb, groups, eps, spec, not last, key=next(keys)))
             skip_widths += [widths[i]] * (n + (not last))
         mid = dict(attention(levels - 1, True), only_cross_attention=False)  # the mid block has no such option
         self.mid_block = MidBlock(widths[-1], temb, groups, eps, mid, key=next(keys))
@@ -129,10 +129,10 @@ class SDUNet(eqx.Module):
         return None
 
     def __call__(
-        self, x: Float[Array, "b h w ci"], t: Float[Array, " b"], cond: TextCond | SDXLCond, *,
-        key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "b h w co"]:  # fmt: skip
-        """`key` is unused (no dropout at SD's configs)."""
+        self, x: Float[Array, "b h w ci"], t: Float[Array, " b"], cond: Any, *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "b h w co"]:
+        """`cond`: a `TextCond`, or an `SDXLCond` for SDXL (checked here, naming what is wrong); `key` is
+        unused (no dropout at SD's configs)."""
         del key
         context, added = self._unpack(cond, x.shape[0])
         emb = self.time_embedding(timestep_features(t, self.time_features, self.flip_sin_to_cos, self.freq_shift))

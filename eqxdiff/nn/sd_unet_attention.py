@@ -45,7 +45,8 @@ class Attention(eqx.Module):
         b, n, d = x.shape
         source = x if context is None else context
         q = self.to_q(x).reshape(b, n, self.heads, d // self.heads)
-        k, v = (proj(source).reshape(b, source.shape[1], self.heads, d // self.heads) for proj in (self.to_k, self.to_v))
+        m = source.shape[1]
+        k, v = (proj(source).reshape(b, m, self.heads, d // self.heads) for proj in (self.to_k, self.to_v))
         return self.to_out[0](chunked_attention(q, k, v, QUERY_CHUNK).reshape(b, n, d))
 
 

@@ -41,7 +41,8 @@ class TimestepEmbedding(eqx.Module):
 
     def __init__(self, in_features: int, out_features: int, *, key: PRNGKeyArray):
         k1, k2 = jax.random.split(key)
-        self.linear_1, self.linear_2 = Dense(in_features, out_features, key=k1), Dense(out_features, out_features, key=k2)
+        self.linear_1 = Dense(in_features, out_features, key=k1)
+        self.linear_2 = Dense(out_features, out_features, key=k2)
 
     def __call__(self, x: Float[Array, "b i"]) -> Float[Array, "b o"]:
         return self.linear_2(jax.nn.silu(self.linear_1(x)))

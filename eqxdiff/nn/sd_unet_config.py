@@ -84,8 +84,9 @@ def parse_config(config: dict) -> dict:
     cfg["heads"] = per_level(cfg, "attention_head_dim", levels)
     for name in ("cross_attention_dim", "only_cross_attention", "layers_per_block", "transformer_layers_per_block"):
         cfg[name] = per_level(cfg, name, levels)
-    if any(isinstance(n, (list, tuple)) for n in cfg["transformer_layers_per_block"]):
-        raise ValueError("UNet2DConditionModel option transformer_layers_per_block with a list per level (an "
+    depths = cfg["transformer_layers_per_block"]
+    if any(isinstance(n, (list, tuple)) for n in depths):
+        raise ValueError(f"UNet2DConditionModel option transformer_layers_per_block={depths}: a list per level (an "
                          "asymmetric UNet) is not supported")  # fmt: skip
     for level, (width, heads) in enumerate(zip(cfg["block_out_channels"], cfg["heads"])):
         if width % heads or width % cfg["norm_num_groups"]:
