@@ -24,8 +24,10 @@ from eqxdiff.sharding import make_mesh, placement, state_shardings
 DATA = Path(__file__).parent / "data" / "sd_unet"
 FAMILIES = ["sd1_like", "sd2_like", "sdxl_like"]
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-# The port is within 1e-6 (relative to the output's max) of diffusers on every fixture; the issue's bound:
-TOL = 1e-4
+# Max error relative to the output's max. The port is within 1e-6 of diffusers on every fixture and dtype
+# (the issue asks 1e-4); a GroupNorm eps of 1e-5 for the transformers' 1e-6 moves the outputs by 7e-6 to
+# 2e-5, SD 1/2's LayerNorm eps of 1e-6 for 1e-5 by 9e-6 to 3e-5: the bound sits between.
+TOL = 4e-6
 forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
 
 
