@@ -33,7 +33,7 @@ forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
 
 def cond_of(ref) -> TextCond | SDXLCond:
     """The fixture's condition; its mask has padding zeros that diffusers never saw (SD ignores the mask)."""
-    text = TextCond(ref["context"], ref["mask"], ref["pooled"] if "pooled" in ref else None)
+    text = TextCond(ref["context"], ref["mask"], ref.get("pooled"))
     return SDXLCond(text, ref["time_ids"]) if "time_ids" in ref else text
 
 

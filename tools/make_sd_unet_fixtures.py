@@ -48,8 +48,10 @@ FAMILIES = {
                       addition_embed_type="text_time", addition_time_embed_dim=4, projection_class_embeddings_input_dim=
                       8 + 6 * 4, norm_eps=1e-6, flip_sin_to_cos=True, freq_shift=0),
 }  # fmt: skip
-SD_BLOCKS = dict(down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
-                 up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3)
+SD_BLOCKS = dict(
+    down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
+    up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
+)
 FULL_SIZE = {
     "sd15": dict(SD_BLOCKS, block_out_channels=[320, 640, 1280, 1280], attention_head_dim=8, cross_attention_dim=768,
                  layers_per_block=2, norm_num_groups=32, sample_size=64),

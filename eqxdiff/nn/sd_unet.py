@@ -116,7 +116,7 @@ class SDUNet(eqx.Module):
         (e.g. `eqxdiff.sharding.placement(mesh)`), each weight is read straight into its sharding in
         `place(abstract)`; without, onto the first device. Every key is read once; a missing or unexpected
         key raises naming it."""
-        path = Path(path)
+        path = Path(path).expanduser()
         weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))

@@ -39,9 +39,7 @@ class Attention(eqx.Module):
         self.to_k, self.to_v = (Dense(kv_dim, dim, use_bias=False, key=k) for k in (kk, kv))
         self.to_out, self.heads = [Dense(dim, dim, key=ko)], heads
 
-    def __call__(
-        self, x: Float[Array, "b n d"], context: Float[Array, "b m e"] | None = None
-    ) -> Float[Array, "b n d"]:
+    def __call__(self, x: Float[Array, "b n d"], context: Float[Array, "b m e"] | None = None) -> Float[Array, "b n d"]:
         b, n, d = x.shape
         source = x if context is None else context
         q = self.to_q(x).reshape(b, n, self.heads, d // self.heads)

@@ -132,7 +132,7 @@ class UpBlock(eqx.Module):
         layers = len(cins)
         keys = jax.random.split(key, 2 * layers + 1)
         self.resnets = [ResnetBlock(cin + skip, cout, groups, eps=eps, temb_channels=temb, key=k)
-                        for cin, skip, k in zip(cins, skip_widths, keys)]  # fmt: skip
+                        for cin, skip, k in zip(cins, skip_widths, keys[:layers], strict=True)]  # fmt: skip
         self.attentions = _attentions(attention, cout, layers, keys[layers:])
         self.upsamplers = [Upsample(cout, key=keys[-1])] if upsample else None
 

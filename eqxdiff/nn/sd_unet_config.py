@@ -88,10 +88,12 @@ def parse_config(config: dict) -> dict:
     if any(isinstance(n, (list, tuple)) for n in depths):
         raise ValueError(f"UNet2DConditionModel option transformer_layers_per_block={depths}: a list per level (an "
                          "asymmetric UNet) is not supported")  # fmt: skip
-    for level, (width, heads) in enumerate(zip(cfg["block_out_channels"], cfg["heads"])):
+    for level, (width, heads) in enumerate(zip(cfg["block_out_channels"], cfg["heads"], strict=True)):
         if width % heads or width % cfg["norm_num_groups"]:
-            raise ValueError(f"UNet2DConditionModel: level {level}'s {width} channels must divide into "
-                             f"attention_head_dim={heads} heads and norm_num_groups={cfg['norm_num_groups']} groups")
+            raise ValueError(
+                f"UNet2DConditionModel: level {level}'s {width} channels must divide into "
+                f"attention_head_dim={heads} heads and norm_num_groups={cfg['norm_num_groups']} groups"
+            )
     return cfg
 
 
