@@ -216,3 +216,14 @@ def test_variant_and_sharded_names_are_diffusers(tmp_path):
         SDUNet.from_diffusers(folder)
     index = json.loads((DATA / "sdxl_like" / f"{WEIGHTS}.index.json").read_text())
     assert set(index["weight_map"]) == set(leaf_layouts(SDUNet.from_diffusers(DATA / "sdxl_like")))
+
+
+def test_bfloat16_parameters_run_in_bfloat16():
+    """`dtype=bfloat16` keeps every parameter in bf16 as it is read; the forward runs in bf16 (norm statistics
+    and the attention softmax in float32) and stays near diffusers' float32 output."""
+    ref = np.load(DATA / "sdxl_like" / "reference.npz")
+    unet = SDUNet.from_diffusers(DATA / "sdxl_like", dtype=jax.numpy.bfloat16)
+    assert {x.dtype for x in jax.tree.leaves(unet) if eqx.is_array(x)} == {np.dtype(ml_dtypes.bfloat16)}
+    out = forward(unet, ref["x"], ref["t"], cond_of(ref))
+    assert out.dtype == jax.numpy.bfloat16
+    assert 1e-4 < rel_error(unet, ref) < 5e-2
