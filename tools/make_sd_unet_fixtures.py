@@ -1,15 +1,16 @@
 """Write the parity fixtures of `eqxdiff.nn.SDUNet` with diffusers' `UNet2DConditionModel` under
-tests/data/sd_unet/<family>/: small seeded random configs of the three Stable Diffusion families, saved
-by diffusers' own `save_pretrained` (config.json + diffusion_pytorch_model.safetensors; `sd1_like` also
-as the `fp16` variant, `sdxl_like` in shards with an index), and reference.npz.
+tests/data/sd_unet/<family>/: small seeded random configs of the Stable Diffusion families (SD 1.x, 2.x,
+XL, and the x4 upscaler's and 2.x unCLIP's class embeddings), saved by diffusers' own `save_pretrained`
+(config.json + diffusion_pytorch_model.safetensors; `sd1_like` also as the `fp16` variant, `sdxl_like` in
+shards with an index), and reference.npz.
 
 Every parameter is moved off diffusers' init (norm scales 1 + 0.2·N(0, 1), everything else + 0.02·N(0, 1)),
 so no layer sits at an init value that would hide a mistake. reference.npz (NHWC float32): the input `x`,
 timesteps `t`, text `context` [b, n, cross_attention_dim] with a padding `mask` (never passed to diffusers:
-its SD pipelines do not, and SDUNet ignores it likewise), SDXL's `pooled` (text_embeds) and `time_ids`, and
-diffusers' outputs `out` (fp32 weights), `out_fp16` and `out_bf16` (the weights rounded to that dtype, run in
-float32). `sd2_like` also holds `x_odd`/`out_odd`: a 7x9 latent, which diffusers' UNet upsamples to the
-skip connections' sizes.
+its SD pipelines do not, and SDUNet ignores it likewise), SDXL's `pooled` (text_embeds) and `time_ids`, the
+upscaler's and unCLIP's `class_labels`, and diffusers' outputs `out` (fp32 weights), `out_fp16` and
+`out_bf16` (the weights rounded to that dtype, run in float32). `sd2_like` also holds `x_odd`/`out_odd`: a
+7x9 latent, which diffusers' UNet upsamples to the skip connections' sizes.
 
 full_size_shapes.json.gz holds, for the released UNets' configs (SD 1.5, SD 2.1, SDXL base; fields as in
 their unet/config.json), every state_dict key with its shape and diffusers' own `num_parameters()`, so
@@ -47,6 +48,18 @@ FAMILIES = {
                       up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
                       addition_embed_type="text_time", addition_time_embed_dim=4, projection_class_embeddings_input_dim=
                       8 + 6 * 4, norm_eps=1e-6, flip_sin_to_cos=True, freq_shift=0),
+    # The SD x4 upscaler: 7 input channels (latent + low-res image), a noise-level embedding table.
+    "upscaler_like": dict(COMMON, in_channels=7, block_out_channels=[8, 16, 16], norm_num_groups=4,
+                          attention_head_dim=2, use_linear_projection=True, num_class_embeds=10,
+                          only_cross_attention=[True, True, False],
+                          down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                          up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"]),
+    # SD 2.x unCLIP: class_embed_type "projection" of a (noised) image embedding.
+    "unclip_like": dict(COMMON, block_out_channels=[8, 16], norm_num_groups=4, attention_head_dim=[2, 4],
+                        use_linear_projection=True, class_embed_type="projection",
+                        projection_class_embeddings_input_dim=12,
+                        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+                        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"]),
 }  # fmt: skip
 SD_BLOCKS = dict(
     down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
@@ -97,13 +110,19 @@ def inputs(config: dict, seed: int) -> dict[str, torch.Tensor]:
         out["pooled"] = torch.randn(BATCH, POOLED_DIM, generator=gen)
         # (original h, w, crop top, left, target h, w), as SDXL's pipelines make add_time_ids.
         out["time_ids"] = torch.tensor([[64.0, 64.0, 0.0, 0.0, 64.0, 64.0], [48.0, 80.0, 4.0, 8.0, 64.0, 64.0]])
+    if config.get("num_class_embeds"):
+        out["class_labels"] = torch.tensor([3, 7])
+    if config.get("class_embed_type") == "projection":
+        out["class_labels"] = torch.randn(BATCH, config["projection_class_embeddings_input_dim"], generator=gen)
     return out
 
 
 def run(unet: UNet2DConditionModel, ins: dict, x: torch.Tensor) -> np.ndarray:
     added = {"text_embeds": ins["pooled"], "time_ids": ins["time_ids"]} if "pooled" in ins else None
     with torch.no_grad():
-        return nhwc(unet(x, ins["t"], ins["context"], added_cond_kwargs=added).sample)
+        return nhwc(
+            unet(x, ins["t"], ins["context"], class_labels=ins.get("class_labels"), added_cond_kwargs=added).sample
+        )
 
 
 def main() -> None:
@@ -126,7 +145,7 @@ def main() -> None:
             unet.half().save_pretrained(folder, variant="fp16")
         arrays = {"x": nhwc(ins["x"]), "t": ins["t"].numpy(), "context": ins["context"].numpy(),
                   "mask": ins["mask"].numpy()}  # fmt: skip
-        arrays |= {k: ins[k].numpy() for k in ("pooled", "time_ids") if k in ins}
+        arrays |= {k: ins[k].numpy() for k in ("pooled", "time_ids", "class_labels") if k in ins}
         np.savez_compressed(folder / "reference.npz", **arrays, **refs)
         n = sum(p.numel() for p in unet.parameters())
         print(name, n, "params", sorted(p.name for p in folder.iterdir()), "|out|max", np.abs(refs["out"]).max())

@@ -9,6 +9,7 @@ arrays or None (a text model's: `TextCond`); conditional models also give `null_
 
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
+from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.dit import DiT, DiTBlock
@@ -25,8 +26,9 @@ from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
-    "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
-    "SDUNet", "SDXLCond", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet",
-    "layer_norm", "null_cond_of", "sdxl_time_ids", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
+    "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding",
+    "GroupNorm", "ResBlock", "SDUNet", "SDXLCond", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned",
+    "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sdxl_time_ids", "sincos_pos_embed_2d",
+    "timestep_embedding", "zero_init",
 ]  # fmt: skip

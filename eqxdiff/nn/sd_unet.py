@@ -4,8 +4,9 @@ diffusion_pytorch_model.safetensors, a variant such as `.fp16.safetensors`, or a
 
 The model keeps eqxdiff's contract `model(x[b,h,w,c], t[b], cond, *, key=None)`: `t` is diffusers'
 timestep (0..999 for SD's schedulers, fractional allowed), `cond` a `TextCond` (SD 1.x/2.x; its mask
-is not applied and its pooled vector not read, as diffusers' SD pipelines) or an `SDXLCond`
-(`addition_embed_type="text_time"`: the pooled `text_embeds` and the size/crop `time_ids` too). The
+is not applied and its pooled vector not read, as diffusers' SD pipelines), an `SDXLCond`
+(`addition_embed_type="text_time"`: the pooled `text_embeds` and the size/crop `time_ids` too) or a
+`ClassLabelCond` (a class embedding: the x4 upscaler's noise level, SD 2.x unCLIP's image embedding). The
 output is what the UNet predicts (epsilon or v, per the scheduler's prediction_type). Field names are
 diffusers', so leaf paths are state_dict keys; config parsing and refusals: eqxdiff/nn/sd_unet_config.py.
 """
@@ -21,7 +22,8 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from eqxdiff.nn.layers import Conv2d, GroupNorm
+from eqxdiff.nn.class_label_cond import ClassLabelCond
+from eqxdiff.nn.layers import Conv2d, Embedding, GroupNorm
 from eqxdiff.nn.sd_unet_blocks import DownBlock, MidBlock, TimestepEmbedding, UpBlock, timestep_features
 from eqxdiff.nn.sd_unet_config import parse_config
 from eqxdiff.nn.sdxl_cond import SDXLCond
@@ -41,6 +43,7 @@ class SDUNet(eqx.Module):
 
     conv_in: Conv2d
     time_embedding: TimestepEmbedding
+    class_embedding: Embedding | TimestepEmbedding | None  # class_labels -> temb (upscaler: table; unCLIP: MLP)
     add_embedding: TimestepEmbedding | None  # SDXL's text_time: [text_embeds, features(time_ids)] -> temb
     down_blocks: list[DownBlock]
     mid_block: MidBlock
@@ -59,7 +62,7 @@ class SDUNet(eqx.Module):
         cfg = parse_config(config)
         widths, levels = list(cfg["block_out_channels"]), len(cfg["block_out_channels"])
         groups, eps, temb = cfg["norm_num_groups"], cfg["norm_eps"], 4 * widths[0]
-        keys = iter(jax.random.split(key, 2 * levels + 6))
+        keys = iter(jax.random.split(key, 2 * levels + 7))
         self.config = json.dumps(config, sort_keys=True)
         self.flip_sin_to_cos, self.freq_shift = bool(cfg["flip_sin_to_cos"]), float(cfg["freq_shift"])
         self.time_features, self.context_dim = widths[0], cfg["cross_attention_dim"][-1]
@@ -68,6 +71,12 @@ class SDUNet(eqx.Module):
                              "text width for every level is supported")  # fmt: skip
         self.conv_in = Conv2d(cfg["in_channels"], widths[0], key=next(keys))
         self.time_embedding = TimestepEmbedding(widths[0], temb, key=next(keys))
+        if cfg["class_embed_type"] == "projection":
+            self.class_embedding = TimestepEmbedding(cfg["projection_class_embeddings_input_dim"], temb, key=next(keys))
+        elif cfg["num_class_embeds"] is not None:
+            self.class_embedding = Embedding(cfg["num_class_embeds"], temb, key=next(keys))
+        else:
+            self.class_embedding = None
         text_time = cfg["addition_embed_type"] == "text_time"
         self.addition_time_embed_dim = cfg["addition_time_embed_dim"] if text_time else None
         self.add_input_dim = cfg["projection_class_embeddings_input_dim"] if text_time else None
@@ -131,11 +140,13 @@ class SDUNet(eqx.Module):
     def __call__(
         self, x: Float[Array, "b h w ci"], t: Float[Array, " b"], cond: Any, *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "b h w co"]:
-        """`cond`: a `TextCond`, or an `SDXLCond` for SDXL (checked here, naming what is wrong); `key` is
-        unused (no dropout at SD's configs)."""
+        """`cond`: a `TextCond`, an `SDXLCond` for SDXL, a `ClassLabelCond` for a class embedding (checked
+        here, naming what is wrong); `key` is unused (no dropout at SD's configs)."""
         del key
-        context, added = self._unpack(cond, x.shape[0])
+        context, added, labels = self._unpack(cond, x.shape[0])
         emb = self.time_embedding(timestep_features(t, self.time_features, self.flip_sin_to_cos, self.freq_shift))
+        if self.class_embedding is not None:
+            emb = emb + self.class_embedding(labels)
         if self.add_embedding is not None:
             pooled, time_ids = added
             features = timestep_features(time_ids.reshape(-1), self.addition_time_embed_dim, self.flip_sin_to_cos,
@@ -153,19 +164,24 @@ class SDUNet(eqx.Module):
             h = block(h, level_skips, emb, context, skips[-1].shape[1:3] if skips else None)
         return self.conv_out(jax.nn.silu(self.conv_norm_out(h)))
 
-    def _unpack(self, cond: Any, b: int) -> tuple[Array, tuple[Array, Array] | None]:
-        """(context, (pooled, time_ids) for SDXL else None), checked at trace time with one clear error."""
+    def _unpack(self, cond: Any, b: int) -> tuple[Array, tuple[Array, Array] | None, Array | None]:
+        """(context, (pooled, time_ids) for SDXL, class_labels for a class embedding), checked at trace time
+        with one clear error."""
         sdxl = self.add_embedding is not None
-        want = "an SDXLCond(TextCond(context, mask, pooled), time_ids)" if sdxl else "a TextCond(context, mask)"
-        text = cond.text if sdxl and isinstance(cond, SDXLCond) else cond
-        if not isinstance(text, TextCond) or (sdxl and not isinstance(cond, SDXLCond)):
-            raise ValueError(f"SDUNet ({'SDXL, text_time' if sdxl else 'SD 1.x/2.x'}) takes cond = {want} "
-                             f"(eqxdiff.nn); got {type(cond).__name__}")  # fmt: skip
+        kind = SDXLCond if sdxl else TextCond if self.class_embedding is None else ClassLabelCond
+        if not isinstance(cond, kind):
+            want = {SDXLCond: "an SDXLCond(TextCond(context, mask, pooled), time_ids)",
+                    ClassLabelCond: "a ClassLabelCond(TextCond(context, mask), class_labels)",
+                    TextCond: "a TextCond(context, mask)"}[kind]  # fmt: skip
+            raise ValueError(f"SDUNet ({self._family()}) takes cond = {want} (eqxdiff.nn); got {type(cond).__name__}")
+        text = cond if kind is TextCond else cond.text
         if text.context.ndim != 3 or text.context.shape[0] != b or text.context.shape[2] != self.context_dim:
             raise ValueError(f"SDUNet: cond context must be [{b}, n, {self.context_dim}] (cross_attention_dim); "
                              f"got {text.context.shape}")  # fmt: skip
-        if not sdxl:
-            return text.context, None
+        if kind is ClassLabelCond:
+            return text.context, None, self._checked_labels(cond.class_labels, b)
+        if kind is TextCond:
+            return text.context, None, None
         expected = self.add_input_dim
         pooled, time_ids = text.pooled, cond.time_ids
         got = None if pooled is None else pooled.shape[-1] + time_ids.shape[-1] * self.addition_time_embed_dim
@@ -174,4 +190,23 @@ class SDUNet(eqx.Module):
             raise ValueError(f"SDUNet (SDXL): pooled [b={b}, p] and time_ids [b, k] must give p + k * "
                              f"addition_time_embed_dim ({self.addition_time_embed_dim}) = "
                              f"projection_class_embeddings_input_dim ({expected}); got {shapes}")  # fmt: skip
-        return text.context, (pooled, time_ids)
+        return text.context, (pooled, time_ids), None
+
+    def _family(self) -> str:
+        if self.add_embedding is not None:
+            return "SDXL, text_time"
+        return "SD 1.x/2.x" if self.class_embedding is None else "with a class embedding"
+
+    def _checked_labels(self, labels: Any, b: int) -> Array:
+        """int labels [b] for a table (num_class_embeds), float vectors [b, p] for a projection."""
+        if isinstance(self.class_embedding, Embedding):
+            rows = self.class_embedding.weight.shape[0]
+            if labels.shape != (b,) or jnp.issubdtype(labels.dtype, jnp.floating):
+                raise ValueError(f"SDUNet: class_labels must be int [{b}] row indices < {rows} (num_class_embeds); "
+                                 f"got {labels.dtype}{labels.shape}")  # fmt: skip
+            return labels
+        width = self.class_embedding.linear_1.in_features
+        if labels.shape != (b, width):
+            raise ValueError(f"SDUNet: class_labels must be float [{b}, {width}] "
+                             f"(projection_class_embeddings_input_dim); got {labels.shape}")  # fmt: skip
+        return labels.astype(jnp.float32)

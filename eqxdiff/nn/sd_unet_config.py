@@ -40,11 +40,9 @@ FIXED = {
     "timestep_post_act": None, "time_cond_proj_dim": None, "conv_in_kernel": 3, "conv_out_kernel": 3,
     "attention_type": "default", "class_embeddings_concat": False, "cross_attention_norm": None,
 }  # fmt: skip
-# Why a released model's option is not taken (yet): it names the model, so the error says what is missing.
-CLASS_EMBEDDINGS = {
-    "class_embed_type": "SD 2.x unCLIP's 'projection' of a noised image embedding",
-    "num_class_embeds": "the SD x4 upscaler's noise-level embedding table",
-}
+# class_embed_type values no released SD model uses (unCLIP's is "projection"; the x4 upscaler's table is
+# num_class_embeds with class_embed_type None).
+CLASS_EMBED_TYPES = (None, "projection")
 DOWN_BLOCKS, UP_BLOCKS = ("CrossAttnDownBlock2D", "DownBlock2D"), ("CrossAttnUpBlock2D", "UpBlock2D")
 # Taken at any value, without effect on this network: sample_size (a pipeline default), addition_embed_type_num_heads
 # (addition_embed_type "text" only), mid_block_only_cross_attention (UNetMidBlock2DSimpleCrossAttn only).
@@ -67,10 +65,7 @@ def parse_config(config: dict) -> dict:
         if cfg[name] != value:
             raise ValueError(f"UNet2DConditionModel option {name}={cfg[name]!r} is not supported (only {value!r}: "
                              "no Stable Diffusion 1.x/2.x/XL UNet sets it)")  # fmt: skip
-    for name, used_by in CLASS_EMBEDDINGS.items():
-        if cfg[name] is not None:
-            raise ValueError(f"UNet2DConditionModel option {name}={cfg[name]!r} ({used_by}) is not supported: "
-                             "class embeddings are not implemented")  # fmt: skip
+    _check_class_embedding(cfg)
     if cfg["act_fn"] not in ("silu", "swish"):
         raise ValueError(f"UNet2DConditionModel option act_fn={cfg['act_fn']!r} is not supported: only 'silu'")
     if cfg["norm_num_groups"] is None:
@@ -105,6 +100,25 @@ def per_level(cfg: dict, name: str, levels: int) -> list:
     if len(value) != levels:
         raise ValueError(f"UNet2DConditionModel option {name}={list(value)}: one entry per level ({levels}) needed")
     return list(value)
+
+
+def _check_class_embedding(cfg: dict) -> None:
+    """class_embed_type None with num_class_embeds (the x4 upscaler's table) or without (no class input),
+    or "projection" (SD 2.x unCLIP) with its input width; diffusers ignores num_class_embeds then."""
+    kind = cfg["class_embed_type"]
+    if kind not in CLASS_EMBED_TYPES:
+        raise ValueError(f"UNet2DConditionModel option class_embed_type={kind!r} is not supported: only None "
+                         "(with num_class_embeds: the x4 upscaler's table) and 'projection' (SD 2.x unCLIP)")
+    width = cfg["projection_class_embeddings_input_dim"]
+    if kind == "projection" and (not isinstance(width, int) or width <= 0):
+        raise ValueError(f"UNet2DConditionModel: class_embed_type 'projection' needs "
+                         f"projection_class_embeddings_input_dim as a positive int; got {width!r}")  # fmt: skip
+    if kind == "projection" and cfg["addition_embed_type"] == "text_time":
+        raise ValueError("UNet2DConditionModel option class_embed_type='projection' with addition_embed_type "
+                         "'text_time' (both read projection_class_embeddings_input_dim) is not supported")
+    count = cfg["num_class_embeds"]
+    if kind is None and count is not None and (not isinstance(count, int) or count <= 0):
+        raise ValueError(f"UNet2DConditionModel option num_class_embeds={count!r}: a positive int (table rows)")
 
 
 def _check_addition(cfg: dict) -> None:

@@ -82,8 +82,8 @@ def chunked_attention(
 ) -> Float[Array, "b n h d"]:
     """`jax.nn.dot_product_attention(q, k, v)` with the queries taken `chunk` at a time (`lax.map`, one
     block live at once): every query row's softmax still runs over all m keys (the pixels themselves, or
-    a text's tokens), so the result is the same rows. n <= chunk is the plain call; otherwise the queries are zero-padded to whole blocks and the
-    padding's rows dropped."""
+    a text's tokens), so the result is the same rows. n <= chunk is the plain call; otherwise the queries
+    are zero-padded to whole blocks and the padding's rows dropped."""
     b, n, heads, d = q.shape
     if n <= chunk:
         return jax.nn.dot_product_attention(q, k, v)
