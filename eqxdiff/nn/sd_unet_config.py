@@ -1,6 +1,7 @@
 """diffusers' `UNet2DConditionModel` config.json read for eqxdiff.nn.SDUNet: the options Stable Diffusion
-1.x, 2.x and SDXL use are taken, per level where diffusers allows it; any other option at a value that would
-change the network raises a ValueError naming it (never a silently different model).
+1.x, 2.x, SDXL, the x4 upscaler and 2.x unCLIP use are taken, per level where diffusers allows it; any other
+option at a value that would change the network raises a ValueError naming it (never a silently different
+model).
 
 `attention_head_dim` is, by diffusers' historical quirk, the number of attention HEADS of each level
 (`num_attention_heads = num_attention_heads or attention_head_dim` in its __init__; diffusers itself
@@ -64,7 +65,7 @@ def parse_config(config: dict) -> dict:
     for name, value in FIXED.items():
         if cfg[name] != value:
             raise ValueError(f"UNet2DConditionModel option {name}={cfg[name]!r} is not supported (only {value!r}: "
-                             "no Stable Diffusion 1.x/2.x/XL UNet sets it)")  # fmt: skip
+                             "no released Stable Diffusion UNet sets it)")  # fmt: skip
     _check_class_embedding(cfg)
     if cfg["act_fn"] not in ("silu", "swish"):
         raise ValueError(f"UNet2DConditionModel option act_fn={cfg['act_fn']!r} is not supported: only 'silu'")
@@ -107,15 +108,19 @@ def _check_class_embedding(cfg: dict) -> None:
     or "projection" (SD 2.x unCLIP) with its input width; diffusers ignores num_class_embeds then."""
     kind = cfg["class_embed_type"]
     if kind not in CLASS_EMBED_TYPES:
-        raise ValueError(f"UNet2DConditionModel option class_embed_type={kind!r} is not supported: only None "
-                         "(with num_class_embeds: the x4 upscaler's table) and 'projection' (SD 2.x unCLIP)")
+        raise ValueError(
+            f"UNet2DConditionModel option class_embed_type={kind!r} is not supported: only None "
+            "(with num_class_embeds: the x4 upscaler's table) and 'projection' (SD 2.x unCLIP)"
+        )
     width = cfg["projection_class_embeddings_input_dim"]
     if kind == "projection" and (not isinstance(width, int) or width <= 0):
         raise ValueError(f"UNet2DConditionModel: class_embed_type 'projection' needs "
                          f"projection_class_embeddings_input_dim as a positive int; got {width!r}")  # fmt: skip
     if kind == "projection" and cfg["addition_embed_type"] == "text_time":
-        raise ValueError("UNet2DConditionModel option class_embed_type='projection' with addition_embed_type "
-                         "'text_time' (both read projection_class_embeddings_input_dim) is not supported")
+        raise ValueError(
+            "UNet2DConditionModel option class_embed_type='projection' with addition_embed_type "
+            "'text_time' (both read projection_class_embeddings_input_dim) is not supported"
+        )
     count = cfg["num_class_embeds"]
     if kind is None and count is not None and (not isinstance(count, int) or count <= 0):
         raise ValueError(f"UNet2DConditionModel option num_class_embeds={count!r}: a positive int (table rows)")
