@@ -146,6 +146,7 @@ SD2 = json.loads((DATA / "sd2_like" / "config.json").read_text())
         ("transformer_layers_per_block", [[1, 1], [1, 1], [1, 1]]),
         ("num_attention_heads", 4),
         ("act_fn", "gelu"),
+        ("cross_attention_dim", [16, 32, 16]),
     ],
 )
 def test_unsupported_option_is_named(option, value):

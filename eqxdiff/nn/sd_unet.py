@@ -66,9 +66,6 @@ class SDUNet(eqx.Module):
         self.config = json.dumps(config, sort_keys=True)
         self.flip_sin_to_cos, self.freq_shift = bool(cfg["flip_sin_to_cos"]), float(cfg["freq_shift"])
         self.time_features, self.context_dim = widths[0], cfg["cross_attention_dim"][-1]
-        if len(set(cfg["cross_attention_dim"])) != 1:
-            raise ValueError(f"UNet2DConditionModel option cross_attention_dim={cfg['cross_attention_dim']}: one "
-                             "text width for every level is supported")  # fmt: skip
         self.conv_in = Conv2d(cfg["in_channels"], widths[0], key=next(keys))
         self.time_embedding = TimestepEmbedding(widths[0], temb, key=next(keys))
         if cfg["class_embed_type"] == "projection":

@@ -80,6 +80,9 @@ def parse_config(config: dict) -> dict:
     cfg["heads"] = per_level(cfg, "attention_head_dim", levels)
     for name in ("cross_attention_dim", "only_cross_attention", "layers_per_block", "transformer_layers_per_block"):
         cfg[name] = per_level(cfg, name, levels)
+    if len(set(cfg["cross_attention_dim"])) != 1:
+        raise ValueError(f"UNet2DConditionModel option cross_attention_dim={cfg['cross_attention_dim']}: one "
+                         "text width for every level is supported")  # fmt: skip
     depths = cfg["transformer_layers_per_block"]
     if any(isinstance(n, (list, tuple)) for n in depths):
         raise ValueError(f"UNet2DConditionModel option transformer_layers_per_block={depths}: a list per level (an "
