@@ -1,5 +1,6 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
-transformers' CLIP text tower and an exact space-to-depth "autoencoder".
+transformers' CLIP text tower, diffusers' Stable Diffusion UNet (SD 1.x/2.x/XL) and an exact
+space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -8,6 +9,7 @@ arrays or None (a text model's: `TextCond`); conditional models also give `null_
 
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
+from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.dit import DiT, DiTBlock
@@ -16,14 +18,17 @@ from eqxdiff.nn.layers import (
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
+from eqxdiff.nn.sd_unet import SDUNet
+from eqxdiff.nn.sdxl_cond import SDXLCond, sdxl_time_ids
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ConditionalModel",
-    "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding", "GroupNorm", "ResBlock",
-    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm",
-    "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
+    "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding",
+    "GroupNorm", "ResBlock", "SDUNet", "SDXLCond", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned",
+    "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sdxl_time_ids", "sincos_pos_embed_2d",
+    "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -2,12 +2,14 @@
 
 Field names are diffusers' attribute names, so a leaf's path is its state_dict key
 (`resnets.0.norm1.weight`, `attentions.0.to_out.0.bias`). Every GroupNorm here has eps 1e-6,
-as in diffusers' `Encoder`, `Decoder` and their blocks; no block takes a time embedding.
+as in diffusers' `Encoder`, `Decoder` and their blocks; no VAE block takes a time embedding (the SD UNet's
+blocks, eqxdiff/nn/sd_unet_blocks.py, reuse `ResnetBlock` with one and `Upsample` to a skip's size).
 """
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
@@ -19,23 +21,34 @@ QUERY_CHUNK = 1024
 
 
 class ResnetBlock(eqx.Module):
-    """diffusers' `ResnetBlock2D` without time embedding:
-    x' + conv2(SiLU(GN(conv1(SiLU(GN(x)))))), x' = x or its 1x1 conv when the width changes."""
+    """diffusers' `ResnetBlock2D` (time_embedding_norm "default"):
+    x' + conv2(SiLU(GN(conv1(SiLU(GN(x))) + time_emb_proj(SiLU(temb))))), x' = x or its 1x1 conv when
+    the width changes. The VAE's blocks have no time embedding (`temb_channels=None`: no projection)."""
 
     norm1: GroupNorm
     conv1: Conv2d
+    time_emb_proj: Dense | None
     norm2: GroupNorm
     conv2: Conv2d
     conv_shortcut: Conv2d | None
 
-    def __init__(self, cin: int, cout: int, groups: int, *, key: PRNGKeyArray):
-        k1, k2, k3 = jax.random.split(key, 3)
-        self.norm1, self.conv1 = GroupNorm(groups, cin, eps=EPS), Conv2d(cin, cout, key=k1)
-        self.norm2, self.conv2 = GroupNorm(groups, cout, eps=EPS), Conv2d(cout, cout, key=k2)
+    def __init__(
+        self, cin: int, cout: int, groups: int, *, eps: float = EPS, temb_channels: int | None = None,
+        key: PRNGKeyArray,
+    ):  # fmt: skip
+        k1, k2, k3 = jax.random.split(key, 3)  # the VAE's three draws, unchanged by the optional projection
+        self.norm1, self.conv1 = GroupNorm(groups, cin, eps=eps), Conv2d(cin, cout, key=k1)
+        temb_key = jax.random.fold_in(key, 3)
+        self.time_emb_proj = None if temb_channels is None else Dense(temb_channels, cout, key=temb_key)
+        self.norm2, self.conv2 = GroupNorm(groups, cout, eps=eps), Conv2d(cout, cout, key=k2)
         self.conv_shortcut = Conv2d(cin, cout, 1, key=k3) if cin != cout else None
 
-    def __call__(self, x: Float[Array, "b h w ci"]) -> Float[Array, "b h w co"]:
+    def __call__(
+        self, x: Float[Array, "b h w ci"], temb: Float[Array, "b e"] | None = None
+    ) -> Float[Array, "b h w co"]:
         h = self.conv1(jax.nn.silu(self.norm1(x)))
+        if self.time_emb_proj is not None:
+            h = h + self.time_emb_proj(jax.nn.silu(temb))[:, None, None, :]
         h = self.conv2(jax.nn.silu(self.norm2(h)))
         return h + (x if self.conv_shortcut is None else self.conv_shortcut(x))
 
@@ -65,12 +78,12 @@ class Attention(eqx.Module):
 
 
 def chunked_attention(
-    q: Float[Array, "b n h d"], k: Float[Array, "b n h d"], v: Float[Array, "b n h d"], chunk: int
+    q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"], chunk: int
 ) -> Float[Array, "b n h d"]:
     """`jax.nn.dot_product_attention(q, k, v)` with the queries taken `chunk` at a time (`lax.map`, one
-    block live at once): every query row's softmax still runs over all keys, so the result is the same
-    rows. n <= chunk is the plain call; otherwise the queries are zero-padded to whole blocks and the
-    padding's rows dropped."""
+    block live at once): every query row's softmax still runs over all m keys (the pixels themselves, or
+    a text's tokens), so the result is the same rows. n <= chunk is the plain call; otherwise the queries
+    are zero-padded to whole blocks and the padding's rows dropped."""
     b, n, heads, d = q.shape
     if n <= chunk:
         return jax.nn.dot_product_attention(q, k, v)
@@ -113,15 +126,26 @@ class Downsample(eqx.Module):
 
 
 class Upsample(eqx.Module):
-    """diffusers' `Upsample2D(use_conv=True)`: nearest-neighbour 2x, then a 3x3 conv."""
+    """diffusers' `Upsample2D(use_conv=True)`: nearest-neighbour 2x (or to `size`, as the SD UNet asks
+    when a level's size was odd), then a 3x3 conv."""
 
     conv: Conv2d
 
     def __init__(self, channels: int, *, key: PRNGKeyArray):
         self.conv = Conv2d(channels, channels, 3, key=key)
 
-    def __call__(self, x: Float[Array, "b h w c"]) -> Float[Array, "b h2 w2 c"]:
-        return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+    def __call__(self, x: Float[Array, "b h w c"], size: tuple[int, int] | None = None) -> Float[Array, "b h2 w2 c"]:
+        h, w = x.shape[1:3]
+        if size is None or tuple(size) == (2 * h, 2 * w):
+            return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+        return self.conv(x[:, nearest_index(h, size[0])][:, :, nearest_index(w, size[1])])
+
+
+def nearest_index(n_in: int, n_out: int) -> np.ndarray:
+    """The source rows of torch's `interpolate(mode="nearest", size=n_out)`: floor(i * (n_in / n_out)) in
+    float32, clipped to the last row (a compile-time constant)."""
+    scale = np.float32(n_in) / np.float32(n_out)
+    return np.minimum(np.floor(np.arange(n_out, dtype=np.float32) * scale).astype(np.int32), n_in - 1)
 
 
 class DownEncoderBlock(eqx.Module):
