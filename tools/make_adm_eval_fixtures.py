@@ -259,7 +259,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT / "reference.npz", **{k: np.asarray(v) for k, v in ref.items()})
     versions = {p: importlib.metadata.version(p) for p in ("torch", "pytorch-fid", "torch-fidelity", "numpy", "scipy")}
-    (OUT / "versions.json").write_text(json.dumps({**versions, "torchvision (Python files)": tv_version}, indent=1) + "\n")
+    versions["torchvision (Python files)"] = tv_version
+    (OUT / "versions.json").write_text(json.dumps(versions, indent=1) + "\n")
     print(f"{OUT / 'reference.npz'}: {(OUT / 'reference.npz').stat().st_size / 1e3:.0f} kB")
 
 

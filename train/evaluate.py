@@ -44,10 +44,10 @@ ROWS = (  # (key, the table's name, what it is measured against)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("ref_batch", help="the reference batch .npz (arr_0 images; ADM's also mu, sigma, mu_s, sigma_s)")
+    parser.add_argument("ref_batch", help="reference batch .npz (arr_0 images; ADM's: also mu, sigma, mu_s, sigma_s)")
     parser.add_argument("sample_batch", help="the sample batch .npz (arr_0 uint8 images [n, h, w, 3])")
     parser.add_argument("--inception", default="",
-                        help="pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)")
+                        help="pytorch-fid's weights pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)")
     parser.add_argument("--batch_size", type=int, default=256, help="images per step over all local devices")
     parser.add_argument("--preprocess", default="adm", choices=PREPROCESS,
                         help="adm: the TF graph's resize and scaling (ADM's numbers); pytorch_fid: pytorch-fid's")
@@ -73,8 +73,9 @@ def check_batches(args: argparse.Namespace) -> tuple[bool, dict]:
         raise SystemExit(str(e)) from e
     if not has_images and not stored:
         keys = ", ".join(f"'{k}'" for pair in STORED.values() for k in pair)
-        raise SystemExit(f"{args.ref_batch} holds neither images '{IMAGES}' nor ADM's statistics ({keys}); it holds "
-                         f"{sorted(names)}: pass ADM's reference batch or an .npz of uint8 images [n, h, w, 3].")  # fmt: skip
+        raise SystemExit(f"{args.ref_batch} holds neither images '{IMAGES}' nor ADM's statistics ({keys}); it "
+                         f"holds {sorted(names)}: pass ADM's reference batch or an .npz of uint8 images "
+                         "[n, h, w, 3].")  # fmt: skip
     return has_images, stored
 
 
