@@ -5,7 +5,7 @@ pytorch-fid's Inception weights:
     python train/evaluate.py VIRTUAL_imagenet256_labeled.npz dit_xl2.npz \\
         --inception pt_inception-2015-12-05-6726825d.pth
 
-A batch is an .npz with `arr_0`, uint8 images [n, h, w, 3] (train/sample.py --out writes one; `arr_1`,
+A batch is an .npz with `arr_0`, uint8 images [n, h, w, 3] (`np.savez(path, images)` writes one; `arr_1`,
 labels, is not read). ADM's reference batches also store `mu`/`sigma` (pool3) and `mu_s`/`sigma_s`
 (sFID's spatial features) computed by its TF graph: FID and sFID are reported against those stored
 statistics AND against statistics recomputed from the reference's images with this network, each

@@ -23,7 +23,7 @@ def _members(path: Path) -> list[str]:
     """The array names of the .npz at `path`, or an error naming what it is instead."""
     if not path.is_file():
         raise FileNotFoundError(f"No batch file {path}: ADM's batches are .npz files with '{IMAGES}' (uint8 images "
-                                "[n, h, w, 3]); train/sample.py --out writes one.")  # fmt: skip
+                                "[n, h, w, 3]; np.savez(path, images) writes one).")  # fmt: skip
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not an .npz file (a zip of .npy arrays, as np.savez writes).")
     with zipfile.ZipFile(path) as z:
