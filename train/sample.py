@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
+    parser.add_argument("--num_heads", type=int, default=None,
+                        help="--pretrained: attention heads of a checkpoint not of an official size")  # fmt: skip
     parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
