@@ -31,6 +31,7 @@ NEGATIVE = ["", "blurry, ugly", "lowres"]
 CASES = {
     "zeros": dict(force_zeros=True),
     "empty": dict(force_zeros=False),
+    "explicit_empty": dict(force_zeros=True, negative_prompt=["", "", ""]),
     "negative": dict(force_zeros=True, negative_prompt=NEGATIVE),
     "prompt_2": dict(force_zeros=True, prompt_2=["an oil painting", "", "a cat"],
                      negative_prompt=["bad", "worse", "worst"], negative_prompt_2=["grey", "", "flat"]),

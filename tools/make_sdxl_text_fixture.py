@@ -49,6 +49,7 @@ PROMPTS = ["a photo of a cat", "wow! a dog!!", LONG]  # "!" is tokenizer_2's pad
 CASES = {
     "zeros": dict(force_zeros=True),  # SDXL's default: no negative prompt -> zeros
     "empty": dict(force_zeros=False),  # no negative prompt, not forced -> "" encoded by both towers
+    "explicit_empty": dict(force_zeros=True, negative_prompt=["", "", ""]),  # "" given: encoded, not zeros
     "negative": dict(force_zeros=True, negative_prompt=["", "blurry, ugly", "lowres"]),  # given: encoded
     "prompt_2": dict(force_zeros=True, prompt_2=["an oil painting", "", "a cat"],
                      negative_prompt=["bad", "worse", "worst"], negative_prompt_2=["grey", "", "flat"]),
