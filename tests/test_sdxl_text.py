@@ -14,10 +14,12 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from eqxdiff.nn import SDUNet, SDXLCond, SDXLTextEncoders, sd_prompt_embeds, sdxl_time_ids
+from eqxdiff.sharding import make_mesh, placement, state_shardings
 from eqxdiff.text.sdxl_prompts import SDXLPrompts
 
 DATA = Path(__file__).parent / "data"
@@ -233,3 +235,23 @@ def test_a_tokenizer_larger_than_its_tower_is_refused(pipeline, tmp_path):
     (tower / "config.json").write_text(json.dumps(config | {"vocab_size": 100}))
     with pytest.raises(ValueError, match=r"tokenizer_2/ has 10514 ids but text_encoder_2/ embeds 100"):
         SDXLPrompts.from_diffusers(folder)
+
+
+def test_variant_files_and_mesh_placement(tmp_path, encoders):
+    """SDXL's fp16 variant names (model.fp16.safetensors) load with variant="fp16"; `place` lays out the whole
+    module by one rule list (its paths name the tower), each weight read into that sharding."""
+    folder = tmp_path / "pipeline"
+    shutil.copytree(FOLDER, folder, ignore=shutil.ignore_patterns("reference.npz"))
+    for name in ("text_encoder", "text_encoder_2"):
+        (folder / name / "model.safetensors").rename(folder / name / "model.fp16.safetensors")
+    mesh, min_size = make_mesh(-1, 4), 256
+    rules = [(r"^text_encoder_2\.text_model\.embeddings\.token_embedding\.weight$", PartitionSpec())]
+    place = placement(mesh, min_size, rules=rules)
+    placed = SDXLTextEncoders.from_diffusers(folder, variant="fp16", place=place)
+    abstract = eqx.filter_eval_shape(lambda: encoders)
+    expected = jax.tree.leaves(state_shardings(abstract, mesh, min_size, rules=rules))
+    assert [x.sharding for x in jax.tree.leaves(placed)] == expected
+    assert placed.text_encoder.embeddings.token_embedding.weight.sharding.spec != PartitionSpec()  # sharded
+    assert placed.text_encoder_2.text_model.embeddings.token_embedding.weight.sharding.spec == PartitionSpec()
+    for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(encoders), strict=True):
+        np.testing.assert_array_equal(a, b)

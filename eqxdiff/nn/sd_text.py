@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from eqxdiff.nn.clip_text import CLIPTextModel
+from eqxdiff.nn.clip_text import CLIPTextModel, text_config
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.torch_weights import Place
@@ -77,7 +77,9 @@ class SDXLTextEncoders(eqx.Module):
         cls, folder: str | Path, *, variant: str | None = None, place: Place | None = None
     ) -> "SDXLTextEncoders":
         """An SDXL pipeline folder's `text_encoder/` (absent: the refiner, which has none) and
-        `text_encoder_2/`, as float32; `variant` (e.g. "fp16") and `place` as `CLIPTextModel.from_transformers`."""
+        `text_encoder_2/`, as float32; `variant` (e.g. "fp16") as `CLIPTextModel.from_transformers`. `place`
+        lays out the whole module (leaves `text_encoder.…`, `text_encoder_2.text_model.…`, so that one rule list
+        names either tower): each weight is read straight into its sharding in `place(abstract)`."""
         folder = Path(folder).expanduser()
         if not (folder / "text_encoder_2").is_dir():
             held = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else "nothing: it is not a folder"
@@ -85,10 +87,19 @@ class SDXLTextEncoders(eqx.Module):
                 f"{folder} has no text_encoder_2/ (it holds {held}): SDXL's pipeline folder, as diffusers saves it, "
                 "has text_encoder/ and text_encoder_2/ (the refiner only the second)"
             )
+        has_1 = (folder / "text_encoder").is_dir()
+        configs = [text_config(folder / name)[0] if has else None
+                   for name, has in (("text_encoder", has_1), ("text_encoder_2", True))]  # fmt: skip
+        abstract = eqx.filter_eval_shape(cls.from_config, *configs, key=jax.random.key(0))
+        whole = None if place is None else place(abstract)
+        part = lambda name: None if whole is None else lambda _: getattr(whole, name)  # noqa: E731
         tower_1 = None
-        if (folder / "text_encoder").is_dir():
-            tower_1 = CLIPTextModel.from_transformers(folder / "text_encoder", variant=variant, place=place)
-        tower_2 = CLIPTextModelWithProjection.from_transformers(folder / "text_encoder_2", variant=variant, place=place)
+        if has_1:
+            path = folder / "text_encoder"
+            tower_1 = CLIPTextModel.from_transformers(path, variant=variant, place=part("text_encoder"))
+        tower_2 = CLIPTextModelWithProjection.from_transformers(
+            folder / "text_encoder_2", variant=variant, place=part("text_encoder_2")
+        )
         return cls(tower_1, tower_2)
 
     def __call__(self, input_ids: Ids | None, input_ids_2: Ids, *, clip_skip: int | None = None) -> TextCond:
