@@ -5,6 +5,7 @@ and what the network sees, a parameterization turns its output into D(x; σ), an
 integrates D down a σ grid (README, "One idea: everything speaks σ").
 """
 
+from .autoguidance import AutoGuidance
 from .denoiser import Denoiser, LearnedVarianceDenoiser, WithoutVariance
 from .grids import karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps
 from .guidance import ClassifierFreeGuidance, drop_condition
@@ -24,6 +25,7 @@ from .samplers import METHODS, SAMPLERS, Step, learned_range_posterior, pf_ode_s
 from .schedules import SCHEDULES, EDMSchedule, FlowSchedule, Schedule, VPSchedule, schedule_by_name
 
 __all__ = [
+    "AutoGuidance",
     "Denoiser",
     "LearnedVarianceDenoiser",
     "WithoutVariance",

@@ -52,6 +52,9 @@ class ClassifierFreeGuidance(eqx.Module):
     is evaluated. The result is a `denoise(x, sigma)` callable for `sample`. `channels`: guide only
     the first `channels` output channels and take the rest from the conditional half, as DiT's
     `forward_with_cfg` guides 3 of its 4 latent channels and never its learned variance (None: all).
+    `interval` (σ_lo, σ_hi): guide only for σ in (σ_lo, σ_hi] and return the conditional model
+    elsewhere, from one call on the b conditional rows there (Kynkäänniemi et al. 2024); σ must then
+    be one scalar per call, as every sampler here passes it (None: guide at every σ).
     """
 
     denoiser: Callable
@@ -59,10 +62,25 @@ class ClassifierFreeGuidance(eqx.Module):
     scale: float | Float[Array, ""]
     null_cond: Any
     channels: int | None = eqx.field(static=True, default=None)
+    interval: tuple[float, float] | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if self.interval is not None and not 0 <= self.interval[0] < self.interval[1]:
+            raise ValueError(f"interval must be (sigma_lo, sigma_hi) with 0 <= sigma_lo < sigma_hi, got {self.interval}")
 
     def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
         if isinstance(self.scale, (int, float)) and self.scale == 1:
             return self.denoiser(x, sigma, self.cond)
+        if self.interval is None:
+            return self._guided(x, sigma)
+        if jnp.ndim(sigma) != 0:
+            raise ValueError(f"A guidance interval needs one σ per call (a scalar), got shape {jnp.shape(sigma)}.")
+        lo, hi = self.interval
+        inside = (sigma > lo) & (sigma <= hi)
+        # lax.cond runs one branch: outside the interval the network sees only the b conditional rows.
+        return jax.lax.cond(inside, lambda x, s: self._guided(x, s), lambda x, s: self.denoiser(x, s, self.cond), x, sigma)
+
+    def _guided(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
         b = x.shape[0]
         both = jax.tree.map(lambda c, n: jnp.concatenate([c, n]), self.cond, _null_like(self.cond, self.null_cond))
         out = self.denoiser(jnp.concatenate([x, x]), sigma, both)
