@@ -12,7 +12,15 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from eqxdiff.autoencoders import auto_batch_size, use_tiling
-from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser, Parameterization, Schedule, karras_sigmas, sample
+from eqxdiff.diffusion import (
+    AutoGuidance,
+    ClassifierFreeGuidance,
+    Denoiser,
+    Parameterization,
+    Schedule,
+    karras_sigmas,
+    sample,
+)
 from eqxdiff.nn.vae_tiling import decode_in_pieces
 from eqxdiff.sharding import batch_sharding
 
@@ -40,6 +48,9 @@ def generate(
     method: str = "heun",
     cfg_scale: float = 1.0,
     null_cond: Any = None,
+    cfg_interval: tuple[float, float] | None = None,
+    weak_denoiser: Any = None,
+    guide_scale: float = 1.0,
     seed: int = 0,
 ) -> np.ndarray:
     """`num` images, host float32 `[num, *image_shape]` in about [-1, 1], from `model` (e.g. the
@@ -47,15 +58,21 @@ def generate(
 
     `cond`: a condition pytree of host arrays with `num` rows (labels `(num,)`, ...), or None
     (unconditional). `cfg_scale` != 1 applies classifier-free guidance against `null_cond`
-    (default: `model.null_cond(num)`). Every process must call it with the same arguments (the
-    model may be sharded over all of them) and every process gets all the images.
+    (default: `model.null_cond(num)`), only for σ in `cfg_interval` (σ_lo, σ_hi] if given. `weak_denoiser`
+    (`Denoiser(x, sigma, cond)` of a weaker model of the same task): autoguidance at `guide_scale` instead of
+    classifier-free guidance, both models in the one sampler program. Every process must call it with the same
+    arguments (the models may be sharded over all of them) and every process gets all the images.
     """
     to_global = functools.partial(global_rows, mesh=mesh)
     denoise = Denoiser(model, schedule, parameterization)
-    if cond is not None:
+    if weak_denoiser is not None:
+        if cfg_scale != 1:
+            raise ValueError("Autoguidance (weak_denoiser) replaces classifier-free guidance: pass cfg_scale=1.")
+        denoise = AutoGuidance(denoise, weak_denoiser, guide_scale, jax.tree.map(to_global, cond))
+    elif cond is not None:
         null_cond = model.null_cond(num) if null_cond is None and cfg_scale != 1 else null_cond
         cond, null_cond = jax.tree.map(to_global, (cond, null_cond))
-        denoise = ClassifierFreeGuidance(denoise, cond, cfg_scale, null_cond)
+        denoise = ClassifierFreeGuidance(denoise, cond, cfg_scale, null_cond, interval=cfg_interval)
     sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
     noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
     out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
@@ -76,17 +93,22 @@ def generate_images(
     method: str = "heun",
     guidance: float = 1.0,
     null_cond: Any = None,
+    cfg_interval: tuple[float, float] | None = None,
+    weak_denoiser: Any = None,
+    guide_scale: float = 1.0,
     seed: int = 0,
     tiling: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
     `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/codecs.py: pixels are the
     images themselves, the same array; latents go through the autoencoder, `tiling` "auto" | "on" |
-    "off"). `guidance`: `generate`'s `cfg_scale`, the classifier-free guidance scale (1: none). Every
+    "off"). `guidance`: `generate`'s `cfg_scale`, the classifier-free guidance scale (1: none); `cfg_interval`,
+    `weak_denoiser`, `guide_scale`: `generate`'s. Every
     process calls it alike and gets all the images."""
     drawn = generate(
         model, schedule, parameterization, cond, num, sample_shape, mesh=mesh, steps=steps, method=method,
-        cfg_scale=guidance, null_cond=null_cond, seed=seed,
+        cfg_scale=guidance, null_cond=null_cond, cfg_interval=cfg_interval, weak_denoiser=weak_denoiser,
+        guide_scale=guide_scale, seed=seed,
     )  # fmt: skip
     return codec.decode(drawn, mesh=mesh, tiling=tiling), drawn
 

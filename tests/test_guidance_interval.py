@@ -82,7 +82,7 @@ def test_interval_sampling_equals_a_step_by_step_closed_form():
 
 
 def test_an_interval_needs_lo_below_hi_and_one_sigma_per_call():
-    with pytest.raises(ValueError, match="sigma_lo < sigma_hi"):
+    with pytest.raises(ValueError, match="0 <= sigma_lo < sigma_hi"):
         ClassifierFreeGuidance(gaussian_denoiser, jnp.array([0]), SCALE, jnp.array([2]), interval=(2.0, 1.0))
     guidance = ClassifierFreeGuidance(gaussian_denoiser, jnp.array([0, 1]), SCALE, jnp.array([2]), interval=(LO, HI))
     with pytest.raises((ValueError, TypeError), match="one σ per call|parameter 'sigma'"):  # under the type hook: its own

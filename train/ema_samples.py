@@ -11,17 +11,19 @@ from tqdm import tqdm
 from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
 
+from guidance_flags import parse_interval  # train/guidance_flags.py: --cfg_interval
+
 
 def write_sample_grid(step: int, state, *, cfg, codec, condition, schedule, parameterization, sample_shape: tuple,
                       mesh: Mesh, rows: list, row_labels: list[str] | None) -> None:  # fmt: skip
     """Ten images of each of `rows` (a label or prompt each, `condition.for_sampling`'s rows) from the EMA at
-    --sample_steps, --sample_method and --cfg_scale, noise seed --seed + `step`; process 0 writes them as
-    RUN_DIR/samples/step_STEP.png, a grid row per row, labelled `row_labels` (None: unlabelled)."""
+    --sample_steps, --sample_method, --cfg_scale and --cfg_interval, noise seed --seed + `step`; process 0 writes
+    them as RUN_DIR/samples/step_STEP.png, a grid row per row, labelled `row_labels` (None: unlabelled)."""
     cond, null_cond = condition.for_sampling(rows, 10)
     images, _ = generate_images(
         state.ema, codec, schedule, parameterization, cond, len(rows) * 10, sample_shape, mesh=mesh,
         steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale, null_cond=null_cond,
-        seed=cfg.seed + step,
+        cfg_interval=parse_interval(cfg.cfg_interval), seed=cfg.seed + step,
     )  # fmt: skip
     if jax.process_index() == 0:
         path = save_image_grid(Path(cfg.run_dir) / "samples" / f"step_{step:06d}.png", images, ncols=10, upscale=4,
@@ -55,7 +57,7 @@ def evaluate_fid(step: int, state, *, cfg, codec, condition, schedule, parameter
         images, _ = generate_images(
             state.ema, codec, schedule, parameterization, jax.tree.map(lambda a: a[rows], cond), cfg.batch_size,
             sample_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale,
-            null_cond=null_cond, seed=chunk_seed(cfg.seed, start),
+            null_cond=null_cond, cfg_interval=parse_interval(cfg.cfg_interval), seed=chunk_seed(cfg.seed, start),
         )  # fmt: skip
         return to_uint8(images[:size])
 

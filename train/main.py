@@ -68,6 +68,7 @@ from models import MODELS, build_model, changed_args, model_args  # train/models
 from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
+from guidance_flags import parse_interval  # train/guidance_flags.py: --cfg_interval
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
@@ -117,6 +118,7 @@ class Config(Launch):
     sample_steps: int = 18  # sampler steps of the grids
     sample_method: str = "heun"  # the grids' sampler, eqxdiff/diffusion/samplers.py
     cfg_scale: float = 1.5  # the grids' classifier-free guidance (1: none); train/sample.py's default too
+    cfg_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
     # evaluation: FID during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
@@ -188,6 +190,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
     parser.parse_args(argv)  # --help, and argparse's checks of every flag
     given = vars(dataclass_parser(Config, __doc__, CHOICES, given_only=True).parse_args(argv))
     cfg = run_config(Config, given, say=tqdm.write if given.get("process_id", 0) == 0 else lambda _: None)
+    try:
+        parse_interval(cfg.cfg_interval)
+    except ValueError as e:
+        parser.error(str(e))
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
     return cfg

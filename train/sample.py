@@ -2,6 +2,8 @@
 
     python train/sample.py --run_dir runs/digits-unet --out samples.png
     python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
+    python train/sample.py --run_dir runs/digits-unet --num 500 --eval --cfg 2 --cfg_interval 0.3,3
+    python train/sample.py --run_dir runs/digits-unet --num 500 --eval --guide_run runs/digits-unet_tiny --guide_scale 2
     python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --guidance 4 --out g.png
     python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception pt_inception-2015-12-05-6726825d.pth
     python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
@@ -21,6 +23,11 @@ guided (`--guidance`, alias `--cfg`) against the null text the run trained with;
 with its own scoring prompts (captioned_digits) draws those without `--prompts`, and `--eval` scores
 both digits of each sample (with `--prompts` too, when they are in that dataset's grammar). `--eval`
 scores digits and captioned_digits runs only; any other run is refused before anything loads.
+
+Guidance: `--cfg_interval LO,HI` applies classifier-free guidance only for σ in (LO, HI] (Kynkäänniemi
+et al. 2024; the conditional model alone elsewhere, one network call there). `--guide_run RUN [--guide_step N]
+--guide_scale S` is autoguidance instead (Karras et al. 2024): D_w + S·(D - D_w) with the weak model D_w
+the EMA of another run of the same task (same data, codec, condition; any size), both in one sampler program.
 
 `--fid STATS.npz` (train/fid_stats.py's) measures FID instead of writing images: the `--num` samples
 are made `--batch_size` at a time on every device of every process and streamed through
@@ -43,6 +50,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from guidance_flags import check_same_task, parse_interval  # train/guidance_flags.py
 from outputs import check_writable
 from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
 from sample_batches import write_sample_batches
@@ -55,7 +63,7 @@ from eqxdiff.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError
 from eqxdiff.data import open_source
 from eqxdiff.data.specs import BUILTIN_SOURCES
-from eqxdiff.diffusion import METHODS
+from eqxdiff.diffusion import METHODS, Denoiser
 from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sharding import make_mesh
@@ -84,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default 18; --pretrained 250)")
     parser.add_argument("--guidance", "--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
+    parser.add_argument("--cfg_interval", default="",
+                        help="LO,HI: guide only for σ in (LO, HI] (default: the run's --cfg_interval)")  # fmt: skip
+    parser.add_argument("--guide_run", default="",
+                        help="autoguidance: a run of the same task, its EMA the weak model (not with --cfg)")  # fmt: skip
+    parser.add_argument("--guide_step", type=int, default=-1, help="--guide_run's checkpoint step (default: newest)")
+    parser.add_argument("--guide_scale", type=float, default=None, help="autoguidance scale S: D_w + S·(D - D_w)")
     parser.add_argument("--seed", type=int, default=0, help="the sampler's noise")
     parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
     parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
@@ -120,6 +134,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  or args.batch_size < 1):  # fmt: skip
         parser.error("--format adm writes --num samples to --out FILE.npz (--batch_size >= 1), without --eval, --fid "
                      "or --prompts (its arr_1 holds class labels)")  # fmt: skip
+    try:
+        parse_interval(args.cfg_interval)
+    except ValueError as e:
+        parser.error(str(e))
+    if (args.guide_step >= 0 or args.guide_scale is not None) and not args.guide_run:
+        parser.error("--guide_step and --guide_scale go with --guide_run RUN (autoguidance)")
+    if args.guide_run and (args.pretrained or args.guide_scale is None or args.cfg_interval
+                           or args.guidance not in (None, 1)):  # fmt: skip
+        parser.error("--guide_run RUN needs --run_dir and --guide_scale S, and replaces classifier-free guidance: "
+                     "leave out --guidance/--cfg and --cfg_interval")  # fmt: skip
     if args.fid and (args.num < 2 or args.batch_size < 1):
         parser.error("--fid needs --num >= 2 and --batch_size >= 1")
     return args
@@ -216,7 +240,7 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     bar.close()
     if jax.process_index() == 0:
         record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
-                  "guidance": args.guidance, "seed": args.seed}  # fmt: skip
+                  "guidance": args.guidance, **guidance_record(args), "seed": args.seed}  # fmt: skip
         print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
                                  for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
         out = Path(args.fid_out or Path(args.run_dir) / "fid.jsonl")
@@ -225,6 +249,14 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
             f.write(json.dumps(record) + "\n")
         print(f"step {step}: {args.num} samples against {reference.path} -> {out}")
     return result
+
+
+def guidance_record(args: argparse.Namespace, prefix: str = "") -> dict:
+    """--cfg_interval and the autoguidance flags, those that are set, for a record of how samples were made."""
+    flags = {"cfg_interval": args.cfg_interval, "guide_run": args.guide_run}
+    if args.guide_run:
+        flags.update(guide_step=args.guide_step, guide_scale=args.guide_scale)
+    return {prefix + name: value for name, value in flags.items() if value}
 
 
 def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, condition, classes: list[int] | None) -> None:
@@ -238,7 +270,7 @@ def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, co
 
     flags = {"--run_dir": str(Path(args.run_dir).resolve()), "--step": step, "--num": args.num, "--seed": args.seed,
              "--batch_size": chunk_size, "--classes": classes, "--method": args.method, "--steps": args.steps,
-             "--guidance": args.guidance, "--vae_tiling": args.vae_tiling}  # fmt: skip
+             "--guidance": args.guidance, "--vae_tiling": args.vae_tiling, **guidance_record(args, "--")}  # fmt: skip
     write_sample_batches(sample_chunk, args.out, num=args.num, chunk_size=chunk_size, seed=args.seed, classes=classes,
                          flags=flags)  # fmt: skip
     if jax.process_index() == 0:
@@ -254,6 +286,9 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
         check_eval(saved)
+    if args.guide_run:  # the weak model's task checked from its config before anything loads
+        _, guide_saved = stored_run(args.guide_run, args.guide_step)
+        check_same_task(args.run_dir, saved, args.guide_run, guide_saved)
     if args.format == "adm" and stored_condition(saved)["kind"] not in ("none", "labels"):
         raise SystemExit("--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
                          "sample it with --prompts into eqxdiff's .npz (--format eqxdiff).")  # fmt: skip
@@ -265,6 +300,13 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     mesh = make_mesh(data=-1, fsdp=1)
     run = load_run(args.run_dir, args.step, mesh=mesh)
     args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
+    weak_denoiser = None
+    if args.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program
+        weak = load_run(args.guide_run, args.guide_step, mesh=mesh)
+        args.guidance, args.guide_step = 1.0, weak.step
+        weak_denoiser = Denoiser(weak.ema, weak.schedule, weak.parameterization)
+    elif not args.cfg_interval:
+        args.cfg_interval = getattr(run.cfg, "cfg_interval", "")  # the run's own grids'
     args.method = args.method or run.cfg.sample_method
     dataset = builtin_dataset(run.image_dataset)  # asked for its scoring prompts; None: not built in
 
@@ -293,7 +335,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     sample_images = functools.partial(
         generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
         mesh=mesh, steps=args.steps, method=args.method, guidance=args.guidance, null_cond=null_cond,
-        tiling=args.vae_tiling,
+        cfg_interval=parse_interval(args.cfg_interval), weak_denoiser=weak_denoiser,
+        guide_scale=args.guide_scale or 1.0, tiling=args.vae_tiling,
     )  # fmt: skip
 
     if args.fid:
@@ -329,9 +372,13 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
 
-            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method} {args.steps} steps, guidance "
-                      f"{args.guidance:g}, seed {args.seed}")  # fmt: skip
-            record = {"step": step, "num": args.num, "guidance": args.guidance, "seed": args.seed}  # --json's line
+            guided = f"guidance {args.guidance:g}" + (f" for σ in ({args.cfg_interval}]" if args.cfg_interval else "")
+            if args.guide_run:
+                guided = f"autoguidance {args.guide_scale:g} by {args.guide_run} step {args.guide_step}"
+            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method} {args.steps} steps, {guided}, "
+                      f"seed {args.seed}")  # fmt: skip
+            record = {"step": step, "num": args.num, "guidance": args.guidance, **guidance_record(args),
+                      "seed": args.seed}  # --json's line  # fmt: skip
         if args.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
             if args.json:

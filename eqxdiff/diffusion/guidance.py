@@ -66,7 +66,7 @@ class ClassifierFreeGuidance(eqx.Module):
 
     def __check_init__(self):
         if self.interval is not None and not 0 <= self.interval[0] < self.interval[1]:
-            raise ValueError(f"interval must be (sigma_lo, sigma_hi) with 0 <= sigma_lo < sigma_hi, got {self.interval}")
+            raise ValueError(f"interval must be (sigma_lo, sigma_hi), 0 <= sigma_lo < sigma_hi; got {self.interval}")
 
     def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
         if isinstance(self.scale, (int, float)) and self.scale == 1:
@@ -78,7 +78,8 @@ class ClassifierFreeGuidance(eqx.Module):
         lo, hi = self.interval
         inside = (sigma > lo) & (sigma <= hi)
         # lax.cond runs one branch: outside the interval the network sees only the b conditional rows.
-        return jax.lax.cond(inside, lambda x, s: self._guided(x, s), lambda x, s: self.denoiser(x, s, self.cond), x, sigma)
+        conditional = lambda x, s: self.denoiser(x, s, self.cond)  # noqa: E731
+        return jax.lax.cond(inside, lambda x, s: self._guided(x, s), conditional, x, sigma)
 
     def _guided(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
         b = x.shape[0]
