@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import main as train_main  # train/main.py
 import sample  # train/sample.py
 from guidance_flags import parse_interval
 from rebuild import load_run
@@ -42,6 +43,9 @@ def test_guidance_flags_are_refused_in_one_line(capsys, tmp_path):
     assert "replaces classifier-free guidance" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w",
                                                               "--guide_scale", "2", "--cfg", "3")  # fmt: skip
     assert "needs --run_dir and --guide_scale" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w")
+    with pytest.raises(SystemExit) as exited:  # train/main.py's flag alike
+        train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--cfg_interval", "1,0.5"])
+    assert exited.value.code == 2 and "needs 0 <= LO < HI" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("other, what", [(dict(image_shape=[16, 16, 1]), "sample shape"),
@@ -60,9 +64,11 @@ def test_a_guide_run_of_another_task_is_refused_naming_both_runs(tmp_path, other
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Two tiny digits runs of one task: the main one, and a weak one trained shorter, FSDP over 2 devices."""
+    """Two tiny digits runs of one task: the main one (its grids guided in an interval), and a weak one trained
+    shorter, FSDP over 2 devices."""
     root = tmp_path_factory.mktemp("guide")
-    train_here("--run_dir", root / "main", *TINY, "--steps", 4)
+    train_here("--run_dir", root / "main", *TINY, "--steps", 4, "--sample_every", 4, "--cfg_interval", "0.5,10")
+    assert (root / "main" / "samples" / "step_000004.png").exists()
     train_here("--run_dir", root / "weak", *TINY, "--steps", 2, "--fsdp_size", 2, "--seed", 1)
     return root / "main", root / "weak"
 
@@ -105,3 +111,5 @@ def test_cfg_interval_samples_guidance_in_that_interval(tmp_path, two_runs):
     np.testing.assert_allclose(images, reference(run, expected), atol=2.5 / 127.5)
     everywhere = reference(run, ClassifierFreeGuidance(good, labels, 30.0, null))
     assert np.abs(images - everywhere).max() > 0.1  # the interval is seen
+    # Without --cfg_interval: the run's own, as its grids used.
+    np.testing.assert_array_equal(drawn(tmp_path, "--run_dir", main_dir, "--cfg", "30"), images)
