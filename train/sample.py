@@ -65,7 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
-    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
+    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest); with --ema: its step")
+    parser.add_argument("--ema", default="",
+                        help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
+                             "run's --ema_decay EMA")  # fmt: skip
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
                         help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
@@ -94,6 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
+    text, (kind, _, value) = args.ema, args.ema.partition("=")
+    try:
+        args.ema = float(value) if text else None
+    except ValueError:
+        kind = None
+    if text and (kind != "sigma_rel" or args.pretrained):
+        parser.error(f"--ema takes sigma_rel=S (a post-hoc EMA of train/posthoc_ema.py) with --run_dir, got {text!r}")
     if bool(args.run_dir) == bool(args.pretrained):
         parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE")
     if not args.pretrained:
@@ -243,7 +253,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     if args.pretrained:
         return sample_pretrained.main(args)
-    _, saved = stored_run(args.run_dir, args.step)  # what was asked is checked against the run first
+    _, saved = stored_run(args.run_dir, -1 if args.ema is not None else args.step)  # what was asked is checked against the run first
     class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
@@ -257,7 +267,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         check_writable(args.out, "--out")
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
-    run = load_run(args.run_dir, args.step, mesh=mesh)
+    run = load_run(args.run_dir, args.step, mesh=mesh, ema=args.ema)
     args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
     args.method = args.method or run.cfg.sample_method
     dataset = builtin_dataset(run.image_dataset)  # asked for its scoring prompts; None: not built in
