@@ -88,7 +88,7 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
     SystemExit naming it; a checkpoint that does not fit raises CheckpointError. `ema`: a σ_rel; the model
     is then train/posthoc_ema.py's post-hoc EMA of that profile at `step` (< 0: its newest) instead, built
     as the newest checkpoint describes it."""
-    step, _ = stored_run(run_dir, -1 if ema is not None else step)
+    asked, (step, _) = step, stored_run(run_dir, -1 if ema is not None else step)
     with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
@@ -97,12 +97,12 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
     if ema is not None:
-        step, model = load_posthoc_ema(run_dir, ema, step, abstract.ema, shardings.ema)
+        step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
     return Run(
         ema=model, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
         schedule=schedule_by_name(cfg.schedule), parameterization=parameterization_by_name(cfg.parameterization,
-        sigma_data(cfg, codec)), image_shape=image_shape, image_dataset=stored.get("image_dataset", cfg.dataset),
+        sigma_data(cfg, codec)), image_shape=tuple(stored["image_shape"]), image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
 
