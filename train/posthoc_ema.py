@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run_dir", required=True, help="a train/main.py run trained with --phema_sigma_rels")
     parser.add_argument("--sigma_rel", required=True, help="comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2")
     parser.add_argument("--step", type=int, default=-1, help="the snapshot step to reconstruct at (default: the newest)")
+    parser.add_argument("--from_sigma_rels", default="",
+                        help="only the snapshots of these tracked profiles, e.g. 0.1 (default: all)")  # fmt: skip
     parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")
     parser.add_argument("--num", type=int, default=1000, help="--sweep: samples per σ_rel")
     parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
@@ -42,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.sigma_rels = parse_sigma_rels(args.sigma_rel)
+        args.only = parse_sigma_rels(args.from_sigma_rels)
     except ValueError as e:
-        parser.error(f"--sigma_rel: {e}")
+        parser.error(f"--sigma_rel, --from_sigma_rels: {e}")
     if not args.sigma_rels:
         parser.error("--sigma_rel: give at least one relative width, e.g. 0.05")
     if args.num_processes > 1:
@@ -51,30 +54,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def snapshot_inputs(snapshots: EmaSnapshots, step: int) -> list[tuple[int, int, float]]:
-    """(step, index in its snapshot, σ_rel) of every EMA saved at a step in 1..`step`, in order."""
+def snapshot_inputs(snapshots: EmaSnapshots, step: int, only: tuple[float, ...] = ()) -> list[tuple[int, int, float]]:
+    """(step, index in its snapshot, σ_rel) of every EMA saved at a step in 1..`step` (of the profiles `only`,
+    when given), in order."""
     out = []
     for s in snapshots.steps:
         if 0 < s <= step:
-            out += [(s, k, sigma_rel) for k, sigma_rel in enumerate(snapshots.meta(s)["sigma_rels"])]
+            out += [(s, k, r) for k, r in enumerate(snapshots.meta(s)["sigma_rels"]) if not only or r in only]
     return out
 
 
-def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding):
+def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding,
+                only: tuple[float, ...] = ()):  # fmt: skip
     """([one EMA model per σ_rel], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i summed in float64,
-    one snapshot step in memory at a time."""
-    inputs = snapshot_inputs(snapshots, step)
+    over the snapshots of steps <= `step` (of the profiles `only`, when given), one step's in memory at a time."""
+    inputs = snapshot_inputs(snapshots, step, only)
+    if not inputs:
+        raise SystemExit(f"{snapshots.directory} holds no snapshot of profiles {list(only)} up to step {step}.")
     weights = posthoc_coefficients([s for s, _, _ in inputs], [r for _, _, r in inputs], step, sigma_rels)
-    sums, i = [None] * len(sigma_rels), 0
+    sums = [None] * len(sigma_rels)
     for s in sorted({s for s, _, _ in inputs}):
         n = len(snapshots.meta(s)["sigma_rels"])
         emas = snapshots.restore(s, (abstract_ema,) * n, (sharding,) * n)
-        for ema in emas:
+        for i in (i for i, (s_i, _, _) in enumerate(inputs) if s_i == s):
+            ema = emas[inputs[i][1]]
             leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(eqx.filter(ema, eqx.is_inexact_array))]
             for k in range(len(sigma_rels)):
                 terms = [weights[i, k] * x for x in leaves]
                 sums[k] = terms if sums[k] is None else [a + b for a, b in zip(sums[k], terms)]
-            i += 1
     template = ema  # the last snapshot's: the non-parameter leaves, and each leaf's dtype and sharding
     params, static = eqx.partition(template, eqx.is_inexact_array)
     models = []
@@ -103,7 +110,7 @@ def main(args: argparse.Namespace) -> None:
             raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "
                              f"{', '.join(map(str, snapshots.steps)) or 'none'}; pick one of them.")  # fmt: skip
         step = snapshots.steps[-1] if args.step < 0 else args.step
-        models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract.ema, shardings.ema)
+        models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract.ema, shardings.ema, args.only)
     print(f"{run_dir} step {step}: {len(inputs)} snapshots ({len({s for s, _, _ in inputs})} steps × profiles "
           f"{sorted({r for _, _, r in inputs})})")  # fmt: skip
     print(f"{'sigma_rel':>10}{'gamma':>9}{'sum|w|':>9}  saved")

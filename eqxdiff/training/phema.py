@@ -71,7 +71,7 @@ def profile_inner_products(t_a, gamma_a, t_b, gamma_b) -> np.ndarray:
     t_a, gamma_a, t_b, gamma_b = (np.asarray(x, np.float64) for x in (t_a, gamma_a, t_b, gamma_b))
     m = np.minimum(t_a, t_b)
     scale = (gamma_a + 1) * (gamma_b + 1) / (gamma_a + gamma_b + 1)
-    return scale * (m / t_a) ** (gamma_a + 1) * (m / t_b) ** (gamma_b + 1) / m
+    return np.asarray(scale * (m / t_a) ** (gamma_a + 1) * (m / t_b) ** (gamma_b + 1) / m)
 
 
 def posthoc_coefficients(snapshot_steps: Sequence[int], snapshot_sigma_rels: Sequence[float], step: int,
