@@ -92,6 +92,12 @@ def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...
     return models, weights, inputs
 
 
+def same_inputs(a: list, b: list) -> bool:
+    """Two reconstructions' [step, index, σ_rel, weight] rows name the same snapshots with the same weights (to
+    rounding: one σ_rel solved alone or beside others differs in the last bits)."""
+    return [r[:3] for r in a] == [r[:3] for r in b] and np.allclose([r[3] for r in a], [r[3] for r in b], rtol=1e-9)
+
+
 def main(args: argparse.Namespace) -> None:
     run_dir = Path(args.run_dir)
     if not (run_dir / "phema").is_dir():
@@ -119,8 +125,11 @@ def main(args: argparse.Namespace) -> None:
         with EmaSnapshots(folder) as out:
             meta = {"step": step, "sigma_rels": [sigma_rel], "gamma": sigma_rel_to_gamma(sigma_rel),
                     "inputs": [[s, k, r, float(x)] for (s, k, r), x in zip(inputs, w)]}  # fmt: skip
+            if step in out.steps and not same_inputs(out.meta(step)["inputs"], meta["inputs"]):
+                raise SystemExit(f"{folder / str(step)} holds a reconstruction from other snapshots or weights "
+                                 f"(e.g. another --from_sigma_rels): remove that folder to make it again.")  # fmt: skip
             said = out.save(step, (model,), meta)
-        kept = "" if said == "saved" else " (already there: kept)"
+        kept = "" if said == "saved" else " (already there, the same: kept)"
         print(f"{sigma_rel:>10g}{meta['gamma']:>9.3f}{np.abs(w).sum():>9.3f}  {folder / str(step)}{kept}")
     if args.sweep:
         sweep(args, run_dir, step)
