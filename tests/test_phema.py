@@ -275,3 +275,29 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path):
     rebuilt = orbax_arrays(whole / "posthoc_ema" / "0.07" / str(steps) / "emas")
     assert len(loaded) == len(rebuilt) and sum(np.asarray(x).size for x in loaded) == sum(x.size for x in rebuilt.values())
     assert sorted(np.asarray(x).tobytes() for x in loaded) == sorted(x.tobytes() for x in rebuilt.values())
+
+
+def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
+    import posthoc_ema  # train/posthoc_ema.py
+    import sample  # train/sample.py
+
+    for argv, says in ((["--sigma_rel", "0.3"], "sigma_rel must be in (0, 0.2887)"),
+                       (["--sigma_rel", ""], "give at least one relative width"),
+                       (["--sigma_rel", "0.05", "--from_sigma_rels", "x"], "--sigma_rel, --from_sigma_rels")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            posthoc_ema.parse_args(["--run_dir", str(tmp_path), *argv])
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05"]))
+    assert refused.value.code == (f"{tmp_path / 'phema'} does not exist: train the run with --phema_sigma_rels "
+                                  "0.05,0.10 (train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
+    for bad in ("0.05", "sigma=0.05", "sigma_rel=x"):
+        with pytest.raises(SystemExit):
+            sample.parse_args(["--run_dir", str(tmp_path), "--ema", bad])
+        assert "--ema takes sigma_rel=S" in capsys.readouterr().err
+    assert sample.parse_args(["--run_dir", str(tmp_path), "--ema", "sigma_rel=0.05"]).ema == 0.05
+    import main as train_main  # train/main.py
+
+    with pytest.raises(SystemExit):
+        train_main.parse_config(["--run_dir", str(tmp_path / "new"), "--phema_sigma_rels", "0.05,0.5"])
+    assert "--phema_sigma_rels takes comma-separated relative widths" in capsys.readouterr().err
