@@ -235,7 +235,7 @@ def flat(arrays: dict[str, np.ndarray], prefix: str, keys: list[str]) -> np.ndar
 
 
 @pytest.mark.slow  # three short runs of the tiny job, a snapshot after every step
-def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path):
+def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsys):
     """The tiny job tracking σ_rel 0.05, 0.07, 0.10: (1) 0.07 rebuilt from the snapshots of 0.05 and 0.10 alone
     equals the tracked 0.07 to 1e-3 of its distance from the last weights (relative to the weights
     themselves, the issue's measure, far less), and 0.05 rebuilt from all equals the tracked one; (2) sample.py's
@@ -259,7 +259,10 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path):
         assert_bitwise_equal(orbax_arrays(split / "phema" / str(s) / "emas"), orbax_arrays(whole / "phema" / str(s) / "emas"))
 
     posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(whole), "--sigma_rel", "0.07", "--from_sigma_rels", "0.05,0.1"]))
-    posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(whole), "--sigma_rel", "0.05"]))
+    posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(whole), "--sigma_rel", "0.05,0.2", "--sweep", "--num", "100",
+                                             "--steps", "2"]))  # fmt: skip
+    table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
+    assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]
     state = saved_arrays(whole, steps)
     for index, sigma_rel in ((1, "0.07"), (0, "0.05")):
         rebuilt = orbax_arrays(whole / "posthoc_ema" / sigma_rel / str(steps) / "emas")
