@@ -114,7 +114,7 @@ class Config(Launch):
     weight_decay: float = 1e-4  # AdamW's decoupled weight decay
     ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
-    phema_sigma_rels: str = ""  # post-hoc EMA: power-function EMAs of these relative widths, e.g. 0.05,0.10 (train/posthoc_ema.py)
+    phema_sigma_rels: str = ""  # post-hoc EMA (train/posthoc_ema.py): track EMAs of these σ_rel, e.g. 0.05,0.10
     phema_every: int = 100  # steps between their snapshots in RUN_DIR/phema (and one at the end); never pruned
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps (each is skipped, the state kept)
     # sampling: the sample grids of the EMA
@@ -332,7 +332,7 @@ def main(cfg: Config, features_fn=None) -> None:
     # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
     # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL).
     checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    snapshots = EmaSnapshots(run_dir / "phema") if sigma_rels else None  # post-hoc EMA's inputs, each process its shards
+    snapshots = EmaSnapshots(run_dir / "phema") if sigma_rels else None  # post-hoc EMA's, each process its shards
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
@@ -376,7 +376,7 @@ def main(cfg: Config, features_fn=None) -> None:
             write_samples=write_samples, stop=stop, evaluate=evaluate,
             save_checkpoint=functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config, source=source,
                                               batches=batches, start_example=start_example),
-            save_snapshot=functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels) if snapshots else None,
+            save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
 

@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--run_dir", required=True, help="a train/main.py run trained with --phema_sigma_rels")
     parser.add_argument("--sigma_rel", required=True, help="comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2")
-    parser.add_argument("--step", type=int, default=-1, help="the snapshot step to reconstruct at (default: the newest)")
+    parser.add_argument("--step", type=int, default=-1, help="the snapshot step to rebuild at (default: the newest)")
     parser.add_argument("--from_sigma_rels", default="",
                         help="only the snapshots of these tracked profiles, e.g. 0.1 (default: all)")  # fmt: skip
     parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")

@@ -102,7 +102,8 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
     return Run(
         ema=model, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
         schedule=schedule_by_name(cfg.schedule), parameterization=parameterization_by_name(cfg.parameterization,
-        sigma_data(cfg, codec)), image_shape=tuple(stored["image_shape"]), image_dataset=stored.get("image_dataset", cfg.dataset),
+        sigma_data(cfg, codec)), image_shape=tuple(stored["image_shape"]),
+        image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
 
@@ -117,7 +118,8 @@ def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh) -> tupl
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
     optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
-    return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=len(parse_sigma_rels(cfg.phema_sigma_rels)))
+    num_phema = len(parse_sigma_rels(cfg.phema_sigma_rels))  # its power-function EMAs, in its checkpoints too
+    return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
 
 
 def load_posthoc_ema(run_dir: str | Path, sigma_rel: float, step: int, abstract_ema, sharding) -> tuple[int, Any]:
@@ -126,8 +128,9 @@ def load_posthoc_ema(run_dir: str | Path, sigma_rel: float, step: int, abstract_
     with EmaSnapshots(folder, read_only=True) as saved:
         if not saved.steps or (step >= 0 and step not in saved.steps):
             have = f"steps {', '.join(map(str, saved.steps))}" if saved.steps else "none"
-            raise SystemExit(f"--ema sigma_rel={sigma_rel:g}: no post-hoc EMA{' of step ' + str(step) if step >= 0 else ''} "
-                             f"in {folder} (there: {have}); make it with python train/posthoc_ema.py --run_dir {run_dir} "
-                             f"--sigma_rel {sigma_rel:g}{' --step ' + str(step) if step >= 0 else ''}.")  # fmt: skip
+            of_step, step_flag = (f" of step {step}", f" --step {step}") if step >= 0 else ("", "")
+            raise SystemExit(f"--ema sigma_rel={sigma_rel:g}: no post-hoc EMA{of_step} in {folder} (there: {have}); "
+                             f"make it with python train/posthoc_ema.py --run_dir {run_dir} --sigma_rel {sigma_rel:g}"
+                             f"{step_flag}.")  # fmt: skip
         step = saved.steps[-1] if step < 0 else step
         return step, saved.restore(step, (abstract_ema,), (sharding,))[0]

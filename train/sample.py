@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
-    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest); with --ema: its step")
+    parser.add_argument("--step", type=int, default=-1,
+                        help="checkpoint step (default: the newest); with --ema: the post-hoc EMA's")  # fmt: skip
     parser.add_argument("--ema", default="",
                         help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
                              "run's --ema_decay EMA")  # fmt: skip
@@ -253,7 +254,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     if args.pretrained:
         return sample_pretrained.main(args)
-    _, saved = stored_run(args.run_dir, -1 if args.ema is not None else args.step)  # what was asked is checked against the run first
+    # What was asked is checked against the run first (--ema: the newest checkpoint describes the model).
+    _, saved = stored_run(args.run_dir, -1 if args.ema is not None else args.step)
     class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
