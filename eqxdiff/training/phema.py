@@ -45,8 +45,8 @@ def parse_sigma_rels(text: str) -> tuple[float, ...]:
 
 
 def one_minus_beta(gamma: float, t: Int[Array, ""] | Float[Array, ""]) -> Float[Array, ""]:
-    """1 - β_t = 1 - (1 - 1/t)^(γ+1), by log1p/expm1: in float32 `1 - 1/t` would round away most of
-    1/t once t is large (t = 1e6: 6% of it)."""
+    """1 - β_t = 1 - (1 - 1/t)^(γ+1), by log1p/expm1: in float32 `1 - 1/t` rounds off a growing part of
+    1/t as t grows (t = 1e6: 1.3% of it, 3e6: 7%)."""
     t = jnp.asarray(t, jnp.float32)
     return -jnp.expm1((gamma + 1) * jnp.log1p(-1 / t))
 

@@ -124,9 +124,9 @@ def make_train_step(
             eqx.filter(state.ema, eqx.is_inexact_array),
             eqx.filter(model, eqx.is_inexact_array),
         )
-        updated = TrainState(model, eqx.combine(ema_params, state.ema), opt_state, state.step, state.bad_steps,
-                             state.phema)  # fmt: skip
-        new_state = _select(finite, updated, state)
+        updated = TrainState(model, eqx.combine(ema_params, state.ema), opt_state, state.step, state.bad_steps)
+        kept = TrainState(state.model, state.ema, state.opt_state, state.step, state.bad_steps)  # phema: below
+        new_state = _select(finite, updated, kept)
         new_state = TrainState(
             new_state.model, new_state.ema, new_state.opt_state, state.step + 1,
             jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype),
