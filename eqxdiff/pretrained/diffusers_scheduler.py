@@ -4,9 +4,11 @@
 What maps onto what (diffusers' name -> eqxdiff's):
 - `beta_schedule` "linear" / "scaled_linear" / "squaredcos_cap_v2" (or `trained_betas`), `beta_start`, `beta_end`,
   `num_train_timesteps`, `rescale_betas_zero_snr` -> `VPSchedule` with diffusers' float32 ᾱ. Zero terminal SNR
-  makes ᾱ_T = 0, σ_T = ∞, which x = x0 + σ·ε cannot hold: ᾱ_T is 2**-24 (σ_T ≈ 4096), as diffusers' Euler,
-  Euler ancestral and DPM-Solver do. diffusers' DDIM keeps ᾱ_T = 0 (its first D is exactly -v): eqxdiff's
-  DDIM differs there by sqrt(ᾱ_T)·x_t = 2**-12·x_t in D (tests/test_sd_scheduler.py measures it on the latents).
+  makes ᾱ_T = 0, σ_T = ∞, which x = x0 + σ·ε cannot hold: the schedule's ᾱ_T is 2**-24 (σ_T ≈ 4096), as
+  diffusers' Euler, Euler ancestral and DPM-Solver set it (an Euler step x + (σ_next - σ)·slope loses σ·2**-24
+  absolutely, so a larger σ_T would cost precision). diffusers' DDIM keeps ᾱ_T = 0 (its first D is exactly -v):
+  DDIM's grid starts at σ = 2**20 (ᾱ = 2**-40) instead, which eqxdiff's ddim, written in VP coordinates, steps
+  from without loss; 2**-24 there would put 2**-12·x_t into that D (2.6e-5 relative on the test's latents).
 - `prediction_type` "epsilon" / "v_prediction" / "sample" -> `EpsilonPrediction` / `VPrediction` / `DataPrediction`;
   `scale_model_input` (Euler's x/sqrt(σ²+1)) and DDIM/DPM's x_t = sqrt(ᾱ)·x are both c_in = `schedule.scale(σ)`.
 - The scheduler's timesteps (`timestep_spacing`, `steps_offset`, DPM's `lambda_min_clipped`) and σ's
@@ -46,6 +48,7 @@ DEFAULT_SPACING = {"DDIMScheduler": "leading", "PNDMScheduler": "leading", "Eule
                    "EulerAncestralDiscreteScheduler": "linspace", "DPMSolverMultistepScheduler": "linspace"}  # fmt: skip
 PARAMETERIZATIONS = {"epsilon": EpsilonPrediction, "v_prediction": VPrediction, "sample": DataPrediction}
 ZERO_SNR_ALPHA_BAR = 2.0**-24  # diffusers' Euler/DPM stand-in for ᾱ_T = 0
+DDIM_ZERO_SNR_SIGMA = 2.0**20  # DDIM's: ᾱ = 2**-40, where its VP-coordinate step equals the ᾱ = 0 one in float32
 
 # key: (the value this mapping reproduces, what it refuses otherwise); a key absent from a config takes its class's
 # default, which is the supported value for every one listed here but DDIM's clip_sample (True).
@@ -125,6 +128,7 @@ class DiffusersScheduler(eqx.Module):
     lower_order_final: bool = eqx.field(static=True)
     euler_at_final: bool = eqx.field(static=True)
     last_timestep: int = eqx.field(static=True)  # DPM's T minus its lambda_min_clipped cut
+    zero_snr: bool = eqx.field(static=True)  # rescale_betas_zero_snr: ᾱ_T = 0 in diffusers
 
     @property
     def num_train_timesteps(self) -> int:
@@ -161,6 +165,8 @@ class DiffusersScheduler(eqx.Module):
                 low, high = table[0], table[-1]
             low, high = sigmas[-1] if low is None else low, sigmas[0] if high is None else high
             sigmas = karras_sigmas(n, low, high)[:-1]
+        if self.zero_snr and self.method == "ddim":
+            sigmas = np.where(t == self.num_train_timesteps - 1, DDIM_ZERO_SNR_SIGMA, sigmas)
         return np.append(sigmas, self._ddim_landing(n)[-1] if self.method == "ddim" else self.final_sigma)
 
     def _ddim_landing(self, n: int) -> np.ndarray:
@@ -272,6 +278,7 @@ def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersSc
         lower_order_final=bool(config.get("lower_order_final", True)),
         euler_at_final=bool(config.get("euler_at_final", False)),
         last_timestep=last_timestep,
+        zero_snr=bool(config.get("rescale_betas_zero_snr", False)),
     )
 
 
