@@ -42,7 +42,8 @@ SD21 = {"_class_name": "DDIMScheduler", "beta_end": 0.012, "beta_schedule": "sca
 SDXL = {"_class_name": "EulerDiscreteScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
         "beta_start": 0.00085, "clip_sample": False, "interpolation_type": "linear", "num_train_timesteps": 1000,
         "prediction_type": "epsilon", "sample_max_value": 1.0, "set_alpha_to_one": False, "skip_prk_steps": True,
-        "steps_offset": 1, "timestep_spacing": "leading", "trained_betas": None, "use_karras_sigmas": False}  # fmt: skip
+        "steps_offset": 1, "timestep_spacing": "leading", "trained_betas": None,
+        "use_karras_sigmas": False}  # fmt: skip
 # Lin et al. 2023's fix: trailing timesteps, zero terminal SNR, v-prediction.
 ZSNR = dict(SD21, timestep_spacing="trailing", rescale_betas_zero_snr=True)
 
@@ -70,8 +71,8 @@ CASES = {  # name: (scheduler class, config over the base, steps)
     # DDIM stepping to t - T//n, not the next timestep (30 does not divide 1000), linear and cosine betas.
     "linear_ddim_trailing_30": ("DDIMScheduler", dict(SD15, beta_schedule="linear", beta_start=1e-4, beta_end=0.02,
                                                       timestep_spacing="trailing"), 30),  # fmt: skip
-    "cosine_ddim_linspace_30": ("DDIMScheduler", dict(SD15, beta_schedule="squaredcos_cap_v2",
-                                                      timestep_spacing="linspace", set_alpha_to_one=True), 30),  # fmt: skip
+    "cosine_ddim_linspace_30": ("DDIMScheduler", dict(SD15, beta_schedule="squaredcos_cap_v2", set_alpha_to_one=True,
+                                                      timestep_spacing="linspace"), 30),  # fmt: skip
     "cosine_dpmpp_2m_leading": ("DPMSolverMultistepScheduler", dict(SD15, beta_schedule="squaredcos_cap_v2",
                                                                     timestep_spacing="leading"), 12),  # fmt: skip
     "dpmpp_2m_sigma_min_10": ("DPMSolverMultistepScheduler", dict(SD15, final_sigmas_type="sigma_min"), 10),
@@ -116,7 +117,8 @@ def run(name: str, cls_name: str, config: dict, steps: int, seed: int) -> dict[s
     finally:
         scheduling_euler_ancestral_discrete.randn_tensor = original
     ref = {f"{name}_noise": nhwc(noise), f"{name}_latents": nhwc(latents),
-           f"{name}_t": np.array(fed, np.float32), f"{name}_alphas_cumprod": scheduler.alphas_cumprod.numpy()}  # fmt: skip
+           f"{name}_t": np.array(fed, np.float32),
+           f"{name}_alphas_cumprod": scheduler.alphas_cumprod.numpy()}  # fmt: skip
     if cls_name == "DDIMScheduler":
         a = scheduler.alphas_cumprod.double()
         ts = scheduler.timesteps.numpy()

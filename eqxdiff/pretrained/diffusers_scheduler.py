@@ -45,7 +45,8 @@ from eqxdiff.diffusion.samplers import DenoiseFn
 METHODS = {"DDIMScheduler": "ddim", "PNDMScheduler": "ddim", "EulerDiscreteScheduler": "euler",
            "EulerAncestralDiscreteScheduler": "euler_ancestral", "DPMSolverMultistepScheduler": "dpmpp_2m"}  # fmt: skip
 DEFAULT_SPACING = {"DDIMScheduler": "leading", "PNDMScheduler": "leading", "EulerDiscreteScheduler": "linspace",
-                   "EulerAncestralDiscreteScheduler": "linspace", "DPMSolverMultistepScheduler": "linspace"}  # fmt: skip
+                   "EulerAncestralDiscreteScheduler": "linspace",
+                   "DPMSolverMultistepScheduler": "linspace"}  # fmt: skip
 PARAMETERIZATIONS = {"epsilon": EpsilonPrediction, "v_prediction": VPrediction, "sample": DataPrediction}
 ZERO_SNR_ALPHA_BAR = 2.0**-24  # diffusers' Euler/DPM stand-in for ᾱ_T = 0
 DDIM_ZERO_SNR_SIGMA = 2.0**20  # DDIM's: ᾱ = 2**-40, where its VP-coordinate step equals the ᾱ = 0 one in float32
@@ -89,7 +90,8 @@ def _torch_cumprod(a: np.ndarray) -> np.ndarray:
 def diffusers_alphas_cumprod(config: dict) -> np.ndarray:
     """ᾱ as diffusers' schedulers compute it: float32 β's, `rescale_zero_terminal_snr` (Lin et al. 2023, Alg. 1)
     in float32, torch's cumulative product. Float64 copy of those float32 values, shape (T,); ᾱ_T = 0 kept."""
-    T, start, end = config.get("num_train_timesteps", 1000), config.get("beta_start", 1e-4), config.get("beta_end", 0.02)
+    T = config.get("num_train_timesteps", 1000)
+    start, end = config.get("beta_start", 1e-4), config.get("beta_end", 0.02)
     kind = config.get("beta_schedule", "linear")
     if config.get("trained_betas") is not None:
         betas = np.asarray(config["trained_betas"], np.float64)
@@ -264,7 +266,8 @@ def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersSc
     lambda_min = config.get("lambda_min_clipped", -math.inf)
     lambdas = np.log(np.sqrt(alpha_bar.astype(np.float32))) - np.log(np.sqrt(1 - alpha_bar.astype(np.float32)))
     last_timestep = len(table) - int(np.searchsorted(lambdas[::-1], lambda_min))
-    sigma_range = (config.get("sigma_min"), config.get("sigma_max")) if name == "EulerDiscreteScheduler" else (None, None)
+    euler = name == "EulerDiscreteScheduler"  # only Euler reads sigma_min/sigma_max; DPM's Karras range is its table's
+    sigma_range = (config.get("sigma_min"), config.get("sigma_max")) if euler else (None, None)
     return DiffusersScheduler(
         class_name=name,
         schedule=schedule,
