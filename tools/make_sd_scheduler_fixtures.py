@@ -49,6 +49,7 @@ ZSNR = dict(SD21, timestep_spacing="trailing", rescale_betas_zero_snr=True)
 
 CLASSES = {c.__name__: c for c in (DDIMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
                                    DPMSolverMultistepScheduler)}  # fmt: skip
+# fmt: off
 CASES = {  # name: (scheduler class, config over the base, steps)
     "sd15_ddim": ("DDIMScheduler", SD15, 20),  # DDIMScheduler.from_config(SD 1.5's PNDM config)
     "sd15_euler": ("EulerDiscreteScheduler", SD15, 20),
@@ -70,18 +71,19 @@ CASES = {  # name: (scheduler class, config over the base, steps)
     "zsnr_dpmpp_2m": ("DPMSolverMultistepScheduler", ZSNR, 10),
     # DDIM stepping to t - T//n, not the next timestep (30 does not divide 1000), linear and cosine betas.
     "linear_ddim_trailing_30": ("DDIMScheduler", dict(SD15, beta_schedule="linear", beta_start=1e-4, beta_end=0.02,
-                                                      timestep_spacing="trailing"), 30),  # fmt: skip
+                                                      timestep_spacing="trailing"), 30),
     "cosine_ddim_linspace_30": ("DDIMScheduler", dict(SD15, beta_schedule="squaredcos_cap_v2", set_alpha_to_one=True,
-                                                      timestep_spacing="linspace"), 30),  # fmt: skip
+                                                      timestep_spacing="linspace"), 30),
     "cosine_dpmpp_2m_leading": ("DPMSolverMultistepScheduler", dict(SD15, beta_schedule="squaredcos_cap_v2",
-                                                                    timestep_spacing="leading"), 12),  # fmt: skip
+                                                                    timestep_spacing="leading"), 12),
     "dpmpp_2m_sigma_min_10": ("DPMSolverMultistepScheduler", dict(SD15, final_sigmas_type="sigma_min"), 10),
     "dpmpp_2m_sigma_min_16": ("DPMSolverMultistepScheduler", dict(SD15, final_sigmas_type="sigma_min",
-                                                                  timestep_spacing="linspace"), 16),  # fmt: skip
+                                                                  timestep_spacing="linspace"), 16),
     "dpmpp_2m_trailing_lambda_clipped": ("DPMSolverMultistepScheduler", dict(SD15, timestep_spacing="trailing",
-                                                                             lambda_min_clipped=-5.1), 15),  # fmt: skip
+                                                                             lambda_min_clipped=-5.1), 15),
     "sample_prediction_euler": ("EulerDiscreteScheduler", dict(SD15, prediction_type="sample"), 8),
 }
+# fmt: on
 SHAPE = (2, 4, 8, 6)  # b, c, h, w: a non-square latent
 
 

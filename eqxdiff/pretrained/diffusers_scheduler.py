@@ -27,7 +27,6 @@ import math
 from pathlib import Path
 
 import equinox as eqx
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
