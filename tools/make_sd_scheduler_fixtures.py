@@ -79,8 +79,7 @@ CASES = {  # name: (scheduler class, config over the base, steps)
     "dpmpp_2m_sigma_min_10": ("DPMSolverMultistepScheduler", dict(SD15, final_sigmas_type="sigma_min"), 10),
     "dpmpp_2m_sigma_min_16": ("DPMSolverMultistepScheduler", dict(SD15, final_sigmas_type="sigma_min",
                                                                   timestep_spacing="linspace"), 16),
-    "dpmpp_2m_trailing_lambda_clipped": ("DPMSolverMultistepScheduler", dict(SD15, timestep_spacing="trailing",
-                                                                             lambda_min_clipped=-5.1), 15),
+    "dpmpp_2m_lambda_clipped": ("DPMSolverMultistepScheduler", dict(SD15, lambda_min_clipped=-2.5), 15),
     "sample_prediction_euler": ("EulerDiscreteScheduler", dict(SD15, prediction_type="sample"), 8),
 }
 # fmt: on

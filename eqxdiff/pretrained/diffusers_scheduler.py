@@ -208,7 +208,8 @@ class DiffusersScheduler(eqx.Module):
         """A pipeline's latents from its unit `noise`, `steps` steps of this scheduler with eqxdiff's sampler;
         `options` over the mapped ones (e.g. euler_ancestral's `noises`)."""
         sigmas = self.sigmas(steps)
-        x = sample(denoise, self.initial_x(noise, sigmas), sigmas, self.method, key, **self.options(steps), **options)
+        options = {**self.options(steps), **options}
+        x = sample(denoise, self.initial_x(noise, sigmas), sigmas, self.method, key, **options)
         return self.latents(x, sigmas)
 
 
