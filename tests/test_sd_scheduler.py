@@ -148,3 +148,16 @@ def test_euler_ancestral_noises_replace_the_key():
     denoise = lambda x, s: 0.5 * x  # noqa: E731
     np.testing.assert_allclose(sample(denoise, x, sigmas, "euler_ancestral", noises=drawn),
                                sample(denoise, x, sigmas, "euler_ancestral", key), rtol=1e-6)  # fmt: skip
+
+
+def test_trained_betas_give_the_schedule_of_those_betas():
+    """`trained_betas` (a list in the json) replaces beta_schedule: SD's β's (from diffusers' ᾱ) given as a list give
+    SD's ᾱ to float32 rounding; halving them gives another."""
+    sd15 = CASES["sd15_ddim"]["config"]
+    alpha_bar = np.asarray(scheduler_from_diffusers(sd15).schedule.alphas_cumprod)
+    reference = REF["sd15_ddim_alphas_cumprod"].astype(np.float64)
+    betas = (1 - reference / np.concatenate([[1.0], reference[:-1]])).astype(np.float32).tolist()
+    given = scheduler_from_diffusers(dict(sd15, beta_schedule="unused", trained_betas=betas))
+    np.testing.assert_allclose(given.schedule.alphas_cumprod, alpha_bar, rtol=1e-6)
+    halved = scheduler_from_diffusers(dict(sd15, trained_betas=[b / 2 for b in betas]))
+    assert halved.schedule.alphas_cumprod[-1] > 2 * alpha_bar[-1]
