@@ -10,7 +10,8 @@ size and the loaded model's size; "no full host copy per device" means the peak 
 8 × the model. The resident memory added, split after the load into
 anonymous (the arrays: about one model) and file-backed (the checkpoint's pages read through
 safetensors' mapping: page cache, up to one file), says where the peak goes. The child also
-checks every leaf's sharding is `state_shardings`' FSDP one and a few leaves' values equal the file's.
+checks every leaf's sharding is `state_shardings`' FSDP one and a few leaves' values equal the file's,
+and (float32) samples one image's latents from it by DiT's protocol (`--sample_steps` DDPM steps, cfg 1.5).
 
     python benchmarks/bench_dit_load.py                 # full XL/2
     python benchmarks/bench_dit_load.py --shapes "DiT-S/2 256"
@@ -68,8 +69,9 @@ def rss_kinds() -> dict[str, float]:
     return {k: int(v.split()[0]) / 1024 for k, v in fields.items()}
 
 
-def child(path: str, dtype: str, min_size: int) -> dict:
-    """Load `path` onto an 8-device FSDP mesh in `dtype`; the peak RSS and the checks."""
+def child(path: str, dtype: str, min_size: int, sample_steps: int) -> dict:
+    """Load `path` onto an 8-device FSDP mesh in `dtype`; the peak RSS and the checks; in float32, then one
+    image's latents by DiT's protocol (`sample_dit`, DDPM, cfg 1.5) in `sample_steps` steps."""
     import jax
     import jax.numpy as jnp
     from safetensors import safe_open
@@ -100,7 +102,17 @@ def child(path: str, dtype: str, min_size: int) -> dict:
         for name, (ours, theirs) in checks.items():
             assert ours.sharding.spec != jax.sharding.PartitionSpec() or ours.size < min_size, name
             np.testing.assert_array_equal(np.asarray(ours.astype(jnp.float32)), theirs.astype(dtype).astype(np.float32))
-    return dict(dtype=dtype, baseline_mib=before / MIB, peak_mib=peak / MIB, load_s=seconds,
+    sampled = {}
+    if sample_steps and dtype == "float32":  # the loaded model runs: one image, sharded weights, cfg's doubled batch
+        from eqxdiff.pretrained import sample_dit
+
+        noise = jax.random.normal(jax.random.key(0), (1, model.image_size, model.image_size, model.in_channels))
+        start = time.perf_counter()
+        latents = np.asarray(sample_dit(model, jnp.array([207]), noise, steps=sample_steps, method="ddpm",
+                                        cfg_scale=1.5, key=jax.random.key(1)))  # fmt: skip
+        assert latents.shape == noise.shape and np.isfinite(latents).all() and latents.std() > 0
+        sampled = dict(sample_steps=sample_steps, sample_s=time.perf_counter() - start, latents_std=float(latents.std()))
+    return dict(dtype=dtype, baseline_mib=before / MIB, peak_mib=peak / MIB, load_s=seconds, **sampled,
                 model_mib=sum(x.nbytes for x in leaves) / MIB, sharded_fraction=sharded / sum(x.nbytes for x in leaves),
                 params=sum(x.size for x in leaves), leaves=len(leaves),
                 anon_added_mib=kinds_after.get("RssAnon", np.nan) - kinds_before.get("RssAnon", np.nan),
@@ -111,11 +123,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="DiT-XL/2 256", help="an entry of official_shapes.json")
     parser.add_argument("--min_size", type=int, default=2**12, help="placement's: smaller leaves replicate")
+    parser.add_argument("--sample_steps", type=int, default=2, help="then sample one image in this many DDPM steps")
     parser.add_argument("--child", nargs=2, metavar=("PATH", "DTYPE"), help=argparse.SUPPRESS)
     parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.min_size)))
+        print(json.dumps(child(*args.child, args.min_size, args.sample_steps)))
         return
     if args.write:
         print(write_checkpoint(args.shapes, args.write))
@@ -130,7 +143,8 @@ def main() -> None:
         size = int(subprocess.run(write, env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
         runs = []
         for dtype in ("float32", "bfloat16"):
-            command = [sys.executable, __file__, "--child", str(path), dtype, "--min_size", str(args.min_size)]
+            command = [sys.executable, __file__, "--child", str(path), dtype, "--min_size", str(args.min_size),
+                       "--sample_steps", str(args.sample_steps)]  # fmt: skip
             out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if out.returncode:
                 raise SystemExit(f"the {dtype} load failed:\n{out.stderr[-3000:]}")

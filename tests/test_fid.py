@@ -239,3 +239,26 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     assert line2["num"] == 12 and line2["step"] == 24
     for key in ("fid", "precision", "recall"):  # the same samples and features as on one process
         np.testing.assert_allclose(line2[key], line[key], rtol=1e-5, err_msg=key)
+
+
+def test_adm_batches_serve_as_references(tmp_path):
+    """open_fid (train/sample.py --fid, training's --fid_ref) reads ADM's reference batch by its stored
+    mu/sigma (its images and sFID statistics unread; a warning that they are the TF graph's), and a
+    batch of images alone (ADM's sample-batch layout) by statistics and features computed from them."""
+    images = np.repeat(random_images(12, 9), 3, axis=-1)
+    x = host_features(images[..., :1])
+    mu, sigma = x.mean(axis=0), np.cov(x, rowvar=False)
+    np.savez(tmp_path / "adm_ref.npz", arr_0=images, mu=mu + 1, sigma=sigma, mu_s=np.zeros(3), sigma_s=np.eye(3))
+    with pytest.warns(UserWarning, match="ADM's reference batch: its mu/sigma come from the TF graph"):
+        _, stored = open_fid("", tmp_path / "adm_ref.npz", (8, 8, 3), projection)
+    np.testing.assert_array_equal(stored.mu, mu + 1)
+    assert stored.features is None
+    np.savez(tmp_path / "images.npz", arr_0=images, arr_1=np.arange(12))
+    _, computed = open_fid("", tmp_path / "images.npz", (8, 8, 3), projection)
+    np.testing.assert_allclose(computed.mu, mu, rtol=1e-5, atol=1e-6)  # float32 features
+    np.testing.assert_allclose(computed.sigma, sigma, rtol=0, atol=1e-5 * np.abs(sigma).max())
+    np.testing.assert_allclose(computed.features, x, rtol=1e-5, atol=1e-6)
+    assert computed.image_shape == (8, 8, 3)
+    np.savez(tmp_path / "floats.npz", arr_0=images.astype(np.float32))
+    with pytest.raises(ValueError, match=r"'arr_0' is float32 \[12, 8, 8, 3\]; ADM's batches hold uint8"):
+        open_fid("", tmp_path / "floats.npz", (8, 8, 3), projection)

@@ -4,6 +4,10 @@
     python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
     python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --guidance 4 --out g.png
     python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception pt_inception-2015-12-05-6726825d.pth
+    python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
+
+`--pretrained dit:FILE | sit:FILE` samples a published DiT or SiT checkpoint by its paper's protocol
+instead of a run (train/sample_pretrained.py says which flags mean what there).
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
+    parser.add_argument("--num_heads", type=int, default=None,
+                        help="--pretrained: attention heads of a checkpoint not of an official size")  # fmt: skip
     parser.add_argument("--step", type=int, default=-1,
                         help="checkpoint step (default: the newest); with --ema: the post-hoc EMA's")  # fmt: skip
     parser.add_argument("--ema", default="",

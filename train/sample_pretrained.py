@@ -97,8 +97,11 @@ def main(args: argparse.Namespace) -> None:
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
     loader = FAMILIES[family][0]
-    model = loader(path, place=placement(mesh))
-    vae = open_autoencoder(args.vae, mesh=mesh)
+    try:
+        model = loader(path, args.num_heads, place=placement(mesh))
+        vae = open_autoencoder(args.vae, mesh=mesh)
+    except (ValueError, OSError) as e:  # not a DiT/SiT state_dict, an unofficial size without --num_heads, a bad VAE
+        raise SystemExit(str(e)) from e
     size, channels, num_classes = model.image_size, model.in_channels, model.num_classes
     classes = [int(c) for c in args.classes.split(",")] if args.classes else list(range(num_classes))
     if not all(0 <= c < num_classes for c in classes):

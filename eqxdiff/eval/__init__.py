@@ -3,6 +3,8 @@ captioned_digits), the Fréchet distance behind it, and FID's pieces (pytorch-fi
 network, streaming feature statistics in its npz layout, its distance), FID of a model's samples
 streamed chunk by chunk, and improved precision/recall in the same features."""
 
+from eqxdiff.eval.adm_eval import BatchFeatures, adm_metrics, batch_features
+from eqxdiff.eval.adm_inception import ADMInception
 from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
 from eqxdiff.eval.fid import (
@@ -16,13 +18,18 @@ from eqxdiff.eval.fid import (
 )
 from eqxdiff.eval.frechet import fid_from_stats, frechet_distance, frechet_distance_features, gaussian_stats
 from eqxdiff.eval.inception import InceptionV3
+from eqxdiff.eval.inception_score import inception_score
 from eqxdiff.eval.precision_recall import knn_radii, precision_recall, within_manifold
 
 __all__ = [
+    "ADMInception",
+    "BatchFeatures",
     "FIDReference",
     "FeatureStats",
     "InceptionV3",
     "KeptFeatures",
+    "adm_metrics",
+    "batch_features",
     "digits_sample_metrics",
     "digits_split",
     "fid_from_stats",
@@ -33,6 +40,7 @@ __all__ = [
     "frechet_distance_of_few",
     "gather_feature_stats",
     "gaussian_stats",
+    "inception_score",
     "knn_radii",
     "load_reference",
     "load_stats",

@@ -10,11 +10,14 @@ feature vectors, not only (mu, sigma): a fixed random subset of rows is kept whi
 file (key `features`, which pytorch-fid ignores). train/fid_stats.py also stores the dataset's spec
 and image shape (keys `dataset`, `image_shape`, ignored by pytorch-fid too): FID against statistics
 of other data or another image size warns, as do statistics with a (near) zero covariance.
+ADM's batches (eqxdiff/eval/adm_batches.py) serve as references too: a reference batch by its stored
+`mu`/`sigma`, a batch of images alone by statistics computed from them once (open_fid).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Float
 
+from eqxdiff.eval.adm_batches import IMAGES, array_names, image_batches
+from eqxdiff.eval.adm_batches import image_shape as batch_image_shape
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats
 from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
 from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, check_weights_file, skipped_keys
@@ -126,6 +131,7 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
     with np.load(path, allow_pickle=False) as f:
         features = np.asarray(f[FEATURES_KEY], np.float32) if FEATURES_KEY in f.files else None
         about = {k: f[k] for k in DATA_KEYS if k in f.files}
+        adm = "mu_s" in f.files  # ADM's reference batch: statistics of its TF graph
     if features is not None:
         if features.ndim != 2 or features.shape[1] != len(mu) or len(features) <= NEIGHBOURS:
             raise ValueError(
@@ -135,6 +141,10 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
         if not np.isfinite(features).all():
             raise ValueError(f"{path}: '{FEATURES_KEY}' holds NaN/inf values.")
     warn_if_degenerate(mu, sigma, str(path))
+    if adm:
+        warnings.warn(f"{path} is ADM's reference batch: its mu/sigma come from the TF graph, whose resize and "
+                      "scaling are not pytorch-fid's (used here), so FID against them is offset a little; "
+                      "train/evaluate.py reports both ADM's way.", UserWarning, stacklevel=2)  # fmt: skip
     dataset = str(about["dataset"]) if "dataset" in about else None
     image_shape = tuple(int(n) for n in about["image_shape"]) if "image_shape" in about else None
     return FIDReference(mu, sigma, features, str(path), dataset, image_shape)
@@ -304,6 +314,38 @@ def load_inception(path: str | Path) -> InceptionV3:
     return load_safetensors(abstract, path, ignore=ignore, place=placement(local), layouts=TORCH_LAYOUTS)
 
 
+def reference_of_images(path: str | Path, features_fn: Any, batch_size: int = 256) -> FIDReference:
+    """The FID reference of a batch file's images (`arr_0`, uint8 [n, h, w, 1 or 3]: ADM's batch
+    layout) by `features_fn`: their statistics and every feature row (precision/recall; ADM's reference
+    batches hold 10,000), computed once, `batch_size` at a time over this process's devices (every
+    process computes all of it, the same)."""
+    path = Path(path).expanduser()
+    shape = batch_image_shape(path)
+    devices = jax.local_devices()
+    mesh = make_mesh(devices=devices)
+    features_fn = replicated(features_fn, mesh)
+    size = -(-batch_size // len(devices)) * len(devices)
+    stats, rows = FeatureStats(feature_dim(features_fn, shape[1:])), []
+    for images in image_batches(path, size):
+        padded = np.concatenate([images, np.repeat(images[-1:], size - len(images), axis=0)])
+        rows.append(np.asarray(rgb_features(features_fn, jax.device_put(padded, batch_sharding(mesh))))[: len(images)])
+        stats.update(rows[-1])
+    mu, sigma = stats.mean_cov()
+    warn_if_degenerate(mu, sigma, str(path))
+    features = np.concatenate(rows) if stats.count > NEIGHBOURS else None
+    return FIDReference(mu, sigma, features, str(path), None, tuple(shape[1:]))
+
+
+def is_image_batch(path: str | Path) -> bool:
+    """Whether `path` is an .npz of images without statistics: `arr_0` and no `mu` (ADM's sample-batch
+    layout; a reference batch that stores `mu`/`sigma` reads as statistics)."""
+    path = Path(path).expanduser()
+    if not (path.is_file() and zipfile.is_zipfile(path)):
+        return False
+    names = array_names(path)
+    return IMAGES in names and "mu" not in names
+
+
 def open_fid(
     inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None,
     dataset: str | None = None,
@@ -311,7 +353,9 @@ def open_fid(
     """(feature network, reference) for FID of images `image_shape`, checked against each other
     before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`: its .pth, or a
     .safetensors copy), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
-    dimension must be the network's: 2048 for InceptionV3). Errors are ValueError/FileNotFoundError
+    dimension must be the network's: 2048 for InceptionV3; ADM's reference batch reads as its stored
+    `mu`/`sigma`), or a batch of images `arr_0` without statistics (ADM's layout), whose statistics
+    and features are computed here once. Errors are ValueError/FileNotFoundError
     naming the file and the fix; statistics of (almost) one image, of another image size or of
     another dataset than `dataset` (the model's training data) warn."""
     if features_fn is None:
@@ -321,6 +365,9 @@ def open_fid(
         features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")
-    loaded = load_reference(reference, dim=feature_dim(features_fn, image_shape))
+    if is_image_batch(reference):  # ADM's batch of images: statistics computed once, here
+        loaded = reference_of_images(reference, features_fn)
+    else:
+        loaded = load_reference(reference, dim=feature_dim(features_fn, image_shape))
     warn_if_other_data(loaded, image_shape, dataset)
     return features_fn, loaded

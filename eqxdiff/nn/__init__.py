@@ -1,6 +1,6 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
-transformers' CLIP text tower, diffusers' Stable Diffusion UNet (SD 1.x/2.x/XL) and an exact
-space-to-depth "autoencoder".
+transformers' CLIP text towers (and the prompt embeddings SD and SDXL take from them), diffusers' Stable
+Diffusion UNet (SD 1.x/2.x/XL) and an exact space-to-depth "autoencoder".
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -19,6 +19,7 @@ from eqxdiff.nn.layers import (
 )  # fmt: skip
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.sd_unet import SDUNet
+from eqxdiff.nn.sd_text import SDXLTextEncoders, sd_prompt_embeds
 from eqxdiff.nn.sdxl_cond import SDXLCond, sdxl_time_ids
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
@@ -28,7 +29,7 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
     "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Embedding",
-    "GroupNorm", "ResBlock", "SDUNet", "SDXLCond", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned",
-    "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sdxl_time_ids", "sincos_pos_embed_2d",
-    "timestep_embedding", "zero_init",
+    "GroupNorm", "ResBlock", "SDUNet", "SDXLCond", "SDXLTextEncoders", "SelfAttention", "SpaceToDepth", "TextCond",
+    "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sd_prompt_embeds", "sdxl_time_ids",
+    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip
