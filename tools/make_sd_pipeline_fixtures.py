@@ -100,14 +100,17 @@ def save(pipe, folder: Path, out: Path) -> None:
 
 def run(pipe, scheduler, overrides: dict, negative: bool, cfg: float, latents: torch.Tensor, refs: dict, case: str,
         **extra) -> None:  # fmt: skip
-    base = pipe.scheduler.config
-    pipe.scheduler = (scheduler or type(pipe.scheduler)).from_config({**base, **overrides})
+    base = pipe.scheduler
+    # from_config's keyword overrides: a key merged into the config dict is dropped when the base config lists it
+    # under _use_default_values (an Euler config's use_karras_sigmas, say)
+    pipe.scheduler = (scheduler or type(base)).from_config(base.config, **overrides)
     out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVE if negative else None, num_inference_steps=STEPS,
                guidance_scale=cfg, latents=latents.clone(), height=SIZE, width=SIZE, output_type="latent",
                **extra).images  # fmt: skip
     refs[f"{case}_latents"] = out.numpy()
-    pipe.scheduler = type(pipe.scheduler).from_config(base) if scheduler is None else pipe.scheduler
+    assert all(pipe.scheduler.config[k] == v for k, v in overrides.items()), f"{case}: overrides not applied"
     print(case, type(pipe.scheduler).__name__, float(out.abs().mean()))
+    pipe.scheduler = base
 
 
 def main() -> None:
