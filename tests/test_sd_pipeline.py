@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from eqxdiff.pretrained import load_sd
 
@@ -162,12 +163,14 @@ def test_refusals(sd1, sdxl, sd1_folder, tmp_path):
 def test_cli_writes_a_png(sd1_folder, tmp_path):
     out = tmp_path / "grid.png"
     cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{sd1_folder}", "--prompts",
-           "a cat|a dog", "--negative_prompts", "blurry|", "--cfg", "5", "--steps", "2", "--method", "euler",
+           "a cat", "a dog", "--negative_prompts", "blurry", "", "--cfg", "5", "--steps", "2", "--method", "euler",
            "--out", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
                                                                    "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert out.is_file() and out.stat().st_size > 0
+    assert "2 images (euler, 2 steps, cfg 5)" in done.stdout
+    grid = np.asarray(Image.open(out))
+    assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]

@@ -157,8 +157,11 @@ class SDPipeline:
     def images(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                **kwargs) -> Float[Array, "b H W 3"]:  # fmt: skip
         """`latents(...)` decoded by the VAE, `decode(z / scaling_factor + shift_factor)`: images in about [-1, 1]."""
-        latents = self.latents(prompts, negative_prompts, **kwargs)
-        return _decode(self.vae, latents)
+        return self.decode(self.latents(prompts, negative_prompts, **kwargs))
+
+    def decode(self, latents: Float[Array | np.ndarray, "b h w c"]) -> Float[Array, "b H W 3"]:
+        """Latents as the UNet sees them -> images in about [-1, 1], `vae.decode(z / scaling_factor + shift_factor)`."""
+        return _decode(self.vae, jnp.asarray(latents, jnp.float32))
 
 
 @eqx.filter_jit
