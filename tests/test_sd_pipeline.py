@@ -174,3 +174,27 @@ def test_cli_writes_a_png(sd1_folder, tmp_path):
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
+    import sample  # train/sample.py (conftest puts train/ on the path)
+
+    other = tmp_path / "img2img"
+    shutil.copytree(sd1_folder, other, ignore=shutil.ignore_patterns("unet", "vae", "text_encoder"))
+    index = json.loads((other / "model_index.json").read_text())
+    (other / "model_index.json").write_text(json.dumps(index | {"_class_name": "StableDiffusionImg2ImgPipeline"}))
+    sd = ["--pretrained", f"sd:{sd1_folder}", "--out", str(tmp_path / "x.png")]
+    for flags, phrase in [
+        (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there"),
+        ([*sd, "--prompts", "a", "--vae", str(sd1_folder / "vae")], "brings its own VAE"),
+        (sd, "needs --prompts"),
+        ([*sd, "--prompts", "a", "--method", "heun"], "samples with ddim, euler, euler_ancestral, dpmpp_2m"),
+        ([*sd, "--prompts", "a", "b", "c", "--negative_prompts", "x", "y"], "one for all prompts or one per prompt"),
+        (["--pretrained", f"sd:{other}", "--prompts", "a"], "is a StableDiffusionImg2ImgPipeline: load_sd reads"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as refused:
+            sample.main(sample.parse_args(flags))
+        assert phrase in str(refused.value.code), flags
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--run_dir", "r", "--negative_prompts", "x"])
+    assert "--negative_prompts: for --pretrained sd:FOLDER" in capsys.readouterr().err

@@ -7,7 +7,8 @@
     python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
 
 `--pretrained dit:FILE | sit:FILE` samples a published DiT or SiT checkpoint by its paper's protocol
-instead of a run (train/sample_pretrained.py says which flags mean what there).
+instead of a run (train/sample_pretrained.py says which flags mean what there); `--pretrained sd:FOLDER
+--prompts ... [--negative_prompts ...]` a diffusers Stable Diffusion pipeline (train/sample_sd.py).
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
