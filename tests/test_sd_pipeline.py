@@ -165,14 +165,14 @@ def test_cli_writes_a_png(sd1_folder, tmp_path):
     cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{sd1_folder}", "--prompts",
            "a cat", "a dog", "--negative_prompts", "blurry", "", "--cfg", "5", "--steps", "2", "--method", "euler",
            "--out", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-                                                                   "PATH": "/usr/bin:/bin"})  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 images (euler, 2 steps, cfg 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
-                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+                         capture_output=True, text=True, env=env)  # fmt: skip
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]
 
 

@@ -69,4 +69,3 @@ def main(args: argparse.Namespace) -> None:
         save_image_grid(args.out, images, ncols=1, row_labels=args.prompts)
     print(f"{args.pretrained}: {len(args.prompts)} images ({pipe.scheduler.method}, {args.steps} steps, "
           f"cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
-

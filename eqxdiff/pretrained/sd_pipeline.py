@@ -176,7 +176,7 @@ def load_sd(folder: str | Path, *, variant: str | None = None) -> SDPipeline:
     index_file = folder / "model_index.json"
     if not index_file.is_file():
         raise FileNotFoundError(f"{folder} has no model_index.json: give a pipeline folder as diffusers' "
-                                "save_pretrained writes it (model_index.json, unet/, vae/, text_encoder/, ...)")  # fmt: skip
+                                "save_pretrained writes it (model_index.json, unet/, vae/, …)")  # fmt: skip
     name = json.loads(index_file.read_text()).get("_class_name")
     if name not in PIPELINES:
         raise ValueError(f"{folder} is a {name}: load_sd reads StableDiffusionPipeline (SD 1.x/2.x) and "
