@@ -133,7 +133,13 @@ def test_the_cases_are_told_apart():
 def test_drawn_latents_and_images(sd1):
     images = sd1.images(["a cat"], steps=2, cfg=3.0, key=jax.random.key(0), height=16, width=24)
     assert images.shape == (1, 16, 24, 3) and np.isfinite(np.asarray(images)).all()
-
+    # from the same initial latents, Euler ancestral's step noise comes from the key (Euler's does not exist)
+    noise = np.asarray(jax.random.normal(jax.random.key(5), (1, 8, 8, 4)))
+    draw = lambda method, seed: np.asarray(sd1.latents(["a cat"], steps=3, cfg=3.0, initial_latents=noise,  # noqa: E731
+                                                       key=jax.random.key(seed), method=method))  # fmt: skip
+    a = draw("euler_ancestral", 0)
+    assert np.isfinite(a).all() and relative(draw("euler_ancestral", 1), a) > 0.1
+    assert relative(draw("euler_ancestral", 0), a) == 0 and relative(draw("euler", 1), draw("euler", 0)) == 0
 
 def test_refusals(sd1, sdxl, sd1_folder, tmp_path):
     with pytest.raises(ValueError, match="guidance_rescale"):

@@ -110,6 +110,7 @@ class SDPipeline:
         crops_coords_top_left: Sequence[int] = (0, 0),
         target_size: Sequence[int] | None = None,
         clip_skip: int | None = None,
+        method: str | None = None,
         guidance_rescale: float = 0.0,
     ) -> Float[Array, "b h w c"]:
         """What diffusers' pipeline `__call__(prompts, negative_prompts, num_inference_steps=steps,
@@ -119,7 +120,8 @@ class SDPipeline:
         Euler ancestral's noise). height/width (pixels) default to the initial latents' size·f, or the UNet's
         sample_size·f. SDXL only: `original_size` and `target_size` (height, width; default (height, width)) and
         `crops_coords_top_left` (top, left) become the time_ids of both halves, as diffusers' defaults for the
-        negative ones. `guidance_rescale` (SDXL's φ) other than 0 is not ported."""
+        negative ones. `method` (a scheduler class or eqxdiff method) samples as `with_scheduler(method)` does.
+        `guidance_rescale` (SDXL's φ) other than 0 is not ported."""
         if guidance_rescale != 0:
             raise ValueError(f"guidance_rescale={guidance_rescale}: the rescaled guidance of Lin et al. 2023 is not "
                              "ported; use 0 (diffusers' default).")  # fmt: skip
@@ -152,7 +154,8 @@ class SDPipeline:
                                      target_size or (height, width), b)  # fmt: skip
             cond = SDXLCond(self.prompts.encode(prompts, clip_skip=clip_skip), time_ids)
             null = SDXLCond(self.prompts.negative(b, negative_prompts), time_ids) if guided else None
-        return _sample(self.unet, self.scheduler, cond, null, cfg, initial_latents, steps, key)
+        scheduler = self.scheduler if method is None else self.with_scheduler(method).scheduler
+        return _sample(self.unet, scheduler, cond, null, cfg, initial_latents, steps, key)
 
     def images(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                **kwargs) -> Float[Array, "b H W 3"]:  # fmt: skip
