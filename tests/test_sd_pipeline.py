@@ -53,8 +53,13 @@ def sd1(sd1_folder):
 
 
 @pytest.fixture(scope="module")
-def sdxl(tmp_path_factory):
-    return load_sd(assemble("sdxl", tmp_path_factory.mktemp("sd") / "sdxl"))
+def sdxl_folder(tmp_path_factory) -> Path:
+    return assemble("sdxl", tmp_path_factory.mktemp("sd") / "sdxl")
+
+
+@pytest.fixture(scope="module")
+def sdxl(sdxl_folder):
+    return load_sd(sdxl_folder)
 
 
 def reference(family: str) -> dict:
@@ -166,9 +171,10 @@ def test_refusals(sd1, sdxl, sd1_folder, tmp_path):
         load_sd(folder)
 
 
-def test_cli_writes_a_png(sd1_folder, tmp_path):
-    out = tmp_path / "grid.png"
-    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{sd1_folder}", "--prompts",
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_cli_writes_a_png(family, request, tmp_path):
+    out, folder = tmp_path / "grid.png", request.getfixturevalue(f"{family}_folder")
+    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{folder}", "--prompts",
            "a cat", "a dog", "--negative_prompts", "blurry", "", "--cfg", "5", "--steps", "2", "--method", "euler",
            "--out", str(out)]  # fmt: skip
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
