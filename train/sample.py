@@ -7,7 +7,8 @@
     python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
 
 `--pretrained dit:FILE | sit:FILE` samples a published DiT or SiT checkpoint by its paper's protocol
-instead of a run (train/sample_pretrained.py says which flags mean what there).
+instead of a run (train/sample_pretrained.py says which flags mean what there); `--pretrained sd:FOLDER
+--prompts ... [--negative_prompts ...]` a diffusers Stable Diffusion pipeline (train/sample_sd.py).
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -66,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--pretrained", default="",
                         help="dit:FILE or sit:FILE instead of --run_dir: a published checkpoint, sampled by its "
-                             "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
+                             "paper's protocol (train/sample_pretrained.py); sd:FOLDER a diffusers Stable Diffusion "
+                             "pipeline (train/sample_sd.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
     parser.add_argument("--num_heads", type=int, default=None,
@@ -81,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
                              "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
+    parser.add_argument("--negative_prompts", nargs="+", default=None, help="--pretrained sd: one per prompt, or one")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
     parser.add_argument("--method", default=None,
                         help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
@@ -112,7 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if text and (kind != "sigma_rel" or args.pretrained):
         parser.error(f"--ema takes sigma_rel=S (a post-hoc EMA of train/posthoc_ema.py) with --run_dir, got {text!r}")
     if bool(args.run_dir) == bool(args.pretrained):
-        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE")
+        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE|sd:FOLDER")
+    if args.negative_prompts and not args.pretrained.startswith("sd:"):
+        parser.error("--negative_prompts: for --pretrained sd:FOLDER (a run's guidance uses the null text it trained with)")
     if not args.pretrained:
         args.steps = args.steps or 18
         if args.method is not None and args.method not in METHODS:
