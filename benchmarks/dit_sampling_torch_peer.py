@@ -4,7 +4,8 @@ benchmarks/bench_dit_sampling.py (torch venv only).
 Started once by bench_dit_sampling.py as a child process, `tools/.venv/bin/python
 benchmarks/dit_sampling_torch_peer.py`, it reads one JSON command per line on stdin and answers one JSON
 line on stdout (benchmarks/torch_peer.py). DiT's code comes from a clone given in `build` (imported, not
-copied: CC BY-NC 4.0), with tools/make_dit_fixtures.py's timm stand-ins where timm does not import.
+copied: CC BY-NC 4.0), with tools/make_dit_fixtures.py's timm stand-ins where timm does not import (its
+attention fused, as timm's default on torch 2: torch's scaled_dot_product_attention).
 
 Commands (answers carry "ok": true, or "error"):
 
@@ -30,7 +31,9 @@ from safetensors.torch import save_file
 from torch_peer import TimedCalls, serve  # benchmarks/torch_peer.py (this folder is sys.path[0])
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from make_dit_fixtures import official_models  # noqa: E402  (tools/: DiT's models.py, timm stood in)
+from make_dit_fixtures import Attention, official_models  # noqa: E402  (tools/: DiT's models.py, timm stood in)
+
+Attention.fused_attn = True  # where timm stands in: its default on torch 2 (F.scaled_dot_product_attention)
 
 
 class Peer(TimedCalls):

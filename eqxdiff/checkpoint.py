@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
 
 from eqxdiff import xla_cpu
+from eqxdiff.training import TrainState
 
 # orbax splits every replicated array into per-replica slices before writing ("replica
 # parallel"): thousands of small slice dispatches for a small UNet's state, most of each save's
@@ -54,6 +55,22 @@ def _differences(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
     out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
     return sorted(out)[:limit]
+
+
+def _as_saved(arrays):
+    """A TrainState's array half as checkpoints hold it: its fields by name, without `phema` when it tracks
+    none, so a run without post-hoc EMA writes and reads what checkpoints before that field held."""
+    if not isinstance(arrays, TrainState):
+        return arrays
+    fields = {name: getattr(arrays, name) for name in ("model", "ema", "opt_state", "step", "bad_steps", "phema")}
+    return fields if fields["phema"] else {k: v for k, v in fields.items() if k != "phema"}
+
+
+def _from_saved(restored, like):
+    """`_as_saved`'s inverse: the TrainState `like` (the restore target) with the restored arrays."""
+    if not isinstance(like, TrainState):
+        return restored
+    return TrainState(**{"phema": (), **restored})
 
 
 def all_finite(tree) -> bool:
@@ -115,7 +132,7 @@ class Checkpoints:
         if not all_finite(state):  # at the checkpoint cadence only
             return "non_finite"
         args = ocp.args.Composite(
-            state=ocp.args.PyTreeSave(eqx.filter(state, eqx.is_array)),
+            state=ocp.args.PyTreeSave(_as_saved(eqx.filter(state, eqx.is_array))),
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config),
         )
@@ -145,7 +162,8 @@ class Checkpoints:
                 f"another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
+            state=ocp.args.PyTreeRestore(_as_saved(target),
+                                         restore_args=ocp.checkpoint_utils.construct_restore_args(_as_saved(target))),
             data=ocp.args.JsonRestore(),
             config=ocp.args.JsonRestore(),
         )
@@ -158,7 +176,7 @@ class Checkpoints:
                 f"changed since it was written, use the original flags or a new --run_dir; another step restores "
                 f"with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
-        return eqx.combine(restored.state, static), restored.data, restored.config
+        return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
 
     def restore_config(self, step: int) -> dict:
         """Only the config item of `step` (e.g. to rebuild the model before restoring it)."""

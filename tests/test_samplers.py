@@ -313,7 +313,7 @@ def test_a_users_options_come_from_its_signature():
 def test_unknown_options_name_what_the_method_takes():
     x = unit_noise(2)
     grid = karras_sigmas(3)
-    with pytest.raises(ValueError, match=r"s_churn applies to \('heun',\), not 'ddim', whose options are \('eta',\)"):
+    with pytest.raises(ValueError, match=r"s_churn applies to \('heun',\), not 'ddim', whose options are \('eta', 'sigmas_to'\)"):
         sample(gaussian_denoiser, x, grid, "ddim", s_churn=1.0)
     with pytest.raises(ValueError, match=r"not 'euler', whose options are none"):
         sample(gaussian_denoiser, x, grid, "euler", s_noise=1.0)

@@ -6,15 +6,17 @@ from tqdm import tqdm
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import Prefetch, data_position
+from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, process_age_s
 
 
 def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_step: int,
                log_window: LogWindow, profile: ProfileWindow, write_samples, save_checkpoint, stop,
-               evaluate=None) -> object:  # fmt: skip
+               evaluate=None, save_snapshot=None) -> object:  # fmt: skip
     """Steps start_step+1 .. cfg.steps; returns the state. At most two steps are in flight, and the
     host reads metrics only at the log cadence. `evaluate(step, state)`: metrics logged every
-    --eval_every steps."""
+    --eval_every steps. `save_snapshot(step, state)`: post-hoc EMA's snapshots, every --phema_every
+    steps and at the end."""
     previous, first = None, start_step + 1
     bar = tqdm(range(first, cfg.steps + 1), desc="train", total=cfg.steps, initial=start_step, mininterval=2.0,
                disable=not logger.enabled)  # fmt: skip
@@ -59,6 +61,8 @@ def train_loop(cfg, state, train_step, batches, logger: MetricsLogger, *, start_
                 if logger.enabled:  # on the console too, as train/sample.py --fid prints it
                     shown = "  ".join(f"{name.removeprefix('eval/')} {value:.4f}" for name, value in scores.items())
                     bar.write(f"step {step}: {shown}")
+            if save_snapshot is not None and (step % cfg.phema_every == 0 or step == cfg.steps):
+                save_snapshot(step, state)
             if stopping or step % cfg.ckpt_every == 0 or step == cfg.steps:
                 save_checkpoint(step, state)
         if stopping:
@@ -80,3 +84,9 @@ def save_checkpoint(step: int, state, *, checkpoints: Checkpoints, config: dict,
     elif saved == "not_newest":
         tqdm.write(f"step {step}: not saved, {config['run_dir']} holds newer step {checkpoints.steps[-1]}; "
                    f"to branch from an older step, copy it into a new --run_dir")
+
+
+def save_snapshot(step: int, state, *, snapshots: EmaSnapshots, sigma_rels: tuple[float, ...]) -> None:
+    """Post-hoc EMA's input: the state's power-function EMAs (`state.phema`, of `sigma_rels`) as step `step`
+    (train/posthoc_ema.py reads them); a step already there (a resumed run replays it) is kept."""
+    snapshots.save(step, state.phema, {"step": step, "sigma_rels": list(sigma_rels)})

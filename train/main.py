@@ -16,6 +16,7 @@ the run's setup in `main`; the model table is train/models.py, the loop train/lo
 itself (sharding, donation, NaN guard, accumulation) is `eqxdiff.training.make_train_step`.
 """
 
+import contextlib
 import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entr
 from tqdm import tqdm
 
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
+from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, global_batch
 from eqxdiff.diffusion import (
     METHODS,
@@ -58,12 +60,13 @@ from eqxdiff.training import (
     peak_flops_per_device,
     step_flops,
 )
+from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
-from loop import save_checkpoint, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
+from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
@@ -112,6 +115,8 @@ class Config(Launch):
     weight_decay: float = 1e-4  # AdamW's decoupled weight decay
     ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
+    phema_sigma_rels: str = ""  # post-hoc EMA (train/posthoc_ema.py): track EMAs of these σ_rel, e.g. 0.05,0.10
+    phema_every: int = 100  # steps between their snapshots in RUN_DIR/phema (and one at the end); never pruned
     max_bad_steps: int = 5  # stop after this many consecutive non-finite steps (each is skipped, the state kept)
     # sampling: the sample grids of the EMA
     sample_every: int = 300  # steps between sample grids in RUN_DIR/samples (and one at the end); 0: none
@@ -196,6 +201,12 @@ def parse_config(argv: list[str] | None = None) -> Config:
         parser.error(str(e))
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
         parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
+    try:
+        parse_sigma_rels(cfg.phema_sigma_rels)
+    except ValueError as e:
+        parser.error(f"--phema_sigma_rels takes comma-separated relative widths, e.g. 0.05,0.10: {e}")
+    if cfg.phema_every < 1:
+        parser.error(f"--phema_every must be >= 1, got {cfg.phema_every}")
     return cfg
 
 
@@ -292,10 +303,12 @@ def main(cfg: Config, features_fn=None) -> None:
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
     frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
+    sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
         abstract, shardings = abstract_train_state(
-            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False
+            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False,
+            num_phema=len(sigma_rels),
         )
         frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
                                                                        rules=SHARDING_RULES, strict=False)  # fmt: skip
@@ -314,6 +327,7 @@ def main(cfg: Config, features_fn=None) -> None:
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
+        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
     # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
@@ -324,6 +338,7 @@ def main(cfg: Config, features_fn=None) -> None:
     # A fresh state, or the newest checkpoint restored onto this run's mesh, while the step
     # compiles in a thread (it needs only shapes; XLA's compiler releases the GIL).
     checkpoints = Checkpoints(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    snapshots = EmaSnapshots(run_dir / "phema") if sigma_rels else None  # post-hoc EMA's, each process its shards
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
@@ -353,7 +368,7 @@ def main(cfg: Config, features_fn=None) -> None:
     flops_per_device = step_flops(train_step, abstract, spec, frozen) / mesh.size  # XLA's cost analysis of the step
     with Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
-    ) as logger, checkpoints, StopRequest() as stop:
+    ) as logger, checkpoints, snapshots or contextlib.nullcontext(), StopRequest() as stop:
         logger.truncate_after(start_step)  # a resumed run logs each step once
         logger.log_once({
             "startup/step_flops_per_device": flops_per_device,
@@ -367,6 +382,7 @@ def main(cfg: Config, features_fn=None) -> None:
             write_samples=write_samples, stop=stop, evaluate=evaluate,
             save_checkpoint=functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config, source=source,
                                               batches=batches, start_example=start_example),
+            save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
 

@@ -10,9 +10,11 @@ from typing import Any
 from jax.sharding import Mesh
 
 from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.codecs import codec_from_config
 from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
 from eqxdiff.training import abstract_train_state, adamw_cosine
+from eqxdiff.training.phema import parse_sigma_rels
 
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import build_model, model_args
@@ -74,30 +76,61 @@ def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
                          f"now ({e}); put it back there.") from e  # fmt: skip
 
 
-def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh) -> Run:
+def posthoc_dir(run_dir: str | Path, sigma_rel: float) -> Path:
+    """Where train/posthoc_ema.py keeps the post-hoc EMAs of `sigma_rel` (eqxdiff.ema_snapshots, by step)."""
+    return Path(run_dir) / "posthoc_ema" / f"{sigma_rel:g}"
+
+
+def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | None = None) -> Run:
     """Checkpoint `step` (< 0: the newest) of `run_dir`: its EMA model rebuilt from the stored constructor
     arguments (a checkpoint from before they were stored: its MODELS entry now) and replicated over `mesh`
     (the run may have trained on another mesh); a run, step, tower or VAE that cannot be read is a
-    SystemExit naming it; a checkpoint that does not fit raises CheckpointError."""
-    step, _ = stored_run(run_dir, step)
+    SystemExit naming it; a checkpoint that does not fit raises CheckpointError. `ema`: a σ_rel; the model
+    is then train/posthoc_ema.py's post-hoc EMA of that profile at `step` (< 0: its newest) instead, built
+    as the newest checkpoint describes it."""
+    asked, (step, _) = step, stored_run(run_dir, -1 if ema is not None else step)
     with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
-        image_shape = tuple(stored["image_shape"])
-        args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
-
-        def make_model(key):
-            return build_model(args, False, key, condition)
-
-        # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
-        optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
-        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**62)
-        state, _, _ = checkpoints.restore(step, abstract, shardings)
+        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh)
+        if ema is None:
+            model = checkpoints.restore(step, abstract, shardings)[0].ema
+    if ema is not None:
+        step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
     return Run(
-        ema=state.ema, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
+        ema=model, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
         schedule=schedule_by_name(cfg.schedule), parameterization=parameterization_by_name(cfg.parameterization,
-        sigma_data(cfg, codec)), image_shape=image_shape, image_dataset=stored.get("image_dataset", cfg.dataset),
+        sigma_data(cfg, codec)), image_shape=tuple(stored["image_shape"]),
+        image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
+
+
+def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh) -> tuple:
+    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config."""
+    image_shape = tuple(stored["image_shape"])
+    args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
+
+    def make_model(key):
+        return build_model(args, False, key, condition)
+
+    # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
+    optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
+    num_phema = len(parse_sigma_rels(cfg.phema_sigma_rels))  # its power-function EMAs, in its checkpoints too
+    return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
+
+
+def load_posthoc_ema(run_dir: str | Path, sigma_rel: float, step: int, abstract_ema, sharding) -> tuple[int, Any]:
+    """(step, model) of train/posthoc_ema.py's post-hoc EMA of `sigma_rel` at `step` (< 0: its newest)."""
+    folder = posthoc_dir(run_dir, sigma_rel)
+    with EmaSnapshots(folder, read_only=True) as saved:
+        if not saved.steps or (step >= 0 and step not in saved.steps):
+            have = f"steps {', '.join(map(str, saved.steps))}" if saved.steps else "none"
+            of_step, step_flag = (f" of step {step}", f" --step {step}") if step >= 0 else ("", "")
+            raise SystemExit(f"--ema sigma_rel={sigma_rel:g}: no post-hoc EMA{of_step} in {folder} (there: {have}); "
+                             f"make it with python train/posthoc_ema.py --run_dir {run_dir} --sigma_rel {sigma_rel:g}"
+                             f"{step_flag}.")  # fmt: skip
+        step = saved.steps[-1] if step < 0 else step
+        return step, saved.restore(step, (abstract_ema,), (sharding,))[0]

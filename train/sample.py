@@ -9,7 +9,8 @@
     python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
 
 `--pretrained dit:FILE | sit:FILE` samples a published DiT or SiT checkpoint by its paper's protocol
-instead of a run (train/sample_pretrained.py says which flags mean what there).
+instead of a run (train/sample_pretrained.py says which flags mean what there); `--pretrained sd:FOLDER
+--prompts ... [--negative_prompts ...]` a diffusers Stable Diffusion pipeline (train/sample_sd.py).
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -74,17 +75,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--pretrained", default="",
                         help="dit:FILE or sit:FILE instead of --run_dir: a published checkpoint, sampled by its "
-                             "paper's protocol (train/sample_pretrained.py)")  # fmt: skip
+                             "paper's protocol (train/sample_pretrained.py); sd:FOLDER a diffusers Stable Diffusion "
+                             "pipeline (train/sample_sd.py)")  # fmt: skip
     parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
     parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
     parser.add_argument("--num_heads", type=int, default=None,
                         help="--pretrained: attention heads of a checkpoint not of an official size")  # fmt: skip
-    parser.add_argument("--step", type=int, default=-1, help="checkpoint step (default: the newest)")
+    parser.add_argument("--step", type=int, default=-1,
+                        help="checkpoint step (default: the newest); with --ema: the post-hoc EMA's")  # fmt: skip
+    parser.add_argument("--ema", default="",
+                        help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
+                             "run's --ema_decay EMA")  # fmt: skip
     parser.add_argument("--num", type=int, default=100, help="number of images")
     parser.add_argument("--classes", default="",
                         help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
                              "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
+    parser.add_argument("--negative_prompts", nargs="+", default=None, help="--pretrained sd: one per prompt, or one")
     parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
     parser.add_argument("--method", default=None,
                         help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
@@ -114,8 +121,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
+    text, (kind, _, value) = args.ema, args.ema.partition("=")
+    try:
+        args.ema = float(value) if text else None
+    except ValueError:
+        kind = None
+    if text and (kind != "sigma_rel" or args.pretrained):
+        parser.error(f"--ema takes sigma_rel=S (a post-hoc EMA of train/posthoc_ema.py) with --run_dir, got {text!r}")
     if bool(args.run_dir) == bool(args.pretrained):
-        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE")
+        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE|sd:FOLDER")
+    if args.negative_prompts and not args.pretrained.startswith("sd:"):
+        parser.error("--negative_prompts: for --pretrained sd:FOLDER (a run's guidance uses the null text it trained with)")
     if not args.pretrained:
         args.steps = args.steps or 18
         if args.method is not None and args.method not in METHODS:
@@ -281,7 +297,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     if args.pretrained:
         return sample_pretrained.main(args)
-    _, saved = stored_run(args.run_dir, args.step)  # what was asked is checked against the run first
+    # What was asked is checked against the run first (--ema: the newest checkpoint describes the model).
+    _, saved = stored_run(args.run_dir, -1 if args.ema is not None else args.step)
     class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
     classes = class_indices(args.classes, class_names, saved["num_classes"])
     if args.eval:
@@ -298,7 +315,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         check_writable(args.out, "--out")
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
-    run = load_run(args.run_dir, args.step, mesh=mesh)
+    run = load_run(args.run_dir, args.step, mesh=mesh, ema=args.ema)
     args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
     weak_denoiser = None
     if args.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program

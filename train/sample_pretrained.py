@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+import sample_sd  # train/sample_sd.py: --pretrained sd:FOLDER, a diffusers Stable Diffusion pipeline
 from sample_batches import balanced_labels, chunk_key, write_sample_batches
 from startup import start_jax
 
@@ -44,7 +45,8 @@ def parse_pretrained(spec: str) -> tuple[str, Path]:
     """`dit:FILE` / `sit:FILE` -> (family, path), or a one-line error naming the fix."""
     family, _, path = spec.partition(":")
     if family not in FAMILIES or not path:
-        raise SystemExit(f"--pretrained {spec!r}: give dit:FILE or sit:FILE (a published .pt or .safetensors).")
+        raise SystemExit(f"--pretrained {spec!r}: give dit:FILE or sit:FILE (a published .pt or .safetensors), or "
+                         "sd:FOLDER (a diffusers Stable Diffusion pipeline).")  # fmt: skip
     if not Path(path).is_file():
         raise SystemExit(f"--pretrained: no file {path} (DiT-XL-2-256x256.pt, SiT-XL-2-256x256.pt, a train.py "
                          f"checkpoint, or one as .safetensors).")  # fmt: skip
@@ -92,6 +94,8 @@ def to_uint8_official(images: np.ndarray) -> np.ndarray:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.pretrained.partition(":")[0] == "sd":
+        return sample_sd.main(args)
     family = check_args(args)
     _, path = parse_pretrained(args.pretrained)
     start_jax(args)

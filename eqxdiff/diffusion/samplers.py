@@ -96,8 +96,12 @@ def heun(
     return jax.lax.cond(step.sigma_next > 0, correct, lambda: x_euler), denoised
 
 
-def dpmpp_2m(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
-    """DPM-Solver++(2M) (Lu et al. 2022, Alg. 2) in λ = -ln σ; first order on the first and last step."""
+def dpmpp_2m(denoise: DenoiseFn, x: Array, step: Step, *, first_order_last: bool = False) -> tuple[Array, Array]:
+    """DPM-Solver++(2M) (Lu et al. 2022, Alg. 2) in λ = -ln σ; first order on the first step and onto σ = 0.
+
+    `first_order_last`: the last step is first order also onto a σ > 0 (diffusers' `DPMSolverMultistepScheduler`
+    with `final_sigmas_type="sigma_min"` does so below 15 steps, `lower_order_final`, or with `euler_at_final`).
+    """
     denoised = denoise(x, step.sigma)
     ratio = step.sigma_next / step.sigma  # = exp(-h)
     first_order = ratio * x + (1 - ratio) * denoised
@@ -106,7 +110,7 @@ def dpmpp_2m(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
     r = (jnp.log(step.sigma_prev) - jnp.log(step.sigma)) / h
     corrected = (1 + 1 / (2 * r)) * denoised - (1 / (2 * r)) * step.previous_denoised
     second_order = ratio * x - jnp.expm1(-h) * corrected
-    use_first = step.first | (step.sigma_next == 0)
+    use_first = step.first | (step.sigma_next == 0) | (first_order_last & (step.index == step.num_steps - 1))
     return jnp.where(use_first, first_order, second_order), denoised
 
 
@@ -132,11 +136,12 @@ def dpmpp_2m_sde(
 
 
 def euler_ancestral(
-    denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 1.0, s_noise: float = 1.0
+    denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 1.0, s_noise: float = 1.0, noises: Array | None = None
 ) -> tuple[Array, Array]:
     """Ancestral Euler (k-diffusion `sample_euler_ancestral`): step to σ_down, add σ_up noise.
 
     σ_up = min(σ_next, eta·sqrt(σ_next²(σ² - σ_next²)/σ²)), σ_down = sqrt(σ_next² - σ_up²).
+    `noises` [num_steps, *x.shape]: every step's unit noise given (e.g. diffusers' draws, to replay them), no key.
     """
     denoised = denoise(x, step.sigma)
     sigma, sigma_next = step.sigma, step.sigma_next
@@ -144,7 +149,7 @@ def euler_ancestral(
     sigma_down = jnp.sqrt(sigma_next**2 - sigma_up**2)
     x = x + pf_ode_slope(x, denoised, sigma) * (sigma_down - sigma)
     if eta > 0:
-        x = x + sigma_up * s_noise * step.noise(x)
+        x = x + sigma_up * s_noise * (step.noise(x) if noises is None else noises[step.index].astype(x.dtype))
     return x, denoised
 
 
@@ -154,14 +159,21 @@ def _vp_coords(sigma):
     return alpha_bar, jnp.sqrt(alpha_bar)
 
 
-def ddim(denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 0.0) -> tuple[Array, Array]:
+def ddim(
+    denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 0.0, sigmas_to: Array | None = None
+) -> tuple[Array, Array]:
     """DDIM (Song et al. 2021, eq. 12), written in VP coordinates x_t = sqrt(ᾱ)·x.
 
     eta = 0 is deterministic (the PF-ODE's Euler step in σ); eta = 1 is DDPM's posterior.
+    `sigmas_to` [num_steps]: the σ each step lands on where it is not the next grid σ. diffusers'
+    `DDIMScheduler` steps from t to t - T//n, which is not the next timestep when n does not divide T
+    (linspace/trailing spacing), and the next step takes that x_t as if at its own t: x_t is kept, so in
+    σ-space x is rescaled from sigmas_to[i] to the grid's next σ.
     """
     denoised = denoise(x, step.sigma)
     alpha_bar, sqrt_alpha_bar = _vp_coords(step.sigma)
-    alpha_bar_next, sqrt_alpha_bar_next = _vp_coords(step.sigma_next)
+    sigma_to = step.sigma_next if sigmas_to is None else sigmas_to[step.index].astype(x.dtype)
+    alpha_bar_next, sqrt_alpha_bar_next = _vp_coords(sigma_to)
     x_t = sqrt_alpha_bar * x
     eps = (x_t - sqrt_alpha_bar * denoised) / jnp.sqrt(1 - alpha_bar)
     std = eta * jnp.sqrt((1 - alpha_bar_next) / (1 - alpha_bar) * (1 - alpha_bar / alpha_bar_next))
@@ -169,7 +181,7 @@ def ddim(denoise: DenoiseFn, x: Array, step: Step, *, eta: float = 0.0) -> tuple
     x_prev = sqrt_alpha_bar_next * denoised + direction
     if eta > 0:
         x_prev = x_prev + std * step.noise(x)
-    return x_prev / sqrt_alpha_bar_next, denoised
+    return x_prev / _vp_coords(step.sigma_next)[1], denoised
 
 
 def ddpm(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:

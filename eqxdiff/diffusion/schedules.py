@@ -43,11 +43,16 @@ class VPSchedule(eqx.Module):
     σ_t = sqrt((1 - ᾱ_t)/ᾱ_t), s(σ) = 1/sqrt(1 + σ²) = sqrt(ᾱ). Training draws t uniformly
     from {0, ..., T-1} (Ho et al. 2020, Alg. 1). The network's time input is the timestep
     index; for a σ between grid points it is interpolated in log σ (k-diffusion's
-    `DiscreteSchedule.sigma_to_t`).
+    `DiscreteSchedule.sigma_to_t`), or, with `interpolation="linear"`, linearly in σ: the inverse of
+    diffusers' `EulerDiscreteScheduler`, whose σ at a fractional t is `np.interp(t, range(T), σ)`.
+    `round_time` rounds that t to the nearest integer (diffusers' `DPMSolverMultistepScheduler` feeds a
+    Karras σ's t rounded).
     """
 
     # A tuple, not an array: static fields must be hashable for jit's cache.
     alphas_cumprod: tuple[float, ...] = eqx.field(static=True, converter=lambda a: tuple(map(float, a)))
+    interpolation: str = eqx.field(static=True, default="log")
+    round_time: bool = eqx.field(static=True, default=False)
 
     @classmethod
     def linear(cls, num_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> "VPSchedule":
@@ -65,6 +70,8 @@ class VPSchedule(eqx.Module):
         a = np.asarray(self.alphas_cumprod)
         if a.size < 2 or not np.all(np.diff(a) < 0) or not (0 < a[-1] and a[0] < 1):
             raise ValueError("VPSchedule needs a strictly decreasing alphas_cumprod inside (0, 1).")
+        if self.interpolation not in ("log", "linear"):
+            raise ValueError(f"VPSchedule interpolation {self.interpolation!r}: choose 'log' (in log σ) or 'linear'.")
 
     @property
     def num_timesteps(self) -> int:
@@ -89,12 +96,18 @@ class VPSchedule(eqx.Module):
         return jnp.asarray(self.sigmas, dtype)[t]
 
     def sigma_to_t(self, sigma: Float[Array, "*s"]) -> Float[Array, "*s"]:
-        log_sigmas = jnp.log(jnp.asarray(self.sigmas, sigma.dtype))
-        return jnp.interp(jnp.log(sigma), log_sigmas, jnp.arange(self.num_timesteps, dtype=sigma.dtype))
+        steps = jnp.arange(self.num_timesteps, dtype=sigma.dtype)
+        if self.interpolation == "linear":
+            t = jnp.interp(sigma, jnp.asarray(self.sigmas, sigma.dtype), steps)
+        else:
+            t = jnp.interp(jnp.log(sigma), jnp.log(jnp.asarray(self.sigmas, sigma.dtype)), steps)
+        return jnp.round(t) if self.round_time else t
 
     def t_to_sigma(self, t: Float[Array, "*s"]) -> Float[Array, "*s"]:
-        log_sigmas = jnp.log(jnp.asarray(self.sigmas, t.dtype))
-        return jnp.exp(jnp.interp(t, jnp.arange(self.num_timesteps, dtype=t.dtype), log_sigmas))
+        steps = jnp.arange(self.num_timesteps, dtype=t.dtype)
+        if self.interpolation == "linear":
+            return jnp.interp(t, steps, jnp.asarray(self.sigmas, t.dtype))
+        return jnp.exp(jnp.interp(t, steps, jnp.log(jnp.asarray(self.sigmas, t.dtype))))
 
     def scale(self, sigma: Float[Array, "*s"]) -> Float[Array, "*s"]:
         return jax.lax.rsqrt(1.0 + sigma**2)

@@ -7,13 +7,18 @@ safetensors) as an eqxdiff `DiT`, without torch and without running anything the
 `sample_sit`: SiT's sampling protocols (its `transport/` ODE and SDE samplers, `forward_with_cfg`);
 `sit_denoiser`: a SiT as an eqxdiff σ-space denoiser, for eqxdiff's own samplers.
 `save_dit`: an eqxdiff `DiT` back in DiT's layout (`.pt` or `.safetensors`), for the official code to load.
+`scheduler_from_diffusers`: a diffusers scheduler config (DDIM, Euler, Euler a, DPM++ 2M, PNDM) in σ-space.
+`load_sd`: a diffusers Stable Diffusion (1.x/2.x, XL) pipeline folder as an `SDPipeline` (prompts -> latents, images).
 """
 
+from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
 from eqxdiff.pretrained.dit import load_dit
 from eqxdiff.pretrained.dit_export import save_dit
 from eqxdiff.pretrained.dit_sampling import dit_schedule, sample_dit
+from eqxdiff.pretrained.sd_pipeline import SDPipeline, load_sd
 from eqxdiff.pretrained.sit import load_sit
 from eqxdiff.pretrained.sit_denoiser import sit_denoiser
 from eqxdiff.pretrained.sit_sampling import sample_sit
 
-__all__ = ["load_dit", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "save_dit", "sit_denoiser"]
+__all__ = ["load_dit", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "save_dit", "sit_denoiser",
+           "scheduler_from_diffusers", "load_sd", "SDPipeline"]

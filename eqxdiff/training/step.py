@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from eqxdiff import xla_cpu
 from eqxdiff.sharding import is_array_like
 
+from .phema import update_power_emas
 from .precision import cast_for_compute
 from .state import TrainState
 
@@ -55,10 +56,16 @@ def make_train_step(
     grad_accum_steps: int = 1,
     precision: str = "fp32",
     frozen_shardings=None,
+    phema_gammas: tuple[float, ...] = (),
 ) -> "TrainStep":
     """Build `train_step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
 
     `ema_decay`: a float, or a schedule of the step count (`ema_warmup(d)`).
+
+    `phema_gammas`: the exponents γ of the state's power-function EMAs (`state.phema`, in order;
+    eqxdiff/training/phema.py): step t = state.step + 1 moves each by 1 - β_t = 1 - (1 - 1/t)^(γ+1)
+    towards the model after the step, also after a skipped one (then the model kept), so that each
+    stays the power-function average of the weights of steps 1..t.
 
     `frozen` is a pytree of modules the step reads but never trains (a pretrained text tower that
     encodes captions in `prepare`): an ARGUMENT of the jitted step, so its weights are neither
@@ -118,12 +125,13 @@ def make_train_step(
             eqx.filter(model, eqx.is_inexact_array),
         )
         updated = TrainState(model, eqx.combine(ema_params, state.ema), opt_state, state.step, state.bad_steps)
-        new_state = _select(finite, updated, state)
-        new_state = eqx.tree_at(
-            lambda s: (s.step, s.bad_steps),
-            new_state,
-            (state.step + 1, jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype)),
-        )
+        kept = TrainState(state.model, state.ema, state.opt_state, state.step, state.bad_steps)  # phema: below
+        new_state = _select(finite, updated, kept)
+        new_state = TrainState(
+            new_state.model, new_state.ema, new_state.opt_state, state.step + 1,
+            jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype),
+            update_power_emas(state.phema, new_state.model, phema_gammas, state.step + 1),
+        )  # fmt: skip
         metrics = dict(
             loss=loss,
             grad_norm=grad_norm,

@@ -1,0 +1,84 @@
+"""EMA snapshots: model-shaped EMAs saved by step with what they are, never pruned.
+
+`directory/<step>/` holds two orbax items:
+  emas  the array leaves of a tuple of EMA models, each process writing its own shards (as checkpoints);
+  meta  JSON: at least `sigma_rels`, one per EMA (a power-function EMA's relative width).
+Training writes its power-function EMAs to RUN_DIR/phema (eqxdiff/training/phema.py); train/posthoc_ema.py
+reads them and writes each reconstruction the same way, one EMA per folder (RUN_DIR/posthoc_ema/<σ_rel>).
+"""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import orbax.checkpoint as ocp
+
+from eqxdiff.checkpoint import _REGISTRY, CheckpointError, _differences, _leaf_table
+
+
+class EmaSnapshots:
+    """orbax CheckpointManager under `directory` that keeps every step; saves are asynchronous (`wait`)."""
+
+    def __init__(self, directory: str | Path, *, read_only: bool = False, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        self.read_only = read_only
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
+                                               create=not read_only)  # fmt: skip
+        handlers = {"emas": ocp.PyTreeCheckpointHandler(type_handler_registry=_REGISTRY),
+                    "meta": ocp.JsonCheckpointHandler()}  # fmt: skip
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps with a complete (committed) snapshot, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, emas: tuple, meta: dict) -> str:
+        """Start saving `emas` (a tuple of EMA models) as `step` with `meta`. Returns "saved", or "exists":
+        a resumed run replays steps its snapshots already hold (bitwise the same), and nothing is rewritten.
+        Any step may be added, older ones too (a changed cadence)."""
+        if self.read_only:
+            raise CheckpointError(f"{self.directory} was opened read-only; step {step} not saved.")
+        if step in self._manager.all_steps():
+            return "exists"
+        args = ocp.args.Composite(emas=ocp.args.PyTreeSave(eqx.filter(tuple(emas), eqx.is_array)),
+                                  meta=ocp.args.JsonSave(meta))  # fmt: skip
+        self._manager.save(step, args=args, force=True)  # force: orbax's default policy refuses older steps
+        return "saved"
+
+    def meta(self, step: int) -> dict:
+        self._require(step)
+        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+    def restore(self, step: int, abstract_emas: tuple, shardings: tuple) -> tuple:
+        """The EMAs of `step` laid out by `shardings`; `abstract_emas` (ShapeDtypeStructs, e.g. an abstract
+        state's `phema` or `(ema,)`) gives the structure and the static parts."""
+        self._require(step)
+        arrays, static = eqx.partition(tuple(abstract_emas), lambda x: isinstance(x, jax.ShapeDtypeStruct))
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, tuple(shardings))
+        mismatch = _differences(_leaf_table(self._manager.item_metadata(step)["emas"].tree), _leaf_table(target))
+        if mismatch:
+            raise CheckpointError(f"EMA snapshot step {step} in {self.directory} does not fit this run's model: "
+                                  + "; ".join(mismatch))  # fmt: skip
+        args = ocp.args.Composite(
+            emas=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+        )
+        return eqx.combine(self._manager.restore(step, args=args).emas, static)
+
+    def _require(self, step: int) -> None:
+        if step not in self._manager.all_steps():
+            raise CheckpointError(f"No EMA snapshot of step {step} in {self.directory}; complete ones: "
+                                  f"{self.steps or 'none'}.")  # fmt: skip
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "EmaSnapshots":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,169 @@
+"""Post-hoc EMA (Karras et al. 2024, §3): the EMA of any power-function profile, rebuilt from a run's snapshots.
+
+    python train/main.py --phema_sigma_rels 0.05,0.10 --phema_every 100      # snapshots in RUN_DIR/phema/<step>/
+    python train/posthoc_ema.py --run_dir runs/digits-unet --sigma_rel 0.02,0.05,0.1,0.2 [--step N]
+    python train/sample.py --run_dir runs/digits-unet --ema sigma_rel=0.05 --eval
+
+Each --sigma_rel's EMA at step N (default: the newest snapshot; N must be a snapshot's step) is Σ_i w_i ·
+snapshot_i over every snapshot of steps <= N (each of the run's tracked profiles): w is the least-squares
+fit of the asked profile by the snapshots' (eqxdiff/training/phema.py, float64), the sum is taken in
+float64 on the host, and the result saved with its weights in RUN_DIR/posthoc_ema/<σ_rel>/<N>/, where
+train/sample.py --ema sigma_rel=S reads it. One process; the snapshots are read whole onto its devices.
+`--sweep` then samples each with the digits scorecard (digits runs) and prints one row per σ_rel.
+"""
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from rebuild import abstract_run_state, posthoc_dir, stored_run, stored_run_condition  # train/rebuild.py
+from main import Config  # train/main.py: the run's flags
+from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
+
+from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.sharding import make_mesh
+from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--run_dir", required=True, help="a train/main.py run trained with --phema_sigma_rels")
+    parser.add_argument("--sigma_rel", required=True, help="comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2")
+    parser.add_argument("--step", type=int, default=-1, help="the snapshot step to rebuild at (default: the newest)")
+    parser.add_argument("--from_sigma_rels", default="",
+                        help="only the snapshots of these tracked profiles, e.g. 0.1 (default: all)")  # fmt: skip
+    parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")
+    parser.add_argument("--num", type=int, default=1000, help="--sweep: samples per σ_rel")
+    parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
+    add_flags(parser, Launch)  # --cpu_devices, ... (train/startup.py)
+    args = parser.parse_args(argv)
+    try:
+        args.sigma_rels = parse_sigma_rels(args.sigma_rel)
+        args.only = parse_sigma_rels(args.from_sigma_rels)
+    except ValueError as e:
+        parser.error(f"--sigma_rel, --from_sigma_rels: {e}")
+    if not args.sigma_rels:
+        parser.error("--sigma_rel: give at least one relative width, e.g. 0.05")
+    if args.num_processes > 1:
+        parser.error("train/posthoc_ema.py runs in one process (it reads each snapshot whole)")
+    return args
+
+
+def snapshot_inputs(snapshots: EmaSnapshots, step: int, only: tuple[float, ...] = ()) -> list[tuple[int, int, float]]:
+    """(step, index in its snapshot, σ_rel) of every EMA saved at a step in 1..`step` (of the profiles `only`,
+    when given), in order."""
+    out = []
+    for s in snapshots.steps:
+        if 0 < s <= step:
+            out += [(s, k, r) for k, r in enumerate(snapshots.meta(s)["sigma_rels"]) if not only or r in only]
+    return out
+
+
+def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding,
+                only: tuple[float, ...] = ()):  # fmt: skip
+    """([one EMA model per σ_rel], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i summed in float64,
+    over the snapshots of steps <= `step` (of the profiles `only`, when given), one step's in memory at a time."""
+    inputs = snapshot_inputs(snapshots, step, only)
+    if not inputs:
+        raise SystemExit(f"{snapshots.directory} holds no snapshot of profiles {list(only)} up to step {step}.")
+    weights = posthoc_coefficients([s for s, _, _ in inputs], [r for _, _, r in inputs], step, sigma_rels)
+    sums = [None] * len(sigma_rels)
+    for s in sorted({s for s, _, _ in inputs}):
+        n = len(snapshots.meta(s)["sigma_rels"])
+        emas = snapshots.restore(s, (abstract_ema,) * n, (sharding,) * n)
+        for i in (i for i, (s_i, _, _) in enumerate(inputs) if s_i == s):
+            ema = emas[inputs[i][1]]
+            leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(eqx.filter(ema, eqx.is_inexact_array))]
+            for k in range(len(sigma_rels)):
+                terms = [weights[i, k] * x for x in leaves]
+                sums[k] = terms if sums[k] is None else [a + b for a, b in zip(sums[k], terms)]
+    template = ema  # the last snapshot's: the non-parameter leaves, and each leaf's dtype and sharding
+    params, static = eqx.partition(template, eqx.is_inexact_array)
+    models = []
+    for total in sums:
+        it = iter(total)
+        leaves = jax.tree.map(lambda like: jax.device_put(next(it).astype(like.dtype), like.sharding), params)
+        models.append(eqx.combine(leaves, static))
+    return models, weights, inputs
+
+
+def same_inputs(a: list, b: list) -> bool:
+    """Two reconstructions' [step, index, σ_rel, weight] rows name the same snapshots with the same weights (to
+    rounding: one σ_rel solved alone or beside others differs in the last bits)."""
+    return [r[:3] for r in a] == [r[:3] for r in b] and np.allclose([r[3] for r in a], [r[3] for r in b], rtol=1e-9)
+
+
+def main(args: argparse.Namespace) -> None:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "phema").is_dir():
+        raise SystemExit(f"{run_dir / 'phema'} does not exist: train the run with --phema_sigma_rels 0.05,0.10 "
+                         f"(train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
+    ckpt_step, _ = stored_run(run_dir, -1)  # the run's model, as its newest checkpoint describes it
+    start_jax(args)
+    mesh = make_mesh(data=-1, fsdp=1)
+    with Checkpoints(run_dir / "checkpoints", read_only=True) as checkpoints:
+        stored = checkpoints.restore_config(ckpt_step)
+    cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+    condition = stored_run_condition(run_dir, stored, mesh)
+    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh)
+    with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
+        if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
+            raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "
+                             f"{', '.join(map(str, snapshots.steps)) or 'none'}; pick one of them.")  # fmt: skip
+        step = snapshots.steps[-1] if args.step < 0 else args.step
+        models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract.ema, shardings.ema, args.only)
+    print(f"{run_dir} step {step}: {len(inputs)} snapshots ({len({s for s, _, _ in inputs})} steps × profiles "
+          f"{sorted({r for _, _, r in inputs})})")  # fmt: skip
+    print(f"{'sigma_rel':>10}{'gamma':>9}{'sum|w|':>9}  saved")
+    for sigma_rel, model, w in zip(args.sigma_rels, models, weights.T):
+        folder = posthoc_dir(run_dir, sigma_rel)
+        with EmaSnapshots(folder) as out:
+            meta = {"step": step, "sigma_rels": [sigma_rel], "gamma": sigma_rel_to_gamma(sigma_rel),
+                    "inputs": [[s, k, r, float(x)] for (s, k, r), x in zip(inputs, w)]}  # fmt: skip
+            if step in out.steps and not same_inputs(out.meta(step)["inputs"], meta["inputs"]):
+                raise SystemExit(f"{folder / str(step)} holds a reconstruction from other snapshots or weights "
+                                 f"(e.g. another --from_sigma_rels): remove that folder to make it again.")  # fmt: skip
+            said = out.save(step, (model,), meta)
+        kept = "" if said == "saved" else " (already there, the same: kept)"
+        print(f"{sigma_rel:>10g}{meta['gamma']:>9.3f}{np.abs(w).sum():>9.3f}  {folder / str(step)}{kept}")
+    if args.sweep:
+        sweep(args, run_dir, step)
+
+
+def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
+    """Each reconstruction sampled as train/sample.py --ema sigma_rel=S --eval does, one row of scores each."""
+    import sample  # train/sample.py; imported here: the reconstruction alone does not need it
+    from eqxdiff.eval import digits_sample_metrics
+    from eqxdiff.generate import generate_images
+    from eqxdiff.images import to_uint8
+    from rebuild import load_run
+
+    mesh = make_mesh(data=-1, fsdp=1)
+    keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")
+    print(f"\nsweep: {args.num} samples each, {args.steps} steps, the run's sampler and guidance")
+    print(f"{'sigma_rel':>10}" + "".join(f"{k:>16}" for k in keys))
+    rows = []
+    for sigma_rel in args.sigma_rels:
+        run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
+        sample.check_eval(run.stored)
+        labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
+        cond, null_cond = run.condition.for_sampling(labels, 1)
+        images, _ = generate_images(run.ema, run.codec, run.schedule, run.parameterization, cond, args.num,
+                                    sample_shape=run.image_shape, mesh=mesh, steps=args.steps,
+                                    method=run.cfg.sample_method, guidance=run.cfg.cfg_scale, null_cond=null_cond,
+                                    seed=0)  # fmt: skip
+        scores = digits_sample_metrics(to_uint8(images), labels)
+        rows.append((sigma_rel, scores))
+        print(f"{sigma_rel:>10g}" + "".join(f"{scores[k]:>16.4f}" for k in keys))
+    best = min(rows, key=lambda r: r[1]["fd"])
+    print(f"lowest fd: sigma_rel {best[0]:g} (real digits: fd {best[1]['fd_real']:.4f}, class_accuracy "
+          f"{best[1]['class_accuracy_real']:.3f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    exit_on_user_error(lambda: main(parse_args()))

@@ -1,0 +1,71 @@
+"""train/sample.py --pretrained sd:FOLDER: a diffusers Stable Diffusion 1.x/2.x or XL pipeline folder (as
+`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.pretrained.load_sd`), one image per
+prompt, as diffusers' pipeline makes them from the same noise.
+
+    python train/sample.py --pretrained sd:stable-diffusion-v1-5/ --prompts "a photo of a cat" "a red car" \\
+        --negative_prompts "blurry" "" --cfg 7.5 --steps 30 --method dpmpp_2m --out grid.png
+
+`--method` swaps the folder's scheduler for another class made from its config (diffusers' `from_config`): ddim,
+euler, euler_ancestral or dpmpp_2m (default: the folder's own). `--negative_prompts`: one per prompt, or one for all
+(default: SD 1.x/2.x "", SDXL zeros when its model_index.json says force_zeros_for_empty_prompt). `--seed` draws
+each image's noise; `--out` a .png grid (a row per prompt) or an .npz of `images` (uint8 NHWC), `latents` and
+`prompts`. Runs on the first device.
+"""
+
+import argparse
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from startup import start_jax
+
+from eqxdiff.images import save_image_grid, to_uint8
+from eqxdiff.pretrained import load_sd
+
+METHODS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
+
+
+def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
+    """The folder and the negative prompts (one per prompt), checked before JAX starts; defaults filled in."""
+    folder = Path(args.pretrained.partition(":")[2]).expanduser()
+    if not (folder / "model_index.json").is_file():
+        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there; give a diffusers pipeline folder "
+                         "(model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/).")  # fmt: skip
+    if args.run_dir or args.vae or args.eval or args.fid or args.classes or args.sampler or args.format != "eqxdiff":
+        raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --cfg, --steps, --method, --seed and "
+                         "--out; the pipeline brings its own VAE (no --run_dir, --vae, --eval, --fid, --classes, "
+                         "--sampler, --format).")  # fmt: skip
+    if not args.prompts:
+        raise SystemExit('--pretrained sd: needs --prompts "a photo of a cat" ... (one image each).')
+    if args.method is not None and args.method not in METHODS:
+        raise SystemExit(f"--method {args.method}: a Stable Diffusion pipeline samples with {', '.join(METHODS)} "
+                         "(default: its scheduler's).")  # fmt: skip
+    negative = args.negative_prompts
+    if negative is not None and len(negative) not in (1, len(args.prompts)):
+        raise SystemExit(f"--negative_prompts: one for all prompts or one per prompt ({len(args.prompts)}), got "
+                         f"{len(negative)}.")  # fmt: skip
+    if negative is not None and len(negative) == 1:
+        negative = negative * len(args.prompts)
+    args.steps = args.steps or 30
+    args.guidance = 7.5 if args.guidance is None else args.guidance
+    return folder, negative
+
+
+def main(args: argparse.Namespace) -> None:
+    folder, negative = check_args(args)
+    start_jax(args)
+    try:
+        pipe = load_sd(folder)
+        if args.method:
+            pipe = pipe.with_scheduler(args.method)
+    except (ValueError, OSError) as e:  # another pipeline class, a missing part, an unported scheduler option
+        raise SystemExit(f"--pretrained sd:{folder}: {e}") from e
+    latents = pipe.latents(args.prompts, negative, steps=args.steps, cfg=args.guidance, key=jax.random.key(args.seed))
+    images = np.asarray(pipe.decode(latents))
+    if Path(args.out).suffix == ".npz":
+        np.savez(args.out, images=to_uint8(images), latents=np.asarray(latents), prompts=np.asarray(args.prompts))
+    else:
+        save_image_grid(args.out, images, ncols=1, row_labels=args.prompts)
+    print(f"{args.pretrained}: {len(args.prompts)} images ({pipe.scheduler.method}, {args.steps} steps, "
+          f"cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
