@@ -1,8 +1,29 @@
 """train/main.py's flag checks that argparse cannot make (`cfg`: its Config): each a SystemExit
 that names the fix, before anything loads or compiles."""
 
+from guidance_flags import parse_interval  # train/guidance_flags.py
+
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.text.conditioning import check_text_folders
+from eqxdiff.training import parse_step_range
+from eqxdiff.training.phema import parse_sigma_rels
+
+
+def flag_value_error(cfg) -> str | None:
+    """What is wrong with a flag's value that argparse's type cannot see (parse_config's error), or None."""
+    try:
+        parse_interval(cfg.cfg_interval)
+    except ValueError as e:
+        return str(e)
+    if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
+        return f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}"
+    try:
+        parse_sigma_rels(cfg.phema_sigma_rels)
+    except ValueError as e:
+        return f"--phema_sigma_rels takes comma-separated relative widths, e.g. 0.05,0.10: {e}"
+    if cfg.phema_every < 1:
+        return f"--phema_every must be >= 1, got {cfg.phema_every}"
+    return None
 
 
 def check_batch(cfg, num_devices: int) -> None:

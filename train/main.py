@@ -56,7 +56,6 @@ from eqxdiff.training import (
     create_train_state,
     ema_warmup,
     make_train_step,
-    parse_step_range,
     peak_flops_per_device,
     step_flops,
 )
@@ -64,14 +63,13 @@ from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
-from checks import check_batch, check_eval, check_schedule, check_text_folders_exist  # train/: the flag checks argparse cannot make
+from checks import check_batch, check_eval, check_schedule, check_text_folders_exist, flag_value_error  # train/checks.py
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
 from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
-from guidance_flags import parse_interval  # train/guidance_flags.py: --cfg_interval
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
@@ -195,18 +193,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     parser.parse_args(argv)  # --help, and argparse's checks of every flag
     given = vars(dataclass_parser(Config, __doc__, CHOICES, given_only=True).parse_args(argv))
     cfg = run_config(Config, given, say=tqdm.write if given.get("process_id", 0) == 0 else lambda _: None)
-    try:
-        parse_interval(cfg.cfg_interval)
-    except ValueError as e:
-        parser.error(str(e))
-    if cfg.profile_steps and not parse_step_range(cfg.profile_steps):
-        parser.error(f"--profile_steps must look like A:B with 1 <= A < B, got {cfg.profile_steps!r}")
-    try:
-        parse_sigma_rels(cfg.phema_sigma_rels)
-    except ValueError as e:
-        parser.error(f"--phema_sigma_rels takes comma-separated relative widths, e.g. 0.05,0.10: {e}")
-    if cfg.phema_every < 1:
-        parser.error(f"--phema_every must be >= 1, got {cfg.phema_every}")
+    if error := flag_value_error(cfg):
+        parser.error(error)
     return cfg
 
 

@@ -1,0 +1,80 @@
+"""What train/sample.py makes of many samples of a run: FID (and precision/recall) streamed through the
+feature network with a JSON record (`--fid`), or ADM's sample batch in resumable chunks (`--format adm`)."""
+
+import argparse
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from sample_batches import write_sample_batches
+
+from eqxdiff.images import to_uint8
+
+
+def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
+                dataset: str | None = None) -> dict:  # fmt: skip
+    """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
+    chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
+    the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
+    `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
+    `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
+    `dataset`: the images the run trained on (statistics of others warn)."""
+    # Imported here: scipy's import is start-up time the other paths need not pay.
+    from eqxdiff.eval.fid import chunk_seed, fid_of_samples, open_fid
+
+    try:
+        net, reference = open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--fid: {e}") from e
+    chunk = -(-min(args.batch_size, args.num) // mesh.size) * mesh.size  # rows split over every device
+    bar = tqdm(total=args.num, unit="img", desc="fid", disable=jax.process_index() != 0)
+
+    def sample_chunk(start: int, size: int) -> np.ndarray:
+        rows = np.minimum(np.arange(start, start + chunk), args.num - 1)  # past the end: the last row again
+        chunk_cond = None if cond is None else jax.tree.map(lambda a: a[rows], cond)
+        images, _ = sample_images(chunk_cond, chunk, seed=chunk_seed(args.seed, start))
+        bar.update(size)
+        return to_uint8(images[:size])
+
+    result = fid_of_samples(sample_chunk, args.num, net, reference, chunk_size=chunk, seed=args.seed)
+    bar.close()
+    if jax.process_index() == 0:
+        record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
+                  "guidance": args.guidance, **guidance_record(args), "seed": args.seed}  # fmt: skip
+        print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
+                                 for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
+        out = Path(args.fid_out or Path(args.run_dir) / "fid.jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"step {step}: {args.num} samples against {reference.path} -> {out}")
+    return result
+
+
+def guidance_record(args: argparse.Namespace, prefix: str = "") -> dict:
+    """--cfg_interval and the autoguidance flags, those that are set, for a record of how samples were made."""
+    flags = {"cfg_interval": args.cfg_interval, "guide_run": args.guide_run}
+    if args.guide_run:
+        flags.update(guide_step=args.guide_step, guide_scale=args.guide_scale)
+    return {prefix + name: value for name, value in flags.items() if value}
+
+
+def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, condition, classes: list[int] | None) -> None:
+    """--format adm: `args.num` samples as ADM's batch at --out, in resumable chunks of --batch_size rows (rounded
+    up to a multiple of the devices); the flags that decide the samples are recorded with the chunks."""
+    chunk_size = -(-args.batch_size // mesh.size) * mesh.size
+
+    def sample_chunk(labels: np.ndarray | None, key) -> np.ndarray:
+        seed = int(jax.random.bits(key, dtype=np.uint32))  # generate_images draws its noise from an int seed
+        return to_uint8(sample_images(condition.for_sampling(labels, 1)[0], chunk_size, seed=seed)[0])
+
+    flags = {"--run_dir": str(Path(args.run_dir).resolve()), "--step": step, "--num": args.num, "--seed": args.seed,
+             "--batch_size": chunk_size, "--classes": classes, "--method": args.method, "--steps": args.steps,
+             "--guidance": args.guidance, "--vae_tiling": args.vae_tiling, **guidance_record(args, "--")}  # fmt: skip
+    write_sample_batches(sample_chunk, args.out, num=args.num, chunk_size=chunk_size, seed=args.seed, classes=classes,
+                         flags=flags)  # fmt: skip
+    if jax.process_index() == 0:
+        print(f"step {step}: {args.num} samples -> {args.out} (ADM's arr_0{', arr_1' * (classes is not None)})")
