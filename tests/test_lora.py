@@ -1,0 +1,112 @@
+"""LoRA adapters (eqxdiff/nn/lora.py) on the tiny SD 1.x-like UNet fixture: zero B is the base exactly, the
+update is (alpha/r)·x Aᵀ Bᵀ against numpy, the default targets are the attention projections, merging keeps
+the output, and the trainable part (gradient, optimizer step) holds the adapters only."""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from eqxdiff.nn import Dense, SDUNet, TextCond
+from eqxdiff.nn.lora import LoRALinear, add_lora, linear_names, lora_filter, lora_layers, merge_lora, partition_lora
+
+DATA = Path(__file__).parent / "data" / "sd_unet" / "sd1_like"
+forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
+
+
+@pytest.fixture(scope="module")
+def unet_and_inputs():
+    ref = {k: jnp.asarray(v) for k, v in np.load(DATA / "reference.npz").items()}
+    return SDUNet.from_diffusers(DATA), (ref["x"], ref["t"], TextCond(ref["context"], ref["mask"]))
+
+
+def moved_off_zero(model, seed: int = 0):
+    """Every adapter's B drawn from N(0, 0.1²): an update that changes the output."""
+    layers = lora_layers(model)
+    keys = jax.random.split(jax.random.key(seed), len(layers))
+    new_b = [0.1 * jax.random.normal(k, layer.lora_B.shape) for k, layer in zip(keys, layers.values(), strict=True)]
+    return eqx.tree_at(lambda m: [layer.lora_B for layer in lora_layers(m).values()], model, new_b)
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def test_lora_linear_is_base_plus_scaled_low_rank_update():
+    base = Dense(6, 5, key=jax.random.key(0))
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    a, b = jax.random.normal(k1, (3, 6)), jax.random.normal(k2, (5, 3))
+    x = jax.random.normal(k3, (4, 6))
+    out = LoRALinear(base, a, b, alpha=7.0)(x)
+    x = np.asarray(x, np.float64)
+    w, bias, a, b = (np.asarray(v, np.float64) for v in (base.weight, base.bias, a, b))
+    want = x @ w + bias + (7.0 / 3) * x @ a.T @ b.T
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_default_targets_are_the_attention_projections(unet_and_inputs):
+    unet, _ = unet_and_inputs
+    wrapped = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))
+    want = [n for n in linear_names(unet) if n.rsplit(".", 1)[-1] in ("to_q", "to_k", "to_v") or n.endswith("to_out.0")]
+    assert sorted(wrapped) == sorted(want) and len(want) == 4 * 2 * 4  # 4 transformers (down, mid, 2 up) × attn1, attn2 × 4
+    assert "mid_block.attentions.0.transformer_blocks.0.attn2.to_k" in wrapped
+    assert all(layer.lora_A.shape[0] == 4 and layer.alpha == 4.0 for layer in wrapped.values())
+
+
+def test_targets_regex_and_no_match_refused(unet_and_inputs):
+    unet, _ = unet_and_inputs
+    only_k = lora_layers(add_lora(unet, 2, targets=r"attn2\.to_k$", key=jax.random.key(0)))
+    assert len(only_k) == 4 and all(name.endswith("attn2.to_k") for name in only_k)
+    with pytest.raises(ValueError, match="match no linear layer"):
+        add_lora(unet, 2, targets=r"to_qq$", key=jax.random.key(0))
+
+
+def test_a_is_peft_kaiming_uniform_and_b_zero(unet_and_inputs):
+    unet, _ = unet_and_inputs
+    layer = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))["mid_block.attentions.0.transformer_blocks.0.attn2.to_k"]
+    a, bound = np.asarray(layer.lora_A), 1 / np.sqrt(layer.lora_A.shape[1])  # kaiming_uniform(a=√5): U(±1/√in)
+    assert np.abs(a).max() <= bound and np.abs(a).max() > 0.8 * bound and not np.any(np.asarray(layer.lora_B))
+
+
+def test_zero_b_is_the_base_exactly(unet_and_inputs):
+    unet, (x, t, cond) = unet_and_inputs
+    lora = add_lora(unet, 4, alpha=8, key=jax.random.key(0))
+    np.testing.assert_array_equal(forward(lora, x, t, cond), forward(unet, x, t, cond))
+
+
+def test_merge_equals_unmerged(unet_and_inputs):
+    unet, (x, t, cond) = unet_and_inputs
+    lora = moved_off_zero(add_lora(unet, 4, alpha=8, key=jax.random.key(0)))
+    out, base = forward(lora, x, t, cond), forward(unet, x, t, cond)
+    assert rel_err(out, base) > 1e-2  # the adapters change the output
+    merged = merge_lora(lora)
+    assert not lora_layers(merged) and jax.tree.structure(merged) == jax.tree.structure(unet)
+    assert rel_err(forward(merged, x, t, cond), out) < 1e-5
+
+
+def test_trainable_part_is_the_adapters_only(unet_and_inputs):
+    unet, (x, t, cond) = unet_and_inputs
+    lora = moved_off_zero(add_lora(unet, 4, key=jax.random.key(0)))
+    trainable, frozen = partition_lora(lora)
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainable)[0]]
+    assert len(names) == 2 * len(lora_layers(lora)) and all(n.endswith((".lora_A", ".lora_B")) for n in names)
+    assert jax.tree.leaves(eqx.filter(lora, lora_filter(lora))) == jax.tree.leaves(trainable)
+
+    def loss(train, rest):
+        return jnp.mean(jnp.square(eqx.combine(train, rest)(x, t, cond)))
+
+    grads = eqx.filter_jit(jax.grad(loss))(trainable, frozen)
+    assert jax.tree.structure(grads) == jax.tree.structure(trainable)  # no base leaf in the gradient
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+    optimizer = optax.adam(1e-2)
+    updates, _ = optimizer.update(grads, optimizer.init(trainable), trainable)
+    stepped = eqx.combine(eqx.apply_updates(trainable, updates), frozen)
+    before, after = eqx.partition(lora, lora_filter(lora))[1], eqx.partition(stepped, lora_filter(stepped))[1]
+    for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+        np.testing.assert_array_equal(old, new)  # the base is bitwise unchanged
+    assert all(not np.array_equal(o, n) for o, n in zip(jax.tree.leaves(trainable), jax.tree.leaves(
+        partition_lora(stepped)[0]), strict=True))  # fmt: skip
