@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from safetensors.numpy import save_file
 
 from eqxdiff.nn import Dense, SDUNet, TextCond
 from eqxdiff.nn.lora import LoRALinear, add_lora, linear_names, lora_filter, lora_layers, merge_lora, partition_lora
+from eqxdiff.nn.lora_files import load_lora, save_lora
 
 DATA = Path(__file__).parent / "data" / "sd_unet" / "sd1_like"
 forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
@@ -110,3 +112,49 @@ def test_trainable_part_is_the_adapters_only(unet_and_inputs):
         np.testing.assert_array_equal(old, new)  # the base is bitwise unchanged
     assert all(not np.array_equal(o, n) for o, n in zip(jax.tree.leaves(trainable), jax.tree.leaves(
         partition_lora(stepped)[0]), strict=True))  # fmt: skip
+
+
+LORA_DATA = Path(__file__).parent / "data" / "lora"
+# Max error relative to the output's max: SDUNet's own parity with diffusers is 4e-6 (tests/test_sd_unet.py).
+TOL = 1e-5
+
+
+@pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r"])
+def test_diffusers_lora_file_loads_with_diffusers_output(unet_and_inputs, case):
+    """tools/make_lora_fixtures.py: PEFT adapters saved by diffusers' save_lora_weights; alpha 8 ≠ r 4 from the
+    file's LoraConfig metadata (and 1x1-conv proj_in/proj_out adapters), alpha = r for a file without it."""
+    unet, (x, t, cond) = unet_and_inputs
+    lora = load_lora(unet, LORA_DATA / case)
+    want = np.load(LORA_DATA / case / "reference.npz")["out"]
+    alphas = {layer.alpha for layer in lora_layers(lora).values()}
+    assert alphas == ({8.0} if case == "alpha8_meta" else {4.0})
+    assert rel_err(forward(lora, x, t, cond), want) < TOL
+
+
+def test_save_then_load_is_the_same_model(unet_and_inputs, tmp_path):
+    unet, (x, t, cond) = unet_and_inputs
+    lora = moved_off_zero(add_lora(unet, 3, alpha=5, targets=r"(to_q|to_v|proj_in)$", key=jax.random.key(2)))
+    file = save_lora(lora, tmp_path)
+    assert file.name == "pytorch_lora_weights.safetensors"
+    again = load_lora(unet, tmp_path)
+    assert sorted(lora_layers(again)) == sorted(lora_layers(lora))
+    for old, new in zip(jax.tree.leaves(lora), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(old, new)
+    assert {layer.alpha for layer in lora_layers(again).values()} == {5.0}
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        save_lora(lora, tmp_path)
+    assert save_lora(lora, tmp_path, overwrite=True) == file
+
+
+def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
+    unet, _ = unet_and_inputs
+    a, b = np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32)
+    kohya = {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": a,
+             "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": b}  # fmt: skip
+    text = {"unet.mid_block.attentions.0.proj_in.lora_A.weight": a, "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
+            "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": a}  # fmt: skip
+    other_model = {"unet.blocks.0.attn.qkv.lora_A.weight": a, "unet.blocks.0.attn.qkv.lora_B.weight": b}
+    for tensors, match in ((kohya, "kohya"), (text, "text_encoder"), (other_model, "not linear layers of this model")):
+        save_file(tensors, str(tmp_path / "pytorch_lora_weights.safetensors"))
+        with pytest.raises(ValueError, match=match):
+            load_lora(unet, tmp_path)

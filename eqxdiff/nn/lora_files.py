@@ -1,0 +1,156 @@
+"""LoRA files in diffusers' format: `pytorch_lora_weights.safetensors` as `StableDiffusionPipeline.save_lora_weights`
+writes and `load_lora_weights` reads.
+
+Keys are PEFT's with the pipeline component's prefix: `unet.<module>.lora_A.weight` [r, in] and `.lora_B.weight`
+[out, r] (a 1x1 convolution's `[r, in, 1, 1]` / `[out, r, 1, 1]`: SD 1.x's proj_in/proj_out). The alpha is not
+a tensor: diffusers keeps the `LoraConfig` (r, lora_alpha, rank_pattern, alpha_pattern, target_modules) as JSON
+under the safetensors metadata key `lora_adapter_metadata`, keys prefixed `unet.`; a file without it means
+alpha = r for every module (diffusers' `get_peft_kwargs` with no network alphas), a scale of 1.
+"""
+
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from eqxdiff.nn.lora import LoRALinear, lora_layers, map_linears, module_name
+from eqxdiff.nn.sd_unet_attention import Transformer2DModel
+
+WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
+METADATA_KEY = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
+PREFIX = "unet"
+
+
+def _file(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    return path if path.suffix == ".safetensors" else path / WEIGHT_NAME
+
+
+def conv1x1_names(model) -> set[str]:
+    """Names of the `Dense` layers that diffusers holds as 1x1 convolutions: the proj_in/proj_out of SD 1.x's
+    `Transformer2DModel`s (`use_linear_projection=False`)."""
+    is_t2d = lambda x: isinstance(x, Transformer2DModel)  # noqa: E731
+    found = jax.tree_util.tree_flatten_with_path(model, is_leaf=is_t2d)[0]
+    return {f"{module_name(p)}.{proj}" for p, x in found if is_t2d(x) and not x.use_linear_projection
+            for proj in ("proj_in", "proj_out")}  # fmt: skip
+
+
+def save_lora(model, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write `model`'s adapters to `path` (a folder: `<path>/pytorch_lora_weights.safetensors`, or a
+    `.safetensors` file) with the `LoraConfig` metadata diffusers reads; returns the file. An existing file is
+    refused unless `overwrite` (then replaced atomically)."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("save_lora: the model has no LoRA adapters (eqxdiff.nn.lora.add_lora or load_lora adds them)")
+    file = _file(path)
+    if file.exists() and not overwrite:
+        raise FileExistsError(f"save_lora: {file} exists; pass overwrite=True to replace it")
+    conv = conv1x1_names(model)
+    tensors = {}
+    for name, layer in layers.items():
+        a, b = (np.asarray(jnp.asarray(w, jnp.float32)) for w in (layer.lora_A, layer.lora_B))
+        if name in conv:
+            a, b = a[:, :, None, None], b[:, :, None, None]
+        tensors[f"{PREFIX}.{name}.lora_A.weight"], tensors[f"{PREFIX}.{name}.lora_B.weight"] = a, b
+    ranks = {name: layer.lora_A.shape[0] for name, layer in layers.items()}
+    alphas = {name: layer.alpha for name, layer in layers.items()}
+    r, alpha = Counter(ranks.values()).most_common(1)[0][0], Counter(alphas.values()).most_common(1)[0][0]
+    config = {"r": r, "lora_alpha": alpha, "target_modules": sorted(layers),
+              "rank_pattern": {f"^{re.escape(n)}$": v for n, v in ranks.items() if v != r},
+              "alpha_pattern": {f"^{re.escape(n)}$": v for n, v in alphas.items() if v != alpha}}  # fmt: skip
+    metadata = {"format": "pt", METADATA_KEY: json.dumps({f"{PREFIX}.{k}": v for k, v in config.items()}, indent=2,
+                                                         sort_keys=True)}  # fmt: skip
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, file)
+    return file
+
+
+def _pattern_value(patterns: dict, name: str, default):
+    """PEFT's `get_pattern_key`: the first pattern matching the end of the module name."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+    """`{module name: (A [r, in], B [out, r], alpha)}` of a diffusers/PEFT LoRA file (the UNet's part), float32;
+    other formats (kohya's `lora_unet_*.lora_down`, diffusers' pre-PEFT `*_lora.down`), DoRA, rsLoRA, a LoRA
+    bias and text-encoder adapters are refused by name."""
+    file = _file(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"read_lora: no {file} (pass the folder save_lora_weights wrote, or the file)")
+    with safe_open(str(file), framework="numpy") as f:
+        keys, meta = list(f.keys()), f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in keys}
+    if any(k.startswith(("lora_unet_", "lora_te")) or ".lora_down." in k or ".lora_up." in k for k in keys):
+        raise ValueError(f"{file}: a kohya/A1111 LoRA (lora_unet_*.lora_down/lora_up); eqxdiff reads diffusers/PEFT "
+                         "files (unet.*.lora_A.weight): convert it with diffusers (load_lora_weights, then "
+                         "save_lora_weights)")  # fmt: skip
+    others = sorted({k.split(".")[0] for k in keys if not k.startswith(f"{PREFIX}.")})
+    if others:
+        raise ValueError(f"{file}: adapters of {others}, not the UNet; eqxdiff loads the UNet's (unet.*) only - save "
+                         "the UNet's adapters alone (save_lora_weights(unet_lora_layers=...))")  # fmt: skip
+    config = {k.removeprefix(f"{PREFIX}."): v for k, v in json.loads(meta.get(METADATA_KEY) or "{}").items()
+              if k.startswith(f"{PREFIX}.")}  # fmt: skip
+    for flag in ("use_dora", "use_rslora", "lora_bias"):
+        if config.get(flag):
+            raise ValueError(f"{file}: a LoRA with {flag}=True, which eqxdiff's LoRALinear does not compute")
+    names = {}
+    for key in keys:
+        name, _, kind = key.removeprefix(f"{PREFIX}.").rpartition(".lora_")
+        if kind not in ("A.weight", "B.weight"):
+            raise ValueError(f"{file}: key {key!r} is not a PEFT LoRA weight (<module>.lora_A/lora_B.weight)")
+        names.setdefault(name, {})[kind[0]] = tensors[key]
+    out = {}
+    for name, pair in names.items():
+        if len(pair) != 2:
+            raise ValueError(f"{file}: {name} has lora_{next(iter(pair))} without its pair")
+        a, b = (np.asarray(w, np.float32) for w in (pair["A"], pair["B"]))
+        if a.ndim == 4 and a.shape[2:] == (1, 1) and b.shape[2:] == (1, 1):
+            a, b = a[:, :, 0, 0], b[:, :, 0, 0]  # a 1x1 convolution's adapter: the same linear map
+        if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0]:
+            raise ValueError(f"{file}: {name}: lora_A {a.shape} and lora_B {b.shape} are not [r, in] and [out, r] "
+                             "(a kxk convolution's adapter is not supported)")  # fmt: skip
+        rank = a.shape[0]
+        # No metadata: alpha = r (diffusers' convention); with it, lora_alpha or the module's alpha_pattern.
+        alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config.get("lora_alpha", rank))
+        out[name] = (a, b, float(alpha))
+    return out
+
+
+def load_lora(model, path: str | Path) -> Any:
+    """`model` with the adapters of a diffusers/PEFT LoRA file (see `read_lora`) wrapped around the named
+    linears (an existing adapter there is replaced); a module of the file that the model lacks, or a shape that
+    does not fit, raises naming it."""
+    adapters = read_lora(path)
+    seen = set()
+
+    def attach(name: str, node):
+        if name not in adapters:
+            return node
+        seen.add(name)
+        base = node.base_layer if isinstance(node, LoRALinear) else node
+        a, b, alpha = adapters[name]
+        if a.shape[1] != base.weight.shape[0] or b.shape[0] != base.weight.shape[1]:
+            raise ValueError(f"load_lora: {name}: lora_A {a.shape} / lora_B {b.shape} do not fit its weight "
+                             f"[in, out] = {base.weight.shape}")  # fmt: skip
+        dtype = base.weight.dtype
+        return LoRALinear(base, jnp.asarray(a, dtype), jnp.asarray(b, dtype), alpha)
+
+    model = map_linears(model, attach)
+    missing = sorted(set(adapters) - seen)
+    if missing:
+        raise ValueError(f"load_lora: {_file(path)} adapts {missing[:4]}{'...' if len(missing) > 4 else ''}, which "
+                         "are not linear layers of this model (another architecture's LoRA?)")  # fmt: skip
+    return model
