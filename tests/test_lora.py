@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from eqxdiff.nn import Dense, SDUNet, TextCond
-from eqxdiff.nn.lora import LoRALinear, add_lora, linear_names, lora_filter, lora_layers, merge_lora, partition_lora
+from eqxdiff.nn.lora import LoRALinear, add_lora, layer_names, lora_filter, lora_layers, merge_lora, partition_lora
 from eqxdiff.nn.lora_files import load_lora, save_lora
 
 DATA = Path(__file__).parent / "data" / "sd_unet" / "sd1_like"
@@ -53,7 +53,7 @@ def test_lora_linear_is_base_plus_scaled_low_rank_update():
 def test_default_targets_are_the_attention_projections(unet_and_inputs):
     unet, _ = unet_and_inputs
     wrapped = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))
-    want = [n for n in linear_names(unet) if n.rsplit(".", 1)[-1] in ("to_q", "to_k", "to_v") or n.endswith("to_out.0")]
+    want = [n for n in layer_names(unet) if n.rsplit(".", 1)[-1] in ("to_q", "to_k", "to_v") or n.endswith("to_out.0")]
     assert sorted(wrapped) == sorted(want) and len(want) == 4 * 2 * 4  # 4 transformers (down, mid, 2 up) × attn1, attn2 × 4
     assert "mid_block.attentions.0.transformer_blocks.0.attn2.to_k" in wrapped
     assert all(layer.lora_A.shape[0] == 4 and layer.alpha == 4.0 for layer in wrapped.values())
@@ -63,7 +63,7 @@ def test_targets_regex_and_no_match_refused(unet_and_inputs):
     unet, _ = unet_and_inputs
     only_k = lora_layers(add_lora(unet, 2, targets=r"attn2\.to_k$", key=jax.random.key(0)))
     assert len(only_k) == 4 and all(name.endswith("attn2.to_k") for name in only_k)
-    with pytest.raises(ValueError, match="match no linear layer"):
+    with pytest.raises(ValueError, match="match no linear or conv layer"):
         add_lora(unet, 2, targets=r"to_qq$", key=jax.random.key(0))
 
 
@@ -82,7 +82,10 @@ def test_zero_b_is_the_base_exactly(unet_and_inputs):
 
 def test_merge_equals_unmerged(unet_and_inputs):
     unet, (x, t, cond) = unet_and_inputs
-    lora = moved_off_zero(add_lora(unet, 4, alpha=8, key=jax.random.key(0)))
+    targets = r"to_q|to_v|conv1|conv_shortcut|downsamplers\.0\.conv"
+    lora = add_lora(unet, 4, alpha=8, targets=targets, key=jax.random.key(0))
+    assert any(type(layer).__name__ == "LoRAConv2d" for layer in lora_layers(lora).values())
+    lora = moved_off_zero(lora)
     out, base = forward(lora, x, t, cond), forward(unet, x, t, cond)
     assert rel_err(out, base) > 1e-2  # the adapters change the output
     merged = merge_lora(lora)
@@ -119,21 +122,25 @@ LORA_DATA = Path(__file__).parent / "data" / "lora"
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r"])
+@pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r", "convs"])
 def test_diffusers_lora_file_loads_with_diffusers_output(unet_and_inputs, case):
     """tools/make_lora_fixtures.py: PEFT adapters saved by diffusers' save_lora_weights; alpha 8 ≠ r 4 from the
-    file's LoraConfig metadata (and 1x1-conv proj_in/proj_out adapters), alpha = r for a file without it."""
+    file's LoraConfig metadata (and 1x1-conv proj_in/proj_out adapters), alpha = r for a file without it, and
+    PEFT's conv adapters (3x3, 1x1 and the stride-2 downsampler's) with alpha 2."""
     unet, (x, t, cond) = unet_and_inputs
     lora = load_lora(unet, LORA_DATA / case)
     want = np.load(LORA_DATA / case / "reference.npz")["out"]
     alphas = {layer.alpha for layer in lora_layers(lora).values()}
-    assert alphas == ({8.0} if case == "alpha8_meta" else {4.0})
+    assert alphas == {"alpha8_meta": {8.0}, "alpha_eq_r": {4.0}, "convs": {2.0}}[case]
+    assert case != "convs" or {"down_blocks.0.downsamplers.0.conv", "up_blocks.0.resnets.0.conv_shortcut"} <= set(
+        lora_layers(lora)
+    )
     assert rel_err(forward(lora, x, t, cond), want) < TOL
 
 
 def test_save_then_load_is_the_same_model(unet_and_inputs, tmp_path):
     unet, (x, t, cond) = unet_and_inputs
-    lora = moved_off_zero(add_lora(unet, 3, alpha=5, targets=r"(to_q|to_v|proj_in)$", key=jax.random.key(2)))
+    lora = moved_off_zero(add_lora(unet, 3, alpha=5, targets=r"(to_q|to_v|proj_in|conv1)$", key=jax.random.key(2)))
     file = save_lora(lora, tmp_path)
     assert file.name == "pytorch_lora_weights.safetensors"
     again = load_lora(unet, tmp_path)
@@ -154,7 +161,7 @@ def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
     text = {"unet.mid_block.attentions.0.proj_in.lora_A.weight": a, "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
             "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": a}  # fmt: skip
     other_model = {"unet.blocks.0.attn.qkv.lora_A.weight": a, "unet.blocks.0.attn.qkv.lora_B.weight": b}
-    for tensors, match in ((kohya, "kohya"), (text, "text_encoder"), (other_model, "not linear layers of this model")):
+    for tensors, match in ((kohya, "kohya"), (text, "text_encoder"), (other_model, "not linear or conv layers")):
         save_file(tensors, str(tmp_path / "pytorch_lora_weights.safetensors"))
         with pytest.raises(ValueError, match=match):
             load_lora(unet, tmp_path)

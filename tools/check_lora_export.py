@@ -5,8 +5,9 @@ UNet's output is compared with eqxdiff's on the same inputs. Two halves, two ven
     PYTHONPATH=. .venv/bin/python tools/check_lora_export.py write --out /tmp/lora_export   # eqxdiff's side
     tools/.venv/bin/python tools/check_lora_export.py check --out /tmp/lora_export         # diffusers' (+ peft)
 
-`write` adds adapters with two ranks and alphas (r=4, alpha=6 on the attention projections; r=2, alpha=3 on
-proj_in/proj_out, which diffusers holds as 1x1 convolutions), draws every A and B off zero, saves them with
+`write` adds adapters with three ranks and two alphas (r=4, alpha=6 on the attention projections; r=2, alpha=3
+on proj_in/proj_out, which diffusers holds as 1x1 convolutions; r=3, alpha=3 on the resnets' conv1 and
+conv_shortcut and the down/upsamplers' convolutions, PEFT's conv LoRA), draws every A and B off zero, saves them with
 `save_lora` and eqxdiff's output with the LoRA on in `cases.npz`. `check` prints max |diffusers - eqxdiff|
 relative to the output's max, with and without the LoRA (the LoRA's effect, so a silently dropped adapter
 shows), and fails above 1e-5.
@@ -37,6 +38,7 @@ def write(out: Path) -> None:
     unet = SDUNet.from_diffusers(BASE)
     lora = add_lora(unet, 4, alpha=6, key=jax.random.key(0))
     lora = add_lora(lora, 2, alpha=3, targets=r"\.proj_(in|out)$", key=jax.random.key(1))
+    lora = add_lora(lora, 3, alpha=3, targets=r"conv1$|conv_shortcut$|samplers\.0\.conv$", key=jax.random.key(3))
     layers = list(lora_layers(lora).values())
     keys = jax.random.split(jax.random.key(2), 2 * len(layers))
     new = [0.1 * jax.random.normal(k, w.shape) for k, w in zip(keys, [w for l in layers for w in (l.lora_A, l.lora_B)],

@@ -6,7 +6,8 @@ UNet's output with the LoRA on, on that fixture's inputs (NHWC float32: `out`).
 Cases: `alpha8_meta`: r=4, lora_alpha=8 (scale 2) on the attention projections and proj_in/proj_out (1x1
 convolutions in SD 1.x), with the LoraConfig as metadata, as diffusers' `training_utils` passes it;
 `alpha_eq_r`: r=4, lora_alpha=4 on diffusers' training scripts' targets, written without metadata (files of
-older scripts: diffusers reads alpha = r). Every adapter weight is moved off PEFT's init (B from zero):
+older scripts: diffusers reads alpha = r); `convs`: r=4, lora_alpha=2 on the resnets' 3x3 and 1x1 convolutions,
+the stride-2 downsampler's and the upsampler's (PEFT's conv LoRA: A kxk, B 1x1), with metadata. Every adapter weight is moved off PEFT's init (B from zero):
 lora_A += 0.1·N(0, 1), lora_B = 0.1·N(0, 1).
 
     tools/.venv/bin/pip install -r tools/requirements-lora.txt
@@ -29,6 +30,9 @@ ATTENTION = ["to_k", "to_q", "to_v", "to_out.0"]  # diffusers' train_text_to_ima
 CASES = {
     "alpha8_meta": dict(config=dict(r=4, lora_alpha=8, target_modules=ATTENTION + ["proj_in", "proj_out"]), meta=True),
     "alpha_eq_r": dict(config=dict(r=4, lora_alpha=4, target_modules=ATTENTION), meta=False),
+    # The resnets' 3x3 and 1x1 convolutions and the stride-2 downsampler's ("conv": down/upsamplers.0.conv).
+    "convs": dict(config=dict(r=4, lora_alpha=2, target_modules=["conv1", "conv2", "conv_shortcut", "conv", "to_q"]),
+                  meta=True),
 }
 
 
@@ -37,9 +41,9 @@ def nhwc(t: torch.Tensor) -> np.ndarray:
 
 
 def unet_with_lora(config: dict, seed: int) -> UNet2DConditionModel:
+    torch.manual_seed(seed)  # before add_adapter: PEFT draws A's init from torch's global generator
     unet = UNet2DConditionModel.from_pretrained(BASE).eval()
     unet.add_adapter(LoraConfig(init_lora_weights=True, **config))
-    torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in unet.named_parameters():
             if ".lora_A." in name:
@@ -61,6 +65,8 @@ def main() -> None:
             base = UNet2DConditionModel.from_pretrained(BASE).eval()
             base_out = nhwc(base(x, t, context).sample)
         meta = unet.peft_config["default"].to_dict() if case["meta"] else None
+        if meta:  # a set in PEFT's config: sorted, so that the file's bytes are the same each run
+            meta["target_modules"] = sorted(meta["target_modules"])
         StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
                                                   unet_lora_adapter_metadata=meta)  # fmt: skip
         np.savez_compressed(folder / "reference.npz", out=out)

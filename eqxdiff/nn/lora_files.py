@@ -2,7 +2,8 @@
 writes and `load_lora_weights` reads.
 
 Keys are PEFT's with the pipeline component's prefix: `unet.<module>.lora_A.weight` [r, in] and `.lora_B.weight`
-[out, r] (a 1x1 convolution's `[r, in, 1, 1]` / `[out, r, 1, 1]`: SD 1.x's proj_in/proj_out). The alpha is not
+[out, r]; a convolution's `[r, in, kh, kw]` and `[out, r, 1, 1]` (SD 1.x's proj_in/proj_out are 1x1 convolutions
+in diffusers and `Dense` here: the same map). The alpha is not
 a tensor: diffusers keeps the `LoraConfig` (r, lora_alpha, rank_pattern, alpha_pattern, target_modules) as JSON
 under the safetensors metadata key `lora_adapter_metadata`, keys prefixed `unet.`; a file without it means
 alpha = r for every module (diffusers' `get_peft_kwargs` with no network alphas), a scale of 1.
@@ -21,7 +22,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from eqxdiff.nn.lora import LoRALinear, lora_layers, map_linears, module_name
+from eqxdiff.nn.layers import Conv2d
+from eqxdiff.nn.lora import LoRAConv2d, LoRALinear, lora_layers, map_layers, module_name
 from eqxdiff.nn.sd_unet_attention import Transformer2DModel
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
@@ -57,8 +59,8 @@ def save_lora(model, path: str | Path, *, overwrite: bool = False) -> Path:
     tensors = {}
     for name, layer in layers.items():
         a, b = (np.asarray(jnp.asarray(w, jnp.float32)) for w in (layer.lora_A, layer.lora_B))
-        if name in conv:
-            a, b = a[:, :, None, None], b[:, :, None, None]
+        if name in conv or isinstance(layer, LoRAConv2d):
+            a, b = (a if a.ndim == 4 else a[:, :, None, None]), b[:, :, None, None]
         tensors[f"{PREFIX}.{name}.lora_A.weight"], tensors[f"{PREFIX}.{name}.lora_B.weight"] = a, b
     ranks = {name: layer.lora_A.shape[0] for name, layer in layers.items()}
     alphas = {name: layer.alpha for name, layer in layers.items()}
@@ -84,7 +86,7 @@ def _pattern_value(patterns: dict, name: str, default):
 
 
 def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
-    """`{module name: (A [r, in], B [out, r], alpha)}` of a diffusers/PEFT LoRA file (the UNet's part), float32;
+    """`{module name: (A [r, in] or [r, in, kh, kw], B [out, r], alpha)}` of a diffusers/PEFT LoRA file (the UNet's part), float32;
     other formats (kohya's `lora_unet_*.lora_down`, diffusers' pre-PEFT `*_lora.down`), DoRA, rsLoRA, a LoRA
     bias and text-encoder adapters are refused by name."""
     file = _file(path)
@@ -117,11 +119,11 @@ def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float
         if len(pair) != 2:
             raise ValueError(f"{file}: {name} has lora_{next(iter(pair))} without its pair")
         a, b = (np.asarray(w, np.float32) for w in (pair["A"], pair["B"]))
-        if a.ndim == 4 and a.shape[2:] == (1, 1) and b.shape[2:] == (1, 1):
-            a, b = a[:, :, 0, 0], b[:, :, 0, 0]  # a 1x1 convolution's adapter: the same linear map
-        if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0]:
-            raise ValueError(f"{file}: {name}: lora_A {a.shape} and lora_B {b.shape} are not [r, in] and [out, r] "
-                             "(a kxk convolution's adapter is not supported)")  # fmt: skip
+        if b.ndim == 4 and b.shape[2:] == (1, 1):
+            b = b[:, :, 0, 0]  # a convolution's B is 1x1 (PEFT): a linear map of the r channels
+        if a.ndim not in (2, 4) or b.ndim != 2 or b.shape[1] != a.shape[0]:
+            raise ValueError(f"{file}: {name}: lora_A {a.shape} and lora_B {b.shape} are not [r, in(, kh, kw)] and "
+                             "[out, r(, 1, 1)]")  # fmt: skip
         rank = a.shape[0]
         # No metadata: alpha = r (diffusers' convention); with it, lora_alpha or the module's alpha_pattern.
         alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config.get("lora_alpha", rank))
@@ -140,17 +142,24 @@ def load_lora(model, path: str | Path) -> Any:
         if name not in adapters:
             return node
         seen.add(name)
-        base = node.base_layer if isinstance(node, LoRALinear) else node
+        base = node.base_layer if isinstance(node, (LoRALinear, LoRAConv2d)) else node
         a, b, alpha = adapters[name]
-        if a.shape[1] != base.weight.shape[0] or b.shape[0] != base.weight.shape[1]:
-            raise ValueError(f"load_lora: {name}: lora_A {a.shape} / lora_B {b.shape} do not fit its weight "
-                             f"[in, out] = {base.weight.shape}")  # fmt: skip
+        if isinstance(base, Conv2d):
+            kh, kw, n_in, n_out = base.weight.shape
+            fits, kind, want = a.shape[1:] == (n_in, kh, kw), LoRAConv2d, f"[r, {n_in}, {kh}, {kw}]"
+        else:
+            n_in, n_out = base.weight.shape
+            a = a[:, :, 0, 0] if a.ndim == 4 and a.shape[2:] == (1, 1) else a  # diffusers' 1x1 conv, our Dense
+            fits, kind, want = a.shape[1:] == (n_in,), LoRALinear, f"[r, {n_in}]"
+        if not fits or b.shape[0] != n_out:
+            raise ValueError(f"load_lora: {name}: lora_A {a.shape} / lora_B {b.shape} do not fit it: want lora_A "
+                             f"{want} and lora_B [{n_out}, r]")  # fmt: skip
         dtype = base.weight.dtype
-        return LoRALinear(base, jnp.asarray(a, dtype), jnp.asarray(b, dtype), alpha)
+        return kind(base, jnp.asarray(a, dtype), jnp.asarray(b, dtype), alpha)
 
-    model = map_linears(model, attach)
+    model = map_layers(model, attach)
     missing = sorted(set(adapters) - seen)
     if missing:
         raise ValueError(f"load_lora: {_file(path)} adapts {missing[:4]}{'...' if len(missing) > 4 else ''}, which "
-                         "are not linear layers of this model (another architecture's LoRA?)")  # fmt: skip
+                         "are not linear or conv layers of this model (another architecture's LoRA?)")  # fmt: skip
     return model
