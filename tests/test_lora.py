@@ -53,8 +53,8 @@ def test_lora_linear_is_base_plus_scaled_low_rank_update():
 def test_default_targets_are_the_attention_projections(unet_and_inputs):
     unet, _ = unet_and_inputs
     wrapped = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))
-    want = [n for n in layer_names(unet) if n.rsplit(".", 1)[-1] in ("to_q", "to_k", "to_v") or n.endswith("to_out.0")]
-    assert sorted(wrapped) == sorted(want) and len(want) == 4 * 2 * 4  # 4 transformers (down, mid, 2 up) × attn1, attn2 × 4
+    want = [n for n in layer_names(unet) if n.endswith((".to_q", ".to_k", ".to_v", ".to_out.0"))]
+    assert sorted(wrapped) == sorted(want) and len(want) == 4 * 2 * 4  # 4 transformers × attn1, attn2 × 4 projections
     assert "mid_block.attentions.0.transformer_blocks.0.attn2.to_k" in wrapped
     assert all(layer.lora_A.shape[0] == 4 and layer.alpha == 4.0 for layer in wrapped.values())
 
@@ -69,7 +69,8 @@ def test_targets_regex_and_no_match_refused(unet_and_inputs):
 
 def test_a_is_peft_kaiming_uniform_and_b_zero(unet_and_inputs):
     unet, _ = unet_and_inputs
-    layer = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))["mid_block.attentions.0.transformer_blocks.0.attn2.to_k"]
+    layers = lora_layers(add_lora(unet, 4, key=jax.random.key(0)))
+    layer = layers["mid_block.attentions.0.transformer_blocks.0.attn2.to_k"]
     a, bound = np.asarray(layer.lora_A), 1 / np.sqrt(layer.lora_A.shape[1])  # kaiming_uniform(a=√5): U(±1/√in)
     assert np.abs(a).max() <= bound and np.abs(a).max() > 0.8 * bound and not np.any(np.asarray(layer.lora_B))
 
@@ -139,7 +140,7 @@ def test_diffusers_lora_file_loads_with_diffusers_output(unet_and_inputs, case):
 
 
 def test_save_then_load_is_the_same_model(unet_and_inputs, tmp_path):
-    unet, (x, t, cond) = unet_and_inputs
+    unet, _ = unet_and_inputs
     lora = moved_off_zero(add_lora(unet, 3, alpha=5, targets=r"(to_q|to_v|proj_in|conv1)$", key=jax.random.key(2)))
     file = save_lora(lora, tmp_path)
     assert file.name == "pytorch_lora_weights.safetensors"
@@ -158,7 +159,8 @@ def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
     a, b = np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32)
     kohya = {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": a,
              "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": b}  # fmt: skip
-    text = {"unet.mid_block.attentions.0.proj_in.lora_A.weight": a, "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
+    text = {"unet.mid_block.attentions.0.proj_in.lora_A.weight": a,
+            "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
             "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": a}  # fmt: skip
     other_model = {"unet.blocks.0.attn.qkv.lora_A.weight": a, "unet.blocks.0.attn.qkv.lora_B.weight": b}
     for tensors, match in ((kohya, "kohya"), (text, "text_encoder"), (other_model, "not linear or conv layers")):

@@ -39,15 +39,17 @@ def write(out: Path) -> None:
     lora = add_lora(unet, 4, alpha=6, key=jax.random.key(0))
     lora = add_lora(lora, 2, alpha=3, targets=r"\.proj_(in|out)$", key=jax.random.key(1))
     lora = add_lora(lora, 3, alpha=3, targets=r"conv1$|conv_shortcut$|samplers\.0\.conv$", key=jax.random.key(3))
-    layers = list(lora_layers(lora).values())
-    keys = jax.random.split(jax.random.key(2), 2 * len(layers))
-    new = [0.1 * jax.random.normal(k, w.shape) for k, w in zip(keys, [w for l in layers for w in (l.lora_A, l.lora_B)],
-                                                                 strict=True)]  # fmt: skip
-    lora = eqx.tree_at(lambda m: [w for l in lora_layers(m).values() for w in (l.lora_A, l.lora_B)], lora, new)
+    def adapter_weights(model) -> list:
+        return [w for layer in lora_layers(model).values() for w in (layer.lora_A, layer.lora_B)]
+
+    old = adapter_weights(lora)
+    keys = jax.random.split(jax.random.key(2), len(old))
+    lora = eqx.tree_at(adapter_weights, lora, [0.1 * jax.random.normal(k, w.shape)
+                                               for k, w in zip(keys, old, strict=True)])  # fmt: skip
     save_lora(lora, out, overwrite=True)
     forward = eqx.filter_jit(lambda m: m(ref["x"], ref["t"], TextCond(ref["context"], ref["mask"])))
     np.savez(out / "cases.npz", out=np.asarray(forward(lora)), base=np.asarray(forward(unet)))
-    print(f"wrote {len(layers)} adapters to {out}")
+    print(f"wrote {len(old) // 2} adapters to {out}")
 
 
 def check(out: Path) -> None:

@@ -7,8 +7,8 @@ Cases: `alpha8_meta`: r=4, lora_alpha=8 (scale 2) on the attention projections a
 convolutions in SD 1.x), with the LoraConfig as metadata, as diffusers' `training_utils` passes it;
 `alpha_eq_r`: r=4, lora_alpha=4 on diffusers' training scripts' targets, written without metadata (files of
 older scripts: diffusers reads alpha = r); `convs`: r=4, lora_alpha=2 on the resnets' 3x3 and 1x1 convolutions,
-the stride-2 downsampler's and the upsampler's (PEFT's conv LoRA: A kxk, B 1x1), with metadata. Every adapter weight is moved off PEFT's init (B from zero):
-lora_A += 0.1·N(0, 1), lora_B = 0.1·N(0, 1).
+the stride-2 downsampler's and the upsampler's (PEFT's conv LoRA: A kxk, B 1x1), with metadata. Every adapter
+weight is moved off PEFT's init (B from zero): lora_A += 0.1·N(0, 1), lora_B = 0.1·N(0, 1).
 
     tools/.venv/bin/pip install -r tools/requirements-lora.txt
     tools/.venv/bin/python tools/make_lora_fixtures.py
@@ -32,7 +32,7 @@ CASES = {
     "alpha_eq_r": dict(config=dict(r=4, lora_alpha=4, target_modules=ATTENTION), meta=False),
     # The resnets' 3x3 and 1x1 convolutions and the stride-2 downsampler's ("conv": down/upsamplers.0.conv).
     "convs": dict(config=dict(r=4, lora_alpha=2, target_modules=["conv1", "conv2", "conv_shortcut", "conv", "to_q"]),
-                  meta=True),
+                  meta=True),  # fmt: skip
 }
 
 
@@ -73,7 +73,8 @@ def main() -> None:
         # diffusers' own reading of the file back into the base UNet gives the same output
         reread = UNet2DConditionModel.from_pretrained(BASE).eval()
         pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=reread, scheduler=None,
-                                       safety_checker=None, feature_extractor=None, requires_safety_checker=False)  # fmt: skip
+                                       safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)  # fmt: skip
         pipe.load_lora_weights(folder)
         with torch.no_grad():
             again = nhwc(pipe.unet(x, t, context).sample)

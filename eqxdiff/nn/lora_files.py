@@ -39,7 +39,7 @@ def _file(path: str | Path) -> Path:
 def conv1x1_names(model) -> set[str]:
     """Names of the `Dense` layers that diffusers holds as 1x1 convolutions: the proj_in/proj_out of SD 1.x's
     `Transformer2DModel`s (`use_linear_projection=False`)."""
-    is_t2d = lambda x: isinstance(x, Transformer2DModel)  # noqa: E731
+    is_t2d = lambda x: isinstance(x, Transformer2DModel)  # noqa: E731  (a predicate, as torch_weights' is_layer)
     found = jax.tree_util.tree_flatten_with_path(model, is_leaf=is_t2d)[0]
     return {f"{module_name(p)}.{proj}" for p, x in found if is_t2d(x) and not x.use_linear_projection
             for proj in ("proj_in", "proj_out")}  # fmt: skip
@@ -86,9 +86,9 @@ def _pattern_value(patterns: dict, name: str, default):
 
 
 def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
-    """`{module name: (A [r, in] or [r, in, kh, kw], B [out, r], alpha)}` of a diffusers/PEFT LoRA file (the UNet's part), float32;
-    other formats (kohya's `lora_unet_*.lora_down`, diffusers' pre-PEFT `*_lora.down`), DoRA, rsLoRA, a LoRA
-    bias and text-encoder adapters are refused by name."""
+    """`{module name: (A [r, in] or [r, in, kh, kw], B [out, r], alpha)}` of a diffusers/PEFT LoRA file (the
+    UNet's part), float32. Refused by name: other formats (kohya's `lora_unet_*.lora_down`, diffusers' pre-PEFT
+    `*_lora.down`), DoRA, rsLoRA, a LoRA bias and text-encoder adapters."""
     file = _file(path)
     if not file.is_file():
         raise FileNotFoundError(f"read_lora: no {file} (pass the folder save_lora_weights wrote, or the file)")
