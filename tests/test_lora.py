@@ -123,16 +123,17 @@ LORA_DATA = Path(__file__).parent / "data" / "lora"
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r", "convs"])
+@pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r", "convs", "unet_adapter"])
 def test_diffusers_lora_file_loads_with_diffusers_output(unet_and_inputs, case):
     """tools/make_lora_fixtures.py: PEFT adapters saved by diffusers' save_lora_weights; alpha 8 ≠ r 4 from the
     file's LoraConfig metadata (and 1x1-conv proj_in/proj_out adapters), alpha = r for a file without it, and
-    PEFT's conv adapters (3x3, 1x1 and the stride-2 downsampler's) with alpha 2."""
+    PEFT's conv adapters (3x3, 1x1 and the stride-2 downsampler's) with alpha 2, and the UNet's own
+    save_lora_adapter file (no `unet.` prefix) with alpha 3 ≠ r 2."""
     unet, (x, t, cond) = unet_and_inputs
     lora = load_lora(unet, LORA_DATA / case)
     want = np.load(LORA_DATA / case / "reference.npz")["out"]
     alphas = {layer.alpha for layer in lora_layers(lora).values()}
-    assert alphas == {"alpha8_meta": {8.0}, "alpha_eq_r": {4.0}, "convs": {2.0}}[case]
+    assert alphas == {"alpha8_meta": {8.0}, "alpha_eq_r": {4.0}, "convs": {2.0}, "unet_adapter": {3.0}}[case]
     assert case != "convs" or {"down_blocks.0.downsamplers.0.conv", "up_blocks.0.resnets.0.conv_shortcut"} <= set(
         lora_layers(lora)
     )

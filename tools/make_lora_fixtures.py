@@ -7,7 +7,8 @@ Cases: `alpha8_meta`: r=4, lora_alpha=8 (scale 2) on the attention projections a
 convolutions in SD 1.x), with the LoraConfig as metadata, as diffusers' `training_utils` passes it;
 `alpha_eq_r`: r=4, lora_alpha=4 on diffusers' training scripts' targets, written without metadata (files of
 older scripts: diffusers reads alpha = r); `convs`: r=4, lora_alpha=2 on the resnets' 3x3 and 1x1 convolutions,
-the stride-2 downsampler's and the upsampler's (PEFT's conv LoRA: A kxk, B 1x1), with metadata. Every adapter
+the stride-2 downsampler's and the upsampler's (PEFT's conv LoRA: A kxk, B 1x1), with metadata; `unet_adapter`:
+r=2, lora_alpha=3 written by the UNet's own `save_lora_adapter` (no `unet.` prefix, unprefixed metadata). Every adapter
 weight is moved off PEFT's init (B from zero): lora_A += 0.1·N(0, 1), lora_B = 0.1·N(0, 1).
 
     tools/.venv/bin/pip install -r tools/requirements-lora.txt
@@ -31,6 +32,8 @@ CASES = {
     "alpha8_meta": dict(config=dict(r=4, lora_alpha=8, target_modules=ATTENTION + ["proj_in", "proj_out"]), meta=True),
     "alpha_eq_r": dict(config=dict(r=4, lora_alpha=4, target_modules=ATTENTION), meta=False),
     # The resnets' 3x3 and 1x1 convolutions and the stride-2 downsampler's ("conv": down/upsamplers.0.conv).
+    # The UNet's own save_lora_adapter: keys and metadata without the pipeline's `unet.` prefix.
+    "unet_adapter": dict(config=dict(r=2, lora_alpha=3, target_modules=["to_k", "to_v", "proj_out"]), meta=True),
     "convs": dict(config=dict(r=4, lora_alpha=2, target_modules=["conv1", "conv2", "conv_shortcut", "conv", "to_q"]),
                   meta=True),  # fmt: skip
 }
@@ -67,15 +70,21 @@ def main() -> None:
         meta = unet.peft_config["default"].to_dict() if case["meta"] else None
         if meta:  # a set in PEFT's config: sorted, so that the file's bytes are the same each run
             meta["target_modules"] = sorted(meta["target_modules"])
-        StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
-                                                  unet_lora_adapter_metadata=meta)  # fmt: skip
+        if name == "unet_adapter":
+            unet.save_lora_adapter(folder)
+        else:
+            StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
+                                                      unet_lora_adapter_metadata=meta)  # fmt: skip
         np.savez_compressed(folder / "reference.npz", out=out)
         # diffusers' own reading of the file back into the base UNet gives the same output
         reread = UNet2DConditionModel.from_pretrained(BASE).eval()
         pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=reread, scheduler=None,
                                        safety_checker=None, feature_extractor=None,
                                        requires_safety_checker=False)  # fmt: skip
-        pipe.load_lora_weights(folder)
+        if name == "unet_adapter":  # the pipeline reads `unet.`-prefixed files only; the UNet reads this one
+            pipe.unet.load_lora_adapter(folder, prefix=None, weight_name="pytorch_lora_weights.safetensors")
+        else:
+            pipe.load_lora_weights(folder)
         with torch.no_grad():
             again = nhwc(pipe.unet(x, t, context).sample)
         print(name, "|out - base| max", np.abs(out - base_out).max(), "reread |diff| max", np.abs(again - out).max(),

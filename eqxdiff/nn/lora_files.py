@@ -1,7 +1,8 @@
 """LoRA files in diffusers' format: `pytorch_lora_weights.safetensors` as `StableDiffusionPipeline.save_lora_weights`
 writes and `load_lora_weights` reads.
 
-Keys are PEFT's with the pipeline component's prefix: `unet.<module>.lora_A.weight` [r, in] and `.lora_B.weight`
+Keys are PEFT's with the pipeline component's prefix (none in the UNet's own `save_lora_adapter` files, which
+load too): `unet.<module>.lora_A.weight` [r, in] and `.lora_B.weight`
 [out, r]; a convolution's `[r, in, kh, kw]` and `[out, r, 1, 1]` (SD 1.x's proj_in/proj_out are 1x1 convolutions
 in diffusers and `Dense` here: the same map). The alpha is not
 a tensor: diffusers keeps the `LoraConfig` (r, lora_alpha, rank_pattern, alpha_pattern, target_modules) as JSON
@@ -99,18 +100,20 @@ def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float
         raise ValueError(f"{file}: a kohya/A1111 LoRA (lora_unet_*.lora_down/lora_up); eqxdiff reads diffusers/PEFT "
                          "files (unet.*.lora_A.weight): convert it with diffusers (load_lora_weights, then "
                          "save_lora_weights)")  # fmt: skip
-    others = sorted({k.split(".")[0] for k in keys if not k.startswith(f"{PREFIX}.")})
+    # A pipeline's file prefixes the UNet's keys and metadata with `unet.`; the UNet's own `save_lora_adapter` not.
+    prefix = f"{PREFIX}." if any(k.startswith(f"{PREFIX}.") for k in keys) else ""
+    others = sorted({k.split(".")[0] for k in keys if not k.startswith(prefix) or k.startswith("text_encoder")})
     if others:
         raise ValueError(f"{file}: adapters of {others}, not the UNet; eqxdiff loads the UNet's (unet.*) only - save "
                          "the UNet's adapters alone (save_lora_weights(unet_lora_layers=...))")  # fmt: skip
-    config = {k.removeprefix(f"{PREFIX}."): v for k, v in json.loads(meta.get(METADATA_KEY) or "{}").items()
-              if k.startswith(f"{PREFIX}.")}  # fmt: skip
+    config = {k.removeprefix(prefix): v for k, v in json.loads(meta.get(METADATA_KEY) or "{}").items()
+              if k.startswith(prefix)}  # fmt: skip
     for flag in ("use_dora", "use_rslora", "lora_bias"):
         if config.get(flag):
             raise ValueError(f"{file}: a LoRA with {flag}=True, which eqxdiff's LoRALinear does not compute")
     names = {}
     for key in keys:
-        name, _, kind = key.removeprefix(f"{PREFIX}.").rpartition(".lora_")
+        name, _, kind = key.removeprefix(prefix).rpartition(".lora_")
         if kind not in ("A.weight", "B.weight"):
             raise ValueError(f"{file}: key {key!r} is not a PEFT LoRA weight (<module>.lora_A/lora_B.weight)")
         names.setdefault(name, {})[kind[0]] = tensors[key]
