@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec
 from safetensors.numpy import save_file
 
 from eqxdiff.nn import Dense, SDUNet, TextCond
 from eqxdiff.nn.lora import LoRALinear, add_lora, layer_names, lora_filter, lora_layers, merge_lora, partition_lora
 from eqxdiff.nn.lora_files import load_lora, save_lora
+from eqxdiff.sharding import make_mesh, state_shardings
 
 DATA = Path(__file__).parent / "data" / "sd_unet" / "sd1_like"
 forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
@@ -168,3 +170,26 @@ def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
         save_file(tensors, str(tmp_path / "pytorch_lora_weights.safetensors"))
         with pytest.raises(ValueError, match=match):
             load_lora(unet, tmp_path)
+
+
+def test_adapters_and_frozen_base_shard_by_the_same_rules(unet_and_inputs):
+    """The training layout: adapters (the trained state) and the frozen base (an argument of the step), each laid
+    out by `state_shardings` over an 8-way FSDP mesh; one sharded step moves the adapters only, as unsharded."""
+    unet, (x, t, cond) = unet_and_inputs
+    trainable, frozen = partition_lora(moved_off_zero(add_lora(unet, 4, key=jax.random.key(0))))
+    mesh = make_mesh(1, 8)
+    rules = [(r"\.lora_B$", PartitionSpec())]  # one rule by name, as train/main.py's SHARDING_RULES
+    train_sh, frozen_sh = (state_shardings(tree, mesh, 16, rules=rules, strict=False) for tree in (trainable, frozen))
+    a_specs = {s.spec for s in jax.tree.leaves(train_sh) if s is not None}
+    assert PartitionSpec() in a_specs and any("fsdp" in str(s) for s in a_specs)  # lora_A split, lora_B replicated
+    name = "mid_block.attentions.0.transformer_blocks.0.attn1.to_q"
+    assert "fsdp" in str(lora_layers(eqx.combine(train_sh, frozen_sh))[name].base_layer.weight.spec)  # the base: FSDP
+
+    def step(train, rest):
+        grads = jax.grad(lambda tr: jnp.mean(jnp.square(eqx.combine(tr, rest)(x, t, cond))))(train)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, train, grads)
+
+    want = eqx.filter_jit(step)(trainable, frozen)
+    got = eqx.filter_jit(step)(jax.device_put(trainable, train_sh), jax.device_put(frozen, frozen_sh))
+    for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
