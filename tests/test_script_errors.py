@@ -7,6 +7,7 @@ code up to the exit (a process start costs seconds)."""
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,26 @@ def test_latents_whose_vae_folder_moved_are_named_before_anything_compiles(tmp_p
                       "--run_dir", tmp_path / "run")  # fmt: skip
     assert message.startswith(f"latents:{tmp_path / 'latents'}: the VAE its meta.json names cannot be read (")
     assert f"{vae} does not exist" in message and message.endswith("put it back there.")
+
+
+def test_a_user_error_is_its_one_line_even_when_the_failed_work_leaves_cleanup_behind(tmp_path):
+    # A failed orbax restore leaves its other concurrent reads unfinished; Python finalises them at exit and
+    # prints each one's traceback through sys.unraisablehook. Stood in for by an object whose finaliser raises.
+    program = tmp_path / "script.py"
+    program.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'train')!r})\n"
+        "from startup import exit_on_user_error\n"
+        "class Leftover:\n"
+        "    def __del__(self):\n"
+        "        raise RuntimeError('a read that never finished')\n"
+        "left = []\n"
+        "def main():\n"
+        "    left.append(Leftover())\n"
+        "    raise SystemExit('the checkpoint cannot be restored: use another step')\n"
+        "exit_on_user_error(main)\n"
+    )
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == "error: the checkpoint cannot be restored: use another step\n"

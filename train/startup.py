@@ -111,6 +111,10 @@ def exit_on_user_error(fn) -> None:
     except SystemExit as e:
         if isinstance(e.code, str):
             print(f"error: {e.code}", file=sys.stderr)
+            # What the failed work leaves unfinished (a failed restore's other concurrent reads in orbax) is
+            # finalised at exit, and Python would print each one's traceback ("Exception ignored in:
+            # <coroutine ...>") after the line that says what to fix: the error is that line alone.
+            sys.unraisablehook = lambda _: None
             sys.exit(2)
         raise
 
