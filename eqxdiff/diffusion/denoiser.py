@@ -16,6 +16,15 @@ def per_example(a: Float[Array, " b"], x: Array) -> Array:
     return a.reshape(a.shape + (1,) * (x.ndim - 1))
 
 
+def preconditioned_output(denoiser, x: Array, sigma: Array, cond: Any) -> tuple[Array, Array, Array]:
+    """(c_skip, c_out) shaped to broadcast against x, and the raw network output F(c_in·x, c_noise, cond) in x's
+    dtype: what `Denoiser` and `LearnedVarianceDenoiser` combine (Karras et al. 2022, eq. 7)."""
+    sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
+    c_skip, c_out, c_in = denoiser.parameterization.coefficients(sigma, denoiser.schedule)
+    out = denoiser.model(per_example(c_in, x) * x, denoiser.schedule.sigma_to_t(sigma), cond)
+    return per_example(c_skip, x), per_example(c_out, x), out.astype(x.dtype)
+
+
 class Denoiser(eqx.Module):
     """D(x; σ) = c_skip·x + c_out·F(c_in·x, c_noise, cond) (Karras et al. 2022, eq. 7).
 
@@ -34,10 +43,8 @@ class Denoiser(eqx.Module):
         sigma: Float[Array, ""] | Float[Array, " b"],
         cond: Any = None,
     ) -> Float[Array, "b *dims"]:
-        sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
-        c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
-        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond)
-        return per_example(c_skip, x) * x + per_example(c_out, x) * out.astype(x.dtype)
+        c_skip, c_out, out = preconditioned_output(self, x, sigma, cond)
+        return c_skip * x + c_out * out
 
 
 class LearnedVarianceDenoiser(eqx.Module):
@@ -59,16 +66,14 @@ class LearnedVarianceDenoiser(eqx.Module):
         sigma: Float[Array, ""] | Float[Array, " b"],
         cond: Any = None,
     ) -> Float[Array, "b *spatial c2"]:
-        sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
-        c_skip, c_out, c_in = self.parameterization.coefficients(sigma, self.schedule)
-        out = self.model(per_example(c_in, x) * x, self.schedule.sigma_to_t(sigma), cond).astype(x.dtype)
+        c_skip, c_out, out = preconditioned_output(self, x, sigma, cond)
         c = x.shape[-1]
         if out.shape[-1] != 2 * c:
             raise ValueError(
                 f"LearnedVarianceDenoiser: the network gives {out.shape[-1]} channels for {c}; a learned variance "
                 f"takes 2c = {2 * c} (DiT(learn_sigma=True)); without one use Denoiser."
             )
-        denoised = per_example(c_skip, x) * x + per_example(c_out, x) * out[..., :c]
+        denoised = c_skip * x + c_out * out[..., :c]
         return jnp.concatenate([denoised, out[..., c:]], axis=-1)
 
 
