@@ -113,6 +113,16 @@ def official_models(dit: Path):
     return models
 
 
+def write_reference(folder: Path, x, t, y, out, config: dict) -> None:
+    """reference.npz (inputs and the official output, NHWC) and config.json: what the parity tests read."""
+    np.savez(
+        folder / "reference.npz",
+        x=x.permute(0, 2, 3, 1).numpy(), t=t.numpy(), y=y.numpy().astype(np.int32),
+        out=out.permute(0, 2, 3, 1).numpy(),
+    )  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
 def perturbed(model: nn.Module, gen: torch.Generator, std: float) -> dict:
     with torch.no_grad():
         for p in model.parameters():
@@ -143,12 +153,7 @@ def main() -> None:
     torch.save(checkpoint, OUT / "train_checkpoint.pt")
     torch.save(ema, OUT / "ema_legacy.pt", _use_new_zipfile_serialization=False)
     save_file({k: v.contiguous() for k, v in ema.items()}, OUT / "ema.safetensors")
-    np.savez(
-        OUT / "reference.npz",
-        x=x.permute(0, 2, 3, 1).numpy(), t=t.numpy(), y=y.numpy().astype(np.int32),
-        out=out.permute(0, 2, 3, 1).numpy(),
-    )  # fmt: skip
-    (OUT / "config.json").write_text(json.dumps(CONFIG, indent=1) + "\n")
+    write_reference(OUT, x, t, y, out, CONFIG)
     shapes = {}
     for name, size in SHAPE_MODELS:
         with torch.device("meta"):

@@ -26,9 +26,8 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
-from make_dit_fixtures import official_models, perturbed
+from make_dit_fixtures import official_models, perturbed, write_reference
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,12 +60,7 @@ def main() -> None:
     torch.save({"model": trained, "ema": ema, "opt": opt.state_dict(), "args": args}, OUT / "train_checkpoint.pt")
     torch.save(ema, OUT / "ema.pt")
     save_file({k: v.contiguous() for k, v in ema.items()}, OUT / "ema.safetensors")
-    np.savez(
-        OUT / "reference.npz",
-        x=x.permute(0, 2, 3, 1).numpy(), t=t.numpy(), y=y.numpy().astype(np.int32),
-        out=out.permute(0, 2, 3, 1).numpy(),
-    )  # fmt: skip
-    (OUT / "config.json").write_text(json.dumps(CONFIG, indent=1) + "\n")
+    write_reference(OUT, x, t, y, out, CONFIG)
     with torch.device("meta"):
         net = models.SiT_models["SiT-XL/2"](input_size=32, num_classes=1000)
     sit_shapes = {k: list(v.shape) for k, v in net.state_dict().items()}
