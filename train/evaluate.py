@@ -31,7 +31,7 @@ from eqxdiff.eval.adm_eval import adm_metrics, batch_features
 from eqxdiff.eval.adm_inception import PREPROCESS, SPATIAL_DIM, ADMInception
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax  # train/startup.py
 
-ROWS = (  # (key, the table's name, what it is measured against)
+ROWS = (  # (key, the row's name, which statistics or features the row compares the samples with)
     ("inception_score", "Inception Score", "the samples alone (splits of 5000)"),
     ("fid_stored", "FID", "statistics stored in the reference batch (ADM's TF graph)"),
     ("fid_recomputed", "FID", "statistics recomputed from the reference images with this network"),
