@@ -9,7 +9,7 @@ Restore targets come from the *restoring* run's mesh (`state_shardings` of its a
 so a checkpoint written on (data=2, fsdp=4) restores onto (1, 2), one device or two processes.
 """
 
-from pathlib import Path
+import os
 
 import equinox as eqx
 import jax
@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
 
 from eqxdiff import xla_cpu
+from eqxdiff.paths import absolute
 from eqxdiff.training import TrainState
 
 # orbax splits every replicated array into per-replica slices before writing ("replica
@@ -93,12 +94,12 @@ class Checkpoints:
     are written in the background. `wait()` (also called by `close()`) blocks until they are.
     """
 
-    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
         """`read_only`: for readers (train/sample.py): nothing is created, saved or deleted (orbax's own
         read_only mode logs warnings at every open; without `create` and saves it writes nothing)."""
         if keep < 1:
             raise ValueError(f"--keep_checkpoints must be >= 1, got {keep}.")
-        self.directory = Path(directory).absolute()
+        self.directory = absolute(directory)  # a local folder or a bucket's prefix (eqxdiff/paths.py)
         self.read_only = read_only
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=not read_only)  # fmt: skip

@@ -7,20 +7,21 @@ Training writes its power-function EMAs to RUN_DIR/phema (eqxdiff/training/phema
 reads them and writes each reconstruction the same way, one EMA per folder (RUN_DIR/posthoc_ema/<σ_rel>).
 """
 
-from pathlib import Path
+import os
 
 import equinox as eqx
 import jax
 import orbax.checkpoint as ocp
 
 from eqxdiff.checkpoint import _REGISTRY, CheckpointError, _differences, _leaf_table
+from eqxdiff.paths import absolute
 
 
 class EmaSnapshots:
     """orbax CheckpointManager under `directory` that keeps every step; saves are asynchronous (`wait`)."""
 
-    def __init__(self, directory: str | Path, *, read_only: bool = False, async_save: bool = True):
-        self.directory = Path(directory).absolute()
+    def __init__(self, directory: str | os.PathLike, *, read_only: bool = False, async_save: bool = True):
+        self.directory = absolute(directory)  # a local folder or a bucket's prefix (eqxdiff/paths.py)
         self.read_only = read_only
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
                                                create=not read_only)  # fmt: skip

@@ -1,12 +1,14 @@
 """Images in and out: [-1, 1] floats <-> uint8, and PNG grids of a batch (with row labels if asked)."""
 
 from collections.abc import Sequence
-from pathlib import Path
+import os
 
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, UInt8
 from PIL import Image, ImageDraw, ImageFont
+
+from eqxdiff.paths import as_path, is_url
 
 
 def from_uint8(images: UInt8[Array, "*dims"] | UInt8[np.ndarray, "*dims"]) -> Float[Array, "*dims"]:
@@ -31,12 +33,12 @@ def image_grid(images: UInt8[np.ndarray, "b h w c"], ncols: int, pad: int = 1) -
 
 
 def save_image_grid(
-    path: str | Path,
+    path: str | os.PathLike,
     images: Float[np.ndarray, "b h w c"],
     ncols: int,
     upscale: int = 1,
     row_labels: Sequence[str] | None = None,
-) -> Path:
+) -> os.PathLike:
     """Write a [-1, 1] batch as a PNG grid (nearest-neighbour upscaled, so 8×8 digits are visible).
 
     `row_labels` (one str per grid row) adds a black left margin with each label in white, centered
@@ -53,9 +55,13 @@ def save_image_grid(
                 f" ({len(images)} images, ncols={ncols}); pass one label per row."
             )
         image = add_row_labels(image, row_labels, tile_height=images.shape[1] * upscale, pad=upscale)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path)
+    path = as_path(path)  # a local file or an object in a bucket (eqxdiff/paths.py)
+    if not is_url(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+        return path
+    with path.open("wb") as f:  # one upload; PIL names the format from a file name's suffix, not from a stream's
+        image.save(f, format=Image.registered_extensions()[path.suffix.lower()])
     return path
 
 

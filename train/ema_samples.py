@@ -1,8 +1,6 @@
 """train/main.py's samples of the EMA model during training (`cfg`: its Config): the sample grids in
 RUN_DIR/samples and --eval_every's FID. Every process samples (the EMA is sharded over all of them)."""
 
-from pathlib import Path
-
 import jax
 import numpy as np
 from jax.sharding import Mesh
@@ -10,6 +8,7 @@ from tqdm import tqdm
 
 from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
+from eqxdiff.paths import as_path
 
 from guidance_flags import parse_interval  # train/guidance_flags.py: --cfg_interval
 
@@ -26,7 +25,7 @@ def write_sample_grid(step: int, state, *, cfg, codec, condition, schedule, para
         cfg_interval=parse_interval(cfg.cfg_interval), seed=cfg.seed + step,
     )  # fmt: skip
     if jax.process_index() == 0:
-        path = save_image_grid(Path(cfg.run_dir) / "samples" / f"step_{step:06d}.png", images, ncols=10, upscale=4,
+        path = save_image_grid(as_path(cfg.run_dir) / "samples" / f"step_{step:06d}.png", images, ncols=10, upscale=4,
                                row_labels=row_labels)  # fmt: skip
         tqdm.write(f"step {step}: samples -> {path}")
 

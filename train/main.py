@@ -21,7 +21,6 @@ import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +29,7 @@ from tqdm import tqdm
 
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.paths import as_path
 from eqxdiff.data import Prefetch, batch_spec, batch_stream, check_position, global_batch
 from eqxdiff.diffusion import (
     METHODS,
@@ -238,7 +238,7 @@ def main(cfg: Config, features_fn=None) -> None:
         tqdm.write(f"new run in {cfg.run_dir}: {cfg.model} on {cfg.dataset}" if resume is None else
                    f"resuming {cfg.run_dir} from step {resume}")  # fmt: skip
     start_jax(cfg)
-    run_dir = Path(cfg.run_dir)
+    run_dir = as_path(cfg.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     is_main = jax.process_index() == 0
 
     mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)

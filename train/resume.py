@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from eqxdiff.paths import as_path, is_url
+
 # What a checkpoint's arrays and data order were made for: a change is a different run.
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder",
          "tokenizer", "null_text", "phema_sigma_rels")  # fmt: skip
@@ -39,12 +41,14 @@ def default_run_dir(dataset: str, model: str) -> str:
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    """The saved steps under RUN_DIR/checkpoints, oldest first (orbax writes a step under a temporary
-    name and renames it when complete, so a numeric folder is a committed one)."""
-    folder = Path(run_dir) / "checkpoints"
+    """The saved steps under RUN_DIR/checkpoints, oldest first. On disk orbax writes a step under a temporary
+    name and renames it when complete, so a numeric folder is a committed one; in a bucket, which cannot
+    rename, it writes the step in place and commit_success.txt into it last."""
+    folder = as_path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(int(d.name) for d in folder.iterdir() if d.name.isdigit() and d.is_dir())
+    committed = (lambda d: (d / "commit_success.txt").exists()) if is_url(folder) else Path.is_dir
+    return sorted(int(d.name) for d in folder.iterdir() if d.name.isdigit() and committed(d))
 
 
 def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None:
@@ -57,7 +61,7 @@ def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None
     if not steps:
         return None
     step = steps[-1] if step < 0 else step
-    path = Path(run_dir) / "checkpoints" / str(step) / "config" / "metadata"
+    path = as_path(run_dir) / "checkpoints" / str(step) / "config" / "metadata"
     try:
         return step, json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -81,7 +85,7 @@ def refuse_mistyped_run_dir(run_dir: str, given: dict) -> None:
     exist, beside a run of a close name, is most likely a typo: refused in one line, not a fresh
     default run. A new run starts there with its --dataset (or any defining flag) given, or once the
     folder exists."""
-    if Path(run_dir).expanduser().exists() or any(k in given for k in FIXED):
+    if is_url(run_dir) or Path(run_dir).expanduser().exists() or any(k in given for k in FIXED):
         return
     close = close_runs(run_dir)
     if close:
@@ -93,10 +97,10 @@ def refuse_mistyped_run_dir(run_dir: str, given: dict) -> None:
 def resolved(name: str, value):
     """A flag's value as compared on resume: --dataset's path and the text tower's folders with `~`,
     relative parts and a trailing slash resolved (the same data written another way is no change)."""
-    if name == "dataset" and ":" in value:
+    if name == "dataset" and ":" in value and not is_url(value.partition(":")[2]):
         kind, _, arg = value.partition(":")
         return f"{kind}:{Path(arg).expanduser().resolve()}"
-    if name in ("text_encoder", "tokenizer") and value not in ("", "scratch"):
+    if name in ("text_encoder", "tokenizer") and value not in ("", "scratch") and not is_url(value):
         return str(Path(value).expanduser().resolve())
     return value
 

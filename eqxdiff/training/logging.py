@@ -8,13 +8,13 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+
+from eqxdiff.paths import append_text, as_path, is_url, write_whole
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -34,18 +34,6 @@ def _jsonable(value: float | int | str | bool) -> float | int | str | bool | Non
     """Non-finite floats (NaN, ±inf) as JSON null, so every line stays valid JSON and every field a
     number or null (a "nan" string would read as text to a JSON or pandas reader)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace `path` by `text` via a temp file in the same directory, so readers never see half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 class MetricsLogger:
@@ -68,7 +56,7 @@ class MetricsLogger:
     ):
         if wandb_mode not in WANDB_MODES:
             raise ValueError(f"Unknown wandb_mode {wandb_mode!r}; choose one of {WANDB_MODES}.")
-        self.run_dir = Path(run_dir)
+        self.run_dir = as_path(run_dir)  # a local folder or a bucket's prefix (eqxdiff/paths.py)
         self.enabled = enabled
         self.wandb_mode = wandb_mode
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -76,13 +64,14 @@ class MetricsLogger:
         self._run = None
         if not enabled:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not is_url(self.run_dir):  # a bucket has no folders to make
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         if wandb_mode != "disabled":
             import wandb  # lazy: a heavy import, and absent where wandb is not installed
 
             self._run = wandb.init(
                 project=project,
-                dir=str(self.run_dir),
+                dir=None if is_url(self.run_dir) else str(self.run_dir),  # wandb writes local files: $WANDB_DIR
                 mode=wandb_mode,
                 name=self.run_dir.name,
                 config=dict(config or {}),
@@ -98,7 +87,7 @@ class MetricsLogger:
         training run is one wandb run across resumes."""
         path = self.run_dir / "wandb_run_id"
         if not path.exists():
-            _write_atomic(path, secrets.token_hex(4) + "\n")  # wandb's own ids: 8 of [a-z0-9]
+            write_whole(path, secrets.token_hex(4) + "\n")  # wandb's own ids: 8 of [a-z0-9]
         return path.read_text().strip()
 
     def log(self, step: int, metrics: Mapping[str, Scalar]) -> None:
@@ -107,8 +96,7 @@ class MetricsLogger:
             return
         values = {k: _host(v) for k, v in metrics.items()}
         row = {"step": int(step), **{k: _jsonable(v) for k, v in values.items()}}
-        with open(self.metrics_path, "a") as f:  # reopened per call: survives truncate_after
-            f.write(json.dumps(row, allow_nan=False) + "\n")
+        append_text(self.metrics_path, json.dumps(row, allow_nan=False) + "\n")  # reopened per call: survives truncate_after
         if self._run is not None:
             self._run.log(values, step=int(step))
 
@@ -119,7 +107,7 @@ class MetricsLogger:
         facts = {k: _host(v) for k, v in metrics.items()}
         merged = json.loads(self.run_json_path.read_text()) if self.run_json_path.exists() else {}
         merged.update({k: _jsonable(v) for k, v in facts.items()})
-        _write_atomic(self.run_json_path, json.dumps(merged, indent=2, allow_nan=False) + "\n")
+        write_whole(self.run_json_path, json.dumps(merged, indent=2, allow_nan=False) + "\n")
         if self._run is not None:
             self._run.summary.update(facts)
 
@@ -134,7 +122,7 @@ class MetricsLogger:
                     kept.append(line + "\n")
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a line cut short by a crash
-        _write_atomic(self.metrics_path, "".join(kept))
+        write_whole(self.metrics_path, "".join(kept))
 
     def close(self) -> None:
         """Finish the wandb run; safe to call more than once."""

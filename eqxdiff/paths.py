@@ -1,0 +1,61 @@
+"""One path type for a local file and an object in a bucket (`gs://BUCKET/KEY`, `s3://BUCKET/KEY`).
+
+A local path stays a `pathlib.Path` (with `~` expanded); a URL becomes an `etils.epath.Path`, the
+type orbax itself writes checkpoints through (its gs:// backend is gcsfs, which reads
+`STORAGE_EMULATOR_HOST`). Both answer `/`, `exists`, `is_dir`, `iterdir`, `glob`, `read_text`,
+`write_text`, `read_bytes`, `write_bytes`, `open`, `mkdir`, so code written against one serves both.
+What an object store lacks: appending to an object, renaming atomically, folders (a prefix is one).
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+URL_SCHEMES = ("gs://", "s3://")
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether `path` names an object in a bucket rather than a local file."""
+    return str(path).startswith(URL_SCHEMES)
+
+
+def as_path(path: str | os.PathLike) -> os.PathLike:
+    """`path` as a Path object: an epath.Path for a URL, else a pathlib.Path with `~` expanded.
+    Not `pathlib.Path(url)`: that folds `gs://b/k` into the local `gs:/b/k`."""
+    if not is_url(path):
+        return Path(path).expanduser()
+    from etils import epath  # imported when a URL comes: a tenth of a second that local runs need not pay
+
+    return epath.Path(str(path))
+
+
+def absolute(path: str | os.PathLike) -> os.PathLike:
+    """`as_path(path)`, made absolute when local (epath's own `absolute()` folds a URL into the working folder)."""
+    path = as_path(path)
+    return path if is_url(path) else path.absolute()
+
+
+def write_whole(path: os.PathLike, text: str) -> None:
+    """Replace the file at `path` by `text` so that a reader never sees half of it: a temporary
+    file renamed over it on disk; one upload in a bucket (an object appears whole, or not at all)."""
+    if is_url(path):
+        path.write_text(text)
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def append_text(path: os.PathLike, text: str) -> None:
+    """Add `text` to the end of the file at `path` (made when missing). In a bucket, where an object
+    cannot be appended to, the object is read and written again whole: fine at a logging cadence."""
+    if is_url(path):
+        write_whole(path, (path.read_text() if path.exists() else "") + text)
+        return
+    with open(path, "a") as f:
+        f.write(text)
