@@ -7,16 +7,32 @@ type orbax itself writes checkpoints through (its gs:// backend is gcsfs, which 
 What an object store lacks: appending to an object, renaming atomically, folders (a prefix is one).
 """
 
+import importlib.util
 import os
+import re
 import tempfile
 from pathlib import Path
 
 URL_SCHEMES = ("gs://", "s3://")
+CLIENTS = {"gs": "gcsfs", "s3": "s3fs"}  # epath's (fsspec's) file system for each scheme
 
 
 def is_url(path: str | os.PathLike) -> bool:
     """Whether `path` names an object in a bucket rather than a local file."""
     return str(path).startswith(URL_SCHEMES)
+
+
+def url_error(url: str | os.PathLike) -> str | None:
+    """What is wrong with a bucket URL before any request is made, or None: its form, SCHEME://BUCKET/KEY with
+    BUCKET of 3+ lower-case letters, digits, '.', '_' and '-' (GCS's and S3's rule, loosely), or a missing client."""
+    scheme, _, rest = str(url).partition("://")
+    bucket = rest.partition("/")[0]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+        return (f"{url}: {bucket!r} is not a bucket name ({scheme}://BUCKET/PREFIX, BUCKET of lower-case letters, "
+                f"digits, '.', '_' and '-')")  # fmt: skip
+    if importlib.util.find_spec(CLIENTS[scheme]) is None:
+        return f"{url}: {scheme}:// needs the {CLIENTS[scheme]} package: pip install {CLIENTS[scheme]}"
+    return None
 
 
 def as_path(path: str | os.PathLike) -> os.PathLike:

@@ -2,12 +2,11 @@
 sampling run or a training run must not end in a traceback because a folder is missing or read-only.
 Each check refuses in one line (a SystemExit with a message: status 2, train/startup.py)."""
 
-import re
 import secrets
 import tempfile
 from pathlib import Path
 
-from eqxdiff.paths import as_path, is_url
+from eqxdiff.paths import as_path, is_url, url_error
 
 
 def nearest_existing(path: Path) -> Path:
@@ -53,12 +52,11 @@ def check_bucket_writable(url: str, flag: str, *, folder: bool = False):
     """The epath.Path of `url` (a file, or with `folder` a prefix), once an object can be written where it goes:
     one empty object written and deleted, so that a missing bucket, a bad name or missing credentials is one line
     before anything loads, and nothing is written on the local disk instead."""
+    if error := url_error(url):
+        raise SystemExit(f"{flag} {error}; pass another {flag}.")
     path = as_path(url)
     scheme, _, rest = str(url).partition("://")
     bucket = rest.partition("/")[0]
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):  # GCS's and S3's rule, loosely
-        raise SystemExit(f"{flag} {url}: {bucket!r} is not a bucket name ({scheme}://BUCKET/PREFIX, BUCKET of "
-                         f"lower-case letters, digits, '.', '_' and '-'); pass another {flag}.")  # fmt: skip
     probe = (path if folder else path.parent) / f".write-probe-{secrets.token_hex(4)}"
     try:
         probe.write_text("")

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from eqxdiff.paths import as_path, is_url
+from eqxdiff.paths import as_path, is_url, url_error
 
 # What a checkpoint's arrays and data order were made for: a change is a different run.
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder",
@@ -112,6 +112,8 @@ def run_config(config_type, given: dict, say=print):
     defaults = config_type()
     run_dir = given.get("run_dir") or default_run_dir(given.get("dataset", defaults.dataset),
                                                       given.get("model", defaults.model))  # fmt: skip
+    if is_url(run_dir) and (error := url_error(run_dir)):  # before any request to the bucket
+        raise SystemExit(f"--run_dir {error}; pass another --run_dir.")
     found = saved_config(run_dir, given.get("resume_step", -1))
     if found is None and "run_dir" in given:
         refuse_mistyped_run_dir(run_dir, given)

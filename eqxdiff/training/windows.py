@@ -2,8 +2,8 @@
 the profiler window."""
 
 import contextlib
+import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -68,7 +68,7 @@ def parse_step_range(text: str) -> tuple[int, int] | None:
 class ProfileWindow:
     """A `jax.profiler` trace of steps A..B-1 ("A:B") into `directory`; "" traces nothing."""
 
-    def __init__(self, steps: str, directory: Path):
+    def __init__(self, steps: str, directory: os.PathLike):  # run_dir's: a pathlib.Path or an epath.Path
         self.range = parse_step_range(steps) if steps else None
         self.directory = directory
 

@@ -1,0 +1,59 @@
+"""Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
+orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk."""
+
+import pytest
+from bucket import bucket, gcs_server  # noqa: F401 (fixtures: tests/bucket.py)
+
+from eqxdiff.paths import append_text, as_path, write_whole
+from runs import REFERENCE, REFERENCE_STEPS, TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays
+from runs import start, train_here, wait_for
+
+STEPS = REFERENCE_STEPS
+ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
+
+
+def test_objects_are_replaced_and_appended_whole(bucket):
+    """metrics.jsonl's append and run.json's replacement, in a store that can do neither in place."""
+    path = as_path(f"{bucket}/run/metrics.jsonl")
+    for line in ("a\n", "b\n"):
+        append_text(path, line)
+    assert path.read_text() == "a\nb\n"
+    write_whole(path, "c\n")
+    append_text(path, "d\n")
+    assert path.read_text() == "c\nd\n"
+
+
+@pytest.mark.slow
+def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eight_device_run):
+    """SIGKILL after the first checkpoint; then the next step's folder as a kill in the middle of its save
+    leaves it (objects, no commit_success.txt: a bucket cannot rename a finished step into place). The same
+    command resumes from the committed step, saves over the torn one and ends equal to the uninterrupted run."""
+    run_dir = as_path(f"{bucket}/run")
+    proc = start("main.py", "--run_dir", run_dir, *ARGS)
+    wait_for(lambda: committed(run_dir), proc)
+    kill(proc)
+    killed_at = committed(run_dir)[-1]
+    assert killed_at < STEPS - 6, "the run saved its last checkpoints before the kill; nothing was resumed"
+    torn = run_dir / "checkpoints" / str(killed_at + 6)
+    (torn / "state" / "_METADATA").write_text("{torn")  # what a save cut short leaves: no commit_success.txt
+    result = run("main.py", "--run_dir", run_dir, *ARGS)
+    assert f"resumed from {run_dir}/checkpoints/{killed_at} ({killed_at * 16} examples consumed)" in result.stdout + result.stderr
+    assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3 prunes in the bucket too
+    assert_bitwise_equal(saved_arrays(run_dir, STEPS), saved_arrays(eight_device_run, STEPS))
+    assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("gs://no-such-bucket/run", "--run_dir gs://no-such-bucket/run: no bucket gs://no-such-bucket"),
+        ("gs://Not_A_Bucket/run", "--run_dir gs://Not_A_Bucket/run: 'Not_A_Bucket' is not a bucket name"),
+    ],
+)
+def test_a_bad_bucket_is_one_line_and_nothing_is_written_locally(gcs_server, url, says, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a URL mistaken for a local path would be written
+    with pytest.raises(SystemExit) as stop:
+        train_here("--run_dir", url, *TINY, "--steps", 2)
+    assert isinstance(stop.value.code, str) and stop.value.code.startswith(says), stop.value.code
+    assert "\n" not in stop.value.code
+    assert list(tmp_path.iterdir()) == []
