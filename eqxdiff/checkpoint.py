@@ -94,7 +94,8 @@ class Checkpoints:
     are written in the background. `wait()` (also called by `close()`) blocks until they are.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
+                 read_only: bool = False):  # fmt: skip
         """`read_only`: for readers (train/sample.py): nothing is created, saved or deleted (orbax's own
         read_only mode logs warnings at every open; without `create` and saves it writes nothing)."""
         if keep < 1:

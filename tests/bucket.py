@@ -76,7 +76,8 @@ def gcs_server():
 def bucket(gcs_server) -> str:
     """A new, empty bucket for one test: its URL, gs://NAME."""
     name = f"test-{secrets.token_hex(4)}"
-    request = urllib.request.Request(f"{gcs_server}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
+    body = json.dumps({"name": name}).encode()
+    request = urllib.request.Request(f"{gcs_server}/storage/v1/b?project=test", data=body,
                                      headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200, response.read()

@@ -37,7 +37,8 @@ def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eigh
     torn = run_dir / "checkpoints" / str(killed_at + 6)
     (torn / "state" / "_METADATA").write_text("{torn")  # what a save cut short leaves: no commit_success.txt
     result = run("main.py", "--run_dir", run_dir, *ARGS)
-    assert f"resumed from {run_dir}/checkpoints/{killed_at} ({killed_at * 16} examples consumed)" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert f"resumed from {run_dir}/checkpoints/{killed_at} ({killed_at * 16} examples consumed)" in output
     assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3 prunes in the bucket too
     assert_bitwise_equal(saved_arrays(run_dir, STEPS), saved_arrays(eight_device_run, STEPS))
     assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, STEPS + 1))

@@ -96,7 +96,8 @@ class MetricsLogger:
             return
         values = {k: _host(v) for k, v in metrics.items()}
         row = {"step": int(step), **{k: _jsonable(v) for k, v in values.items()}}
-        append_text(self.metrics_path, json.dumps(row, allow_nan=False) + "\n")  # reopened per call: survives truncate_after
+        # Reopened per call: survives truncate_after. In a bucket the object is written again whole.
+        append_text(self.metrics_path, json.dumps(row, allow_nan=False) + "\n")
         if self._run is not None:
             self._run.log(values, step=int(step))
 
