@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from eqxdiff import xla_cpu
+from eqxdiff.paths import as_path, is_url, write_whole
 
 CANDIDATES = {
     "on": xla_cpu.DEFAULT,
@@ -58,7 +59,7 @@ def target(cfg, abstract_state, batch_spec: dict, frozen, mesh) -> tuple[Path, s
     """(the choice file, this step's key) for a run's Config on a CPU mesh; None elsewhere (nothing to choose)."""
     if mesh.devices.flat[0].platform != "cpu":
         return None
-    folder = Path(cfg.compilation_cache_dir or cfg.run_dir)
+    folder = as_path(cfg.compilation_cache_dir or cfg.run_dir)  # a local folder or a bucket's prefix
     extra = {"precision": cfg.precision, "remat": cfg.remat, "grad_accum_steps": cfg.grad_accum_steps}
     return folder / FILE, step_key(abstract_state, batch_spec, frozen, dict(mesh.shape), extra)
 
@@ -87,10 +88,9 @@ def _store(path: Path, key: str, entry: dict) -> None:
     except (OSError, ValueError):
         table = {}
     table[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)  # a reader never sees half a file
+    if not is_url(path):  # a bucket has no folders to make
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, json.dumps(table, indent=1))  # a reader never sees half a file
 
 
 def _zero_batch(batch_spec: dict, sharding) -> dict:
