@@ -1,9 +1,11 @@
 """Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
 orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk."""
 
+import numpy as np
 import pytest
 from bucket import bucket, gcs_server  # noqa: F401 (fixtures: tests/bucket.py)
 
+from eqxdiff.data import open_source
 from eqxdiff.paths import append_text, as_path, write_whole
 from runs import REFERENCE, REFERENCE_STEPS, TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays
 from runs import start, train_here, wait_for
@@ -21,6 +23,23 @@ def test_objects_are_replaced_and_appended_whole(bucket):
     write_whole(path, "c\n")
     append_text(path, "d\n")
     assert path.read_text() == "c\nd\n"
+
+
+def test_npz_dataset_in_a_bucket_reads_as_its_local_copy(bucket, tmp_path):
+    rng = np.random.default_rng(0)
+    local = tmp_path / "pets.npz"
+    np.savez(local, images=rng.integers(0, 256, (6, 4, 4, 3), dtype=np.uint8), labels=np.arange(6) % 2)
+    as_path(f"{bucket}/data/pets.npz").write_bytes(local.read_bytes())
+    in_bucket, on_disk = open_source(f"npz:{bucket}/data/pets.npz"), open_source(f"npz:{local}")
+    assert len(in_bucket) == len(on_disk) == 6
+    for i in range(6):
+        assert {k: v.tobytes() for k, v in in_bucket[i].items()} == {k: v.tobytes() for k, v in on_disk[i].items()}
+
+
+@pytest.mark.parametrize("kind", ["latents", "arrayrecord", "folder"])
+def test_a_local_only_dataset_kind_from_a_bucket_is_refused_naming_the_copy(gcs_server, kind):
+    with pytest.raises(ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"):
+        open_source(f"{kind}:gs://b0/x")
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ import glob
 import io
 import importlib.util
 import json
+import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from PIL import Image
 from eqxdiff.data.captions import missing_caption
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import TEXT, Source
+from eqxdiff.paths import is_url
 
 GRAYSCALE_MODES = {"1", "L", "LA"}
 MAX_NAMED_CLASSES = 10  # class names shown by describe_source; the rest are counted
@@ -215,12 +217,12 @@ class ArrayRecordSource:
         return caption or ""
 
 
-def load_npz(path: Path, spec: str, captions: bool = False, allow_uncaptioned: bool = False) -> ArraySource:
+def load_npz(path: os.PathLike, spec: str, captions: bool = False, allow_uncaptioned: bool = False) -> ArraySource:
     """`images` (N, H, W, C) uint8, optional `labels` (N,) and, with captions, `captions` (N,) str from an
-    .npz file (no pickle)."""
+    .npz file (no pickle), on disk or in a bucket (an epath.Path: eqxdiff/paths.py)."""
     if not path.is_file():
         raise FileNotFoundError(f"Dataset file not found: {path} (from --dataset {spec}).")
-    with np.load(path) as arrays:
+    with np.load(io.BytesIO(path.read_bytes()) if is_url(path) else path) as arrays:  # a bucket's: read whole
         if "images" not in arrays:
             raise ValueError(f"{path} has no 'images' array (found: {', '.join(arrays.files)}).")
         images = arrays["images"]
@@ -233,7 +235,7 @@ def load_npz(path: Path, spec: str, captions: bool = False, allow_uncaptioned: b
     return ArraySource(images, labels, spec, texts)
 
 
-def npz_captions(arrays: np.lib.npyio.NpzFile, path: Path, n: int, allow_uncaptioned: bool) -> list[str]:
+def npz_captions(arrays: np.lib.npyio.NpzFile, path: os.PathLike, n: int, allow_uncaptioned: bool) -> list[str]:
     """The `captions` array of an npz as n str ("" each when it has none and that is allowed)."""
     if "captions" not in arrays:
         if allow_uncaptioned:

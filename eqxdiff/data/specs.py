@@ -32,6 +32,7 @@ from eqxdiff.data.captions import missing_caption
 from eqxdiff.data.folder import FolderSource
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.sources import ArrayRecordSource, ArraySource, ImageSource, load_digits_source, load_npz
+from eqxdiff.paths import as_path, is_url
 
 
 def _digits(captions: bool, allow_uncaptioned: bool) -> ImageSource:
@@ -48,7 +49,7 @@ BUILTIN_SOURCES: dict[str, Callable[[bool, bool], ImageSource]] = {
 }
 # Datasets on disk, `KIND:ARG`: (ARG, spec, image_size, captions, allow_uncaptioned, skip_bad_images) -> source.
 PATH_SOURCES: dict[str, Callable[[str, str, int, bool, bool, bool], ImageSource]] = {
-    "npz": lambda arg, spec, size, captions, allow, skip: load_npz(Path(arg).expanduser(), spec, captions, allow),
+    "npz": lambda arg, spec, size, captions, allow, skip: load_npz(as_path(arg), spec, captions, allow),
     "folder": lambda arg, spec, size, captions, allow, skip: FolderSource(
         Path(arg).expanduser(), size, spec, captions, allow, skip
     ),
@@ -56,6 +57,9 @@ PATH_SOURCES: dict[str, Callable[[str, str, int, bool, bool, bool], ImageSource]
     "latents": lambda arg, spec, size, captions, allow, skip: LatentSource(Path(arg).expanduser(), spec),
 }
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
+# Kinds read from a bucket URL (gs://...): npz, read whole. array_record's reader opens local files only, and the
+# folder source lists a local folder; their data is copied to local disk first.
+URL_SOURCES = ("npz",)
 
 
 def open_source(
@@ -78,6 +82,9 @@ def open_source(
         raise ValueError(f"image_size must be >= 1, got {image_size}.")
     if spec in BUILTIN_SOURCES:
         return BUILTIN_SOURCES[spec](captions, allow_uncaptioned)
+    if kind in PATH_SOURCES and is_url(arg) and kind not in URL_SOURCES:
+        raise ValueError(f"--dataset {spec}: {kind}: reads local files only (from a bucket: {', '.join(URL_SOURCES)}); "
+                         f"copy {arg} to local disk first (e.g. gcloud storage cp -r {arg} DIR) and pass {kind}:DIR.")
     if kind in PATH_SOURCES and arg:
         return PATH_SOURCES[kind](arg, spec, image_size, captions, allow_uncaptioned, skip_bad_images)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")
