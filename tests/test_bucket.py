@@ -1,17 +1,26 @@
 """Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
 orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk."""
 
+import equinox as eqx
+import jax
 import numpy as np
 import pytest
 from bucket import bucket, gcs_server  # noqa: F401 (fixtures: tests/bucket.py)
 
 from eqxdiff.data import open_source
 from eqxdiff.paths import append_text, as_path, write_whole
+from eqxdiff.sharding import make_mesh
+from rebuild import load_run
 from runs import REFERENCE, REFERENCE_STEPS, TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays
 from runs import start, train_here, wait_for
 
 STEPS = REFERENCE_STEPS
 ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
+
+
+def arrays_by_path(tree) -> dict[str, np.ndarray]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(eqx.filter(tree, eqx.is_array))
+    return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
 
 
 def test_objects_are_replaced_and_appended_whole(bucket):
@@ -61,6 +70,11 @@ def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eigh
     assert committed(run_dir) == [12, 18, 24]  # --keep_checkpoints 3 prunes in the bucket too
     assert_bitwise_equal(saved_arrays(run_dir, STEPS), saved_arrays(eight_device_run, STEPS))
     assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, STEPS + 1))
+    # What train/sample.py samples, read from the bucket: the EMA of the newest step.
+    mesh = make_mesh(data=-1, fsdp=1)
+    in_bucket, on_disk = load_run(str(run_dir), mesh=mesh), load_run(eight_device_run, mesh=mesh)
+    assert in_bucket.step == STEPS and in_bucket.stored["run_dir"] == str(run_dir)
+    assert_bitwise_equal(arrays_by_path(in_bucket.ema), arrays_by_path(on_disk.ema))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.paths import absolute, as_path
 from eqxdiff.codecs import codec_from_config
 from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
 from eqxdiff.training import abstract_train_state, adamw_cosine
@@ -46,7 +47,7 @@ def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
     if not saved:
         close = close_runs(run_dir)  # a mistyped --run_dir
         hint = f"did you mean {' or '.join(map(str, close))}? Else train" if close else "train"
-        raise SystemExit(f"No checkpoint under {Path(run_dir).absolute() / 'checkpoints'}: {hint} first "
+        raise SystemExit(f"No checkpoint under {absolute(run_dir) / 'checkpoints'}: {hint} first "
                          f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
     if step >= 0 and step not in saved:
         raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
@@ -78,7 +79,7 @@ def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
 
 def posthoc_dir(run_dir: str | Path, sigma_rel: float) -> Path:
     """Where train/posthoc_ema.py keeps the post-hoc EMAs of `sigma_rel` (eqxdiff.ema_snapshots, by step)."""
-    return Path(run_dir) / "posthoc_ema" / f"{sigma_rel:g}"
+    return as_path(run_dir) / "posthoc_ema" / f"{sigma_rel:g}"
 
 
 def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | None = None) -> Run:
@@ -89,7 +90,7 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
     is then train/posthoc_ema.py's post-hoc EMA of that profile at `step` (< 0: its newest) instead, built
     as the newest checkpoint describes it."""
     asked, (step, _) = step, stored_run(run_dir, -1 if ema is not None else step)
-    with Checkpoints(Path(run_dir) / "checkpoints", read_only=True) as checkpoints:
+    with Checkpoints(as_path(run_dir) / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text

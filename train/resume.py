@@ -72,6 +72,8 @@ def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None
 def close_runs(run_dir: str | Path) -> list[Path]:
     """Runs beside `run_dir` (folders holding checkpoints/) whose names are close to its name: what a
     mistyped --run_dir most likely meant."""
+    if is_url(run_dir):  # suggestions from the local disk only: a bucket's listing is a request
+        return []
     run_dir = Path(run_dir).expanduser()
     parent = run_dir.parent if run_dir.parent.is_dir() else None
     if parent is None:
