@@ -1,7 +1,12 @@
 """Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
 orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk."""
 
+import http.server
+import json
+import threading
+
 import equinox as eqx
+import fsspec
 import jax
 import numpy as np
 import pytest
@@ -45,6 +50,40 @@ def test_npz_dataset_in_a_bucket_reads_as_its_local_copy(bucket, tmp_path):
         assert {k: v.tobytes() for k, v in in_bucket[i].items()} == {k: v.tobytes() for k, v in on_disk[i].items()}
 
 
+class Unauthorized(http.server.BaseHTTPRequestHandler):
+    """GCS's answer to a request without valid credentials, whatever is asked."""
+
+    def do_GET(self):
+        body = json.dumps({"error": {"code": 401, "message": "Anonymous caller does not have storage.objects.list"}})
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_POST = do_PUT = do_DELETE = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unauthorized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    monkeypatch.chdir(tmp_path)
+    fsspec.filesystem("gs").clear_instance_cache()  # a gs:// client made for another server must not answer
+    try:
+        with pytest.raises(SystemExit) as stop:
+            train_here("--run_dir", "gs://private-bucket/run", *TINY, "--steps", 2)
+    finally:
+        server.shutdown()
+        server.server_close()
+        fsspec.filesystem("gs").clear_instance_cache()
+    assert stop.value.code.startswith("--run_dir gs://private-bucket/run: cannot read the bucket: "), stop.value.code
+    assert "\n" not in stop.value.code and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("kind", ["latents", "arrayrecord", "folder"])
 def test_a_local_only_dataset_kind_from_a_bucket_is_refused_naming_the_copy(gcs_server, kind):
     with pytest.raises(ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"):
@@ -82,6 +121,7 @@ def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eigh
     [
         ("gs://no-such-bucket/run", "--run_dir gs://no-such-bucket/run: no bucket gs://no-such-bucket"),
         ("gs://Not_A_Bucket/run", "--run_dir gs://Not_A_Bucket/run: 'Not_A_Bucket' is not a bucket name"),
+        ("s3://bucket/run", "--run_dir s3://bucket/run: orbax writes checkpoints to gs:// and local paths only"),
     ],
 )
 def test_a_bad_bucket_is_one_line_and_nothing_is_written_locally(gcs_server, url, says, tmp_path, monkeypatch):

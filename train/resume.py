@@ -69,6 +69,20 @@ def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None
                          f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
 
 
+def saved_run(run_dir: str, step: int = -1) -> tuple[int, dict] | None:
+    """`saved_config`, where a bucket that cannot be read (no credentials, no access, a server's error) is one
+    line naming it: the run's first request to its bucket."""
+    if not is_url(run_dir):
+        return saved_config(run_dir, step)
+    try:
+        return saved_config(run_dir, step)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # the client libraries raise many kinds (HTTP, credentials, network)
+        raise SystemExit(f"--run_dir {run_dir}: cannot read the bucket: {type(e).__name__}: {e}; check the bucket "
+                         f"and the credentials, or pass another --run_dir.") from e  # fmt: skip
+
+
 def close_runs(run_dir: str | Path) -> list[Path]:
     """Runs beside `run_dir` (folders holding checkpoints/) whose names are close to its name: what a
     mistyped --run_dir most likely meant."""
@@ -114,9 +128,12 @@ def run_config(config_type, given: dict, say=print):
     defaults = config_type()
     run_dir = given.get("run_dir") or default_run_dir(given.get("dataset", defaults.dataset),
                                                       given.get("model", defaults.model))  # fmt: skip
+    if is_url(run_dir) and not str(run_dir).startswith("gs://"):  # orbax 0.12's OCDBT spec: gs:// or a local path
+        raise SystemExit(f"--run_dir {run_dir}: orbax writes checkpoints to gs:// and local paths only (s3://: "
+                         f"google/orbax#359); pass a gs:// or a local --run_dir.")  # fmt: skip
     if is_url(run_dir) and (error := url_error(run_dir)):  # before any request to the bucket
         raise SystemExit(f"--run_dir {error}; pass another --run_dir.")
-    found = saved_config(run_dir, given.get("resume_step", -1))
+    found = saved_run(run_dir, given.get("resume_step", -1))
     if found is None and "run_dir" in given:
         refuse_mistyped_run_dir(run_dir, given)
     if found is None:
