@@ -58,8 +58,8 @@ class EDM2UNet(eqx.Module):
                  channel_mult: tuple[int, ...] = (1, 2, 3, 4), channel_mult_noise: int | None = None,
                  channel_mult_emb: int | None = None, num_blocks: int = 3, attn_resolutions: tuple[int, ...] = (16, 8),
                  label_balance: float = 0.5, concat_balance: float = 0.5, logvar_channels: int = 128,
-                 channels_per_head: int = 64, dropout: float = 0.0, res_balance: float = 0.3,
-                 attn_balance: float = 0.3, clip_act: float | None = 256, remat: bool = False, *,
+                 channels_per_head: int = 64, dropout: float | int = 0.0, res_balance: float = 0.3,
+                 attn_balance: float = 0.3, clip_act: float | int | None = 256, remat: bool = False, *,
                  key: PRNGKeyArray):  # fmt: skip
         keys = iter(jax.random.split(key, 8 + 4 * len(channel_mult) * (num_blocks + 2)))
         cblock = [model_channels * m for m in channel_mult]

@@ -37,15 +37,15 @@ class EDM2Block(eqx.Module):
     flavor: str = eqx.field(static=True)
     resample_mode: str = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
-    dropout: float = eqx.field(static=True)
+    dropout: float | int = eqx.field(static=True)
     res_balance: float = eqx.field(static=True)
     attn_balance: float = eqx.field(static=True)
-    clip_act: float | None = eqx.field(static=True)
+    clip_act: float | int | None = eqx.field(static=True)
 
     def __init__(self, in_channels: int, out_channels: int, emb_channels: int, flavor: str = "enc",
                  resample_mode: str = "keep", attention: bool = False, channels_per_head: int = 64,
-                 dropout: float = 0.0, res_balance: float = 0.3, attn_balance: float = 0.3,
-                 clip_act: float | None = 256, *, key: PRNGKeyArray):  # fmt: skip
+                 dropout: float | int = 0.0, res_balance: float = 0.3, attn_balance: float = 0.3,
+                 clip_act: float | int | None = 256, *, key: PRNGKeyArray):  # fmt: skip
         keys = jax.random.split(key, 6)
         self.out_channels, self.flavor, self.resample_mode = out_channels, flavor, resample_mode
         self.num_heads = out_channels // channels_per_head if attention else 0

@@ -17,7 +17,7 @@ def adamw_cosine(
     return optimizer, schedule
 
 
-def edm2_lr_schedule(lr_ref: float, ref_steps: int, rampup_steps: int) -> optax.Schedule:
+def edm2_lr_schedule(lr_ref: float, ref_steps: int | float, rampup_steps: int | float) -> optax.Schedule:
     """EDM2's `learning_rate_schedule` (Karras et al. 2024, eq. 10) counted in optimizer updates t = 0, 1, ...:
     lr_ref / sqrt(max(t / ref_steps, 1)), times min(t / rampup_steps, 1) (EDM2 ramps up over rampup_Mimg
     images: rampup_Mimg·1e6 / batch steps; its ref_batches is `ref_steps`). 0 for either: that factor off."""
@@ -30,7 +30,7 @@ def edm2_lr_schedule(lr_ref: float, ref_steps: int, rampup_steps: int) -> optax.
 
 
 def adam_edm2(
-    lr_ref: float, ref_steps: int, rampup_steps: int, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8
+    lr_ref: float, ref_steps: int | float, rampup_steps: int | float, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Returns (optimizer, lr_schedule): EDM2's Adam (β = (0.9, 0.99), no weight decay, no clipping: its
     weights are normalised, eqxdiff.nn.force_weight_normalization) on `edm2_lr_schedule`."""
