@@ -16,8 +16,9 @@ code is under CC BY-NC-SA 4.0, its LICENSE.txt).
   `denoised` = Precond(x, σ, one-hot y), `raw` = its UNet's F(c_in·x, ln(σ)/4, y), `logvar` [b].
 
 The network: 8×8×3, 5 classes, model_channels 16, channel_mult (1, 2), 1 block per level, attention at
-4×4 with 8 channels per head, logvar_channels 8; every trainable parameter moved off its init (the
-weights by N(0, 0.2²)·their scale, the zero-initialised gains by N(0, 0.5²)).
+4×4 with 8 channels per head, logvar_channels 8, label_balance 0.4 and concat_balance 0.6 (EDM2's 0.5 would
+hide a swapped balance); every trainable parameter moved off its init (the weights by N(0, 0.2²)·their scale,
+the zero-initialised gains by N(0, 0.5²)).
 
     tools/.venv/bin/python tools/make_edm2_fixtures.py --edm2 PATH/TO/edm2
 """
@@ -36,7 +37,8 @@ from safetensors.torch import load_file
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "edm2"
 CONFIG = dict(img_resolution=8, img_channels=3, label_dim=5, use_fp16=False, model_channels=16, channel_mult=[1, 2],
-              num_blocks=1, attn_resolutions=[4], channels_per_head=8, logvar_channels=8, dropout=0.1)  # fmt: skip
+              num_blocks=1, attn_resolutions=[4], channels_per_head=8, logvar_channels=8, dropout=0.1,
+              label_balance=0.4, concat_balance=0.6)  # fmt: skip
 
 
 def main() -> None:
