@@ -72,7 +72,7 @@ def test_magnitude_preserving_layers_keep_unit_variance():
     for t in (0.3, 0.5, 0.8):  # mp_sum is (1 - t)·a + t·b over sqrt((1-t)² + t²): not symmetric in a, b
         np.testing.assert_allclose(mp_sum(a, b, t), ((1 - t) * a + t * b) / np.sqrt((1 - t) ** 2 + t**2), atol=1e-6)
     assert abs(float(jnp.std(mp_sum(a, b, 0.3))) - float(jnp.std(a))) < 0.03
-    u, v = normalize(jax.random.normal(jax.random.key(1), (2, 3))), normalize(jax.random.normal(jax.random.key(2), (2, 5)))
+    u, v = (normalize(jax.random.normal(jax.random.key(i), (2, n))) for i, n in ((1, 3), (2, 5)))
     cat = mp_cat(u, v, t=0.3)  # eq. 103: [a·(1-t)·C/sqrt(Na), b·t·C/sqrt(Nb)], C = sqrt((Na+Nb)/((1-t)²+t²))
     c = np.sqrt(8 / (0.7**2 + 0.3**2))
     np.testing.assert_allclose(cat, np.concatenate([u * 0.7 * c / np.sqrt(3), v * 0.3 * c / np.sqrt(5)], -1), rtol=1e-6)
@@ -87,18 +87,19 @@ def test_force_weight_normalization_is_its_definition():
     """eq. 66: every MPConv weight w -> w / (1e-4 + ‖w_i‖/sqrt(fan-in)) per output row i (numpy, float64); every
     other leaf unchanged."""
     keys = jax.random.split(jax.random.key(0), 3)
-    net = {"convs": [MPConv(4, 3, (), key=keys[0]), MPConv(2, 5, (3, 3), key=keys[1])], "fourier": MPFourier(4, key=keys[2]),
-           "gain": jnp.zeros(())}  # fmt: skip
+    net = {"convs": [MPConv(4, 3, (), key=keys[0]), MPConv(2, 5, (3, 3), key=keys[1])],
+           "fourier": MPFourier(4, key=keys[2]), "gain": jnp.zeros(())}  # fmt: skip
     net = jax.tree.map(lambda a: 3.0 * a + 0.1, net)  # off the sphere, and the gain off zero
     out = force_weight_normalization(net)
     is_mp = lambda m: isinstance(m, MPConv)  # noqa: E731
-    convs = [(m, o) for m, o in zip(jax.tree.leaves(net, is_leaf=is_mp), jax.tree.leaves(out, is_leaf=is_mp)) if is_mp(m)]
+    pairs = zip(jax.tree.leaves(net, is_leaf=is_mp), jax.tree.leaves(out, is_leaf=is_mp), strict=True)
+    convs = [(m, o) for m, o in pairs if is_mp(m)]
     assert len(convs) == 2
     for before, after in convs:
         w = np.asarray(before.weight, np.float64).reshape(before.weight.shape[0], -1)
         expected = w / (1e-4 + np.linalg.norm(w, axis=1, keepdims=True) / np.sqrt(w.shape[1]))
         np.testing.assert_allclose(np.asarray(after.weight).reshape(w.shape), expected, rtol=1e-5)
-    others = lambda tree: [a for a in jax.tree.leaves(jax.tree.map(lambda m: None if is_mp(m) else m, tree, is_leaf=is_mp))]  # noqa: E731
+    others = lambda tree: jax.tree.leaves(jax.tree.map(lambda m: None if is_mp(m) else m, tree, is_leaf=is_mp))  # noqa: E731
     assert all(np.array_equal(a, b) for a, b in zip(others(net), others(out), strict=True))
 
 
@@ -125,7 +126,8 @@ def test_train_step_renormalises_after_each_update():
     plain, renormalised = states
     w = np.asarray(plain.conv.weight, np.float64)
     assert abs(np.linalg.norm(w[0]) / 2 - 1) > 1e-3  # the update moved the weight off the sphere
-    np.testing.assert_allclose(renormalised.conv.weight, w / (1e-4 + np.linalg.norm(w, axis=1, keepdims=True) / 2), rtol=1e-6)
+    expected = w / (1e-4 + np.linalg.norm(w, axis=1, keepdims=True) / 2)  # fan-in 4
+    np.testing.assert_allclose(renormalised.conv.weight, expected, rtol=1e-6)
     np.testing.assert_array_equal(renormalised.scale, plain.scale)
 
 

@@ -34,7 +34,8 @@ def convert(pkl: Path, out: Path) -> None:
     net = data["ema"]
     if type(net).__name__ != "Precond":
         raise SystemExit(f"{pkl}: its 'ema' is a {type(net).__name__}, not networks_edm2.Precond: not an EDM2 network")
-    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(out.with_suffix(".safetensors")))
+    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(out.with_suffix(".safetensors")))
     config = {"network": persisted(net), "source": pkl.name}
     if data.get("encoder") is not None:
         config["encoder"] = persisted(data["encoder"])
@@ -43,7 +44,7 @@ def convert(pkl: Path, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--edm2", type=Path, required=True, help="a clone of github.com/NVlabs/edm2 (its code unpickles)")
+    parser.add_argument("--edm2", type=Path, required=True, help="a clone of github.com/NVlabs/edm2")
     parser.add_argument("--pkl", type=Path, required=True, help="an EDM2 network pickle")
     parser.add_argument("--out", type=Path, required=True, help="OUT: writes OUT.safetensors and OUT.json")
     args = parser.parse_args()

@@ -86,8 +86,8 @@ def main() -> None:
         c_in = 1 / (0.5**2 + sigma**2).sqrt().reshape(-1, 1, 1, 1)
         raw = loaded.unet(c_in * x * sigma.reshape(-1, 1, 1, 1), sigma.log() / 4, onehot)
     nhwc = lambda a: a.permute(0, 2, 3, 1).numpy()  # noqa: E731
-    np.savez(OUT / "reference.npz", x=nhwc(x * sigma.reshape(-1, 1, 1, 1)), sigma=sigma.numpy(),
-             y=y.numpy().astype(np.int32), denoised=nhwc(denoised), raw=nhwc(raw), logvar=logvar.reshape(-1).numpy())  # fmt: skip
+    np.savez(OUT / "reference.npz", x=nhwc(x * sigma.reshape(-1, 1, 1, 1)), sigma=sigma.numpy(), y=y.numpy().astype(np.int32),
+             denoised=nhwc(denoised), raw=nhwc(raw), logvar=logvar.reshape(-1).numpy())  # fmt: skip
     print(json.dumps({k: list(v.shape) for k, v in np.load(OUT / "reference.npz").items()}))
 
 

@@ -31,8 +31,8 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
     "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "EDM2UNet",
-    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SDUNet", "SDXLCond", "SDXLTextEncoders", "SelfAttention", "SpaceToDepth", "TextCond",
-    "TextConditioned", "TimestepEmbedding", "UNet", "layer_norm", "null_cond_of", "sd_prompt_embeds", "sdxl_time_ids",
-    "sincos_pos_embed_2d", "timestep_embedding", "zero_init", "force_weight_normalization", "mp_cat", "mp_silu",
-    "mp_sum", "normalize",
+    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SDUNet", "SDXLCond", "SDXLTextEncoders",
+    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "force_weight_normalization",
+    "layer_norm", "mp_cat", "mp_silu", "mp_sum", "normalize", "null_cond_of", "sd_prompt_embeds", "sdxl_time_ids",
+    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.edm2_block import EDM2Block
 from eqxdiff.nn.mp_layers import MPConv, MPFourier, mp_cat, mp_silu, mp_sum
+from eqxdiff.nn.remat import checkpointed
 
 
 class EDM2UNet(eqx.Module):
@@ -67,7 +68,8 @@ class EDM2UNet(eqx.Module):
         cemb = model_channels * channel_mult_emb if channel_mult_emb is not None else max(cblock)
         block = dict(channels_per_head=channels_per_head, dropout=dropout, res_balance=res_balance,
                      attn_balance=attn_balance, clip_act=clip_act)  # fmt: skip
-        self.num_classes, self.label_balance, self.concat_balance, self.remat = num_classes, label_balance, concat_balance, remat
+        self.num_classes, self.remat = num_classes, remat
+        self.label_balance, self.concat_balance = label_balance, concat_balance
         self.out_gain = jnp.zeros(())
         self.emb_fourier = MPFourier(cnoise, key=next(keys))
         self.emb_noise = MPConv(cnoise, cemb, (), key=next(keys))
@@ -118,22 +120,24 @@ class EDM2UNet(eqx.Module):
         if self.emb_label is not None:
             labels = self.null_cond(x.shape[0]) if cond is None else cond
             onehot = jax.nn.one_hot(labels, self.num_classes, dtype=emb.dtype) if labels.ndim == 1 else labels
-            emb = mp_sum(emb, self.emb_label(onehot.astype(emb.dtype) * np.sqrt(self.num_classes)), t=self.label_balance)
+            label_emb = self.emb_label(onehot.astype(emb.dtype) * np.sqrt(self.num_classes))
+            emb = mp_sum(emb, label_emb, t=self.label_balance)
         elif cond is not None:
             raise ValueError("A condition was given to an unconditional EDM2UNet (num_classes=0).")
         emb = mp_silu(emb)
-        keys = iter([None] * (len(self.enc) + len(self.dec)) if key is None else jax.random.split(key, len(self.enc) + len(self.dec)))
-        call = (lambda f, *a, key: eqx.filter_checkpoint(f)(*a, key=key)) if self.remat else (lambda f, *a, key: f(*a, key=key))
+        n = len(self.enc) + len(self.dec)
+        keys = iter([None] * n if key is None else jax.random.split(key, n))  # dropout's, one per block
+        call = lambda blk, hid: checkpointed(blk, self.remat)(hid, emb, key=next(keys))  # noqa: E731
 
         x = jnp.concatenate([x, jnp.ones_like(x[..., :1])], axis=-1)
         skips = []
         for block in self.enc:
-            x = block(x) if isinstance(block, MPConv) else call(block, x, emb, key=next(keys))
+            x = block(x) if isinstance(block, MPConv) else call(block, x)
             skips.append(x)
         for name, block in zip(self.dec_names, self.dec):
             if "block" in name:
                 x = mp_cat(x, skips.pop(), t=self.concat_balance)
-            x = call(block, x, emb, key=next(keys))
+            x = call(block, x)
         return self.out_conv(x, gain=self.out_gain)
 
     def logvar(self, t: Float[Array, " b"]) -> Float[Array, " b"]:

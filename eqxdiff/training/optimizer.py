@@ -30,7 +30,11 @@ def edm2_lr_schedule(lr_ref: float, ref_steps: int | float, rampup_steps: int | 
 
 
 def adam_edm2(
-    lr_ref: float, ref_steps: int | float, rampup_steps: int | float, betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8
+    lr_ref: float,
+    ref_steps: int | float,
+    rampup_steps: int | float,
+    betas: tuple[float, float] = (0.9, 0.99),
+    eps: float = 1e-8,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Returns (optimizer, lr_schedule): EDM2's Adam (β = (0.9, 0.99), no weight decay, no clipping: its
     weights are normalised, eqxdiff.nn.force_weight_normalization) on `edm2_lr_schedule`."""
