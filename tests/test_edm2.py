@@ -206,3 +206,15 @@ def test_models_table_builds_edm2():
     assert models.MODELS["edm2_xs"]((64, 64, 4))[1]["model_channels"] == 128
     with pytest.raises(SystemExit, match="not text"):
         models.MODELS["edm2_tiny"]((8, 8, 1), context_dim=32, pooled_dim=0)
+
+
+def test_a_run_is_rebuilt_with_its_own_optimizer():
+    """train/sample.py rebuilds a --lr_ref_steps run's state with EDM2's Adam (its checkpoint holds Adam's state,
+    not AdamW-cosine's clip + decay chain), through the one `run_optimizer` train/main.py trains with."""
+    import rebuild  # noqa: PLC0415 — train/rebuild.py
+
+    stored = {"image_shape": [8, 8, 1], "model_args": models.model_args("edm2_tiny", (8, 8, 1), Labels(10))}
+    for lr_ref_steps, adam_first in ((300, True), (0, False)):
+        cfg = train_main.Config(model="edm2_tiny", lr_ref_steps=lr_ref_steps)
+        abstract, _ = rebuild.abstract_run_state(cfg, stored, Labels(10), make_mesh(-1, 1))
+        assert isinstance(abstract.opt_state[0], optax.ScaleByAdamState) == adam_first

@@ -54,12 +54,11 @@ from eqxdiff.training import (
     MetricsLogger,
     ProfileWindow,
     abstract_train_state,
-    adam_edm2,
-    adamw_cosine,
     create_train_state,
     ema_warmup,
     make_train_step,
     peak_flops_per_device,
+    run_optimizer,
     step_flops,
 )
 from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
@@ -293,8 +292,7 @@ def main(cfg: Config, features_fn=None) -> None:
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
-    optimizer, lr_schedule = (adam_edm2(cfg.lr, cfg.lr_ref_steps, warmup) if cfg.lr_ref_steps else
-                              adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay))  # fmt: skip
+    optimizer, lr_schedule = run_optimizer(cfg.lr, cfg.steps, warmup, cfg.weight_decay, cfg.lr_ref_steps)
 
     frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)

@@ -42,6 +42,16 @@ def adam_edm2(
     return optax.adam(schedule, b1=betas[0], b2=betas[1], eps=eps), schedule
 
 
+def run_optimizer(
+    lr: float, steps: int, warmup_steps: int, weight_decay: float, lr_ref_steps: int = 0
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """train/main.py's optimizer: `adamw_cosine`, or with `lr_ref_steps` > 0 EDM2's `adam_edm2` (`lr` its lr_ref,
+    `warmup_steps` its ramp-up; no weight decay). One place, so a run's checkpoint is rebuilt with its own."""
+    if lr_ref_steps > 0:
+        return adam_edm2(lr, lr_ref_steps, warmup_steps)
+    return adamw_cosine(lr, steps, warmup_steps, weight_decay)
+
+
 def ema_warmup(decay: float) -> optax.Schedule:
     """The EMA decay at update t = 0, 1, ...: min(decay, (1 + t) / (10 + t)), TensorFlow's
     `ExponentialMovingAverage(decay, num_updates=t)`. The average starts short (0.1 at t = 0, 0.5
