@@ -15,7 +15,19 @@ import pytest
 
 from eqxdiff.conditions import Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, uncertainty_weighted
-from eqxdiff.nn import EDM2UNet, MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
+from eqxdiff.nn import (
+    ConditionalModel,
+    DiffusionModel,
+    EDM2UNet,
+    MPConv,
+    MPFourier,
+    force_weight_normalization,
+    mp_cat,
+    mp_silu,
+    mp_sum,
+    normalize,
+    null_cond_of,
+)
 from eqxdiff.pretrained import load_edm2
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adam_edm2, create_train_state, edm2_lr_schedule, make_train_step
@@ -204,6 +216,10 @@ def test_models_table_builds_edm2():
     args = models.model_args("edm2_tiny", (8, 8, 1), Labels(10))
     assert args["constructor"] == "EDM2UNet" and args["kwargs"]["num_classes"] == 10
     assert models.MODELS["edm2_xs"]((64, 64, 4))[1]["model_channels"] == 128
+    labelled = eqx.filter_eval_shape(lambda k: models.build_model(args, False, k, Labels(10)), jax.random.key(0))
+    plain = eqx.filter_eval_shape(lambda k: EDM2UNet(1, 8, model_channels=8, key=k), jax.random.key(0))
+    assert isinstance(labelled, ConditionalModel) and null_cond_of(labelled, 4).shape == (4,)
+    assert isinstance(plain, DiffusionModel) and null_cond_of(plain, 4) is None
     with pytest.raises(SystemExit, match="not text"):
         models.MODELS["edm2_tiny"]((8, 8, 1), context_dim=32, pooled_dim=0)
 
