@@ -28,7 +28,9 @@ from eqxdiff.nn import (
     normalize,
     null_cond_of,
 )
+from eqxdiff.nn.torch_weights import leaf_layouts
 from eqxdiff.pretrained import load_edm2
+from eqxdiff.pretrained.edm2 import eqxdiff_name
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adam_edm2, create_train_state, edm2_lr_schedule, make_train_step
 
@@ -65,6 +67,18 @@ def test_load_edm2_equals_the_official_forward():
     assert relative(logvar, ref["logvar"]) <= 1e-4  # measured 1e-7
     assert 1e-3 < relative(dropped, ref["raw"]) < 1  # EDM2 drops only in training mode: with a key
     assert json.loads((DATA / "network.json").read_text())["network"]["class_name"] == "Precond"
+
+
+@pytest.mark.parametrize("preset", ["img512-xs", "img64-s"])
+def test_presets_have_every_official_tensor(preset):
+    """EDM2UNet.preset at full size (on shapes only) against the official state_dict of the network EDM2 publishes
+    (tools/make_edm2_fixtures.py, torch's meta device): every key loads into one leaf of its shape, none is left."""
+    official = json.loads((DATA / "official_shapes.json").read_text())[preset]
+    channels = official["network"]["img_channels"]
+    abstract = eqx.filter_eval_shape(lambda k: EDM2UNet.preset(preset, channels, 64, 1000, key=k), jax.random.key(0))
+    ours = dict(zip(leaf_layouts(abstract), (tuple(x.shape) for x in jax.tree.leaves(abstract)), strict=True))
+    renamed = {eqxdiff_name(k, abstract): tuple(v) for k, v in official["shapes"].items()}
+    assert renamed == ours  # 203 tensors; 124,713,765 numbers for img512-xs (EDM2's "125M")
 
 
 def test_load_edm2_without_its_config_names_the_file(tmp_path):

@@ -14,6 +14,9 @@ code is under CC BY-NC-SA 4.0, its LICENSE.txt).
 - `reference.npz`: inputs `x` [b, h, w, c] (NHWC), `sigma` [b], `y` [b] int labels (the last one
   `label_dim`: no class, EDM2's zero label vector), and the unpickled network's outputs in float32, NHWC:
   `denoised` = Precond(x, σ, one-hot y), `raw` = its UNet's F(c_in·x, ln(σ)/4, y), `logvar` [b].
+- `official_shapes.json`: every state_dict key's shape of the full-size networks EDM2 publishes, built on
+  torch's meta device (no weights): train_edm2.py's `edm2-img512-xs` (64×64×4 latents) and `edm2-img64-s`
+  (64×64×3 pixels), 1000 classes, with the preset's constructor keywords.
 
 The network: 8×8×3, 5 classes, model_channels 16, channel_mult (1, 2), 1 block per level, attention at
 4×4 with 8 channels per head, logvar_channels 8, label_balance 0.4 and concat_balance 0.6 (EDM2's 0.5 would
@@ -88,6 +91,13 @@ def main() -> None:
     nhwc = lambda a: a.permute(0, 2, 3, 1).numpy()  # noqa: E731
     np.savez(OUT / "reference.npz", x=nhwc(x * sigma.reshape(-1, 1, 1, 1)), sigma=sigma.numpy(), y=y.numpy().astype(np.int32),
              denoised=nhwc(denoised), raw=nhwc(raw), logvar=logvar.reshape(-1).numpy())  # fmt: skip
+    shapes = {}
+    for preset, channels, img in (("img512-xs", 128, (64, 4)), ("img64-s", 192, (64, 3))):
+        kwargs = dict(img_resolution=img[0], img_channels=img[1], label_dim=1000, model_channels=channels)
+        with torch.device("meta"):
+            state = Precond(**kwargs).state_dict()
+        shapes[preset] = {"network": kwargs, "shapes": {k: list(v.shape) for k, v in state.items()}}
+    (OUT / "official_shapes.json").write_text(json.dumps(shapes) + "\n")
     print(json.dumps({k: list(v.shape) for k, v in np.load(OUT / "reference.npz").items()}))
 
 
