@@ -46,7 +46,8 @@ def mp_cat(a: Array, b: Array, t: float = 0.5) -> Array:
 class MPFourier(eqx.Module):
     """cos(2π(f·x) + φ)·sqrt(2) with fixed random frequencies f ~ N(0, bandwidth²) and phases φ ~ U[0, 1)
     (eq. 75): float[b] -> float[b, n]. `freqs` and `phases` are constants (EDM2's buffers): no gradient
-    reaches them, so Adam without weight decay never moves them."""
+    reaches them, so Adam without weight decay (EDM2's, --lr_ref_steps) never moves them; AdamW's decoupled
+    decay would shrink them by lr·wd a step."""
 
     freqs: Float[Array, " n"]  # 2π·f
     phases: Float[Array, " n"]  # 2π·φ
