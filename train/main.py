@@ -42,8 +42,10 @@ from eqxdiff.diffusion import (
     loss_weight,
     parameterization_by_name,
     schedule_by_name,
+    uncertainty_weighted,
 )
 from eqxdiff.codecs import Latents, Pixels
+from eqxdiff.nn import force_weight_normalization
 from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -52,11 +54,11 @@ from eqxdiff.training import (
     MetricsLogger,
     ProfileWindow,
     abstract_train_state,
-    adamw_cosine,
     create_train_state,
     ema_warmup,
     make_train_step,
     peak_flops_per_device,
+    run_optimizer,
     step_flops,
 )
 from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
@@ -110,6 +112,7 @@ class Config(Launch):
     grad_accum_steps: int = 1  # micro-batches per optimizer update
     lr: float = 2e-3  # AdamW's peak learning rate, reached after --warmup_steps, then cosine to 0 at --steps
     warmup_steps: int = 100  # linear learning-rate warm-up
+    lr_ref_steps: int = 0  # >0: EDM2's Adam (β2 0.99, no decay, no clip), --lr/sqrt(max(step/N, 1)) after warm-up
     weight_decay: float = 1e-4  # AdamW's decoupled weight decay
     ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
@@ -183,7 +186,8 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
     )
     weight = loss_weight(batch["sigma"], parameterization, schedule)  # 1/c_out²: ε-, v-, EDM, flow-matching MSE
     # weight = jnp.minimum(1 / batch["sigma"] ** 2, 5.0)  # min-SNR-5 (Hang et al. 2023): SNR = 1/σ²
-    return jnp.mean(weight * pred.mse)
+    # EDM2's learned per-σ weighting: λ·mse/e^u + u, u = the network's logvar head (eq. 21); without one: λ·mse
+    return jnp.mean(uncertainty_weighted(model, schedule.sigma_to_t(batch["sigma"]), weight * pred.mse))
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -288,7 +292,7 @@ def main(cfg: Config, features_fn=None) -> None:
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
-    optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
+    optimizer, lr_schedule = run_optimizer(cfg.lr, cfg.steps, warmup, cfg.weight_decay, cfg.lr_ref_steps)
 
     frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
@@ -316,6 +320,7 @@ def main(cfg: Config, features_fn=None) -> None:
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
         phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
+        after_update=force_weight_normalization,  # EDM2's MPConv weights back on the unit sphere (others: unchanged)
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
     # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
