@@ -1,7 +1,7 @@
 """Images in and out: [-1, 1] floats <-> uint8, and PNG grids of a batch (with row labels if asked)."""
 
-from collections.abc import Sequence
 import os
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np

@@ -10,14 +10,25 @@ import fsspec
 import jax
 import numpy as np
 import pytest
-from bucket import bucket, gcs_server  # noqa: F401 (fixtures: tests/bucket.py)
+from rebuild import load_run
+from runs import (
+    REFERENCE,
+    REFERENCE_STEPS,
+    TINY,
+    assert_bitwise_equal,
+    committed,
+    kill,
+    metric_rows,
+    run,
+    saved_arrays,
+    start,
+    train_here,
+    wait_for,
+)
 
 from eqxdiff.data import open_source
 from eqxdiff.paths import append_text, as_path, write_whole
 from eqxdiff.sharding import make_mesh
-from rebuild import load_run
-from runs import REFERENCE, REFERENCE_STEPS, TINY, assert_bitwise_equal, committed, kill, metric_rows, run, saved_arrays
-from runs import start, train_here, wait_for
 
 STEPS = REFERENCE_STEPS
 ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
@@ -86,7 +97,9 @@ def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["latents", "arrayrecord", "folder"])
 def test_a_local_only_dataset_kind_from_a_bucket_is_refused_naming_the_copy(gcs_server, kind):
-    with pytest.raises(ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"):
+    with pytest.raises(
+        ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"
+    ):
         open_source(f"{kind}:gs://b0/x")
 
 

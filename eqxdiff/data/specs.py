@@ -83,8 +83,10 @@ def open_source(
     if spec in BUILTIN_SOURCES:
         return BUILTIN_SOURCES[spec](captions, allow_uncaptioned)
     if kind in PATH_SOURCES and is_url(arg) and kind not in URL_SOURCES:
-        raise ValueError(f"--dataset {spec}: {kind}: reads local files only (from a bucket: {', '.join(URL_SOURCES)}); "
-                         f"copy {arg} to local disk first (e.g. gcloud storage cp -r {arg} DIR) and pass {kind}:DIR.")
+        raise ValueError(
+            f"--dataset {spec}: {kind}: reads local files only (from a bucket: {', '.join(URL_SOURCES)}); "
+            f"copy {arg} to local disk first (e.g. gcloud storage cp -r {arg} DIR) and pass {kind}:DIR."
+        )
     if kind in PATH_SOURCES and arg:
         return PATH_SOURCES[kind](arg, spec, image_size, captions, allow_uncaptioned, skip_bad_images)
     raise ValueError(f"Unknown dataset {spec!r}; the accepted forms are: {SPEC_FORMS}.")
