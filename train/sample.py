@@ -66,6 +66,7 @@ from eqxdiff.data.specs import BUILTIN_SOURCES
 from eqxdiff.diffusion import METHODS, Denoiser
 from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
+from eqxdiff.paths import as_path
 from eqxdiff.sharding import make_mesh
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,7 +244,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         raise SystemExit("--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
                          "sample it with --prompts into eqxdiff's .npz (--format eqxdiff).")  # fmt: skip
     if args.process_id == 0 and args.fid:  # the process that writes: its output's folder made and tried first
-        check_writable(args.fid_out or Path(args.run_dir) / "fid.jsonl", "--fid_out")
+        check_writable(args.fid_out or as_path(args.run_dir) / "fid.jsonl", "--fid_out")  # a gs:// run: its bucket
     elif args.process_id == 0:
         check_writable(args.out, "--out")
     start_jax(args)

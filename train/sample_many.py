@@ -12,6 +12,7 @@ from tqdm import tqdm
 from sample_batches import write_sample_batches
 
 from eqxdiff.images import to_uint8
+from eqxdiff.paths import append_text, as_path, is_url
 
 
 def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
@@ -46,10 +47,10 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
                   "guidance": args.guidance, **guidance_record(args), "seed": args.seed}  # fmt: skip
         print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
                                  for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
-        out = Path(args.fid_out or Path(args.run_dir) / "fid.jsonl")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        out = as_path(args.fid_out or as_path(args.run_dir) / "fid.jsonl")  # a local file or an object in a bucket
+        if not is_url(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
+        append_text(out, json.dumps(record) + "\n")
         print(f"step {step}: {args.num} samples against {reference.path} -> {out}")
     return result
 
@@ -71,7 +72,8 @@ def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, co
         seed = int(jax.random.bits(key, dtype=np.uint32))  # generate_images draws its noise from an int seed
         return to_uint8(sample_images(condition.for_sampling(labels, 1)[0], chunk_size, seed=seed)[0])
 
-    flags = {"--run_dir": str(Path(args.run_dir).resolve()), "--step": step, "--num": args.num, "--seed": args.seed,
+    run_dir = args.run_dir if is_url(args.run_dir) else str(Path(args.run_dir).resolve())
+    flags = {"--run_dir": run_dir, "--step": step, "--num": args.num, "--seed": args.seed,
              "--batch_size": chunk_size, "--classes": classes, "--method": args.method, "--steps": args.steps,
              "--guidance": args.guidance, "--vae_tiling": args.vae_tiling, **guidance_record(args, "--")}  # fmt: skip
     write_sample_batches(sample_chunk, args.out, num=args.num, chunk_size=chunk_size, seed=args.seed, classes=classes,
