@@ -26,6 +26,7 @@ from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.paths import as_path
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
 
@@ -99,7 +100,7 @@ def same_inputs(a: list, b: list) -> bool:
 
 
 def main(args: argparse.Namespace) -> None:
-    run_dir = Path(args.run_dir)
+    run_dir = as_path(args.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     if not (run_dir / "phema").is_dir():
         raise SystemExit(f"{run_dir / 'phema'} does not exist: train the run with --phema_sigma_rels 0.05,0.10 "
                          f"(train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
