@@ -64,6 +64,7 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist, flag_value_error  # train/checks.py
+from finetune import open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
@@ -88,6 +89,10 @@ class Config(Launch):
     hflip: bool = False  # random horizontal flips (not for digits)
     # model: the network, its arithmetic and its layout over the devices
     model: str = "unet"  # the network, train/models.py
+    init: str = ""  # sd:FOLDER: fine-tune a diffusers SD UNet (its folder decides model, text tower, latents, noise)
+    lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
+    lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
+    lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
     remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
     fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
@@ -195,7 +200,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
     cfg = run_config(Config, given, say=tqdm.write if given.get("process_id", 0) == 0 else lambda _: None)
     if error := flag_value_error(cfg):
         parser.error(error)
-    return cfg
+    return with_init_flags(cfg)  # --init sd:FOLDER's text tower; the flags it decides refused (train/finetune.py)
 
 
 def sigma_data(cfg: Config, codec) -> float:
@@ -248,6 +253,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_text_folders_exist(cfg)
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
+    tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)  # --init: the pretrained UNet, LoRA
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
     condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
@@ -268,10 +274,12 @@ def main(cfg: Config, features_fn=None) -> None:
     if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
         schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
+    schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
     sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
                     sample_shape=image_shape, mesh=mesh)  # fmt: skip
-    write_samples = functools.partial(write_sample_grid, **sampling, rows=sample_rows, row_labels=row_labels)
+    write_samples = tune.sampling(functools.partial(write_sample_grid, **sampling, rows=sample_rows,
+                                                    row_labels=row_labels))  # LoRA: the EMA's adapters in the base
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
@@ -280,17 +288,17 @@ def main(cfg: Config, features_fn=None) -> None:
         evaluate = functools.partial(evaluate_fid, **sampling, num_classes=num_classes, network=fid_network,
                                      reference=fid_reference)  # fmt: skip
 
-    args = model_args(cfg.model, image_shape, condition)  # the network's constructor arguments, in each checkpoint
+    args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
     if resume is not None:
         check_model_args(cfg, resume, args)
-    make_model = functools.partial(build_model, args, cfg.remat, condition=condition)  # key -> the network
+    make_model = tune.trained(functools.partial(build_model, args, cfg.remat, condition=condition))  # trained part
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
 
-    frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
+    frozen = tune.frozen(condition.frozen())  # the step's frozen argument: a text tower, its null, a LoRA's base
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
@@ -315,7 +323,7 @@ def main(cfg: Config, features_fn=None) -> None:
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
-        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
+        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=tune.model_of,  # LoRA: adapters + base
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
     # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
@@ -330,9 +338,9 @@ def main(cfg: Config, features_fn=None) -> None:
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
-            state, _ = create_train_state(
+            state = tune.fresh_state(optimizer, shardings) or create_train_state(  # --init: the folder's UNet
                 make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
-            )
+            )[0]
             start_step, start_example = 0, 0
         else:
             try:
@@ -368,8 +376,9 @@ def main(cfg: Config, features_fn=None) -> None:
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
             write_samples=write_samples, stop=stop, evaluate=evaluate,
-            save_checkpoint=functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config, source=source,
-                                              batches=batches, start_example=start_example),
+            save_checkpoint=tune.saving(functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config,
+                                                          source=source, batches=batches, start_example=start_example),
+                                        run_dir),  # --lora_rank: also RUN_DIR/lora/pytorch_lora_weights.safetensors
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits
