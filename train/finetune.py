@@ -21,6 +21,7 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
@@ -121,6 +122,11 @@ class NoInit:
         return save_checkpoint
 
 
+def host_value(x: jax.Array) -> np.ndarray:
+    """A global array's value on the host; one spread over several processes gathered (all of them call this)."""
+    return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x)
+
+
 def with_base(trained, frozen: dict):
     """`model_of` of a LoRA run: the adapters (the trained part) put back into the frozen base."""
     return eqx.combine(trained, frozen["unet"])
@@ -204,7 +210,7 @@ class SDInit(NoInit):
 
         def save(step: int, state) -> None:
             save_checkpoint(step, state)
-            adapters = multihost_utils.process_allgather(eqx.filter(state.ema, eqx.is_array))  # every process
+            adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
             if jax.process_index() == 0:
                 path = save_lora(eqx.combine(adapters, self.base), run_dir / "lora", overwrite=True)
                 tqdm.write(f"step {step}: LoRA -> {path}")
