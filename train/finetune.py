@@ -142,7 +142,7 @@ class SDInit(NoInit):
             encode = f"train/encode.py --dataset {cfg.dataset} --vae {vae or 'ITS_VAE'} --out DIR"
             raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
                              f"{encode}) and pass --dataset latents:DIR.")  # fmt: skip
-        used = source and source.meta["vae"]["path"]
+        used = None if source is None else source.meta["vae"]["path"]  # the encode's VAE folder
         if vae and source is not None and (not used or Path(used).resolve() != vae):
             raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
                              f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
