@@ -3,6 +3,7 @@ whole UNet fine-tuned from the folder's weights; --lora_rank trains adapters alo
 optimizer hold adapter-sized leaves only, the base stays the folder's), resumes bitwise, and writes a diffusers LoRA
 file that loads back into the base as the trained model; the flags the folder decides are refused in one line."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from eqxdiff.nn.lora import partition_lora
 from eqxdiff.nn.lora_files import load_lora
 from eqxdiff.sharding import make_mesh
 from rebuild import load_run  # train/rebuild.py
+from resume import saved_config  # train/resume.py
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from test_sd_pipeline import assemble
 
@@ -109,10 +111,14 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
     assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
     arrays = saved_arrays(run_dir, 1)
     folder = SDUNet.from_diffusers(sd_data[0] / "unet")
-    paths = [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(p)) for p, _ in jax.tree_util.tree_flatten_with_path(folder)[0]]
+    flat = jax.tree_util.tree_flatten_with_path(folder)[0]
+    paths = [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(p)) for p, _ in flat]  # as saved_arrays names them
     for path, weight in zip(paths, jax.tree.leaves(folder), strict=True):
         assert np.array_equal(arrays["['ema']" + path], weight), path
     assert any(not np.array_equal(arrays["['model']" + p], w) for p, w in zip(paths, jax.tree.leaves(folder)))
+    # The checkpoint says what the network is: SDUNet of the folder's config (train/models.py's CONSTRUCTORS).
+    config = json.loads((sd_data[0] / "unet" / "config.json").read_text())
+    assert saved_config(run_dir, 1)[1]["model_args"] == {"constructor": "SDUNet", "kwargs": {"config": config}}
 
 
 @pytest.mark.parametrize(
