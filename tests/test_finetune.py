@@ -129,12 +129,18 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
         (["--init", "sd:FOLDER", "--text_encoder", "OTHER"], "conditions on its own .*text_encoder; drop"),
         (["--init", "sd:FOLDER", "--lora_targets", "to_q"], "need --lora_rank R >= 1"),
         (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder"),
+        (["--init", f"sd:{Path(__file__).parent / 'data' / 'sd_pipeline' / 'sdxl'}"], "SDXL fine-tuning .* not wired"),
     ],
 )
 def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message):
     flags = [f.replace("FOLDER", str(sd_data[0])).replace("OTHER", str(tmp_path)) for f in flags]
     with pytest.raises(SystemExit, match=message):
         train_main.parse_config(["--run_dir", str(tmp_path / "run"), *flags])
+
+
+def test_a_bare_unet_folder_takes_the_parts_beside_it(sd_data, tmp_path):
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--init", f"sd:{sd_data[0] / 'unet'}"])
+    assert Path(cfg.text_encoder) == (sd_data[0] / "text_encoder").resolve()
 
 
 def test_images_are_refused_naming_the_encode(sd_data, tmp_path):

@@ -4,6 +4,7 @@
     python train/main.py --cpu_devices 8 --fsdp_size 4     # FSDP over 8 simulated devices
     python train/main.py --precision bf16 --remat --grad_accum_steps 2
     python train/launch_local.py --num_processes 2 -- --cpu_devices 4   # multi-host on one machine
+    python train/main.py --init sd:~/sd15 --dataset latents:~/latents/pets --lora_rank 8  # fine-tune SD (README)
 
 A run is its --run_dir (default runs/DATASET-MODEL) and resumes by itself from the newest checkpoint
 there: the same command again, or a shorter one (flags left off come from the checkpoint; those that
