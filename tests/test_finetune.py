@@ -8,24 +8,24 @@ import re
 import shutil
 from pathlib import Path
 
+import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 import equinox as eqx
 import jax
+import main as train_main  # train/main.py
 import numpy as np
 import pytest
 from PIL import Image
+from rebuild import load_run  # train/rebuild.py
+from resume import saved_config  # train/resume.py
+from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
+from test_sd_pipeline import assemble
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
-import main as train_main  # train/main.py
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.nn import SDUNet
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.nn.lora_files import load_lora
 from eqxdiff.sharding import make_mesh
-from rebuild import load_run  # train/rebuild.py
-from resume import saved_config  # train/resume.py
-from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
-from test_sd_pipeline import assemble
 
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,

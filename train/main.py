@@ -280,7 +280,7 @@ def main(cfg: Config, features_fn=None) -> None:
     sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
                     sample_shape=image_shape, mesh=mesh)  # fmt: skip
     write_samples = tune.sampling(functools.partial(write_sample_grid, **sampling, rows=sample_rows,
-                                                    row_labels=row_labels))  # LoRA: the EMA's adapters in the base
+                                                    row_labels=row_labels))  # fmt: skip
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
@@ -341,7 +341,7 @@ def main(cfg: Config, features_fn=None) -> None:
         if resume is None:
             state = tune.fresh_state(optimizer, shardings) or create_train_state(  # --init: the folder's UNet
                 make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
-            )[0]
+            )[0]  # fmt: skip
             start_step, start_example = 0, 0
         else:
             try:

@@ -14,7 +14,8 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
     model = SDUNet.from_config(config, key=key)
     if remat or num_classes or context_dim != model.context_dim:
         raise ValueError(f"SDUNet takes a text context of width {model.context_dim} (cross_attention_dim), without "
-                         f"--remat or labels; got context_dim={context_dim}, num_classes={num_classes}, remat={remat}")
+                         f"--remat or labels; got context_dim={context_dim}, num_classes={num_classes}, "
+                         f"remat={remat}")  # fmt: skip
     return model
 
 

@@ -101,8 +101,9 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
     if ema is not None:
         step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
-    schedule, parameterization = tune.noise(schedule_by_name(cfg.schedule),
-                                            parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)))
+    schedule, parameterization = tune.noise(
+        schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
+    )
     return Run(
         ema=tune.whole(model), cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
         schedule=schedule, parameterization=parameterization, image_shape=tuple(stored["image_shape"]),
