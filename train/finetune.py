@@ -148,6 +148,9 @@ class SDInit(NoInit):
                              f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
         self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
         scheduler = self.folders["scheduler"] / "scheduler_config.json" if self.folders["scheduler"] else SD1_SCHEDULER
+        if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
+            tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
+                       "betas 0.00085..0.012, epsilon)")  # fmt: skip
         try:
             self.scheduler = scheduler_from_diffusers(scheduler)
             # LoRA: the fresh adapters and the frozen base (the rest of the adapted UNet); else None, None.
