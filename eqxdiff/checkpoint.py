@@ -24,7 +24,7 @@ from eqxdiff.training import TrainState
 # parallel"): thousands of small slice dispatches for a small UNet's state, most of each save's
 # blocking time (BENCHMARKS.md). Kept only where the slices are large enough to pay for it
 # (`min_slice_bytes_for_replica_parallel` below).
-_REGISTRY = ocp.type_handlers.create_type_handler_registry(
+ARRAY_HANDLERS = ocp.type_handlers.create_type_handler_registry(
     (jax.Array, ocp.type_handlers.ArrayHandler(
         array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
     )),
@@ -50,7 +50,10 @@ def _leaf_table(tree) -> dict[str, tuple]:
     return {".".join(name(k) for k in path): (tuple(v.shape), str(v.dtype)) for path, v in flat}
 
 
-def _differences(saved: dict, wanted: dict, limit: int = 5) -> list[str]:
+def tree_differences(saved_tree, wanted_tree, limit: int = 5) -> list[str]:
+    """Up to `limit` lines naming the leaves where an orbax item's saved metadata tree and a restore target
+    differ (missing, extra, or another shape/dtype); empty when the target fits."""
+    saved, wanted = _leaf_table(saved_tree), _leaf_table(wanted_tree)
     out = [f"{k}: not in the checkpoint" for k in wanted.keys() - saved.keys()]
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
     out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
@@ -103,7 +106,7 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=not read_only)  # fmt: skip
         handlers = {
-            "state": ocp.PyTreeCheckpointHandler(type_handler_registry=_REGISTRY),
+            "state": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
             "data": ocp.JsonCheckpointHandler(),
             "config": ocp.JsonCheckpointHandler(),
         }
@@ -150,10 +153,10 @@ class Checkpoints:
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
         # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
         try:
-            saved = _leaf_table(self._manager.item_metadata(step)["state"].tree)
+            saved = self._manager.item_metadata(step)["state"].tree
         except Exception as e:
             raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
-        mismatch = _differences(saved, _leaf_table(target))
+        mismatch = tree_differences(saved, target)
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "

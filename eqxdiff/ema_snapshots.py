@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import orbax.checkpoint as ocp
 
-from eqxdiff.checkpoint import _REGISTRY, CheckpointError, _differences, _leaf_table
+from eqxdiff.checkpoint import ARRAY_HANDLERS, CheckpointError, tree_differences
 
 
 class EmaSnapshots:
@@ -24,7 +24,7 @@ class EmaSnapshots:
         self.read_only = read_only
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
                                                create=not read_only)  # fmt: skip
-        handlers = {"emas": ocp.PyTreeCheckpointHandler(type_handler_registry=_REGISTRY),
+        handlers = {"emas": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
                     "meta": ocp.JsonCheckpointHandler()}  # fmt: skip
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
@@ -56,7 +56,7 @@ class EmaSnapshots:
         self._require(step)
         arrays, static = eqx.partition(tuple(abstract_emas), lambda x: isinstance(x, jax.ShapeDtypeStruct))
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, tuple(shardings))
-        mismatch = _differences(_leaf_table(self._manager.item_metadata(step)["emas"].tree), _leaf_table(target))
+        mismatch = tree_differences(self._manager.item_metadata(step)["emas"].tree, target)
         if mismatch:
             raise CheckpointError(f"EMA snapshot step {step} in {self.directory} does not fit this run's model: "
                                   + "; ".join(mismatch))  # fmt: skip

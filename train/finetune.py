@@ -34,6 +34,18 @@ from eqxdiff.sharding import placement
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
+
+
+@dataclasses.dataclass
+class FineTuneFlags:
+    """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
+
+    # finetune: a pretrained Stable Diffusion UNet, whole or with low-rank adapters (README)
+    init: str = ""  # sd:FOLDER: fine-tune a diffusers SD UNet (its folder decides model, text tower, latents, noise)
+    lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
+    lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
+    lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
+
 # A bare unet/ folder with no scheduler/ beside it: Stable Diffusion 1.x's training noise (its DDPMScheduler).
 SD1_SCHEDULER = {"_class_name": "DDIMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
                  "beta_end": 0.012, "num_train_timesteps": 1000, "prediction_type": "epsilon", "clip_sample": False,
@@ -118,7 +130,7 @@ class NoInit:
     def sampling(self, write_samples):
         return write_samples
 
-    def saving(self, save_checkpoint, run_dir: Path):
+    def saving(self, save_checkpoint):
         return save_checkpoint
 
 
@@ -206,7 +218,7 @@ class SDInit(NoInit):
         """write_samples(step, state) of the state's whole EMA."""
         return lambda step, state: write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
 
-    def saving(self, save_checkpoint, run_dir: Path):
+    def saving(self, save_checkpoint):
         """save_checkpoint, and (LoRA) the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
         if self.base is None:
             return save_checkpoint
@@ -215,7 +227,7 @@ class SDInit(NoInit):
             save_checkpoint(step, state)
             adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
             if jax.process_index() == 0:
-                path = save_lora(eqx.combine(adapters, self.base), run_dir / "lora", overwrite=True)
+                path = save_lora(eqx.combine(adapters, self.base), Path(self.cfg.run_dir) / "lora", overwrite=True)
                 tqdm.write(f"step {step}: LoRA -> {path}")
 
         return save

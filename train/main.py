@@ -4,7 +4,6 @@
     python train/main.py --cpu_devices 8 --fsdp_size 4     # FSDP over 8 simulated devices
     python train/main.py --precision bf16 --remat --grad_accum_steps 2
     python train/launch_local.py --num_processes 2 -- --cpu_devices 4   # multi-host on one machine
-    python train/main.py --init sd:~/sd15 --dataset latents:~/latents/pets --lora_rank 8  # fine-tune SD (README)
 
 A run is its --run_dir (default runs/DATASET-MODEL) and resumes by itself from the newest checkpoint
 there: the same command again, or a shorter one (flags left off come from the checkpoint; those that
@@ -43,8 +42,10 @@ from eqxdiff.diffusion import (
     loss_weight,
     parameterization_by_name,
     schedule_by_name,
+    uncertainty_weighted,
 )
 from eqxdiff.codecs import Latents, Pixels
+from eqxdiff.nn import force_weight_normalization
 from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -53,11 +54,11 @@ from eqxdiff.training import (
     MetricsLogger,
     ProfileWindow,
     abstract_train_state,
-    adamw_cosine,
     create_train_state,
     ema_warmup,
     make_train_step,
     peak_flops_per_device,
+    run_optimizer,
     step_flops,
 )
 from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
@@ -65,7 +66,7 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist, flag_value_error  # train/checks.py
-from finetune import open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
+from finetune import FineTuneFlags, open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
@@ -78,9 +79,9 @@ import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
 @dataclass
-class Config(Launch):
-    """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a
-    group of --help (train/startup.py); the launch flags (--cpu_devices, --coordinator, ...) are `Launch`'s."""
+class Config(FineTuneFlags, Launch):
+    """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
+    --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s, --init and --lora_* finetune's."""
 
     # data: the examples and their order
     dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
@@ -90,10 +91,6 @@ class Config(Launch):
     hflip: bool = False  # random horizontal flips (not for digits)
     # model: the network, its arithmetic and its layout over the devices
     model: str = "unet"  # the network, train/models.py
-    init: str = ""  # sd:FOLDER: fine-tune a diffusers SD UNet (its folder decides model, text tower, latents, noise)
-    lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
-    lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
-    lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
     remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
     fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
@@ -116,6 +113,7 @@ class Config(Launch):
     grad_accum_steps: int = 1  # micro-batches per optimizer update
     lr: float = 2e-3  # AdamW's peak learning rate, reached after --warmup_steps, then cosine to 0 at --steps
     warmup_steps: int = 100  # linear learning-rate warm-up
+    lr_ref_steps: int = 0  # >0: EDM2's Adam (β2 0.99, no decay, no clip), --lr/sqrt(max(step/N, 1)) after warm-up
     weight_decay: float = 1e-4  # AdamW's decoupled weight decay
     ema_decay: float = 0.995  # the EMA of the weights that sample grids, FID and train/sample.py use
     ema_warmup: bool = True  # decay min(ema_decay, (1 + t) / (10 + t)) at step t (eqxdiff.training.ema_warmup)
@@ -189,7 +187,8 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
     )
     weight = loss_weight(batch["sigma"], parameterization, schedule)  # 1/c_out²: ε-, v-, EDM, flow-matching MSE
     # weight = jnp.minimum(1 / batch["sigma"] ** 2, 5.0)  # min-SNR-5 (Hang et al. 2023): SNR = 1/σ²
-    return jnp.mean(weight * pred.mse)
+    # EDM2's learned per-σ weighting: λ·mse/e^u + u, u = the network's logvar head (eq. 21); without one: λ·mse
+    return jnp.mean(uncertainty_weighted(model, schedule.sigma_to_t(batch["sigma"]), weight * pred.mse))
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -279,8 +278,7 @@ def main(cfg: Config, features_fn=None) -> None:
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
     sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
                     sample_shape=image_shape, mesh=mesh)  # fmt: skip
-    write_samples = tune.sampling(functools.partial(write_sample_grid, **sampling, rows=sample_rows,
-                                                    row_labels=row_labels))  # fmt: skip
+    write_samples = functools.partial(write_sample_grid, **sampling, rows=sample_rows, row_labels=row_labels)
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
@@ -297,7 +295,7 @@ def main(cfg: Config, features_fn=None) -> None:
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
-    optimizer, lr_schedule = adamw_cosine(cfg.lr, cfg.steps, warmup, cfg.weight_decay)
+    optimizer, lr_schedule = run_optimizer(cfg.lr, cfg.steps, warmup, cfg.weight_decay, cfg.lr_ref_steps)
 
     frozen = tune.frozen(condition.frozen())  # the step's frozen argument: a text tower, its null, a LoRA's base
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
@@ -325,6 +323,7 @@ def main(cfg: Config, features_fn=None) -> None:
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
         phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=tune.model_of,  # LoRA: adapters + base
+        after_update=force_weight_normalization,  # EDM2's MPConv weights back on the unit sphere (others: unchanged)
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
     # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
@@ -376,10 +375,10 @@ def main(cfg: Config, features_fn=None) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_samples, stop=stop, evaluate=evaluate,
-            save_checkpoint=tune.saving(functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config,
-                                                          source=source, batches=batches, start_example=start_example),
-                                        run_dir),  # --lora_rank: also RUN_DIR/lora/pytorch_lora_weights.safetensors
+            write_samples=tune.sampling(write_samples), stop=stop, evaluate=evaluate,  # LoRA: the base + EMA adapters
+            save_checkpoint=tune.saving(functools.partial(save_checkpoint, checkpoints=checkpoints, source=source,
+                                                          config=ckpt_config, batches=batches,
+                                                          start_example=start_example)),
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits

@@ -4,7 +4,7 @@ trained with the model). Used by train/main.py and train/sample.py."""
 
 import json
 
-from eqxdiff.nn import DiT, SDUNet, UNet
+from eqxdiff.nn import DiT, EDM2UNet, SDUNet, UNet
 
 
 def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim: int = 0, num_classes: int = 0):
@@ -26,7 +26,7 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
 # (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
 # eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
 CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small,
-                "SDUNet": sd_unet}  # fmt: skip
+                "EDM2UNet": EDM2UNet, "SDUNet": sd_unet}  # fmt: skip
 MODELS = {
     "unet": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1,
                                                  **text_options((), (0, 1), sizes), **sizes)),  # fmt: skip
@@ -41,6 +41,21 @@ MODELS = {
                                                        **sizes)),  # fmt: skip
     "dit_tiny": lambda shape, **sizes: ("DiT", dict(image_size=shape[0], patch_size=2, in_channels=shape[-1],
                                                     hidden_size=64, depth=2, num_heads=4, **sizes)),  # fmt: skip
+    # EDM2's magnitude-preserving U-Net at a size digits train on a CPU: two levels, attention only in the
+    # innermost decoder block (EDM2's in0).
+    "edm2_tiny": lambda shape, **sizes: edm2(shape, sizes, 32, channel_mult=(1, 2), num_blocks=1,
+                                             attn_resolutions=(), channels_per_head=32),  # fmt: skip
+    # For 32×32 images: three levels, attention at 8×8.
+    "edm2_small": lambda shape, **sizes: edm2(shape, sizes, 64, channel_mult=(1, 2, 2), num_blocks=2,
+                                              attn_resolutions=(8,), channels_per_head=32),  # fmt: skip
+    # EDM2's own sizes: width and dropout of train_edm2.py's edm2-img512-* presets (img64-* share them).
+    "edm2_xxs": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxs"]),
+    "edm2_xs": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xs"]),
+    "edm2_s": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-s"]),
+    "edm2_m": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-m"]),
+    "edm2_l": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-l"]),
+    "edm2_xl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xl"]),
+    "edm2_xxl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxl"]),
 }
 # A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
@@ -89,3 +104,11 @@ def changed_args(saved: dict, now: dict) -> list[str]:
     missing = "(default)"
     return [f"{k} {saved['kwargs'].get(k, missing)} -> {now['kwargs'].get(k, missing)}" for k in names
             if saved["kwargs"].get(k, missing) != now["kwargs"].get(k, missing)]  # fmt: skip
+
+
+def edm2(shape: tuple, sizes: dict, model_channels: int, dropout: float = 0.0, **network) -> tuple[str, dict]:
+    """An EDM2UNet entry (eqxdiff/nn/edm2.py): class labels or none, not text (its label input is EDM2's one-hot)."""
+    if sizes.get("context_dim"):
+        raise SystemExit("--model edm2_*: EDM2UNet takes class labels or no condition, not text; use --model unet")
+    return "EDM2UNet", dict(in_channels=shape[-1], image_size=shape[0], model_channels=model_channels, dropout=dropout,
+                            **network, **sizes)  # fmt: skip

@@ -13,7 +13,7 @@ from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.codecs import codec_from_config
 from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
-from eqxdiff.training import abstract_train_state, adamw_cosine
+from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
 
 from finetune import open_init
@@ -123,7 +123,7 @@ def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh, trained
         return build_model(args, False, key, condition)
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
-    optimizer = adamw_cosine(cfg.lr, cfg.steps, 0, cfg.weight_decay)[0]
+    optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, cfg.lr_ref_steps)[0]
     num_phema = len(parse_sigma_rels(cfg.phema_sigma_rels))  # its power-function EMAs, in its checkpoints too
     return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
 

@@ -9,7 +9,7 @@ from .autoguidance import AutoGuidance
 from .denoiser import Denoiser, LearnedVarianceDenoiser, WithoutVariance
 from .grids import karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps
 from .guidance import ClassifierFreeGuidance, drop_condition
-from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise
+from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise, uncertainty_weighted
 from .parameterization import (
     PARAMETERIZATIONS,
     DataPrediction,
@@ -40,6 +40,7 @@ __all__ = [
     "DenoisingPrediction",
     "denoising_loss",
     "denoising_prediction",
+    "uncertainty_weighted",
     "draw_sigma_and_noise",
     "PARAMETERIZATIONS",
     "DataPrediction",

@@ -80,3 +80,15 @@ def denoising_loss(
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
     pred = denoising_prediction(model, schedule, parameterization, x0, sigma, noise, cond, key=key_model)
     return jnp.mean(loss_weight(sigma, parameterization, schedule) * pred.mse)
+
+
+def uncertainty_weighted(model: Any, t: Float[Array, " b"], loss: Float[Array, " b"]) -> Float[Array, " b"]:
+    """EDM2's learned per-σ weighting (Karras et al. 2024, eq. 21; EDM2Loss): loss/exp(u) + u per example, where
+    u = `model.logvar(t)` is the network's uncertainty head at its time input t (EDM2UNet's; c_noise = ln(σ)/4
+    under EDMSchedule). Minimising over u gives u = ln E[loss | σ], so each σ's loss is normalised to about 1.
+    A model without a `logvar` head: `loss` unchanged."""
+    logvar = getattr(model, "logvar", None)
+    if logvar is None:
+        return loss
+    u = logvar(t).astype(jnp.float32)
+    return loss / jnp.exp(u) + u

@@ -185,7 +185,8 @@ def _read(
         cache_key = tuple((s.start, s.stop, s.step) for s in torch_index)
         if cache_key not in cache:
             part = tensor[tuple(torch_index)] if perm else np.asarray(file.get_tensor(key))
-            cache[cache_key] = np.ascontiguousarray(np.transpose(part, perm), dtype=dtype)
+            # np.array, not np.ascontiguousarray: that makes a 0-d leaf (a scalar gain) 1-d.
+            cache[cache_key] = np.array(np.transpose(part, perm), dtype=dtype, order="C")
         return cache[cache_key]
 
     return jax.make_array_from_callback(shape, sharding, shard)

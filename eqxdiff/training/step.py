@@ -57,6 +57,7 @@ def make_train_step(
     precision: str = "fp32",
     frozen_shardings=None,
     phema_gammas: tuple[float, ...] = (),
+    after_update: Callable | None = None,
     model_of: Callable[[eqx.Module, object], eqx.Module] | None = None,
 ) -> "TrainStep":
     """Build `train_step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
@@ -67,6 +68,9 @@ def make_train_step(
     eqxdiff/training/phema.py): step t = state.step + 1 moves each by 1 - β_t = 1 - (1 - 1/t)^(γ+1)
     towards the model after the step, also after a skipped one (then the model kept), so that each
     stays the power-function average of the weights of steps 1..t.
+
+    `after_update(model) -> model` runs on the model after each optimizer update, before the EMAs read it: a
+    constraint on the parameters, e.g. EDM2's forced weight normalisation (`eqxdiff.nn.force_weight_normalization`).
 
     `frozen` is a pytree of modules the step reads but never trains (a pretrained text tower that
     encodes captions in `prepare`): an ARGUMENT of the jitted step, so its weights are neither
@@ -125,6 +129,7 @@ def make_train_step(
         params = eqx.filter(state.model, eqx.is_inexact_array)
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
+        model = model if after_update is None else after_update(model)
         decay = ema_decay(state.step) if callable(ema_decay) else ema_decay  # a schedule: e.g. ema_warmup
         ema_params = jax.tree.map(
             lambda e, p: e + (1 - decay) * (p - e),
