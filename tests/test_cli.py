@@ -78,7 +78,7 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
 
     sections = field_sections(train_main.Config)
     assert set(sections) == {f.name for f in dataclasses.fields(train_main.Config)}  # no flag outside a section
-    titles = ["data", "model", "diffusion", "text", "optimisation", "sampling", "evaluation", "run", "launch"]
+    titles = ["data", "model", "diffusion", "text", "optimisation", "sampling", "evaluation", "run", "finetune", "launch"]
     assert list(dict.fromkeys(title for title, _ in sections.values())) == titles
     text = help_text(train_main.parse_config, capsys)
     starts = [text.index(f"\n{title}:\n") for title in titles]  # each a group of --help, in this order

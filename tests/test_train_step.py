@@ -307,3 +307,35 @@ def test_remat_shrinks_the_compiled_steps_temp_memory():
         _, abstract, _, step = build_step(mesh, make_model=make_model)
         temp[remat] = step.compile(abstract, batch).memory_analysis().temp_size_in_bytes
     assert temp[True] < 0.7 * temp[False], temp  # measured 0.59 (BENCHMARKS.md: 0.77 UNet, 0.53 DiT-S)
+
+
+def test_model_of_trains_the_trained_part_and_reads_the_frozen_one():
+    """make_train_step(model_of=...): the loss sees eqx.combine(trained, frozen part), the gradient, optimizer and EMA
+    hold the trained part alone (here a Dense's bias; LoRA's adapters in train/finetune.py), the frozen weight is the
+    step's argument, left as it was."""
+    mesh = make_mesh(data=-1, fsdp=1)
+    whole = Dense(3, 2, key=jax.random.key(0))
+    is_bias = eqx.tree_at(lambda d: (d.weight, d.bias), jax.tree.map(lambda _: False, whole), (False, True))
+    trained, base = eqx.partition(whole, is_bias)
+    optimizer, schedule = adamw_cosine(1e-2, 10, 0)
+    abstract, shardings = abstract_train_state(lambda key: trained, optimizer, mesh, 2**20)
+    step = make_train_step(
+        prepare=lambda batch, key, frozen: batch, loss_fn=lambda m, b, key: jnp.mean((m(b["x"]) - b["y"]) ** 2),
+        optimizer=optimizer, lr_schedule=schedule, ema_decay=0.5, state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh), seed=0, model_of=lambda t, frozen: eqx.combine(t, frozen["base"]),
+    )  # fmt: skip
+    state, _ = create_train_state(lambda key: trained, optimizer, jax.random.key(0), mesh, 2**20, shardings=shardings)
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=(8, 2)).astype(np.float32)}
+    frozen = {"base": base}
+    weight = np.asarray(base.weight)
+    want_loss, want_grad = jax.value_and_grad(lambda bias: jnp.mean((batch["x"] @ weight + bias - batch["y"]) ** 2))(
+        whole.bias)  # fmt: skip
+    new, metrics = step(state, jax.device_put(batch, batch_sharding(mesh)), frozen)
+    np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-6)  # the whole layer's loss
+    np.testing.assert_allclose(metrics["grad_norm"], jnp.linalg.norm(want_grad), rtol=1e-5)  # the bias's alone
+    moments = [x.shape for x in jax.tree.leaves(new.opt_state) if x.ndim]
+    assert moments and all(shape == (2,) for shape in moments)  # Adam's moments: the bias's shape only
+    assert new.model.weight is None and new.ema.weight is None
+    assert not np.array_equal(new.model.bias, whole.bias)
+    np.testing.assert_array_equal(frozen["base"].weight, weight)  # an argument, not donated, not changed

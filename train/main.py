@@ -66,6 +66,7 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import check_batch, check_eval, check_schedule, check_text_folders_exist, flag_value_error  # train/checks.py
+from finetune import FineTuneFlags, open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
@@ -78,9 +79,9 @@ import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
 @dataclass
-class Config(Launch):
-    """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a
-    group of --help (train/startup.py); the launch flags (--cpu_devices, --coordinator, ...) are `Launch`'s."""
+class Config(FineTuneFlags, Launch):
+    """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
+    --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s, --init and --lora_* finetune's."""
 
     # data: the examples and their order
     dataset: str = "digits"  # digits | npz:PATH | folder:PATH | arrayrecord:GLOB | latents:DIR (train/encode.py) | captioned_digits
@@ -199,7 +200,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
     cfg = run_config(Config, given, say=tqdm.write if given.get("process_id", 0) == 0 else lambda _: None)
     if error := flag_value_error(cfg):
         parser.error(error)
-    return cfg
+    return with_init_flags(cfg)  # --init sd:FOLDER's text tower; the flags it decides refused (train/finetune.py)
 
 
 def sigma_data(cfg: Config, codec) -> float:
@@ -252,6 +253,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_text_folders_exist(cfg)
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
+    tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)  # --init: the pretrained UNet, LoRA
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
     condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
@@ -272,6 +274,7 @@ def main(cfg: Config, features_fn=None) -> None:
     if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
         schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
+    schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
     sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
                     sample_shape=image_shape, mesh=mesh)  # fmt: skip
@@ -284,17 +287,17 @@ def main(cfg: Config, features_fn=None) -> None:
         evaluate = functools.partial(evaluate_fid, **sampling, num_classes=num_classes, network=fid_network,
                                      reference=fid_reference)  # fmt: skip
 
-    args = model_args(cfg.model, image_shape, condition)  # the network's constructor arguments, in each checkpoint
+    args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
     if resume is not None:
         check_model_args(cfg, resume, args)
-    make_model = functools.partial(build_model, args, cfg.remat, condition=condition)  # key -> the network
+    make_model = tune.trained(functools.partial(build_model, args, cfg.remat, condition=condition))  # trained part
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = run_optimizer(cfg.lr, cfg.steps, warmup, cfg.weight_decay, cfg.lr_ref_steps)
 
-    frozen = condition.frozen()  # a pretrained text tower and its encoded null: the step's frozen argument
+    frozen = tune.frozen(condition.frozen())  # the step's frozen argument: a text tower, its null, a LoRA's base
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
@@ -319,7 +322,7 @@ def main(cfg: Config, features_fn=None) -> None:
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
-        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
+        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=tune.model_of,  # LoRA: adapters + base
         after_update=force_weight_normalization,  # EDM2's MPConv weights back on the unit sphere (others: unchanged)
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
@@ -335,9 +338,9 @@ def main(cfg: Config, features_fn=None) -> None:
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
-            state, _ = create_train_state(
+            state = tune.fresh_state(optimizer, shardings) or create_train_state(  # --init: the folder's UNet
                 make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
-            )
+            )[0]  # fmt: skip
             start_step, start_example = 0, 0
         else:
             try:
@@ -372,9 +375,10 @@ def main(cfg: Config, features_fn=None) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_samples, stop=stop, evaluate=evaluate,
-            save_checkpoint=functools.partial(save_checkpoint, checkpoints=checkpoints, config=ckpt_config, source=source,
-                                              batches=batches, start_example=start_example),
+            write_samples=tune.sampling(write_samples), stop=stop, evaluate=evaluate,  # LoRA: the base + EMA adapters
+            save_checkpoint=tune.saving(functools.partial(save_checkpoint, checkpoints=checkpoints, source=source,
+                                                          config=ckpt_config, batches=batches,
+                                                          start_example=start_example)),
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits

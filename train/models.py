@@ -4,7 +4,21 @@ trained with the model). Used by train/main.py and train/sample.py."""
 
 import json
 
-from eqxdiff.nn import DiT, EDM2UNet, UNet
+from eqxdiff.nn import DiT, EDM2UNet, SDUNet, UNet
+
+
+def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim: int = 0, num_classes: int = 0):
+    """diffusers' UNet2DConditionModel of `config` (its config.json as a dict; train/finetune.py's --init sd:FOLDER
+    stores it as the model's arguments), random weights; the condition's text width must be its cross_attention_dim."""
+    del pooled_dim  # SD 1.x/2.x's UNet reads the context only
+    model = SDUNet.from_config(config, key=key)
+    if remat or num_classes or context_dim != model.context_dim:
+        raise ValueError(f"SDUNet takes a text context of width {model.context_dim} (cross_attention_dim), without "
+                         f"--remat or labels; got context_dim={context_dim}, num_classes={num_classes}, "
+                         f"remat={remat}")  # fmt: skip
+    return model
+
+
 # name -> (image shape, **sizes) -> (constructor, keyword arguments): the network is
 # CONSTRUCTORS[constructor](**arguments, remat=..., key=...), where sizes are the condition's:
 # `num_classes=n` (labels) or `context_dim=d, pooled_dim=p` (text). A checkpoint stores the constructor
@@ -12,7 +26,7 @@ from eqxdiff.nn import DiT, EDM2UNet, UNet
 # (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
 # eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
 CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small,
-                "EDM2UNet": EDM2UNet}  # fmt: skip
+                "EDM2UNet": EDM2UNet, "SDUNet": sd_unet}  # fmt: skip
 MODELS = {
     "unet": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1,
                                                  **text_options((), (0, 1), sizes), **sizes)),  # fmt: skip

@@ -20,6 +20,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from finetune import open_init  # train/finetune.py: a LoRA run's state holds its adapters only
 from rebuild import abstract_run_state, posthoc_dir, stored_run, stored_run_condition  # train/rebuild.py
 from main import Config  # train/main.py: the run's flags
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
@@ -111,7 +112,8 @@ def main(args: argparse.Namespace) -> None:
         stored = checkpoints.restore_config(ckpt_step)
     cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
     condition = stored_run_condition(run_dir, stored, mesh)
-    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh)
+    trained = open_init(cfg, mesh, 2**62, base=False).trained  # a LoRA run's state: the adapters
+    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, trained)
     with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
         if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
             raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "

@@ -17,6 +17,7 @@ from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_na
 from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
 
+from finetune import open_init
 from main import Config, sigma_data  # train/ is on sys.path as a script
 from models import build_model, model_args
 from resume import checkpoint_steps, close_runs, saved_config
@@ -94,26 +95,31 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
-        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh)
+        tune = open_init(cfg, mesh, 2**62)  # --init: its scheduler; a LoRA's base read again from the folder
+        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained)
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
     if ema is not None:
         step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
+    schedule, parameterization = tune.noise(
+        schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
+    )
     return Run(
-        ema=model, cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
-        schedule=schedule_by_name(cfg.schedule), parameterization=parameterization_by_name(cfg.parameterization,
-        sigma_data(cfg, codec)), image_shape=tuple(stored["image_shape"]),
+        ema=tune.whole(model), cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
+        schedule=schedule, parameterization=parameterization, image_shape=tuple(stored["image_shape"]),
         image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
 
 
-def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh) -> tuple:
-    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config."""
+def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh, trained=lambda make: make) -> tuple:
+    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config;
+    `trained(make_model)`: the part the state trains (train/finetune.py: a LoRA run's adapters)."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
 
+    @trained
     def make_model(key):
         return build_model(args, False, key, condition)
 

@@ -84,18 +84,23 @@ def create_train_state(
         _, shardings = abstract_train_state(make_model, optimizer, mesh, min_size, rules=rules, num_phema=num_phema)
     elif rules:
         raise ValueError("Pass either `rules` or `shardings` (which already carry their rules), not both.")
-    num_phema = len(shardings.phema)  # given shardings say how many
     host = jax.local_devices(backend="cpu")[0]
     with jax.default_device(host):
         model = make_model(jax.device_put(key, host))
     arrays, static = eqx.partition(model, eqx.is_array)
     model = eqx.combine(jax.tree.map(_into_shards, arrays, shardings.model), static)
+    return state_around(model, optimizer, shardings), shardings
+
+
+def state_around(model: eqx.Module, optimizer, shardings) -> TrainState:
+    """The fresh state around `model` (already in `shardings.model`: a pretrained network read straight into
+    its shards), its EMA and optimizer state made by one jit in the state's `shardings`; `model` is donated."""
 
     @eqx.filter_jit(donate="all")
     def finish(model):
-        return eqx.filter_shard(state_from_model(model, optimizer, num_phema), shardings)
+        return eqx.filter_shard(state_from_model(model, optimizer, len(shardings.phema)), shardings)
 
-    return finish(model), shardings
+    return finish(model)
 
 
 def _into_shards(leaf: jax.Array, sharding: NamedSharding) -> jax.Array:

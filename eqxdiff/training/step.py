@@ -58,6 +58,7 @@ def make_train_step(
     frozen_shardings=None,
     phema_gammas: tuple[float, ...] = (),
     after_update: Callable | None = None,
+    model_of: Callable[[eqx.Module, object], eqx.Module] | None = None,
 ) -> "TrainStep":
     """Build `train_step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
 
@@ -76,6 +77,11 @@ def make_train_step(
     compiled in as constants nor part of the gradient, the optimizer or the EMA;
     `frozen_shardings` (e.g. `eqxdiff.sharding.state_shardings` of it) lays it out.
 
+    `model_of(trained, frozen) -> model`: the network `loss_fn` sees, from the trained part (`state.model`)
+    and the frozen argument; default the trained part itself. LoRA fine-tuning trains adapters only
+    (`eqxdiff.nn.lora.partition_lora`) and passes the base in `frozen`: `eqx.combine(adapters, frozen[...])`,
+    so the gradient, the optimizer and the EMA hold the adapters alone.
+
     metrics (device scalars, read by the host only at the logging cadence): loss, grad_norm,
     lr (the learning rate of this step's update), finite (this step's loss and gradients),
     bad_steps (consecutive non-finite steps).
@@ -83,14 +89,15 @@ def make_train_step(
     """
     k = grad_accum_steps
 
-    def loss_of(model, micro_batch, key):
+    def loss_of(trained, micro_batch, key, frozen):
+        model = trained if model_of is None else model_of(trained, frozen)
         return loss_fn(cast_for_compute(model, precision), micro_batch, key)
 
-    grad_fn = eqx.filter_value_and_grad(loss_of)
+    grad_fn = eqx.filter_value_and_grad(loss_of)  # with respect to the trained part only
 
-    def gradients(model, batch, key):
+    def gradients(model, batch, key, frozen):
         if k == 1:
-            return grad_fn(model, batch, key)
+            return grad_fn(model, batch, key, frozen)
         # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
         # A scan keeps them sequential; with the XLA:CPU workarounds on it is unrolled
         # (eqxdiff/xla_cpu.py: XLA:CPU runs a conv backward inside a rolled loop far slower).
@@ -99,7 +106,7 @@ def make_train_step(
         def micro(carry, xs):
             loss_sum, grad_sum = carry
             i, mb = xs
-            loss, grads = grad_fn(model, mb, jax.random.fold_in(key, i))
+            loss, grads = grad_fn(model, mb, jax.random.fold_in(key, i), frozen)
             return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
         init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
@@ -114,7 +121,7 @@ def make_train_step(
         prepared = prepare(batch, key_prepare) if frozen is None else prepare(batch, key_prepare, frozen)
         batch = eqx.filter_shard(prepared, batch_sharding)
 
-        loss, grads = gradients(state.model, batch, key_loss)
+        loss, grads = gradients(state.model, batch, key_loss, frozen)
         grad_norm = optax.tree.norm(grads)
         # One reduction instead of one per leaf: a NaN or inf anywhere makes the norm non-finite.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

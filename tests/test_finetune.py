@@ -1,0 +1,149 @@
+"""train/main.py --init sd:FOLDER (train/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline: the
+whole UNet fine-tuned from the folder's weights; --lora_rank trains adapters alone (the checkpointed state and the
+optimizer hold adapter-sized leaves only, the base stays the folder's), resumes bitwise, and writes a diffusers LoRA
+file that loads back into the base as the trained model; the flags the folder decides are refused in one line."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import equinox as eqx
+import jax
+import main as train_main  # train/main.py
+import numpy as np
+import pytest
+from PIL import Image
+from rebuild import load_run  # train/rebuild.py
+from resume import saved_config  # train/resume.py
+from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
+from safetensors import safe_open
+from test_sd_pipeline import assemble
+
+from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
+from eqxdiff.nn import SDUNet
+from eqxdiff.nn.lora import partition_lora
+from eqxdiff.nn.lora_files import load_lora
+from eqxdiff.sharding import make_mesh
+
+# A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
+STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
+         "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
+LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2]
+
+
+@pytest.fixture(scope="module")
+def sd_data(tmp_path_factory) -> tuple[Path, Path]:
+    """(the sd1 pipeline folder, latents of 16 captioned 16×16 images encoded with its VAE and tokenizer)."""
+    root = tmp_path_factory.mktemp("finetune")
+    folder = assemble("sd1", root / "sd1")
+    rng, images = np.random.default_rng(0), root / "images"
+    images.mkdir()
+    for i in range(16):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
+        (images / f"{i:02d}.txt").write_text(f"a photo of {['a cat', 'a dog'][i % 2]}")
+    latents = root / "latents"
+    train_encode.main(train_encode.parse_config([
+        "--dataset", f"folder:{images}", "--image_size", "16", "--vae", str(folder / "vae"), "--text_encoder",
+        str(folder / "text_encoder"), "--out", str(latents), "--batch_size", "16"]))  # fmt: skip
+    return folder, latents
+
+
+def train(run_dir: Path, sd_data, *flags) -> None:
+    folder, latents = sd_data
+    train_here("--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"latents:{latents}", *STEPS, *flags)
+
+
+@pytest.fixture(scope="module")
+def lora_run(sd_data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("lora_run")
+    train(run_dir, sd_data, *LORA)
+    return run_dir
+
+
+def test_lora_trains_the_adapters_alone(lora_run, sd_data):
+    rows = metric_rows(lora_run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["train/loss"]) for r in rows)
+    arrays = saved_arrays(lora_run, 4)
+    trained = {k: v for k, v in arrays.items() if k.startswith(("['model']", "['ema']"))}
+    assert trained and all(k.endswith(("['lora_A']", "['lora_B']")) for k in trained)  # no base weight in the state
+    # Adam's moments: the adapters' shapes, twice; the rest scalars (counts).
+    adapter_shapes = sorted(v.shape for k, v in arrays.items() if k.startswith("['model']"))
+    moments = sorted(v.shape for k, v in arrays.items() if k.startswith("['opt_state']") and v.ndim)
+    assert moments == sorted(adapter_shapes * 2)
+    assert all(np.abs(v).max() > 0 for k, v in trained.items() if k.endswith("['lora_B']"))  # B starts at 0: trained
+
+    # Rebuilt for sampling: the EMA's adapters in the base re-read from --init, whose weights are the folder's.
+    run = load_run(lora_run, mesh=make_mesh(data=-1, fsdp=1))
+    assert isinstance(run.schedule, VPSchedule) and isinstance(run.parameterization, EpsilonPrediction)
+    folder = SDUNet.from_diffusers(sd_data[0] / "unet")
+    adapters, base = partition_lora(run.ema)
+    unadapted = jax.tree.leaves(eqx.filter(base, eqx.is_array))
+    assert len(unadapted) == len(jax.tree.leaves(folder))
+    assert all(np.array_equal(a, b) for a, b in zip(unadapted, jax.tree.leaves(folder), strict=True))
+    ema_adapters = {k: v for k, v in arrays.items() if k.startswith("['ema']")}
+    assert sorted(np.asarray(x).tobytes() for x in jax.tree.leaves(adapters)) == sorted(
+        v.tobytes() for v in ema_adapters.values())  # fmt: skip
+
+    # The LoRA file of the last checkpoint (the EMA's adapters) loaded into the folder's UNet is that model: the
+    # same structure, adapters (alpha among the static fields) and weights.
+    host = lambda model: jax.tree.map(np.asarray, model)  # noqa: E731 — one device and the mesh's compare as values
+    assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
+
+
+def test_a_resumed_lora_run_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(lora_run, resumed, ignore=shutil.ignore_patterns("4", "lora"))  # up to checkpoint 2
+    train(resumed, sd_data, *LORA)
+    assert_bitwise_equal(saved_arrays(resumed, 4), saved_arrays(lora_run, 4))
+    assert lora_file(resumed) == lora_file(lora_run)  # its LoRA file too (safetensors orders metadata at random)
+
+
+def lora_file(run_dir: Path) -> tuple[dict, dict]:
+    with safe_open(str(run_dir / "lora" / "pytorch_lora_weights.safetensors"), framework="numpy") as f:
+        return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
+
+
+def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
+    run_dir = tmp_path / "full"
+    train(run_dir, sd_data, "--steps", 1, "--ema_decay", 1.0)  # the EMA stays the start
+    assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
+    arrays = saved_arrays(run_dir, 1)
+    folder = SDUNet.from_diffusers(sd_data[0] / "unet")
+    flat = jax.tree_util.tree_flatten_with_path(folder)[0]
+    paths = [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(p)) for p, _ in flat]  # as saved_arrays names them
+    for path, weight in zip(paths, jax.tree.leaves(folder), strict=True):
+        assert np.array_equal(arrays["['ema']" + path], weight), path
+    assert any(not np.array_equal(arrays["['model']" + p], w) for p, w in zip(paths, jax.tree.leaves(folder)))
+    # The checkpoint says what the network is: SDUNet of the folder's config (train/models.py's CONSTRUCTORS).
+    config = json.loads((sd_data[0] / "unet" / "config.json").read_text())
+    assert saved_config(run_dir, 1)[1]["model_args"] == {"constructor": "SDUNet", "kwargs": {"config": config}}
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora_rank", "4"], "--lora_rank/--lora_targets/--lora_alpha adapt a pretrained UNet: add --init"),
+        (["--init", "sd:FOLDER", "--schedule", "vp_linear"], "decides the network and its noise .* drop --schedule"),
+        (["--init", "sd:FOLDER", "--text_encoder", "OTHER"], "conditions on its own .*text_encoder; drop"),
+        (["--init", "sd:FOLDER", "--lora_targets", "to_q"], "need --lora_rank R >= 1"),
+        (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder"),
+        (["--init", f"sd:{Path(__file__).parent / 'data' / 'sd_pipeline' / 'sdxl'}"], "SDXL fine-tuning .* not wired"),
+    ],
+)
+def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message):
+    flags = [f.replace("FOLDER", str(sd_data[0])).replace("OTHER", str(tmp_path)) for f in flags]
+    with pytest.raises(SystemExit, match=message):
+        train_main.parse_config(["--run_dir", str(tmp_path / "run"), *flags])
+
+
+def test_a_bare_unet_folder_takes_the_parts_beside_it(sd_data, tmp_path):
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--init", f"sd:{sd_data[0] / 'unet'}"])
+    assert Path(cfg.text_encoder) == (sd_data[0] / "text_encoder").resolve()
+
+
+def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
+    with pytest.raises(SystemExit, match=r"trains on latents of its VAE: encode the images first \(python "
+                                         r"train/encode.py --dataset captioned_digits --vae .*vae"):  # fmt: skip
+        train_here("--run_dir", tmp_path / "run", "--init", f"sd:{sd_data[0]}", "--dataset", "captioned_digits", *STEPS)

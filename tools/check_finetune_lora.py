@@ -1,0 +1,89 @@
+"""Check a LoRA run of train/main.py (--init sd:FOLDER --lora_rank R) against diffusers: the run's
+RUN_DIR/lora/pytorch_lora_weights.safetensors, read by `StableDiffusionPipeline.load_lora_weights` into --init's
+pipeline, gives the UNet output of eqxdiff's rebuilt run (train/rebuild.py: the EMA's adapters in the base). Two
+halves, two venvs:
+
+    PYTHONPATH=. .venv/bin/python tools/check_finetune_lora.py write --run_dir RUN --out /tmp/ft   # eqxdiff's side
+    tools/.venv/bin/python tools/check_finetune_lora.py check --run_dir RUN --out /tmp/ft         # diffusers' (+ peft)
+
+`write` stores random latents, timesteps and a text context with eqxdiff's output in `cases.npz`; `check` prints max
+|diffusers - eqxdiff| relative to the output's max, and the LoRA's own effect (so a dropped adapter shows), and fails
+above 1e-5. A 3-step rank-4 run on tests/test_finetune.py's tiny SD 1.x folder: 7.7e-7 (the LoRA's effect 1.1e-2).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 1e-5  # relative to the output's largest value; SDUNet's own parity is 4e-6
+
+
+def write(run_dir: Path, out: Path) -> None:
+    """eqxdiff's side (the main venv)."""
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(ROOT / "train"))
+    from rebuild import load_run  # train/rebuild.py
+
+    from eqxdiff.nn import TextCond
+    from eqxdiff.sharding import make_mesh
+
+    run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))
+    h, w, c = run.image_shape
+    rng = np.random.default_rng(0)
+    x, t = rng.normal(size=(2, h, w, c)).astype(np.float32), np.array([10.0, 700.0], np.float32)
+    context = rng.normal(size=(2, 7, run.ema.context_dim)).astype(np.float32)
+    cond = TextCond(jnp.asarray(context), jnp.ones((2, 7), jnp.int32))
+    got = eqx.filter_jit(lambda m: m(jnp.asarray(x), jnp.asarray(t), cond))(run.ema)
+    np.savez(out / "cases.npz", x=x, t=t, context=context, out=np.asarray(got))
+    print(f"wrote eqxdiff's output of {run_dir} (step {run.step}) to {out / 'cases.npz'}")
+
+
+def check(run_dir: Path, out: Path) -> None:
+    """diffusers' side (tools/.venv with tools/requirements-lora.txt)."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    sys.path.insert(0, str(ROOT / "train"))
+    from resume import saved_config  # train/resume.py: plain JSON, no JAX
+
+    found = saved_config(run_dir, -1)
+    init = found[1].get("init", "") if found else ""
+    folder = Path(init.removeprefix("sd:")).expanduser()
+    if not (folder / "model_index.json").is_file():
+        sys.exit(f"check_finetune_lora: the checkpoints of {run_dir} name no --init pipeline folder ({init!r})")
+    cases = np.load(out / "cases.npz")
+    pipe = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
+
+    def unet_output():
+        with torch.no_grad():
+            x = torch.from_numpy(cases["x"]).permute(0, 3, 1, 2)
+            sample = pipe.unet(x, torch.from_numpy(cases["t"]), torch.from_numpy(cases["context"])).sample
+            return sample.permute(0, 2, 3, 1).numpy()
+
+    base = unet_output()
+    pipe.load_lora_weights(run_dir / "lora")
+    got, want = unet_output(), cases["out"]
+    err, effect = (np.abs(a - want).max() / np.abs(want).max() for a in (got, base))
+    print(f"{run_dir}/lora in diffusers: max |diffusers - eqxdiff| / max|out| = {err:.2e} (the LoRA moves the output "
+          f"by {effect:.2e} of it)")  # fmt: skip
+    if not err <= TOLERANCE:
+        sys.exit(f"check_finetune_lora: {err:.2e} above {TOLERANCE:.0e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("half", choices=["write", "check"])
+    parser.add_argument("--run_dir", type=Path, required=True, help="a train/main.py --init sd:FOLDER --lora_rank run")
+    parser.add_argument("--out", type=Path, required=True, help="folder for cases.npz")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (write if args.half == "write" else check)(args.run_dir, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""train/main.py --init sd:FOLDER: fine-tune a pretrained Stable Diffusion UNet (a diffusers folder), all of it or,
+with --lora_rank R, low-rank adapters around its layers (eqxdiff/nn/lora.py; Hu et al. 2021).
+
+FOLDER is a pipeline folder as diffusers saves it (model_index.json, unet/, vae/, text_encoder/, tokenizer/,
+scheduler/) or its bare unet/ (the rest then read beside it, when there). The folder decides, and a flag that
+disagrees is refused naming the fix: the network (its unet/ config, loaded straight into the run's shardings),
+the frozen text tower (--text_encoder: its text_encoder/), the latents (--dataset latents:DIR encoded by
+train/encode.py with its vae/) and the noise (its scheduler config: SD 1.x's ε-prediction on the scaled_linear
+VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of --schedule and --parameterization).
+
+With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradient) is the adapters alone; the base
+rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
+on resume) and `model_of` combines the two for `loss_fn` (eqxdiff.training.make_train_step). Sample grids use the
+combined EMA; each checkpoint also writes RUN_DIR/lora/pytorch_lora_weights.safetensors (the EMA's adapters, in
+the format diffusers' `load_lora_weights` reads). Without --init, `NoInit` leaves every hook the identity.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.nn import SDUNet
+from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
+from eqxdiff.nn.lora_files import save_lora
+from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
+from eqxdiff.sharding import placement
+from eqxdiff.training.state import state_around
+
+PREFIX = "sd:"
+
+
+@dataclasses.dataclass
+class FineTuneFlags:
+    """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
+
+    # finetune: a pretrained Stable Diffusion UNet, whole or with low-rank adapters (README)
+    init: str = ""  # sd:FOLDER: fine-tune a diffusers SD UNet (its folder decides model, text tower, latents, noise)
+    lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
+    lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
+    lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
+
+# A bare unet/ folder with no scheduler/ beside it: Stable Diffusion 1.x's training noise (its DDPMScheduler).
+SD1_SCHEDULER = {"_class_name": "DDIMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
+                 "beta_end": 0.012, "num_train_timesteps": 1000, "prediction_type": "epsilon", "clip_sample": False,
+                 "set_alpha_to_one": False, "steps_offset": 1}  # fmt: skip
+
+
+def parts(init: str) -> dict[str, Path | None]:
+    """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder, scheduler."""
+    if not init.startswith(PREFIX):
+        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/.")
+    folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
+    config = folder / "config.json"
+    bare = config.is_file() and json.loads(config.read_text()).get("_class_name") == "UNet2DConditionModel"
+    root = folder.parent if bare else folder
+    if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
+        raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
+                         "...) nor a UNet folder (config.json of a UNet2DConditionModel); check the path.")  # fmt: skip
+    index = root / "model_index.json"
+    if index.is_file() and json.loads(index.read_text()).get("_class_name") == "StableDiffusionXLPipeline":
+        raise SystemExit(f"--init {init}: SDXL fine-tuning (two text towers and size/crop time_ids) is not wired into "
+                         "train/main.py yet; fine-tune an SD 1.x/2.x folder.")  # fmt: skip
+    found = {name: root / name for name in ("vae", "text_encoder", "scheduler")}
+    return {"unet": folder if bare else folder / "unet"} | {k: p if p.is_dir() else None for k, p in found.items()}
+
+
+def with_init_flags(cfg):
+    """`cfg` (train/main.py's Config) with what --init's folder decides (before JAX starts): --text_encoder its
+    text_encoder/; a flag the folder contradicts, or a LoRA flag without --init, is a SystemExit naming the fix."""
+    defaults = type(cfg)()
+    if not cfg.init:
+        if cfg.lora_rank or cfg.lora_targets or cfg.lora_alpha:
+            raise SystemExit("--lora_rank/--lora_targets/--lora_alpha adapt a pretrained UNet: add --init sd:FOLDER.")
+        return cfg
+    folders = parts(cfg.init)
+    given = [f"--{name}" for name in ("model", "schedule", "parameterization", "edm_p_mean", "sigma_data")
+             if getattr(cfg, name) != getattr(defaults, name)]  # fmt: skip
+    if given or cfg.remat:
+        raise SystemExit(f"--init {cfg.init} decides the network and its noise (the folder's unet/ and scheduler "
+                         f"config): drop {', '.join(given + ['--remat'] * cfg.remat)}.")  # fmt: skip
+    if cfg.lora_rank < 0 or (not cfg.lora_rank and (cfg.lora_targets or cfg.lora_alpha)):
+        raise SystemExit("--lora_targets and --lora_alpha need --lora_rank R >= 1 (0: fine-tune the whole UNet).")
+    tower = folders["text_encoder"]
+    if cfg.text_encoder and tower and Path(cfg.text_encoder).expanduser().resolve() != tower:
+        raise SystemExit(f"--text_encoder {cfg.text_encoder}: --init {cfg.init} conditions on its own {tower}; drop "
+                         "--text_encoder.")  # fmt: skip
+    if not cfg.text_encoder and not tower:
+        raise SystemExit(f"--init {cfg.init} has no text_encoder/ beside its unet/: pass --text_encoder FOLDER, the "
+                         "CLIP text tower it was trained with.")  # fmt: skip
+    return dataclasses.replace(cfg, text_encoder=cfg.text_encoder or str(tower))
+
+
+def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+    """The run's `SDInit` (--init), else `NoInit`. `source`: the training data, checked to be latents of the
+    folder's VAE (None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base (False: the
+    state's structure is all that is asked)."""
+    return SDInit(cfg, mesh, min_size, rules, source, base=base) if cfg.init else NoInit()
+
+
+class NoInit:
+    """A run trained from scratch: every hook leaves what it is handed as it is."""
+
+    model_of = None  # make_train_step's default: the trained part is the network
+
+    def model_args(self, args: dict) -> dict:
+        return args
+
+    def noise(self, schedule, parameterization) -> tuple:
+        return schedule, parameterization
+
+    def trained(self, make_model):
+        return make_model
+
+    def frozen(self, frozen):
+        return frozen
+
+    def fresh_state(self, optimizer, shardings):
+        return None  # main's create_train_state draws the network
+
+    def whole(self, model):
+        return model
+
+    def sampling(self, write_samples):
+        return write_samples
+
+    def saving(self, save_checkpoint):
+        return save_checkpoint
+
+
+def host_value(x: jax.Array) -> np.ndarray:
+    """A global array's value on the host; one spread over several processes gathered (all of them call this)."""
+    return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x)
+
+
+def with_base(trained, frozen: dict):
+    """`model_of` of a LoRA run: the adapters (the trained part) put back into the frozen base."""
+    return eqx.combine(trained, frozen["unet"])
+
+
+class SDInit(NoInit):
+    """--init sd:FOLDER (module docstring): the UNet's config and scheduler, and with --lora_rank the base."""
+
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        self.folders, self.cfg = parts(cfg.init), cfg
+        vae = self.folders["vae"]
+        if source is not None and not isinstance(source, LatentSource):
+            encode = f"train/encode.py --dataset {cfg.dataset} --vae {vae or 'ITS_VAE'} --out DIR"
+            raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
+                             f"{encode}) and pass --dataset latents:DIR.")  # fmt: skip
+        used = None if source is None else source.meta["vae"]["path"]  # the encode's VAE folder
+        if vae and source is not None and (not used or Path(used).resolve() != vae):
+            raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
+                             f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+        self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
+        scheduler = self.folders["scheduler"] / "scheduler_config.json" if self.folders["scheduler"] else SD1_SCHEDULER
+        if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
+            tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
+                       "betas 0.00085..0.012, epsilon)")  # fmt: skip
+        try:
+            self.scheduler = scheduler_from_diffusers(scheduler)
+            # LoRA: the fresh adapters and the frozen base (the rest of the adapted UNet); else None, None.
+            self.adapters, self.base = self.lora_base(mesh, min_size, rules) if cfg.lora_rank and base else (None, None)
+        except (FileNotFoundError, ValueError) as e:  # a config this port refuses, weights that do not fit it
+            raise SystemExit(f"--init {cfg.init}: {e}") from e
+
+    def lora_base(self, mesh, min_size: int, rules) -> tuple:
+        """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
+        frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
+        place = placement(mesh, min_size, rules=rules, name="unet")
+        unet = SDUNet.from_diffusers(self.folders["unet"], place=place)
+        return partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
+
+    def adapted(self, unet, key):
+        cfg = self.cfg
+        return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
+                        alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
+
+    @property
+    def model_of(self):
+        return None if self.base is None else with_base
+
+    def model_args(self, args: dict) -> dict:
+        """The network's constructor arguments, as checkpoints store them: SDUNet of the folder's config."""
+        return {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
+
+    def noise(self, schedule, parameterization) -> tuple:
+        """The folder's scheduler's VP schedule (training draws its discrete timesteps) and prediction type."""
+        return self.scheduler.schedule, self.scheduler.parameterization
+
+    def trained(self, make_model):
+        """key -> the trained part: the network, or (LoRA) its adapters alone."""
+        if not self.cfg.lora_rank:
+            return make_model
+        return lambda key: partition_lora(self.adapted(make_model(key), key))[0]
+
+    def frozen(self, frozen):
+        return frozen if self.base is None else {**(frozen or {}), "unet": self.base}
+
+    def fresh_state(self, optimizer, shardings):
+        """A new run's state: the folder's UNet read straight into the model's shardings (or the fresh adapters),
+        its EMA and optimizer state made on the devices."""
+        place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
+        model = self.adapters if self.base is not None else SDUNet.from_diffusers(self.folders["unet"], place=place)
+        return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+
+    def whole(self, model):
+        """The network of a trained part (the EMA's, for sampling): LoRA's adapters put into the base."""
+        return model if self.base is None else eqx.combine(model, self.base)
+
+    def sampling(self, write_samples):
+        """write_samples(step, state) of the state's whole EMA."""
+        return lambda step, state: write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
+
+    def saving(self, save_checkpoint):
+        """save_checkpoint, and (LoRA) the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
+        if self.base is None:
+            return save_checkpoint
+
+        def save(step: int, state) -> None:
+            save_checkpoint(step, state)
+            adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
+            if jax.process_index() == 0:
+                path = save_lora(eqx.combine(adapters, self.base), Path(self.cfg.run_dir) / "lora", overwrite=True)
+                tqdm.write(f"step {step}: LoRA -> {path}")
+
+        return save
