@@ -256,7 +256,7 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
 
     assert_bitwise_equal(saved_arrays(split, steps), saved_arrays(whole, steps))
     assert sorted(int(p.name) for p in (whole / "phema").iterdir()) == list(range(1, steps + 1))
-    for s in range(1, steps + 1):
+    for s in range(13, steps + 1):  # 1..12 were copied; the resumed run wrote these
         snapshot = lambda run: orbax_arrays(run / "phema" / str(s) / "emas")  # noqa: E731
         assert_bitwise_equal(snapshot(split), snapshot(whole))
 

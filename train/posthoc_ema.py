@@ -75,9 +75,9 @@ def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...
         raise SystemExit(f"{snapshots.directory} holds no snapshot of profiles {list(only)} up to step {step}.")
     weights = posthoc_coefficients([s for s, _, _ in inputs], [r for _, _, r in inputs], step, sigma_rels)
     sums = [None] * len(sigma_rels)
-    for s in sorted({s for s, _, _ in inputs}):
+    for j, s in enumerate(sorted({s for s, _, _ in inputs})):
         n = len(snapshots.meta(s)["sigma_rels"])
-        emas = snapshots.restore(s, (abstract_ema,) * n, (sharding,) * n)
+        emas = snapshots.restore(s, (abstract_ema,) * n, (sharding,) * n, check=j == 0)  # one run: one model
         for i in (i for i, (s_i, _, _) in enumerate(inputs) if s_i == s):
             ema = emas[inputs[i][1]]
             leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(eqx.filter(ema, eqx.is_inexact_array))]
