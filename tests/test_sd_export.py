@@ -48,10 +48,9 @@ def config(folder: Path) -> dict:
     return {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k != "_diffusers_version"}
 
 
-@pytest.mark.parametrize("name", ["sd1_like", "sdxl_like"])  # 1x1 conv proj_in; Linear, text_time, shards
-def test_unet_round_trip_is_the_folder_diffusers_wrote(name, tmp_path):
-    source = DATA / "sd_unet" / name
-    unet = SDUNet.from_diffusers(source)
+def test_unet_round_trip_is_the_folder_diffusers_wrote(sd1, tmp_path):
+    """SD 1.x: proj_in/proj_out back to 1x1 convolutions (SDXL's Linear ones: tests/test_sd_pipeline_export.py)."""
+    source, unet = DATA / "sd_unet" / "sd1_like", sd1
     save_diffusers(unet, tmp_path / "unet")
     assert (tmp_path / "unet" / "config.json").read_bytes() == (source / "config.json").read_bytes()
     assert shapes([tmp_path / "unet" / UNET]) == shapes(weight_files(source, UNET))
