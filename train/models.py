@@ -4,15 +4,27 @@ trained with the model). Used by train/main.py and train/sample.py."""
 
 import json
 
-from eqxdiff.nn import DiT, EDM2UNet, UNet
+from eqxdiff.nn import DiT, EDM2UNet, SDUNet, UNet
 # name -> (image shape, **sizes) -> (constructor, keyword arguments): the network is
 # CONSTRUCTORS[constructor](**arguments, remat=..., key=...), where sizes are the condition's:
 # `num_classes=n` (labels) or `context_dim=d, pooled_dim=p` (text). A checkpoint stores the constructor
 # and its arguments (`model_args`), so an edit here changes new runs only. Add yours: a constructor
 # (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
 # eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
+
+
+def sd_unet(config: dict, *, context_dim: int = 0, pooled_dim: int = 0, num_classes: int = 0, remat: bool = False,
+            key) -> SDUNet:  # fmt: skip
+    """diffusers' UNet2DConditionModel of `config` (a dict as its config.json), cross-attending to the run's text
+    (cross_attention_dim = its width), so `save_pipeline` writes it as an SD pipeline's unet/."""
+    if not context_dim or pooled_dim or num_classes or remat:
+        raise ValueError("an SD UNet takes a text condition without a pooled vector (e.g. --dataset captioned_digits"
+                         " with its scratch tower) and has no --remat")  # fmt: skip
+    return SDUNet({**config, "cross_attention_dim": context_dim}, key=key)
+
+
 CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small,
-                "EDM2UNet": EDM2UNet}  # fmt: skip
+                "EDM2UNet": EDM2UNet, "SDUNet": sd_unet}  # fmt: skip
 MODELS = {
     "unet": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1,
                                                  **text_options((), (0, 1), sizes), **sizes)),  # fmt: skip
@@ -42,6 +54,13 @@ MODELS = {
     "edm2_l": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-l"]),
     "edm2_xl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xl"]),
     "edm2_xxl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxl"]),
+    # Stable Diffusion's UNet (diffusers' UNet2DConditionModel), small: trained here on a VP schedule with ε
+    # (--schedule vp_linear --parameterization eps, diffusers' "linear" betas), save_pipeline gives diffusers it.
+    "sd_tiny": lambda shape, **sizes: ("SDUNet", dict(config=dict(
+        _class_name="UNet2DConditionModel", in_channels=shape[-1], out_channels=shape[-1], sample_size=shape[0],
+        block_out_channels=[32, 64], layers_per_block=1, norm_num_groups=8, attention_head_dim=8,
+        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"], up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"]),
+        **sizes)),  # fmt: skip
 }
 # A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
