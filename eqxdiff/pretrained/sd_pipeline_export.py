@@ -7,6 +7,7 @@ diffusers does; `StableDiffusionPipeline.from_pretrained` / `StableDiffusionXLPi
 `load_sd` read it. model_index.json is written last: a folder cut short by an error has none, and loaders refuse it.
 """
 
+import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,9 +35,20 @@ PARTS = {
 }  # fmt: skip
 LIBRARY = {"unet": "diffusers", "vae": "diffusers", "scheduler": "diffusers"}  # the rest: transformers
 CLASS = {SDUNet: "UNet2DConditionModel", AutoencoderKL: "AutoencoderKL", CLIPTextModel: "CLIPTextModel",
-         CLIPTextModelWithProjection: "CLIPTextModelWithProjection", Path: "CLIPTokenizer"}  # fmt: skip
+         CLIPTextModelWithProjection: "CLIPTextModelWithProjection"}  # fmt: skip
 UNUSED = {"StableDiffusionPipeline": ("feature_extractor", "image_encoder", "safety_checker"),
           "StableDiffusionXLPipeline": ("feature_extractor", "image_encoder")}  # fmt: skip
+
+
+def class_name(part: Any, kind: type) -> str:
+    """The class model_index.json names for a part: a scheduler config's own, a tokenizer folder's
+    `tokenizer_class` (CLIPTokenizer if it names none), a model's transformers/diffusers counterpart."""
+    if kind is dict:
+        return part["_class_name"]
+    if kind is Path:
+        config = Path(part) / "tokenizer_config.json"
+        return (json.loads(config.read_text()) if config.is_file() else {}).get("tokenizer_class", "CLIPTokenizer")
+    return CLASS[kind]
 
 
 def pipeline_parts(pipeline: SDPipeline, tokenizers: str | Path) -> dict[str, Any]:
@@ -113,7 +125,7 @@ def save_pipeline(
             save_transformers(parts[part], target, dtype=dtype, overwrite=True)
         else:
             save_diffusers(parts[part], target, dtype=dtype, overwrite=True)
-        index[part] = [LIBRARY.get(part, "transformers"), parts[part]["_class_name"] if kind is dict else CLASS[kind]]
+        index[part] = [LIBRARY.get(part, "transformers"), class_name(parts[part], kind)]
     if name == "StableDiffusionPipeline":
         index["requires_safety_checker"] = False
     else:
