@@ -11,11 +11,11 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
     """diffusers' UNet2DConditionModel of `config` (its config.json as a dict; train/finetune.py's --init sd:FOLDER
     stores it as the model's arguments), random weights; the condition's text width must be its cross_attention_dim."""
     del pooled_dim  # SD 1.x/2.x's UNet reads the context only
-    model = SDUNet.from_config(config, key=key)
-    if remat or num_classes or context_dim != model.context_dim:
-        raise ValueError(f"SDUNet takes a text context of width {model.context_dim} (cross_attention_dim), without "
-                         f"--remat or labels; got context_dim={context_dim}, num_classes={num_classes}, "
-                         f"remat={remat}")  # fmt: skip
+    model = None if remat or num_classes or not context_dim else SDUNet.from_config(config, key=key)
+    if model is None or context_dim != model.context_dim:
+        raise ValueError(f"SDUNet takes a text context of width {config.get('cross_attention_dim')} "
+                         f"(cross_attention_dim), without --remat or labels; got context_dim={context_dim}, "
+                         f"num_classes={num_classes}, remat={remat}")  # fmt: skip
     return model
 
 
@@ -25,6 +25,7 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
 # and its arguments (`model_args`), so an edit here changes new runs only. Add yours: a constructor
 # (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
 # eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
+
 CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small,
                 "EDM2UNet": EDM2UNet, "SDUNet": sd_unet}  # fmt: skip
 MODELS = {
@@ -56,6 +57,13 @@ MODELS = {
     "edm2_l": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-l"]),
     "edm2_xl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xl"]),
     "edm2_xxl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxl"]),
+    # Stable Diffusion's UNet (diffusers' UNet2DConditionModel), small: trained here on a VP schedule with ε
+    # (--schedule vp_linear --parameterization eps, diffusers' "linear" betas), save_pipeline gives diffusers it.
+    "sd_tiny": lambda shape, **sizes: ("SDUNet", dict(config=dict(
+        _class_name="UNet2DConditionModel", in_channels=shape[-1], out_channels=shape[-1], sample_size=shape[0],
+        block_out_channels=[32, 64], layers_per_block=1, norm_num_groups=8, attention_head_dim=8,
+        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"], up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"],
+        cross_attention_dim=sizes.get("context_dim", 0)), **sizes)),  # fmt: skip
 }
 # A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
