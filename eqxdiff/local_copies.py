@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from eqxdiff.paths import as_path, is_url
+from eqxdiff.paths import as_path, is_url, write_whole
 
 MANIFEST_SUFFIX = ".fetched.json"  # beside a copy: {relative file name: the object's ukey when fetched}
 
@@ -62,7 +62,7 @@ def local_copy(path: str | os.PathLike) -> Path:
             raise
         manifest[name] = ukey
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
-        manifest_path.write_text(json.dumps(manifest, indent=1))
+        write_whole(manifest_path, json.dumps(manifest, indent=1))  # processes of one host may copy at once
     return copy
 
 

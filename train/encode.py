@@ -27,6 +27,7 @@ Multi-process flags as in train/main.py (`--coordinator`, `--num_processes`, `--
 import collections
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from eqxdiff.data.latents import (
 from eqxdiff.images import from_uint8
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.nn.vae_tiling import encode_in_pieces
+from eqxdiff.paths import is_url
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
@@ -63,7 +65,7 @@ class Config(Launch):
 
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
     vae: str = ""  # space_to_depth:F | a diffusers autoencoder folder (AutoencoderKL: SD, SDXL, SD3, FLUX)
-    out: str = ""  # the latent folder (created)
+    out: str = ""  # the latent folder (created), or a prefix in a bucket, gs://BUCKET/PREFIX
     image_size: int = 32  # folder: and arrayrecord: images are resized to this
     batch_size: int = 0  # global, per call (each process batch_size / num_processes); 0: from the image size
     vae_tiling: str = "auto"  # auto: images above 768² go through the VAE tile by tile (diffusers' tiling) | on | off
@@ -136,7 +138,7 @@ def identity(meta: dict) -> dict:
     return {**rest, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
 
 
-def refuse_other_encode(out: Path, plan: dict) -> None:
+def refuse_other_encode(out: os.PathLike, plan: dict) -> None:
     """Stop if `out` holds (the start of) an encode with other settings: shards must not mix."""
     for name in (META, PLAN):
         if (out / name).is_file():
@@ -150,13 +152,16 @@ def refuse_other_encode(out: Path, plan: dict) -> None:
                 )
 
 
-def write_json(path: Path, obj: dict) -> None:
+def write_json(path: os.PathLike, obj: dict) -> None:
     """Written whole or not at all (temporary file + rename)."""
     write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Written whole or not at all (temporary file + rename)."""
+def write_bytes(path: os.PathLike, data: bytes) -> None:
+    """Written whole or not at all (temporary file + rename; in a bucket one upload)."""
+    if is_url(path):
+        path.write_bytes(data)
+        return
     tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.write_bytes(data)
     tmp.replace(path)
