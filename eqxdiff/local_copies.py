@@ -66,6 +66,11 @@ def local_copy(path: str | os.PathLike) -> Path:
     return copy
 
 
+def canonical(path: str | os.PathLike) -> str:
+    """What names `path` wherever it is read from: a URL as given, a local path absolute."""
+    return str(path) if is_url(path) else str(Path(path).expanduser().resolve())
+
+
 def upload(local: Path, path: str | os.PathLike) -> None:
     """Put the local file `local` at `path`: one upload for a URL (the object appears whole or not at all), a copy
     and a rename on disk."""

@@ -45,12 +45,14 @@ from eqxdiff.data.latents import (
     tokenizer_files_sha256, write_shard,
 )  # fmt: skip
 from eqxdiff.images import from_uint8
+from eqxdiff.local_copies import canonical, local_copy
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.nn.vae_tiling import encode_in_pieces
 from eqxdiff.paths import is_url
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
+    tokenizer_location,
 )  # fmt: skip
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
@@ -239,8 +241,8 @@ class Captions:
     def __init__(self, cfg: Config, text: TextConditioning):
         self.text, self.encode_text = text, cfg.encode_text
         self.encoder = text.encoder if cfg.encode_text else None
-        resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
-        self.folders = resolve(cfg.text_encoder), resolve(tokenizer_folder(cfg.text_encoder, cfg.tokenizer))
+        self.folders = canonical(cfg.text_encoder), tokenizer_location(cfg.text_encoder, cfg.tokenizer)  # as recorded
+        self.local = local_copy(cfg.text_encoder), tokenizer_folder(cfg.text_encoder, cfg.tokenizer)
 
     def fields(self) -> dict:
         tokens = jax.ShapeDtypeStruct((self.text.max_length,), np.int32)
@@ -258,10 +260,10 @@ class Captions:
         return {NULL_FILE: null_npz_bytes(self.text.encoded_null())}
 
     def meta(self, files_sha256: dict[str, str]) -> dict:
-        encoder, tokenizer = self.folders
+        (encoder, tokenizer), (local_encoder, local_tokenizer) = self.folders, self.local
         return {"text": {
-            "text_encoder": encoder, "weights_sha256": sha256_file(Path(encoder) / TEXT_WEIGHTS_FILE),
-            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(tokenizer),
+            "text_encoder": encoder, "weights_sha256": sha256_file(local_encoder / TEXT_WEIGHTS_FILE),
+            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(local_tokenizer),
             "max_length": self.text.max_length, "null_text": self.text.null_text, "encoded": self.encode_text,
             "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
         }}  # fmt: skip
