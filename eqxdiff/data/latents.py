@@ -4,7 +4,9 @@ The folder holds `meta.json` and ArrayRecord shards `shard-SSSSS-of-NNNNN.array_
 k holds global examples [k·shard_size, min((k+1)·shard_size, count)), so the shards in name order
 are the examples in order, whatever the number of processes that wrote them. A shard is written
 under `<name>.tmp` and renamed when complete; `meta.json` is written last, once every shard
-exists, so it marks a complete encode.
+exists, so it marks a complete encode. In a bucket (`--out gs://...`) each shard is written locally and
+uploaded as one object (which appears whole or not at all), and the folder is read from its local copy
+(eqxdiff/local_copies.py): ArrayRecord reads local files only.
 
 A record is the raw little-endian bytes of each field, concatenated in the order meta.json's
 `fields` lists them (no pickle, no header); a text field (a caption) is a little-endian uint32
