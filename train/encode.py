@@ -30,7 +30,6 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import equinox as eqx
 import jax
