@@ -5,6 +5,7 @@ and a meta.json that `--dataset latents:DIR` reads (the format: eqxdiff/data/lat
     python train/encode.py --dataset digits --vae space_to_depth:2 --out runs/digits_latents
     python train/encode.py --dataset folder:~/data/pets --vae ~/sd/vae --text_encoder ~/sd/text_encoder \\
         --encode_text --image_size 256 --out ~/latents/pets_text    # + the captions (a .txt beside each image)
+    python train/encode.py --dataset npz:gs://BUCKET/pets.npz --vae gs://BUCKET/sd/vae --out gs://BUCKET/latents/pets
 
 Every example of the source (with `--hflip_copies`, then every example mirrored: examples N..2N-1
 are 0..N-1 flipped left-right) is encoded to the posterior moments (mean, logvar, stored float16)
@@ -20,7 +21,9 @@ The examples, in order, are cut into shards of `--shard_size`; shard k belongs t
 k % process_count, which encodes it on its own devices (data-parallel over them) and writes it
 under a temporary name, renamed when complete. Run the same command again after an interruption:
 complete shards are skipped. Process 0 writes meta.json once every shard exists; a folder holding
-another encode (other data, VAE or text settings) is refused.
+another encode (other data, VAE or text settings) is refused. With `--out gs://...` each shard is written
+locally and uploaded as one object; `--vae`/`--text_encoder` URLs are read from local copies
+(eqxdiff/local_copies.py).
 Multi-process flags as in train/main.py (`--coordinator`, `--num_processes`, `--process_id`).
 """
 
