@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from jax.sharding import Mesh
 
+from eqxdiff.local_copies import canonical, local_copy
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
@@ -73,8 +74,11 @@ def _space_to_depth_factor(spec: str) -> int | None:
 
 def _folder(spec: str) -> tuple[Path, type]:
     """(the absolute diffusers folder a spec names, the port that reads it); raises if it does not hold an
-    autoencoder of DIFFUSERS_AUTOENCODERS."""
-    path = Path(spec).expanduser().resolve()
+    autoencoder of DIFFUSERS_AUTOENCODERS. A URL's folder is read from its local copy (eqxdiff.local_copies)."""
+    try:
+        path = local_copy(spec).resolve()
+    except FileNotFoundError as e:  # a URL that names nothing in its bucket
+        raise FileNotFoundError(f"Autoencoder {spec!r}: {e}; the accepted forms are {SPEC_FORMS}.") from e
     if not path.exists():  # most often a typo: said plainly, before what a folder should hold
         raise FileNotFoundError(f"Autoencoder {spec!r}: {path} does not exist; the accepted forms are {SPEC_FORMS}.")
     if not (path / "config.json").is_file():
@@ -134,7 +138,7 @@ def describe_autoencoder(spec: str) -> dict:
     if _space_to_depth_factor(spec) is not None:
         return {"spec": spec, "path": None, "weights_sha256": None}
     path, _ = _folder(spec)
-    return {"spec": spec, "path": str(path), "weights_sha256": sha256_file(weight_files(path, WEIGHTS_FILE))}
+    return {"spec": spec, "path": canonical(spec), "weights_sha256": sha256_file(weight_files(path, WEIGHTS_FILE))}
 
 
 def auto_batch_size(image_hw: tuple[int, int], multiple: int = 1, count: int | None = None) -> int:

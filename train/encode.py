@@ -5,6 +5,7 @@ and a meta.json that `--dataset latents:DIR` reads (the format: eqxdiff/data/lat
     python train/encode.py --dataset digits --vae space_to_depth:2 --out runs/digits_latents
     python train/encode.py --dataset folder:~/data/pets --vae ~/sd/vae --text_encoder ~/sd/text_encoder \\
         --encode_text --image_size 256 --out ~/latents/pets_text    # + the captions (a .txt beside each image)
+    python train/encode.py --dataset npz:gs://BUCKET/pets.npz --vae gs://BUCKET/sd/vae --out gs://BUCKET/latents/pets
 
 Every example of the source (with `--hflip_copies`, then every example mirrored: examples N..2N-1
 are 0..N-1 flipped left-right) is encoded to the posterior moments (mean, logvar, stored float16)
@@ -20,16 +21,18 @@ The examples, in order, are cut into shards of `--shard_size`; shard k belongs t
 k % process_count, which encodes it on its own devices (data-parallel over them) and writes it
 under a temporary name, renamed when complete. Run the same command again after an interruption:
 complete shards are skipped. Process 0 writes meta.json once every shard exists; a folder holding
-another encode (other data, VAE or text settings) is refused.
+another encode (other data, VAE or text settings) is refused. With `--out gs://...` each shard is written
+locally and uploaded as one object; `--vae`/`--text_encoder` URLs are read from local copies
+(eqxdiff/local_copies.py).
 Multi-process flags as in train/main.py (`--coordinator`, `--num_processes`, `--process_id`).
 """
 
 import collections
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -44,11 +47,14 @@ from eqxdiff.data.latents import (
     tokenizer_files_sha256, write_shard,
 )  # fmt: skip
 from eqxdiff.images import from_uint8
+from eqxdiff.local_copies import canonical, local_copy
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.nn.vae_tiling import encode_in_pieces
+from eqxdiff.paths import is_url
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
+    tokenizer_location,
 )  # fmt: skip
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
@@ -63,7 +69,7 @@ class Config(Launch):
 
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
     vae: str = ""  # space_to_depth:F | a diffusers autoencoder folder (AutoencoderKL: SD, SDXL, SD3, FLUX)
-    out: str = ""  # the latent folder (created)
+    out: str = ""  # the latent folder (created), or a prefix in a bucket, gs://BUCKET/PREFIX
     image_size: int = 32  # folder: and arrayrecord: images are resized to this
     batch_size: int = 0  # global, per call (each process batch_size / num_processes); 0: from the image size
     vae_tiling: str = "auto"  # auto: images above 768² go through the VAE tile by tile (diffusers' tiling) | on | off
@@ -136,7 +142,7 @@ def identity(meta: dict) -> dict:
     return {**rest, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
 
 
-def refuse_other_encode(out: Path, plan: dict) -> None:
+def refuse_other_encode(out: os.PathLike, plan: dict) -> None:
     """Stop if `out` holds (the start of) an encode with other settings: shards must not mix."""
     for name in (META, PLAN):
         if (out / name).is_file():
@@ -150,13 +156,16 @@ def refuse_other_encode(out: Path, plan: dict) -> None:
                 )
 
 
-def write_json(path: Path, obj: dict) -> None:
+def write_json(path: os.PathLike, obj: dict) -> None:
     """Written whole or not at all (temporary file + rename)."""
     write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
-def write_bytes(path: Path, data: bytes) -> None:
-    """Written whole or not at all (temporary file + rename)."""
+def write_bytes(path: os.PathLike, data: bytes) -> None:
+    """Written whole or not at all (temporary file + rename; in a bucket one upload)."""
+    if is_url(path):
+        path.write_bytes(data)
+        return
     tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.write_bytes(data)
     tmp.replace(path)
@@ -234,8 +243,8 @@ class Captions:
     def __init__(self, cfg: Config, text: TextConditioning):
         self.text, self.encode_text = text, cfg.encode_text
         self.encoder = text.encoder if cfg.encode_text else None
-        resolve = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
-        self.folders = resolve(cfg.text_encoder), resolve(tokenizer_folder(cfg.text_encoder, cfg.tokenizer))
+        self.folders = canonical(cfg.text_encoder), tokenizer_location(cfg.text_encoder, cfg.tokenizer)  # as recorded
+        self.local = local_copy(cfg.text_encoder), tokenizer_folder(cfg.text_encoder, cfg.tokenizer)
 
     def fields(self) -> dict:
         tokens = jax.ShapeDtypeStruct((self.text.max_length,), np.int32)
@@ -253,10 +262,10 @@ class Captions:
         return {NULL_FILE: null_npz_bytes(self.text.encoded_null())}
 
     def meta(self, files_sha256: dict[str, str]) -> dict:
-        encoder, tokenizer = self.folders
+        (encoder, tokenizer), (local_encoder, local_tokenizer) = self.folders, self.local
         return {"text": {
-            "text_encoder": encoder, "weights_sha256": sha256_file(Path(encoder) / TEXT_WEIGHTS_FILE),
-            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(tokenizer),
+            "text_encoder": encoder, "weights_sha256": sha256_file(local_encoder / TEXT_WEIGHTS_FILE),
+            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(local_tokenizer),
             "max_length": self.text.max_length, "null_text": self.text.null_text, "encoded": self.encode_text,
             "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
         }}  # fmt: skip

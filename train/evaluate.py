@@ -29,6 +29,7 @@ from tqdm import tqdm
 from eqxdiff.eval.adm_batches import IMAGES, STORED, array_names, image_shape, stored_stats
 from eqxdiff.eval.adm_eval import adm_metrics, batch_features
 from eqxdiff.eval.adm_inception import PREPROCESS, SPATIAL_DIM, ADMInception
+from eqxdiff.local_copies import local_copy
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax  # train/startup.py
 
 ROWS = (  # (key, the row's name, which statistics or features the row compares the samples with)
@@ -97,7 +98,7 @@ def main(args: argparse.Namespace, network: ADMInception | None = None) -> dict[
         if not args.inception:
             raise SystemExit("--inception: pass pytorch-fid's pt_inception-2015-12-05-6726825d.pth (the FID weights).")
         try:
-            network = ADMInception.from_pytorch_fid(args.inception, args.preprocess)
+            network = ADMInception.from_pytorch_fid(local_copy(args.inception), args.preprocess)  # a URL: its copy
         except (ValueError, FileNotFoundError) as e:
             raise SystemExit(f"--inception: {e}") from e
     counts = {"samples": image_shape(args.sample_batch)[0],

@@ -25,7 +25,6 @@ of (almost) one image repeated warn here already.
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -34,6 +33,7 @@ from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
 from eqxdiff.eval.fid import (
     KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
 )  # fmt: skip
+from eqxdiff.paths import as_path
 from eqxdiff.sharding import batch_sharding, make_mesh
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
@@ -146,7 +146,7 @@ def main(cfg: Config, features_fn=None) -> None:
     features = None if keep is None else keep.gather()
     if jax.process_index() == 0:
         mu, sigma = stats.mean_cov()
-        out = Path(cfg.out).expanduser()
+        out = as_path(cfg.out)  # a URL: written locally, then uploaded (save_reference)
         warn_if_degenerate(mu, sigma, f"{cfg.dataset} ({stats.count} images)")
         # pytorch-fid's file plus keys it ignores: the kept rows, what the statistics are of
         save_reference(out, mu, sigma, features, dataset=cfg.dataset, image_shape=tuple(image_field(source).shape))

@@ -17,6 +17,7 @@ the format diffusers' `load_lora_weights` reads). Without --init, `NoInit` leave
 
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 
 import equinox as eqx
@@ -26,9 +27,11 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from eqxdiff.data.latents import LatentSource
+from eqxdiff.local_copies import upload
 from eqxdiff.nn import SDUNet
 from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
 from eqxdiff.nn.lora_files import save_lora
+from eqxdiff.paths import as_path, is_url
 from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
 from eqxdiff.sharding import placement
 from eqxdiff.training.state import state_around
@@ -227,7 +230,17 @@ class SDInit(NoInit):
             save_checkpoint(step, state)
             adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
             if jax.process_index() == 0:
-                path = save_lora(eqx.combine(adapters, self.base), Path(self.cfg.run_dir) / "lora", overwrite=True)
+                path = self.write_lora(eqx.combine(adapters, self.base))
                 tqdm.write(f"step {step}: LoRA -> {path}")
 
         return save
+
+    def write_lora(self, model):
+        """RUN_DIR/lora/pytorch_lora_weights.safetensors, in a gs:// run's bucket as one upload of a local file."""
+        run_dir = as_path(self.cfg.run_dir)
+        if not is_url(run_dir):
+            return save_lora(model, run_dir / "lora", overwrite=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = save_lora(model, Path(tmp))
+            upload(local, run_dir / "lora" / local.name)
+        return run_dir / "lora" / local.name

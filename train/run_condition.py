@@ -3,7 +3,6 @@ config: which tower and tokenizer, the null the step and the sampler share, the 
 Script glue: a flag or folder that does not fit is a SystemExit naming the fix."""
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 from jax.sharding import Mesh
@@ -12,7 +11,10 @@ from eqxdiff.conditions import EncodedText, FrozenText, Labels, NoCondition, Scr
 from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.sharding import RuleError
-from eqxdiff.text.conditioning import SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder
+from eqxdiff.local_copies import canonical
+from eqxdiff.text.conditioning import (
+    SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder, tokenizer_location,
+)  # fmt: skip
 
 from models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER  # train/models.py
 
@@ -32,7 +34,7 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
     defaults = getattr(source, "text_defaults", {})  # a dataset with its own tower and tokenizer
     if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
-        if cfg.text_encoder and Path(cfg.text_encoder).expanduser().resolve() != Path(encoded["text_encoder"]):
+        if cfg.text_encoder and canonical(cfg.text_encoder) != encoded["text_encoder"]:
             raise SystemExit(f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
                              f"{encoded['text_encoder']}; drop the flag to use that one.")  # fmt: skip
         tower, tokenizer = encoded["text_encoder"], encoded["tokenizer"]
@@ -66,10 +68,10 @@ def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dic
     if tokenizer in BUILTIN_TOKENIZERS:
         tokenizer_spec, tokenizer = tokenizer, BUILTIN_TOKENIZERS[tokenizer]()
     else:
-        tokenizer_spec = tokenizer = str(tokenizer_folder(tower, tokenizer).resolve())
+        tokenizer_spec, tokenizer = tokenizer_location(tower, tokenizer), str(tokenizer_folder(tower, tokenizer))
     text = open_text_conditioning(tower, tokenizer, null_text=null_text, scratch_config=scratch_config, mesh=mesh,
                                   min_size=min_size, rules=rules)  # fmt: skip
-    tower_spec = tower if tower == SCRATCH else str(Path(tower).expanduser().resolve())
+    tower_spec = tower if tower == SCRATCH else canonical(tower)
     return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
 
 

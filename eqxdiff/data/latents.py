@@ -4,7 +4,9 @@ The folder holds `meta.json` and ArrayRecord shards `shard-SSSSS-of-NNNNN.array_
 k holds global examples [k·shard_size, min((k+1)·shard_size, count)), so the shards in name order
 are the examples in order, whatever the number of processes that wrote them. A shard is written
 under `<name>.tmp` and renamed when complete; `meta.json` is written last, once every shard
-exists, so it marks a complete encode.
+exists, so it marks a complete encode. In a bucket (`--out gs://...`) each shard is written locally and
+uploaded as one object (which appears whole or not at all), and the folder is read from its local copy
+(eqxdiff/local_copies.py): ArrayRecord reads local files only.
 
 A record is the raw little-endian bytes of each field, concatenated in the order meta.json's
 `fields` lists them (no pickle, no header); a text field (a caption) is a little-endian uint32
@@ -39,7 +41,9 @@ empty caption "", or zeros for null_text "zeros"), "mask" int32[1, n] (the token
 import hashlib
 import io
 import json
+import os
 import struct
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,7 +52,9 @@ import jax
 import numpy as np
 
 from eqxdiff.data.records import TEXT, Fields, TextField
+from eqxdiff.local_copies import local_copy, upload
 from eqxdiff.nn.text_cond import TextCond
+from eqxdiff.paths import as_path, is_url
 
 META = "meta.json"
 TMP_SUFFIX = ".tmp"
@@ -115,10 +121,16 @@ def parse_record(data: bytes, fields: Fields) -> dict[str, np.ndarray | str]:
     return example
 
 
-def write_shard(folder: Path, k: int, num_shards: int, records: Sequence[bytes]) -> Path:
-    """Write shard k under a temporary name, then rename it: a reader never sees it half-written."""
+def write_shard(folder: os.PathLike, k: int, num_shards: int, records: Sequence[bytes]) -> os.PathLike:
+    """Write shard k under a temporary name, then rename it: a reader never sees it half-written. In a bucket
+    (ArrayRecord writes local files only): written in a local temporary folder, then uploaded as one object."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
+    if is_url(folder):
+        with tempfile.TemporaryDirectory() as tmp:
+            local = write_shard(Path(tmp), k, num_shards, records)
+            upload(local, folder / local.name)
+        return folder / local.name
     path = folder / shard_name(k, num_shards)
     tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.unlink(missing_ok=True)  # a stale one from an interrupted run
@@ -156,7 +168,7 @@ def null_npz_bytes(null: TextCond) -> bytes:
     return buffer.getvalue()
 
 
-def read_meta(folder: Path, spec: str) -> dict:
+def read_meta(folder: os.PathLike, spec: str) -> dict:
     """meta.json of a complete encode; a missing one raises, saying to (re)run encode.py."""
     if not folder.is_dir():
         raise FileNotFoundError(f"Latent folder not found: {folder} (from --dataset {spec}).")
@@ -176,10 +188,11 @@ class LatentSource:
     with `captions=True`, e.g. to tokenize it again with `eqxdiff.data.TokenizedSource`; by default
     records carry every other field."""
 
-    def __init__(self, folder: str | Path, spec: str, captions: bool = False):
-        folder = Path(folder)
-        self.folder = folder
+    def __init__(self, folder: str | os.PathLike, spec: str, captions: bool = False):
+        folder = as_path(folder)
+        self.folder = folder  # as given: a URL's latents are read from their local copy (local_copies.local_copy)
         self.meta = read_meta(folder, spec)
+        local = local_copy(folder)
         self.spec = spec
         self.record_fields = fields_from_meta(self.meta["fields"])  # what each record's bytes hold
         text = [k for k, f in self.record_fields.items() if isinstance(f, TextField)]
@@ -194,7 +207,7 @@ class LatentSource:
         self.num_classes = int(self.meta["num_classes"])
         self.class_names = self.meta.get("class_names")  # None: bare label ids (or an encode without names)
         n = int(self.meta["num_shards"])
-        paths = [folder / shard_name(k, n) for k in range(n)]
+        paths = [local / shard_name(k, n) for k in range(n)]
         missing = [p.name for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"{folder} lacks {len(missing)} of {n} shards ({missing[0]}, ...); {RERUN}.")
@@ -223,7 +236,7 @@ class LatentSource:
         encoder, or a file that is missing or not the one meta.json names, raise."""
         if "text" not in self.meta:
             raise ValueError(f"{self.folder} was encoded without a text encoder: it stores no null text condition.")
-        path = self.folder / self.meta["text"]["null"]["file"]
+        path = as_path(self.folder) / self.meta["text"]["null"]["file"]
         if not path.is_file():
             raise FileNotFoundError(f"{path} (the null text condition meta.json names) is missing; {RERUN}.")
         data = path.read_bytes()

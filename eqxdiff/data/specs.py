@@ -54,12 +54,12 @@ PATH_SOURCES: dict[str, Callable[[str, str, int, bool, bool, bool], ImageSource]
         Path(arg).expanduser(), size, spec, captions, allow, skip
     ),
     "arrayrecord": lambda arg, spec, size, captions, allow, skip: ArrayRecordSource(arg, size, spec, captions, allow),
-    "latents": lambda arg, spec, size, captions, allow, skip: LatentSource(Path(arg).expanduser(), spec),
+    "latents": lambda arg, spec, size, captions, allow, skip: LatentSource(as_path(arg), spec),
 }
 SPEC_FORMS = "digits, npz:PATH, folder:PATH, arrayrecord:GLOB, latents:DIR, captioned_digits"
-# Kinds read from a bucket URL (gs://...): npz, read whole. array_record's reader opens local files only, and the
-# folder source lists a local folder; their data is copied to local disk first.
-URL_SOURCES = ("npz",)
+# Kinds read from a bucket URL (gs://...): npz, read whole; latents, copied into the local cache (local_copies.py)
+# since ArrayRecord's reader opens local files only. arrayrecord: globs and the folder source lists local files.
+URL_SOURCES = ("npz", "latents")
 
 
 def open_source(

@@ -16,6 +16,8 @@ ADM's batches (eqxdiff/eval/adm_batches.py) serve as references too: a reference
 
 from collections.abc import Callable
 from dataclasses import dataclass
+import os
+import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -36,7 +38,9 @@ from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_
 from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
 from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, check_weights_file, skipped_keys
 from eqxdiff.eval.precision_recall import precision_recall
+from eqxdiff.local_copies import local_copy, upload
 from eqxdiff.nn.torch_weights import load_safetensors
+from eqxdiff.paths import as_path, is_url
 from eqxdiff.sharding import batch_sharding, make_mesh, placement
 
 FEATURES_KEY = "features"  # the reference file's kept feature rows [n, d] float32, in random order
@@ -125,8 +129,8 @@ def warn_if_other_data(reference: FIDReference, image_shape: tuple[int, ...], da
 def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
     """A statistics .npz (train/fid_stats.py's, or pytorch-fid's --save-stats) with its kept
     `features` if it has them; `dim`: the feature network's dimension (2048 for InceptionV3), an
-    error if the file's differs."""
-    path = Path(path).expanduser()
+    error if the file's differs. A URL is read from its local copy (eqxdiff.local_copies)."""
+    path = local_copy(path)
     mu, sigma = load_stats(path, dim)
     with np.load(path, allow_pickle=False) as f:
         features = np.asarray(f[FEATURES_KEY], np.float32) if FEATURES_KEY in f.files else None
@@ -151,7 +155,7 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
 
 
 def save_reference(
-    path: str | Path,
+    path: str | os.PathLike,
     mu: Float[np.ndarray, " d"],
     sigma: Float[np.ndarray, "d d"],
     features: Float[np.ndarray, "n d"] | None = None,
@@ -161,14 +165,20 @@ def save_reference(
 ) -> None:
     """pytorch-fid's statistics file (float64 `mu`, `sigma`) plus what pytorch-fid never reads: kept
     feature rows (float32 `features`), the dataset's spec and its images' [h, w, c] (`DATA_KEYS`);
-    eqxdiff.eval.save_stats writes one without them."""
-    path = Path(path)
+    eqxdiff.eval.save_stats writes one without them. A URL's file is written locally, then uploaded."""
+    path = as_path(path)
     if path.suffix != ".npz":
         raise ValueError(f"{path}: name statistics files *.npz; pytorch-fid reads a path as statistics only then.")
     d = len(mu)
     if np.shape(sigma) != (d, d) or (features is not None and (np.ndim(features) != 2 or np.shape(features)[1] != d)):
         raise ValueError(f"{path}: mu {np.shape(mu)}, sigma {np.shape(sigma)}, features {np.shape(features)}; "
                          "they must be [d], [d, d] and [n, d].")  # fmt: skip
+    if is_url(path):
+        with tempfile.TemporaryDirectory() as folder:
+            local = Path(folder) / path.name
+            save_reference(local, mu, sigma, features, dataset=dataset, image_shape=image_shape)
+            upload(local, path)  # one object: whole or not at all
+        return
     tmp = path.with_name(path.name + ".tmp")  # whole or not at all: a rename
     with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
         arrays = {"mu": np.asarray(mu, np.float64), "sigma": np.asarray(sigma, np.float64)}
@@ -303,8 +313,8 @@ def fid_of_samples(
 def load_inception(path: str | Path) -> InceptionV3:
     """InceptionV3.from_pytorch_fid(path); in a job of several processes, with its weights on this
     process's first device: from_pytorch_fid puts them on jax.devices()[0], which only process 0
-    can address."""
-    path = Path(path).expanduser()
+    can address. A URL is read from its local copy (eqxdiff.local_copies)."""
+    path = local_copy(path)
     if jax.process_count() == 1:
         return InceptionV3.from_pytorch_fid(path)
     check_weights_file(path)
@@ -319,7 +329,7 @@ def reference_of_images(path: str | Path, features_fn: Any, batch_size: int = 25
     layout) by `features_fn`: their statistics and every feature row (precision/recall; ADM's reference
     batches hold 10,000), computed once, `batch_size` at a time over this process's devices (every
     process computes all of it, the same)."""
-    path = Path(path).expanduser()
+    path = local_copy(path)
     shape = batch_image_shape(path)
     devices = jax.local_devices()
     mesh = make_mesh(devices=devices)
@@ -339,7 +349,7 @@ def reference_of_images(path: str | Path, features_fn: Any, batch_size: int = 25
 def is_image_batch(path: str | Path) -> bool:
     """Whether `path` is an .npz of images without statistics: `arr_0` and no `mu` (ADM's sample-batch
     layout; a reference batch that stores `mu`/`sigma` reads as statistics)."""
-    path = Path(path).expanduser()
+    path = local_copy(path)
     if not (path.is_file() and zipfile.is_zipfile(path)):
         return False
     names = array_names(path)

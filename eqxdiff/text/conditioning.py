@@ -23,9 +23,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
+from eqxdiff.local_copies import local_copy
 from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
 from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.paths import is_url
 from eqxdiff.sharding import Rule, placement
 
 NULL_TEXTS = ("empty", "zeros")
@@ -91,10 +93,26 @@ def encode_tokens(encoder: CLIPTextModel, tokens: dict, batch_size: int = 64) ->
     return TextCond(np.concatenate(hidden), tokens["attention_mask"], np.concatenate(pooled))
 
 
+def tokenizer_location(text_encoder: str, tokenizer: str) -> str:
+    """Where `tokenizer_folder`'s folder is, to be recorded: a URL as given (the `tokenizer/` beside a URL's
+    `text_encoder`), a local folder absolute."""
+    if not tokenizer and is_url(text_encoder):
+        return f"{str(text_encoder).rstrip('/').rpartition('/')[0]}/tokenizer"
+    return tokenizer if is_url(tokenizer) else str(tokenizer_folder(text_encoder, tokenizer).resolve())
+
+
 def tokenizer_folder(text_encoder: str, tokenizer: str) -> Path:
-    """`tokenizer`, or the `tokenizer/` folder beside `text_encoder` (a Stable Diffusion checkpoint's layout)."""
+    """`tokenizer`, or the `tokenizer/` folder beside `text_encoder` (a Stable Diffusion checkpoint's layout); a URL's
+    folder is its local copy (eqxdiff.local_copies)."""
     if tokenizer:
-        return Path(tokenizer).expanduser()
+        return local_copy(tokenizer)
+    if is_url(text_encoder):
+        sibling = tokenizer_location(text_encoder, "")
+        try:
+            return local_copy(sibling)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"No tokenizer folder given and none beside {text_encoder} ({e}): pass "
+                                    "--tokenizer DIR (SD's tokenizer/ folder).") from e  # fmt: skip
     sibling = Path(text_encoder).expanduser().resolve().parent / "tokenizer"
     if not sibling.is_dir():
         raise FileNotFoundError(
@@ -109,8 +127,11 @@ def check_text_folders(text_encoder: str, tokenizer: str = "") -> None:
     weights, for a `text_encoder` that is not a transformers CLIP text folder (config.json + weights)
     or a tokenizer folder (given, or beside it) that is missing: scripts check these before their data."""
     if text_encoder != SCRATCH:
-        folder = Path(text_encoder).expanduser()
         wanted = f"a transformers CLIP text folder, config.json + {WEIGHTS_FILE}, e.g. SD's text_encoder/"
+        try:
+            folder = local_copy(text_encoder)  # a URL's: its local copy (eqxdiff.local_copies)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"--text_encoder {text_encoder}: {e} ({wanted}).") from e
         if not folder.is_dir():
             state = "is a file, not a folder" if folder.exists() else "does not exist"
             raise FileNotFoundError(f"--text_encoder {text_encoder}: {folder} {state} ({wanted}).")
@@ -168,7 +189,7 @@ def open_text_conditioning(
         return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
     # Named as in the training step's frozen argument, where the run's rules (SHARDING_RULES) see it too.
     place = None if mesh is None else placement(mesh, min_size, rules=rules, name="text_encoder")
-    encoder = CLIPTextModel.from_transformers(Path(text_encoder).expanduser(), place=place)
+    encoder = CLIPTextModel.from_transformers(local_copy(text_encoder), place=place)
     vocab, rows = tokenizer.tokenizer.get_vocab_size(), encoder.embeddings.token_embedding.weight.shape[0]
     if vocab > rows:  # an id past the table would be clamped inside jit, silently
         raise ValueError(
