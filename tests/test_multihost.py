@@ -1,7 +1,8 @@
 """Multi-host on one machine: 2 processes x 4 CPU devices through train/launch_local.py train like
-1 process x 8 devices, resume bitwise from a mid-run checkpoint, and their checkpoint restores in 1
-process (sample.py; main.py onto another mesh, --steps and --batch_size); the launcher stops the
-others when one process fails."""
+1 process x 8 devices, resume bitwise from a mid-run checkpoint in a bucket (gs://, tests/bucket.py's server)
+and write one there that restores in 1 process, and their checkpoint on local disk restores in 1 process
+(sample.py; main.py onto another mesh, --steps and --batch_size); the launcher stops the others when one
+process fails."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -27,6 +29,8 @@ from runs import (
     start,
     wait_for,
 )
+
+from eqxdiff.paths import as_path
 
 # Six steps of the reference job (tests/runs.py): its learning rate up to step 6 does not depend on
 # the run's length (warm-up over 4 steps, then cosine from the peak), so these steps' losses are
@@ -62,17 +66,23 @@ def test_two_processes_train_like_one(two_process_run, eight_device_run):
 
 
 @pytest.mark.slow
-def test_two_process_run_resumes_bitwise_from_a_mid_run_checkpoint(tmp_path, two_process_run):
+def test_two_process_run_in_a_bucket_resumes_bitwise_and_restores_in_one_process(tmp_path, two_process_run, bucket):
     """The finished run as a kill right after its step-3 checkpoint leaves it (its later rows in
-    metrics.jsonl, dropped on resume), restarted on 2 processes. (A SIGKILL and restart of a live
-    run: tests/test_resume.py, on one process.)"""
-    shutil.copytree(two_process_run, tmp_path, dirs_exist_ok=True)
-    shutil.rmtree(tmp_path / "checkpoints" / str(STEPS))
-    assert committed(tmp_path) == [3]
-    result = run("launch_local.py", *two_processes(tmp_path))
-    assert f"resumed from {tmp_path / 'checkpoints' / '3'}" in result.stdout
-    assert_bitwise_equal(saved_arrays(tmp_path, STEPS), saved_arrays(two_process_run, STEPS))
-    losses(tmp_path)
+    metrics.jsonl, dropped on resume), put in a bucket (tests/bucket.py's server, whose variables the
+    launcher's processes inherit) and restarted there on 2 processes: they restore step 3 from the bucket
+    and write step 6 to it, which this one process restores bitwise equal to the local run's. (A SIGKILL
+    and restart of a live run: tests/test_resume.py, on one process; the same run on local disk: the
+    module's other tests.)"""
+    shutil.copytree(two_process_run, tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / str(STEPS))
+    run_dir = as_path(f"{bucket}/run")
+    fsspec.filesystem("gs").put(f"{tmp_path / 'run'}/", str(run_dir).removeprefix("gs://"), recursive=True)
+    assert committed(run_dir) == [3]
+    result = run("launch_local.py", *two_processes(run_dir))
+    assert f"resumed from {run_dir}/checkpoints/3" in result.stdout
+    assert committed(run_dir) == [3, STEPS]
+    assert_bitwise_equal(saved_arrays(run_dir, STEPS), saved_arrays(two_process_run, STEPS))
+    losses(run_dir)
 
 
 @pytest.mark.slow
