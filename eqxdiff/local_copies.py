@@ -1,10 +1,11 @@
-"""Files in a bucket for readers that need a local file (ArrayRecord's random access, a weights folder's loaders), and
-local files written by such writers that belong in a bucket.
+"""Files in a bucket for readers that need a local file (ArrayRecord's random access, an image folder's listing, a
+weights folder's loaders), and local files written by such writers that belong in a bucket.
 
 `local_copy(url)` mirrors an object, or every object under a prefix, into the cache folder
 `$EQXDIFF_CACHE` (default `~/.cache/eqxdiff`) at `SCHEME/BUCKET/KEY`, so the same URL always lands in the same
 place; a file is fetched again only when its object changed (fsspec's `ukey`, the object's checksum, is kept in a
-manifest beside the copy). `upload(local, path)` puts a local file at `path`, as one object when it is a URL.
+manifest beside the copy); `local_copies_matching(pattern)` copies the objects a glob URL matches.
+`upload(local, path)` puts a local file at `path`, as one object when it is a URL.
 """
 
 import json
@@ -64,6 +65,17 @@ def local_copy(path: str | os.PathLike) -> Path:
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
         write_whole(manifest_path, json.dumps(manifest, indent=1))  # processes of one host may copy at once
     return copy
+
+
+def local_copies_matching(pattern: str) -> list[Path]:
+    """The local copies (`local_copy`) of the objects a glob URL (`gs://BUCKET/data/train-*.array_record`) matches,
+    in name order; [] when none does."""
+    import fsspec
+
+    fs, key = fsspec.core.url_to_fs(pattern)
+    scheme = pattern.partition("://")[0]
+    matches = fs.glob(key, detail=True)
+    return [local_copy(f"{scheme}://{name}") for name, info in sorted(matches.items()) if info["type"] == "file"]
 
 
 def canonical(path: str | os.PathLike) -> str:

@@ -1,6 +1,6 @@
 """Runs whose --run_dir is a bucket (gs://), against the local GCS server of tests/bucket.py: checkpoints through
-orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk; latents, FID
-statistics, weight folders and the compile cache in a bucket."""
+orbax and tensorstore, metrics.jsonl and run.json through etils.epath, resumed as on local disk; datasets (npz,
+image folders, ArrayRecord files, latents), FID statistics, weight folders and the compile cache in a bucket."""
 
 import http.server
 import json
@@ -17,6 +17,7 @@ import fsspec
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 from rebuild import load_run
 from runs import (
     REFERENCE,
@@ -35,7 +36,7 @@ from runs import (
 from test_feature_stats import random_projection
 
 from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder
-from eqxdiff.data import open_source
+from eqxdiff.data import open_source, write_arrayrecord
 from eqxdiff.eval.fid import is_image_batch, load_reference
 from eqxdiff.local_copies import local_copy
 from eqxdiff.paths import append_text, as_path, write_whole
@@ -144,12 +145,42 @@ def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in stop.value.code and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("kind", ["arrayrecord", "folder"])
-def test_a_local_only_dataset_kind_from_a_bucket_is_refused_naming_the_copy(gcs_server, kind):
-    with pytest.raises(
-        ValueError, match=rf"--dataset {kind}:gs://b0/x: {kind}: reads local files only .*copy gs://b0/x"
-    ):
-        open_source(f"{kind}:gs://b0/x")
+def records_bytes(source) -> list[dict[str, bytes]]:
+    return [{k: np.asarray(v).tobytes() for k, v in source[i].items()} for i in range(len(source))]
+
+
+def test_an_image_folder_in_a_bucket_reads_as_the_local_folder(bucket, tmp_path):
+    """folder:gs://...: the prefix's local copy (class sub-folders, captions beside the images) read as the folder
+    it was uploaded from; a prefix that holds nothing is one error naming it."""
+    rng = np.random.default_rng(0)
+    for name, mode in [("cat/a.png", "RGB"), ("cat/b.png", "L"), ("dog/c.png", "RGB")]:
+        (tmp_path / "pets" / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)).convert(mode).save(tmp_path / "pets" / name)
+        (tmp_path / "pets" / name).with_suffix(".txt").write_text(f"a photo of {name}")
+    put_folder(tmp_path / "pets", f"{bucket}/pets")
+    in_bucket = open_source(f"folder:{bucket}/pets", 4, captions=True)
+    on_disk = open_source(f"folder:{tmp_path / 'pets'}", 4, captions=True)
+    assert in_bucket.class_names == on_disk.class_names == ["cat", "dog"] and len(in_bucket) == 3
+    assert records_bytes(in_bucket) == records_bytes(on_disk)
+    with pytest.raises(FileNotFoundError, match=f"Dataset folder not found: {bucket}/nothing: no such .*folder:"):
+        open_source(f"folder:{bucket}/nothing")
+
+
+def test_arrayrecord_files_in_a_bucket_read_as_the_local_files(bucket, tmp_path):
+    """arrayrecord:gs://.../GLOB: the objects the glob matches (not the others beside them), from their local
+    copies, read as the local files; a glob that matches nothing is one error naming it."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (5, 4, 4, 3), dtype=np.uint8), np.array([0, 1, 2, 0, 1])
+    write_arrayrecord(tmp_path / "train-0.array_record", images[:3], labels[:3], num_classes=3)
+    write_arrayrecord(tmp_path / "train-1.array_record", images[3:], labels[3:], num_classes=3)
+    write_arrayrecord(tmp_path / "val-0.array_record", images[:1], labels[:1], num_classes=3)
+    put_folder(tmp_path, f"{bucket}/records")
+    in_bucket = open_source(f"arrayrecord:{bucket}/records/train-*.array_record", 4)
+    on_disk = open_source(f"arrayrecord:{tmp_path}/train-*.array_record", 4)
+    assert len(in_bucket) == len(on_disk) == 5
+    assert records_bytes(in_bucket) == records_bytes(on_disk)
+    with pytest.raises(FileNotFoundError, match=f"No ArrayRecord files match {bucket}/records/test-\\*"):
+        open_source(f"arrayrecord:{bucket}/records/test-*.array_record", 4)
 
 
 @pytest.mark.slow

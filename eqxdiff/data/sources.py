@@ -40,6 +40,7 @@ from PIL import Image
 from eqxdiff.data.captions import missing_caption
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import TEXT, Source
+from eqxdiff.local_copies import local_copies_matching
 from eqxdiff.paths import is_url
 
 GRAYSCALE_MODES = {"1", "L", "LA"}
@@ -177,7 +178,11 @@ class ArrayRecordSource:
     def __init__(
         self, pattern: str, image_size: int, spec: str, captions: bool = False, allow_uncaptioned: bool = False
     ):
-        paths = sorted(glob.glob(str(Path(pattern).expanduser())))
+        # A bucket's files are read from their local copies: array_record's reader opens local files only.
+        if is_url(pattern):
+            paths = local_copies_matching(pattern)
+        else:
+            paths = sorted(glob.glob(str(Path(pattern).expanduser())))
         if not paths:
             raise FileNotFoundError(f"No ArrayRecord files match {pattern} (from --dataset {spec}).")
         try:
