@@ -69,12 +69,15 @@ def local_copy(path: str | os.PathLike) -> Path:
 
 def local_copies_matching(pattern: str) -> list[Path]:
     """The local copies (`local_copy`) of the objects a glob URL (`gs://BUCKET/data/train-*.array_record`) matches,
-    in name order; [] when none does."""
+    in name order; [] when none does (also when the bucket does not exist)."""
     import fsspec
 
     fs, key = fsspec.core.url_to_fs(pattern)
     scheme = pattern.partition("://")[0]
-    matches = fs.glob(key, detail=True)
+    try:
+        matches = fs.glob(key, detail=True)
+    except FileNotFoundError:  # gcsfs's for a missing bucket names only its API path ("b/NAME/o")
+        return []
     return [local_copy(f"{scheme}://{name}") for name, info in sorted(matches.items()) if info["type"] == "file"]
 
 

@@ -168,7 +168,7 @@ def test_an_image_folder_in_a_bucket_reads_as_the_local_folder(bucket, tmp_path)
 
 def test_arrayrecord_files_in_a_bucket_read_as_the_local_files(bucket, tmp_path):
     """arrayrecord:gs://.../GLOB: the objects the glob matches (not the others beside them), from their local
-    copies, read as the local files; a glob that matches nothing is one error naming it."""
+    copies, read as the local files; a glob that matches nothing, or names no bucket, is one error naming it."""
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (5, 4, 4, 3), dtype=np.uint8), np.array([0, 1, 2, 0, 1])
     write_arrayrecord(tmp_path / "train-0.array_record", images[:3], labels[:3], num_classes=3)
@@ -179,8 +179,9 @@ def test_arrayrecord_files_in_a_bucket_read_as_the_local_files(bucket, tmp_path)
     on_disk = open_source(f"arrayrecord:{tmp_path}/train-*.array_record", 4)
     assert len(in_bucket) == len(on_disk) == 5
     assert records_bytes(in_bucket) == records_bytes(on_disk)
-    with pytest.raises(FileNotFoundError, match=f"No ArrayRecord files match {bucket}/records/test-\\*"):
-        open_source(f"arrayrecord:{bucket}/records/test-*.array_record", 4)
+    for nothing in (f"{bucket}/records/test-*.array_record", "gs://no-such-bucket/records/*.array_record"):
+        with pytest.raises(FileNotFoundError, match=f"^No ArrayRecord files match {nothing.replace('*', '.')} "):
+            open_source(f"arrayrecord:{nothing}", 4)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import time
 import fsspec
 import numpy as np
 import pytest
-
 from runs import (
     ROOT,
     TINY,
