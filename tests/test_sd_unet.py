@@ -242,7 +242,7 @@ def test_bfloat16_parameters_run_in_bfloat16():
 
 
 def test_attention_in_query_blocks_is_the_same(monkeypatch):
-    """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (the logits of a block in cache at
+    """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (a block's logits in cache at
     SD's 64x64 and larger latents): the same output as one block."""
     from eqxdiff.nn import sd_unet_attention
 
