@@ -35,7 +35,7 @@ TINY = {**SD15_UNET, "block_out_channels": [32, 64, 64, 64], "norm_num_groups": 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rank", type=int, default=4, help="LoRA rank (diffusers' train_text_to_image_lora.py default)")
+    parser.add_argument("--rank", type=int, default=4, help="LoRA rank (diffusers' LoRA script's default)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--size", type=int, default=32, help="latent height and width")
     parser.add_argument("--steps", type=int, default=2, help="steps per round")
@@ -66,7 +66,7 @@ def main() -> None:
     optimizer = optax.adamw(1e-4)
 
     adapters, base = partition_lora(add_lora(unet, args.rank, key=key_lora))
-    own = jax.tree.map(jax.numpy.copy, eqx.filter(unet, eqx.is_inexact_array))  # full donates it; the base shares unet's
+    own = jax.tree.map(jax.numpy.copy, eqx.filter(unet, eqx.is_inexact_array))  # donated; the base shares unet's
     sides = {"full": (own, eqx.filter(unet, eqx.is_inexact_array, inverse=True)), "lora": (adapters, base)}
     state, compiled, result = {}, {}, {"rank": args.rank}
     for name, (trained, frozen) in sides.items():
@@ -101,10 +101,12 @@ def main() -> None:
 
     seconds = alternate({"lora": run("lora"), "full": run("full")}, args.rounds)
     result.update(rates(seconds, args.steps, "steps"))
+    temp = round(result["lora"]["temp_mib"] / result["full"]["temp_mib"], 3)
     result["lora_over_full"] = {"steps_per_s": result.pop("ratio"), "paired_median": result.pop("paired_ratio_median"),
-                                "temp_memory": round(result["lora"]["temp_mib"] / result["full"]["temp_mib"], 3)}  # fmt: skip
+                                "temp_memory": temp}  # fmt: skip
     report("sd_lora_step_vs_full", {
-        "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/4 width", "block_out_channels": config["block_out_channels"],
+        "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/4 width",
+        "block_out_channels": config["block_out_channels"],
         "params": sum(x.size for x in jax.tree.leaves(eqx.filter(unet, eqx.is_array))), "batch": args.batch,
         "latent": [args.size, args.size, 4], "steps_per_round": args.steps, "rounds": args.rounds, **result,
         "note": "lora_over_full.steps_per_s > 1: the LoRA step is faster; temp_memory < 1: it plans less memory",

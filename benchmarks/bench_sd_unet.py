@@ -82,8 +82,9 @@ def run_batch(args, peer: TorchPeer, unet, tmp: Path, batch: int, rng) -> dict:
     fn, compile_s = compiled_forward(unet, xj, tj, cond, xla_cpu.compiler_options())
     start = time.perf_counter()
     ours = np.asarray(jax.block_until_ready(fn(xj, tj, cond)))
+    first_s = time.perf_counter() - start
     result = {"batch": batch, "latent": [size, size, 4], "calls_per_round": args.calls, "rounds": args.rounds,
-              "eqxdiff_compile_s": round(compile_s, 3), "eqxdiff_first_call_s": round(time.perf_counter() - start, 3)}  # fmt: skip
+              "eqxdiff_compile_s": round(compile_s, 3), "eqxdiff_first_call_s": round(first_s, 3)}  # fmt: skip
     np.savez(tmp / "input.npz", x=x, t=t, context=context)
     answer = peer("prepare", input=str(tmp / "input.npz"), output=str(tmp / "output.npy"))
     theirs = np.load(tmp / "output.npy")
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="latent height and width")
     parser.add_argument("--calls", type=int, default=1, help="calls per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per batch size")
-    parser.add_argument("--xla_cpu", default="on", help='XLA:CPU switches: "on", "off" or a comma list (eqxdiff/xla_cpu.py)')
+    parser.add_argument("--xla_cpu", default="on", help='"on", "off" or a comma list of eqxdiff/xla_cpu.py switches')
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
     parser.add_argument("--torch_python", default=TORCH_PYTHON)
     parser.add_argument("--seed", type=int, default=0)
@@ -133,7 +134,8 @@ def main() -> None:
         results = [run_batch(args, peer, unet, tmp, int(b), rng) for b in args.batches.split(",")]
         peer.close()
     peer_report("sd_unet_vs_diffusers", args.torch_python, info, "latents", {
-        "config": "quick (small SD-like)" if args.quick else "SD 1.5 unet/config.json", "weights": "the same (diffusers' seeded init, fp32)",
+        "config": "quick (small SD-like)" if args.quick else "SD 1.5 unet/config.json",
+        "weights": "the same (diffusers' seeded init, fp32)",
         "params": {"torch": info["params"], "eqxdiff": param_count(unet)}, "xla_cpu": sorted(xla_cpu.switched_on()),
         "torch_init_and_write_s": round(torch_s, 3), "eqxdiff_load_s": round(load_s, 3), "results": results,
     })  # fmt: skip

@@ -145,7 +145,8 @@ def main() -> None:
     adapters = jax.tree.map(lambda x: x.astype(jnp.float32), adapters)  # trained in float32, the base in bf16
     adapters = jax.device_put(adapters, state_shardings(adapters, mesh, min_size))
     optimizer = optax.adamw(1e-4)
-    opt_state = jax.jit(optimizer.init, out_shardings=state_shardings(optimizer.init(adapters), mesh, min_size))(adapters)
+    opt_shardings = state_shardings(jax.eval_shape(optimizer.init, adapters), mesh, min_size)
+    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(adapters)
 
     rng = np.random.default_rng(args.seed)
     b, width, pooled_dim = args.batch, unet.context_dim, unet.add_input_dim - 6 * unet.addition_time_embed_dim
@@ -173,14 +174,16 @@ def main() -> None:
 
     report("sdxl_lora_step_fsdp8", {
         "config": "quick (tiny SDXL-like)" if args.quick else "SDXL base unet/config.json",
-        "params": sum(x.size for x in jax.tree.leaves(base)), "adapter_params": sum(x.size for x in jax.tree.leaves(adapters)),
-        "mesh": dict(mesh.shape), "min_size": min_size, "rank": args.rank, "batch": b, "latent": [args.size, args.size, 4],
+        "params": sum(x.size for x in jax.tree.leaves(base)),
+        "adapter_params": sum(x.size for x in jax.tree.leaves(adapters)), "mesh": dict(mesh.shape),
+        "min_size": min_size, "rank": args.rank, "batch": b, "latent": [args.size, args.size, 4],
         "remat": True, "dtypes": {"base": "bfloat16", "adapters": "float32", "activations": "bfloat16"},
         "bytes": {"base_total": tree_bytes(base), "base_per_device": bytes_per_device(base),
                   "adapters_total": tree_bytes(adapters), "adapters_per_device": bytes_per_device(adapters),
                   "opt_state_total": tree_bytes(opt_state), "opt_state_per_device": bytes_per_device(opt_state)},
         "step_buffers_all_devices": memory_of(step), "folder_written": written,
-        "peak_rss_mib": {"before_load": mib(rss_before_load), "after_load": mib(rss_after_load), "end": mib(peak_rss())},
+        "peak_rss_mib": {"before_load": mib(rss_before_load), "after_load": mib(rss_after_load),
+                         "end": mib(peak_rss())},
         "load_s": round(load_s, 3), "compile_s": round(compile_s, 3), "step_s": step_s, "losses": losses,
     })  # fmt: skip
 
