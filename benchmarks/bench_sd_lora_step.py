@@ -1,8 +1,8 @@
 """A LoRA training step against the full fine-tune on an SD-family UNet: time and memory, one process,
 alternating rounds.
 
-The model: SD 1.5's UNet architecture (benchmarks/sd_unet_configs.py) at a quarter of its widths
-(block_out_channels [80, 160, 320, 320], so 1/16 of its parameters; SD's 768-wide text context, 8
+The model: SD 1.5's UNet architecture (benchmarks/sd_unet_configs.py) at a fifth of its widths
+(block_out_channels [64, 128, 256, 256], about 1/20 of its parameters; SD's 768-wide text context, 8
 heads), random weights (`SDUNet.from_config`), float32, latents [batch, 32, 32, 4], context [batch, 77, 768].
 Both sides take the same optimizer (AdamW), loss (`sd_train_steps.eps_loss`, diffusers' epsilon objective)
 and hand-written step (`sd_train_steps.make_step`): `full` trains every parameter; `lora` wraps the attention
@@ -28,7 +28,7 @@ from harness import alternate, rates, report
 from sd_train_steps import make_step, memory_of, random_latents, tree_bytes
 from sd_unet_configs import SD15_UNET
 
-QUARTER = {**SD15_UNET, "block_out_channels": [80, 160, 320, 320]}  # fmt: skip
+FIFTH = {**SD15_UNET, "block_out_channels": [64, 128, 256, 256]}  # fmt: skip
 TINY = {**SD15_UNET, "block_out_channels": [32, 64, 64, 64], "norm_num_groups": 8, "attention_head_dim": 2,
         "cross_attention_dim": 32, "layers_per_block": 1}  # fmt: skip
 
@@ -53,7 +53,7 @@ def main() -> None:
     from eqxdiff.nn import SDUNet, TextCond
     from eqxdiff.nn.lora import add_lora, partition_lora
 
-    config = TINY if args.quick else QUARTER
+    config = TINY if args.quick else FIFTH
     if args.quick:
         args.size, args.batch, args.rounds, args.steps = 16, 2, 1, 1
     key_model, key_lora, key_step = jax.random.split(jax.random.key(args.seed), 3)
@@ -105,7 +105,7 @@ def main() -> None:
     result["lora_over_full"] = {"steps_per_s": result.pop("ratio"), "paired_median": result.pop("paired_ratio_median"),
                                 "temp_memory": temp}  # fmt: skip
     report("sd_lora_step_vs_full", {
-        "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/4 width",
+        "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/5 width",
         "block_out_channels": config["block_out_channels"],
         "params": sum(x.size for x in jax.tree.leaves(eqx.filter(unet, eqx.is_array))), "batch": args.batch,
         "latent": [args.size, args.size, 4], "steps_per_round": args.steps, "rounds": args.rounds, **result,
