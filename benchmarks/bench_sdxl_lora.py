@@ -16,6 +16,9 @@ then LoRA training steps with remat: bytes per device, peak RSS, load and step t
 4. `--steps` steps on latents [batch, 32, 32, 4] (bf16), SDXL's condition: context [batch, 77, 2048], pooled
    [batch, 1280] (bf16), time_ids for 256² crops of 256² images. Compile timed apart from the steps.
 
+After compiling, XLA's buffer plan for the step (all 8 devices: they share this host's memory) must fit in the
+host's available memory, else the script stops naming the plan (a full-size step at batch 8 outgrew 23 GiB).
+
 One JSON line: bytes per device (each of the 8; the first device's shards) of the base, the adapters and the
 optimizer state, XLA's buffer plan for the step (all devices), peak RSS of the process, and the times.
 """
@@ -94,6 +97,15 @@ def write_random_folder(config: dict, folder: Path, seed: int) -> dict:
     return {"params": params, "bytes": total, "shards": len(groups), "write_s": round(time.perf_counter() - start, 3)}
 
 
+def available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux), else the physical memory."""
+    try:
+        line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", default="", help="the random bf16 folder: reused if it holds config.json, "
@@ -161,7 +173,13 @@ def main() -> None:
     start = time.perf_counter()
     step = make_step(optimizer)(adapters, opt_state, base, x0, cond, key_step)
     compile_s = time.perf_counter() - start
-    print(f"compiled in {compile_s:.1f} s; peak RSS {mib(peak_rss())} MiB", file=sys.stderr, flush=True)
+    plan = memory_of(step)
+    print(f"compiled in {compile_s:.1f} s; peak RSS {mib(peak_rss())} MiB; XLA's plan {plan}", file=sys.stderr,
+          flush=True)  # fmt: skip
+    # 8 simulated devices share this host's memory: XLA's plan for all of them must fit in what is free now.
+    if (plan["temp_mib"] + plan["output_mib"]) * 2**20 > available_bytes():
+        raise SystemExit(f"bench_sdxl_lora: the step plans {plan} MiB over all {DEVICES} devices, more than the "
+                         f"{mib(available_bytes())} MiB this host has available; lower --batch or --size")  # fmt: skip
     step_s, losses = [], []
     for i in range(args.steps):
         start = time.perf_counter()
@@ -181,7 +199,7 @@ def main() -> None:
         "bytes": {"base_total": tree_bytes(base), "base_per_device": bytes_per_device(base),
                   "adapters_total": tree_bytes(adapters), "adapters_per_device": bytes_per_device(adapters),
                   "opt_state_total": tree_bytes(opt_state), "opt_state_per_device": bytes_per_device(opt_state)},
-        "step_buffers_all_devices": memory_of(step), "folder_written": written,
+        "step_buffers_all_devices": plan, "folder_written": written,
         "peak_rss_mib": {"before_load": mib(rss_before_load), "after_load": mib(rss_after_load),
                          "end": mib(peak_rss())},
         "load_s": round(load_s, 3), "compile_s": round(compile_s, 3), "step_s": step_s, "losses": losses,
