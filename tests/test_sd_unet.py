@@ -242,7 +242,7 @@ def test_bfloat16_parameters_run_in_bfloat16():
 
 
 def test_attention_in_query_blocks_is_the_same(monkeypatch):
-    """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (bounded memory at
+    """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (a block's logits in cache at
     SD's 64x64 and larger latents): the same output as one block."""
     from eqxdiff.nn import sd_unet_attention
 
@@ -253,7 +253,7 @@ def test_attention_in_query_blocks_is_the_same(monkeypatch):
         return np.asarray(eqx.filter_jit(lambda m, x, t, c: m(x, t, c))(unet, ref["x"], ref["t"], cond_of(ref)))
 
     whole = run()
-    monkeypatch.setattr(sd_unet_attention, "QUERY_CHUNK", 24)  # 64 pixels: blocks of 24, 24 and 16 (padded)
+    monkeypatch.setattr(sd_unet_attention, "QUERY_CHUNK", 24)  # 64 pixels: blocks of 24, 24 and 16
     blocked = run()
     np.testing.assert_allclose(blocked, whole, rtol=0, atol=1e-6)
     assert np.abs(blocked - ref["out"]).max() / np.abs(ref["out"]).max() < TOL

@@ -57,13 +57,14 @@ class SDUNet(eqx.Module):
     addition_time_embed_dim: int | None = eqx.field(static=True)
     add_input_dim: int | None = eqx.field(static=True)  # projection_class_embeddings_input_dim (text_time)
     context_dim: int = eqx.field(static=True)
+    remat: bool = eqx.field(static=True)  # each resnet and transformer recomputed in the backward pass
 
-    def __init__(self, config: dict, *, key: PRNGKeyArray):
+    def __init__(self, config: dict, *, remat: bool = False, key: PRNGKeyArray):
         cfg = parse_config(config)
         widths, levels = list(cfg["block_out_channels"]), len(cfg["block_out_channels"])
         groups, eps, temb = cfg["norm_num_groups"], cfg["norm_eps"], 4 * widths[0]
         keys = iter(jax.random.split(key, 2 * levels + 7))
-        self.config = json.dumps(config, sort_keys=True)
+        self.config, self.remat = json.dumps(config, sort_keys=True), remat
         self.flip_sin_to_cos, self.freq_shift = bool(cfg["flip_sin_to_cos"]), float(cfg["freq_shift"])
         self.time_features, self.context_dim = widths[0], cfg["cross_attention_dim"][-1]
         self.conv_in = Conv2d(cfg["in_channels"], widths[0], key=next(keys))
@@ -90,10 +91,11 @@ class SDUNet(eqx.Module):
             n = cfg["layers_per_block"][i]
             cin, last = widths[max(i - 1, 0)], i == levels - 1
             spec = attention(i, kind.startswith("CrossAttn"))
-            self.down_blocks.append(DownBlock(cin, widths[i], n, temb, groups, eps, spec, not last, key=next(keys)))
+            self.down_blocks.append(DownBlock(cin, widths[i], n, temb, groups, eps, spec, not last, remat=remat,
+                                              key=next(keys)))  # fmt: skip
             skip_widths += [widths[i]] * (n + (not last))
         mid = dict(attention(levels - 1, True), only_cross_attention=False)  # the mid block has no such option
-        self.mid_block = MidBlock(widths[-1], temb, groups, eps, mid, key=next(keys))
+        self.mid_block = MidBlock(widths[-1], temb, groups, eps, mid, remat=remat, key=next(keys))
         self.up_blocks, prev = [], widths[-1]
         for i, kind in enumerate(cfg["up_block_types"]):
             level, n = levels - 1 - i, cfg["layers_per_block"][levels - 1 - i] + 1
@@ -101,19 +103,21 @@ class SDUNet(eqx.Module):
             skips = [skip_widths.pop() for _ in range(n)]
             self.up_blocks.append(UpBlock(cins, skips, widths[level], temb, groups, eps,
                                           attention(level, kind.startswith("CrossAttn")), i < levels - 1,
-                                          key=next(keys)))  # fmt: skip
+                                          remat=remat, key=next(keys)))  # fmt: skip
             prev = widths[level]
         self.conv_norm_out = GroupNorm(groups, widths[0], eps=eps)
         self.conv_out = Conv2d(widths[0], cfg["out_channels"], key=next(keys))
 
     @classmethod
-    def from_config(cls, config: dict, *, key: PRNGKeyArray) -> "SDUNet":
-        """Random weights (PyTorch's default init; norms 1/0) for a diffusers config dict."""
-        return cls(config, key=key)
+    def from_config(cls, config: dict, *, remat: bool = False, key: PRNGKeyArray) -> "SDUNet":
+        """Random weights (PyTorch's default init; norms 1/0) for a diffusers config dict. `remat`: each resnet
+        and Transformer2DModel recomputes its activations in the backward pass (less memory, more compute)."""
+        return cls(config, remat=remat, key=key)
 
     @classmethod
     def from_diffusers(
-        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None, dtype: DTypeLike = np.float32
+        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None, dtype: DTypeLike = np.float32,
+        remat: bool = False,
     ) -> "SDUNet":
         """A diffusers UNet folder (a pipeline's `unet/`: config.json + diffusion_pytorch_model.safetensors,
         or the shards of its `.safetensors.index.json`; fp32, fp16 or bf16 files), as `dtype` parameters
@@ -121,11 +125,11 @@ class SDUNet(eqx.Module):
         `diffusion_pytorch_model.<variant>.safetensors` or its shards, as diffusers' `variant=`. With `place`
         (e.g. `eqxdiff.sharding.placement(mesh)`), each weight is read straight into its sharding in
         `place(abstract)`; without, onto the first device. Every key is read once; a missing or unexpected
-        key raises naming it."""
+        key raises naming it. `remat`: as `from_config`."""
         path = Path(path).expanduser()
         weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = eqx.filter_eval_shape(cls, config, remat=remat, key=jax.random.key(0))
         return load_safetensors(abstract, weights, place=place, conv1x1_as_dense=True, dtype=dtype)
 
     def null_cond(self, batch_size: int) -> Any:

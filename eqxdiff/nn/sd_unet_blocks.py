@@ -4,7 +4,9 @@
 The resnets are the VAE's `ResnetBlock` with a time-embedding projection (diffusers' `ResnetBlock2D`
 is one class for both), the upsampler the VAE's `Upsample`; the downsampler differs (a padded stride-2
 conv here, the VAE pads bottom/right only). Field names are diffusers' attribute names, so leaf paths
-are state_dict keys. A block without text attention has `attentions=None`.
+are state_dict keys. A block without text attention has `attentions=None`. With `remat`, each resnet and
+each Transformer2DModel runs rematerialised (eqxdiff/nn/remat.py): its activations are recomputed in the
+backward pass.
 """
 
 import math
@@ -16,6 +18,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, Dense
+from eqxdiff.nn.remat import checkpointed
 from eqxdiff.nn.sd_unet_attention import Transformer2DModel
 from eqxdiff.nn.vae_blocks import ResnetBlock, Upsample
 
@@ -74,11 +77,13 @@ class DownBlock(eqx.Module):
     resnets: list[ResnetBlock]
     attentions: list[Transformer2DModel] | None
     downsamplers: list[Downsample2D] | None
+    remat: bool = eqx.field(static=True)
 
     def __init__(
         self, cin: int, cout: int, layers: int, temb: int, groups: int, eps: float, attention: dict | None,
-        downsample: bool, *, key: PRNGKeyArray,
+        downsample: bool, *, remat: bool = False, key: PRNGKeyArray,
     ):  # fmt: skip
+        self.remat = remat
         keys = jax.random.split(key, 2 * layers + 1)
         self.resnets = [ResnetBlock(cin if i == 0 else cout, cout, groups, eps=eps, temb_channels=temb, key=keys[i])
                         for i in range(layers)]  # fmt: skip
@@ -90,8 +95,8 @@ class DownBlock(eqx.Module):
     ) -> tuple[Float[Array, "b h2 w2 co"], list[Array]]:
         skips = []
         for i, resnet in enumerate(self.resnets):
-            x = resnet(x, temb)
-            x = x if self.attentions is None else self.attentions[i](x, context)
+            x = checkpointed(resnet, self.remat)(x, temb)
+            x = x if self.attentions is None else checkpointed(self.attentions[i], self.remat)(x, context)
             skips.append(x)
         if self.downsamplers is not None:
             x = self.downsamplers[0](x)
@@ -104,16 +109,22 @@ class MidBlock(eqx.Module):
 
     resnets: list[ResnetBlock]
     attentions: list[Transformer2DModel]
+    remat: bool = eqx.field(static=True)
 
-    def __init__(self, width: int, temb: int, groups: int, eps: float, attention: dict, *, key: PRNGKeyArray):
+    def __init__(
+        self, width: int, temb: int, groups: int, eps: float, attention: dict, *, remat: bool = False,
+        key: PRNGKeyArray,
+    ):  # fmt: skip
         k1, k2, k3 = jax.random.split(key, 3)
+        self.remat = remat
         self.resnets = [ResnetBlock(width, width, groups, eps=eps, temb_channels=temb, key=k) for k in (k1, k2)]
         self.attentions = [Transformer2DModel(width, key=k3, **attention)]
 
     def __call__(
         self, x: Float[Array, "b h w c"], temb: Float[Array, "b e"], context: Float[Array, "b m d"]
     ) -> Float[Array, "b h w c"]:
-        return self.resnets[1](self.attentions[0](self.resnets[0](x, temb), context), temb)
+        run = lambda block, *args: checkpointed(block, self.remat)(*args)  # noqa: E731
+        return run(self.resnets[1], run(self.attentions[0], run(self.resnets[0], x, temb), context), temb)
 
 
 class UpBlock(eqx.Module):
@@ -124,11 +135,13 @@ class UpBlock(eqx.Module):
     resnets: list[ResnetBlock]
     attentions: list[Transformer2DModel] | None
     upsamplers: list[Upsample] | None
+    remat: bool = eqx.field(static=True)
 
     def __init__(
         self, cins: list[int], skip_widths: list[int], cout: int, temb: int, groups: int, eps: float,
-        attention: dict | None, upsample: bool, *, key: PRNGKeyArray,
+        attention: dict | None, upsample: bool, *, remat: bool = False, key: PRNGKeyArray,
     ):  # fmt: skip
+        self.remat = remat
         layers = len(cins)
         keys = jax.random.split(key, 2 * layers + 1)
         self.resnets = [ResnetBlock(cin + skip, cout, groups, eps=eps, temb_channels=temb, key=k)
@@ -143,6 +156,6 @@ class UpBlock(eqx.Module):
         """`skips`: this level's skips in the order they were made (the last is used first); `size`: the
         (h, w) to upsample to (the next level's skip)."""
         for i, resnet in enumerate(self.resnets):
-            x = resnet(jnp.concatenate([x, skips[-1 - i]], axis=-1), temb)
-            x = x if self.attentions is None else self.attentions[i](x, context)
+            x = checkpointed(resnet, self.remat)(jnp.concatenate([x, skips[-1 - i]], axis=-1), temb)
+            x = x if self.attentions is None else checkpointed(self.attentions[i], self.remat)(x, context)
         return x if self.upsamplers is None else self.upsamplers[0](x, size)

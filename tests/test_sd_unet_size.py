@@ -1,0 +1,73 @@
+"""The released UNets at full size without their weights, and SDUNet's remat: the benchmarks' SD 1.5 and SDXL
+configs (benchmarks/sd_unet_configs.py) are diffusers' (parsed equal to the fixtures' and of its parameter
+count), SDXL's 2.567B parameters lay out over an 8-device FSDP group at an eighth per device, and
+`remat=True` changes the backward pass's memory, not its numbers."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqxdiff.nn import SDUNet, TextCond
+from eqxdiff.nn.sd_unet_config import parse_config
+from eqxdiff.sharding import make_mesh, state_shardings
+
+ROOT = Path(__file__).parent.parent
+DATA = ROOT / "tests" / "data" / "sd_unet"
+spec = importlib.util.spec_from_file_location("sd_unet_configs", ROOT / "benchmarks" / "sd_unet_configs.py")
+configs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(configs)
+with gzip.open(DATA / "full_size_shapes.json.gz") as f:
+    FULL = json.loads(f.read())
+
+
+def test_benchmark_configs_are_the_released_ones():
+    """The dicts the benchmarks build are the configs the fixtures took from diffusers (defaults filled in;
+    SDXL's file says upcast_attention null, diffusers' default false: both off)."""
+
+    def parsed(config: dict) -> dict:
+        return {**parse_config(config), "upcast_attention": bool(config.get("upcast_attention"))}
+
+    assert parsed(configs.SD15_UNET) == parsed(FULL["sd15"]["config"])
+    assert parsed(configs.SDXL_BASE_UNET) == parsed(FULL["sdxl_base"]["config"])
+
+
+def test_sdxl_shards_to_an_eighth_per_device():
+    """SDXL's UNet in bf16 (abstract: nothing is allocated) over make_mesh(1, 8) with the training default
+    min_size (2^12): every leaf that size or more is split 8 ways, and a device holds an eighth of the 5.1 GB
+    and a little more (the replicated norms and biases)."""
+    abstract = eqx.filter_eval_shape(SDUNet.from_config, configs.SDXL_BASE_UNET, key=jax.random.key(0))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), abstract)
+    leaves = jax.tree.leaves(abstract)
+    assert sum(x.size for x in leaves) == 2_567_463_684
+    shardings = jax.tree.leaves(state_shardings(abstract, make_mesh(1, 8), 2**12))
+    per_device = [int(np.prod(s.shard_shape(x.shape))) * 2 for x, s in zip(leaves, shardings, strict=True)]
+    for x, s in zip(leaves, shardings, strict=True):
+        if x.size >= 2**12:
+            assert len(s.device_set) == 8 and "fsdp" in s.spec, (x.shape, s.spec)
+    total = sum(x.size for x in leaves) * 2
+    assert total / 8 <= sum(per_device) < 1.005 * total / 8  # 1.0025: the replicated small leaves
+
+
+def test_remat_keeps_outputs_and_gradients():
+    """remat=True recomputes each resnet and transformer in the backward pass (checkpoint equations in the
+    gradient's program; none without): the same output and the same parameter gradients."""
+    ref = np.load(DATA / "sd1_like" / "reference.npz")
+    x, t, cond = jnp.asarray(ref["x"]), jnp.asarray(ref["t"]), TextCond(jnp.asarray(ref["context"]), ref["mask"])
+
+    def loss(unet):
+        return jnp.mean(unet(x, t, cond) ** 2)
+
+    grads = {}
+    for remat in (False, True):
+        unet = SDUNet.from_diffusers(DATA / "sd1_like", remat=remat)
+        jaxpr = str(jax.make_jaxpr(eqx.filter_grad(loss))(unet))
+        assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
+        grads[remat] = jax.tree.leaves(eqx.filter_jit(eqx.filter_value_and_grad(loss))(unet))
+    for plain, recomputed in zip(grads[False], grads[True], strict=True):
+        np.testing.assert_allclose(recomputed, plain, rtol=1e-5, atol=1e-7)
