@@ -37,6 +37,7 @@ from test_feature_stats import random_projection
 
 from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder
 from eqxdiff.data import open_source, write_arrayrecord
+from eqxdiff.eval import fid
 from eqxdiff.eval.fid import is_image_batch, load_reference
 from eqxdiff.local_copies import local_copy
 from eqxdiff.paths import append_text, as_path, write_whole
@@ -277,6 +278,18 @@ def test_fid_statistics_written_to_a_bucket_are_read_from_it(bucket):
     for a, b in zip((reference.mu, reference.sigma), whole.mean_cov(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
     assert reference.dataset == "digits"
+
+
+def test_inception_weights_in_a_bucket_are_read_from_their_local_copy(bucket, monkeypatch):
+    """--inception gs://...: load_inception hands the port a local file with the object's bytes (the port itself
+    reads local files: tests/test_inception.py)."""
+    url = f"{bucket}/weights/pt_inception.pth"
+    as_path(url).write_bytes(b"pytorch-fid's weights")
+    read = []
+    shapes = eqx.filter_eval_shape(fid.InceptionV3, key=jax.random.key(0))  # a network's structure, no weights
+    monkeypatch.setattr(fid.InceptionV3, "from_pytorch_fid", lambda p: read.append(Path(p).read_bytes()) or shapes)
+    fid.load_inception(url)
+    assert read == [b"pytorch-fid's weights"]
 
 
 def test_the_compile_cache_in_a_bucket_is_written_by_jax(bucket):
