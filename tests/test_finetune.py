@@ -33,7 +33,7 @@ from eqxdiff.sharding import make_mesh
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
          "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
-LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2]
+LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2, "--remat"]  # remat: the base and adapters agree
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ def test_sd_tiny_is_a_diffusers_unet_for_the_runs_text():
     config = json.loads(net.config)
     assert isinstance(net, SDUNet) and net.context_dim == 64 and config["cross_attention_dim"] == 64
     assert (config["in_channels"], config["out_channels"], config["sample_size"]) == (1, 1, 8)
-    for wrong in (dict(num_classes=10), dict(context_dim=32), dict(context_dim=64, remat=True)):
+    assert CONSTRUCTORS[constructor](**kwargs, remat=True, key=jax.random.key(0)).remat
+    for wrong in (dict(num_classes=10), dict(context_dim=32)):
         with pytest.raises(ValueError, match="SDUNet takes a text context of width 64"):
             CONSTRUCTORS[constructor](config=kwargs["config"], **{"remat": False, **wrong}, key=jax.random.key(0))

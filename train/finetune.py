@@ -85,9 +85,9 @@ def with_init_flags(cfg):
     folders = parts(cfg.init)
     given = [f"--{name}" for name in ("model", "schedule", "parameterization", "edm_p_mean", "sigma_data")
              if getattr(cfg, name) != getattr(defaults, name)]  # fmt: skip
-    if given or cfg.remat:
+    if given:
         raise SystemExit(f"--init {cfg.init} decides the network and its noise (the folder's unet/ and scheduler "
-                         f"config): drop {', '.join(given + ['--remat'] * cfg.remat)}.")  # fmt: skip
+                         f"config): drop {', '.join(given)}.")  # fmt: skip
     if cfg.lora_rank < 0 or (not cfg.lora_rank and (cfg.lora_targets or cfg.lora_alpha)):
         raise SystemExit("--lora_targets and --lora_alpha need --lora_rank R >= 1 (0: fine-tune the whole UNet).")
     tower = folders["text_encoder"]
@@ -177,7 +177,7 @@ class SDInit(NoInit):
         """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
         frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
         place = placement(mesh, min_size, rules=rules, name="unet")
-        unet = SDUNet.from_diffusers(self.folders["unet"], place=place)
+        unet = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
         return partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
 
     def adapted(self, unet, key):
@@ -210,7 +210,8 @@ class SDInit(NoInit):
         """A new run's state: the folder's UNet read straight into the model's shardings (or the fresh adapters),
         its EMA and optimizer state made on the devices."""
         place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
-        model = self.adapters if self.base is not None else SDUNet.from_diffusers(self.folders["unet"], place=place)
+        model = self.adapters if self.base is not None else SDUNet.from_diffusers(self.folders["unet"], place=place,
+                                                                                 remat=self.cfg.remat)
         return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
 
     def whole(self, model):

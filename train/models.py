@@ -11,11 +11,11 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
     """diffusers' UNet2DConditionModel of `config` (its config.json as a dict; train/finetune.py's --init sd:FOLDER
     stores it as the model's arguments), random weights; the condition's text width must be its cross_attention_dim."""
     del pooled_dim  # SD 1.x/2.x's UNet reads the context only
-    model = None if remat or num_classes or not context_dim else SDUNet.from_config(config, key=key)
+    model = None if num_classes or not context_dim else SDUNet.from_config(config, remat=remat, key=key)
     if model is None or context_dim != model.context_dim:
         raise ValueError(f"SDUNet takes a text context of width {config.get('cross_attention_dim')} "
-                         f"(cross_attention_dim), without --remat or labels; got context_dim={context_dim}, "
-                         f"num_classes={num_classes}, remat={remat}")  # fmt: skip
+                         f"(cross_attention_dim), not labels; got context_dim={context_dim}, "
+                         f"num_classes={num_classes}")  # fmt: skip
     return model
 
 

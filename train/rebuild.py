@@ -95,7 +95,8 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
         stored = checkpoints.restore_config(step)
         cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
-        tune = open_init(cfg, mesh, 2**62)  # --init: its scheduler; a LoRA's base read again from the folder
+        # --init: its scheduler; a LoRA's base read again from the folder, without remat as the model here
+        tune = open_init(dataclasses.replace(cfg, remat=False), mesh, 2**62)
         abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained)
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
