@@ -15,6 +15,7 @@ import equinox as eqx
 import fid_stats  # train/fid_stats.py
 import fsspec
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image
@@ -37,11 +38,14 @@ from test_feature_stats import random_projection
 
 from eqxdiff.autoencoders import check_autoencoder, describe_autoencoder, open_autoencoder
 from eqxdiff.data import open_source, write_arrayrecord
+from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.eval import fid
+from eqxdiff.images import save_image_grid
 from eqxdiff.eval.fid import is_image_batch, load_reference
 from eqxdiff.local_copies import local_copy
 from eqxdiff.paths import append_text, as_path, write_whole
 from eqxdiff.sharding import make_mesh
+from eqxdiff.training import MetricsLogger
 from eqxdiff.text.conditioning import check_text_folders, open_text_conditioning, tokenizer_location
 
 STEPS = REFERENCE_STEPS
@@ -278,6 +282,29 @@ def test_fid_statistics_written_to_a_bucket_are_read_from_it(bucket):
     for a, b in zip((reference.mu, reference.sigma), whole.mean_cov(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
     assert reference.dataset == "digits"
+
+
+def test_snapshots_grids_and_the_wandb_id_of_a_run_go_to_its_bucket(bucket, tmp_path):
+    """What a gs:// run writes besides checkpoints and metrics: post-hoc EMA snapshots (orbax through
+    tensorstore, read back with their meta), sample grids (the local file's bytes) and the wandb id file (made
+    once, the same id on the next start)."""
+    run = f"{bucket}/run"
+    emas = ({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)},)
+    with EmaSnapshots(f"{run}/phema") as snapshots:
+        assert snapshots.save(4, emas, {"sigma_rels": [0.05]}) == "saved"
+    with EmaSnapshots(f"{run}/phema", read_only=True) as snapshots:
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), emas)
+        shardings = jax.tree.map(lambda x: x.sharding, emas)
+        restored = snapshots.restore(4, abstract, shardings)
+        assert snapshots.steps == [4] and snapshots.meta(4) == {"sigma_rels": [0.05]}
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, emas)
+    images = np.linspace(-1, 1, 4 * 8 * 8).reshape(4, 8, 8, 1)
+    save_image_grid(f"{run}/samples/step_000004.png", images, ncols=2, upscale=2)
+    save_image_grid(tmp_path / "grid.png", images, ncols=2, upscale=2)
+    assert as_path(f"{run}/samples/step_000004.png").read_bytes() == (tmp_path / "grid.png").read_bytes()
+    first = MetricsLogger(run, wandb_mode="disabled").wandb_run_id()
+    assert as_path(f"{run}/wandb_run_id").exists() and MetricsLogger(run, wandb_mode="disabled").wandb_run_id() == first
+    assert not list(tmp_path.glob("gs*")) and not Path("gs:").exists()
 
 
 def test_inception_weights_in_a_bucket_are_read_from_their_local_copy(bucket, monkeypatch):
