@@ -190,7 +190,7 @@ def test_arrayrecord_files_in_a_bucket_read_as_the_local_files(bucket, tmp_path)
 
 
 @pytest.mark.slow
-def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eight_device_run):
+def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eight_device_run, capsys):
     """SIGKILL after the first checkpoint; then the next step's folder as a kill in the middle of its save
     leaves it (objects, no commit_success.txt: a bucket cannot rename a finished step into place). The same
     command resumes from the committed step, saves over the torn one and ends equal to the uninterrupted run."""
@@ -213,6 +213,11 @@ def test_sigkilled_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eigh
     in_bucket, on_disk = load_run(str(run_dir), mesh=mesh), load_run(eight_device_run, mesh=mesh)
     assert in_bucket.step == STEPS and in_bucket.stored["run_dir"] == str(run_dir)
     assert_bitwise_equal(arrays_by_path(in_bucket.ema), arrays_by_path(on_disk.ema))
+    # The checks that read the run's saved config before anything compiles: a finished run, a changed flag.
+    train_here("--run_dir", run_dir)
+    assert f"{run_dir} is already at step {STEPS}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"--seed 1 \(saved: 0\) cannot change"):
+        train_here("--run_dir", run_dir, "--seed", 1, "--steps", STEPS + 6)
 
 
 @pytest.mark.parametrize(
