@@ -97,6 +97,7 @@ class Config(Launch):
     # diffusion: the noise training draws, what the network predicts, classifier-free dropout
     schedule: str = "edm"  # the training noise distribution p(σ), eqxdiff/diffusion/schedules.py
     edm_p_mean: float = -1.2  # edm: the mean of ln σ in training (EDM's -1.2); higher trains more where the condition decides the image
+    edm_p_std: float = 1.2  # edm: the std of ln σ in training (EDM's 1.2; EDM2's img64 1.6, img512 1.0)
     parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
@@ -207,6 +208,14 @@ def sigma_data(cfg: Config, codec) -> float:
     return cfg.sigma_data or codec.sigma_data
 
 
+def training_schedule(cfg: Config):
+    """--schedule, the edm one with the run's training p(σ): ln σ ~ N(--edm_p_mean, --edm_p_std²); only training
+    draws σ from it, sampling reads the σ range."""
+    if cfg.schedule == "edm":
+        return EDMSchedule(p_mean=cfg.edm_p_mean, p_std=cfg.edm_p_std)
+    return schedule_by_name(cfg.schedule)
+
+
 def check_model_args(cfg: Config, step: int, args: dict) -> None:
     """A resumed run's network must be the one it trained: its `MODELS` entry may not have changed since."""
     saved = saved_config(cfg.run_dir, step)[1].get("model_args")  # None: a checkpoint from before they were stored
@@ -268,9 +277,7 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
                        f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
                        f"scaling_factor.")  # fmt: skip
-    schedule = schedule_by_name(cfg.schedule)
-    if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
-        schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
+    schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
     sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
