@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -215,6 +216,16 @@ def test_edm_p_mean_is_refused_for_another_schedule(tmp_path):
     with pytest.raises(SystemExit, match="--edm_p_mean sets the edm schedule's training σ; --schedule flow"):
         train_main.main(cfg)
     assert not (tmp_path / "run").exists()
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--schedule", "flow", "--edm_p_std", "1.6"])
+    with pytest.raises(SystemExit, match="--edm_p_std sets the edm schedule's training σ; --schedule flow"):
+        train_main.main(cfg)
+
+
+def test_edm_p_mean_and_p_std_reach_the_training_draw_of_sigma(tmp_path):
+    """EDM2's img64 p(σ): ln σ ~ N(-0.8, 1.6²), the draw's moments within 3 standard errors (n = 20000)."""
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--edm_p_mean", "-0.8", "--edm_p_std", "1.6"])
+    log_sigma = np.log(np.asarray(train_main.training_schedule(cfg).sample_sigma(jax.random.key(0), (20000,))))
+    assert abs(log_sigma.mean() + 0.8) < 3 * 1.6 / np.sqrt(20000) and abs(log_sigma.std() - 1.6) < 0.03
 
 
 def test_a_missing_or_unreadable_dataset_stops_before_anything_compiles(tmp_path):

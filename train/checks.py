@@ -39,10 +39,13 @@ def check_batch(cfg, num_devices: int) -> None:
 
 
 def check_schedule(cfg) -> None:
-    """--edm_p_mean belongs to the EDM schedule; the others have their own training p(σ)."""
-    if cfg.schedule != "edm" and cfg.edm_p_mean != EDMSchedule().p_mean:
-        raise SystemExit(f"--edm_p_mean sets the edm schedule's training σ; --schedule {cfg.schedule} draws its own. "
-                         "Drop --edm_p_mean or use --schedule edm.")  # fmt: skip
+    """--edm_p_mean and --edm_p_std belong to the EDM schedule; the others have their own training p(σ)."""
+    if cfg.schedule == "edm":
+        return
+    for flag, default in (("edm_p_mean", EDMSchedule().p_mean), ("edm_p_std", EDMSchedule().p_std)):
+        if getattr(cfg, flag) != default:
+            raise SystemExit(f"--{flag} sets the edm schedule's training σ; --schedule {cfg.schedule} draws its "
+                             f"own. Drop --{flag} or use --schedule edm.")  # fmt: skip
 
 
 def check_eval(cfg) -> None:

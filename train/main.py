@@ -69,8 +69,8 @@ from checks import check_batch, check_eval, check_schedule, check_text_folders_e
 from finetune import FineTuneFlags, open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, build_model, changed_args, model_args  # train/models.py: the model table
-from resume import checkpoint_steps, default_run_dir, run_config, saved_config  # train/resume.py: the run's directory and saved flags
+from models import MODELS, build_model, model_args  # train/models.py: the model table
+from resume import check_model_args, checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
@@ -98,6 +98,7 @@ class Config(FineTuneFlags, Launch):
     # diffusion: the noise training draws, what the network predicts, classifier-free dropout
     schedule: str = "edm"  # the training noise distribution p(σ), eqxdiff/diffusion/schedules.py
     edm_p_mean: float = -1.2  # edm: the mean of ln σ in training (EDM's -1.2); higher trains more where the condition decides the image
+    edm_p_std: float = 1.2  # edm: the std of ln σ in training (EDM's 1.2; EDM2's img64 1.6, img512 1.0)
     parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
     label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
@@ -208,14 +209,12 @@ def sigma_data(cfg: Config, codec) -> float:
     return cfg.sigma_data or codec.sigma_data
 
 
-def check_model_args(cfg: Config, step: int, args: dict) -> None:
-    """A resumed run's network must be the one it trained: its `MODELS` entry may not have changed since."""
-    saved = saved_config(cfg.run_dir, step)[1].get("model_args")  # None: a checkpoint from before they were stored
-    changed = [] if saved is None else changed_args(saved, args)
-    if changed:
-        raise SystemExit(f"{cfg.run_dir} trained --model {cfg.model} with other arguments than its entry in "
-                         f"train/models.py gives now ({', '.join(changed)}): restore the entry to continue the run, "
-                         f"or pass a new --run_dir to train the edited model.")  # fmt: skip
+def training_schedule(cfg: Config):
+    """--schedule, the edm one with the run's training p(σ): ln σ ~ N(--edm_p_mean, --edm_p_std²); only training
+    draws σ from it, sampling reads the σ range."""
+    if cfg.schedule == "edm":
+        return EDMSchedule(p_mean=cfg.edm_p_mean, p_std=cfg.edm_p_std)
+    return schedule_by_name(cfg.schedule)
 
 
 def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
@@ -270,9 +269,7 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
                        f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
                        f"scaling_factor.")  # fmt: skip
-    schedule = schedule_by_name(cfg.schedule)
-    if cfg.schedule == "edm":  # only training draws σ from it; sampling reads the σ range
-        schedule = EDMSchedule(p_mean=cfg.edm_p_mean)
+    schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
@@ -289,7 +286,7 @@ def main(cfg: Config, features_fn=None) -> None:
 
     args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
     if resume is not None:
-        check_model_args(cfg, resume, args)
+        check_model_args(cfg.run_dir, cfg.model, resume, args)
     make_model = tune.trained(functools.partial(build_model, args, cfg.remat, condition=condition))  # trained part
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10

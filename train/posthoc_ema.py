@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")
     parser.add_argument("--num", type=int, default=1000, help="--sweep: samples per σ_rel")
     parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
+    parser.add_argument("--cfg", type=float, default=None,
+                        help="--sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --cfg_scale)")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, ... (train/startup.py)
     args = parser.parse_args(argv)
     try:
@@ -148,17 +150,19 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
 
     mesh = make_mesh(data=-1, fsdp=1)
     keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")
-    print(f"\nsweep: {args.num} samples each, {args.steps} steps, the run's sampler and guidance")
+    guided = "the run's guidance" if args.cfg is None else f"guidance {args.cfg:g}"
+    print(f"\nsweep: {args.num} samples each, {args.steps} steps, the run's sampler, {guided}")
     print(f"{'sigma_rel':>10}" + "".join(f"{k:>16}" for k in keys))
     rows = []
     for sigma_rel in args.sigma_rels:
         run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
         sample.check_eval(run.stored)
+        guidance = run.cfg.cfg_scale if args.cfg is None else args.cfg
         labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
         cond, null_cond = run.condition.for_sampling(labels, 1)
         images, _ = generate_images(run.ema, run.codec, run.schedule, run.parameterization, cond, args.num,
                                     sample_shape=run.image_shape, mesh=mesh, steps=args.steps,
-                                    method=run.cfg.sample_method, guidance=run.cfg.cfg_scale, null_cond=null_cond,
+                                    method=run.cfg.sample_method, guidance=guidance, null_cond=null_cond,
                                     seed=0)  # fmt: skip
         scores = digits_sample_metrics(to_uint8(images), labels)
         rows.append((sigma_rel, scores))

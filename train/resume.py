@@ -15,6 +15,8 @@ from pathlib import Path
 
 from eqxdiff.paths import as_path, is_url, url_error
 
+from models import changed_args  # train/models.py
+
 # What a checkpoint's arrays and data order were made for (lr_ref_steps: Adam's state or AdamW's): a change is a
 # different run.
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder", "init",
@@ -156,3 +158,13 @@ def run_config(config_type, given: dict, say=print):
     for k, (old, new) in changed.items():
         say(f"--{k} {old} -> {new}")
     return dataclasses.replace(defaults, **{**inherited, **given, "run_dir": run_dir})
+
+
+def check_model_args(run_dir: str, model: str, step: int, args: dict) -> None:
+    """A resumed run's network must be the one it trained: its `MODELS` entry may not have changed since."""
+    saved = saved_config(run_dir, step)[1].get("model_args")  # None: a checkpoint from before they were stored
+    changed = [] if saved is None else changed_args(saved, args)
+    if changed:
+        raise SystemExit(f"{run_dir} trained --model {model} with other arguments than its entry in "
+                         f"train/models.py gives now ({', '.join(changed)}): restore the entry to continue the run, "
+                         f"or pass a new --run_dir to train the edited model.")  # fmt: skip
