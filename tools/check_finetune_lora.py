@@ -11,11 +11,11 @@ halves, two venvs:
 above 1e-5. A 3-step rank-4 run on tests/test_finetune.py's tiny SD 1.x folder: 7.7e-7 (the LoRA's effect 1.1e-2).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
+from two_halves import run_halves  # tools/two_halves.py: the write/check command line
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-5  # relative to the output's largest value; SDUNet's own parity is 4e-6
@@ -75,15 +75,6 @@ def check(run_dir: Path, out: Path) -> None:
         sys.exit(f"check_finetune_lora: {err:.2e} above {TOLERANCE:.0e}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("half", choices=["write", "check"])
-    parser.add_argument("--run_dir", type=Path, required=True, help="a train/main.py --init sd:FOLDER --lora_rank run")
-    parser.add_argument("--out", type=Path, required=True, help="folder for cases.npz")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (write if args.half == "write" else check)(args.run_dir, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_halves(__doc__, write, check, "folder for cases.npz",
+               run_dir_help="a train/main.py --init sd:FOLDER --lora_rank run")

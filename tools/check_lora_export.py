@@ -13,11 +13,11 @@ relative to the output's max, with and without the LoRA (the LoRA's effect, so a
 shows), and fails above 1e-5.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
+from two_halves import run_halves  # tools/two_halves.py: the write/check command line
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "tests" / "data" / "sd_unet" / "sd1_like"
@@ -75,14 +75,5 @@ def check(out: Path) -> None:
         sys.exit(f"check_lora_export: {err:.2e} above {TOLERANCE:.0e}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("half", choices=["write", "check"])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the LoRA file and cases.npz")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (write if args.half == "write" else check)(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_halves(__doc__, write, check, "folder for the LoRA file and cases.npz")

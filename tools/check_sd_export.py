@@ -16,11 +16,11 @@ max |diffusers - eqxdiff| / max |eqxdiff| for each and how far the weights moved
 (so an exporter that wrote the old weights would show), and fails above 1e-4 (the issue's bar).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
+from two_halves import run_halves  # tools/two_halves.py: the write/check command line
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -147,14 +147,5 @@ def check(out: Path) -> None:
     print(f"all {len(rows)} within {TOLERANCE:.0e} (worst {worst:.2e})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("half", choices=["write", "check"])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the exported models and cases.npz")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (write if args.half == "write" else check)(args.out)
-
-
 if __name__ == "__main__":
-    main()
+    run_halves(__doc__, write, check, "folder for the exported models and cases.npz")
