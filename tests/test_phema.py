@@ -3,6 +3,7 @@ against NVlabs/edm2's training/phema.py (transcribed below as the reference) and
 step's EMAs against EDM2's update over the weights the step made, and a reconstruction against an EMA that
 was tracked directly."""
 
+import json
 import shutil
 
 import equinox as eqx
@@ -270,6 +271,7 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     posthoc("--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--cfg", "1")  # unguided: other samples
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
+    assert_sweep_fid_is_sample_fid(whole, tmp_path, capsys)
     state = saved_arrays(whole, steps)
     for index, sigma_rel in ((1, "0.07"), (0, "0.05")):
         rebuilt = orbax_arrays(whole / "posthoc_ema" / sigma_rel / str(steps) / "emas")
@@ -288,6 +290,34 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     assert sorted(np.asarray(x).tobytes() for x in loaded) == sorted(x.tobytes() for x in rebuilt.values())
 
 
+def assert_sweep_fid_is_sample_fid(run_dir, tmp_path, capsys):
+    """posthoc_ema.py --sweep --fid: each σ_rel's printed and recorded FID is train/sample.py --ema sigma_rel=S
+    --fid's, the same samples through the same stand-in network; the lowest is marked."""
+    import posthoc_ema  # train/posthoc_ema.py
+    import sample  # train/sample.py
+    from test_fid import projection, stand_in_reference
+
+    ref = stand_in_reference(tmp_path / "ref.npz", dataset="digits", image_shape=(8, 8, 1))
+    fid = ["--fid", ref, "--inception", "unused", "--num", "12", "--batch_size", "8", "--steps", "2", "--seed", "3"]
+    swept_out, alone_out = tmp_path / "swept.jsonl", tmp_path / "alone.jsonl"
+    argv = ["--run_dir", str(run_dir), "--sigma_rel", "0.05,0.2", "--sweep", *fid, "--fid_out", str(swept_out)]
+    posthoc_ema.main(posthoc_ema.parse_args(argv), features_fn=projection)
+    table = capsys.readouterr().out.split("sweep: FID of 12 samples each")[1].splitlines()[2:4]
+    swept = [json.loads(line) for line in swept_out.read_text().splitlines()]
+    assert [r["ema"] for r in swept] == ["sigma_rel=0.05", "sigma_rel=0.2"]
+    assert swept[0]["fid"] != swept[1]["fid"]  # the two reconstructions differ: the check below can tell them apart
+    lowest = min(range(2), key=lambda i: swept[i]["fid"])
+    for i, (line, record) in enumerate(zip(table, swept)):
+        assert line.split()[:2] == [record["ema"].removeprefix("sigma_rel="), f"{record['fid']:.4f}"]
+        assert line.endswith("<- lowest fid") == (i == lowest)
+    for record in swept:
+        argv = ["--run_dir", str(run_dir), "--ema", record["ema"], *fid, "--fid_out", str(alone_out)]
+        sample.main(sample.parse_args(argv), features_fn=projection)
+        alone = json.loads(alone_out.read_text().splitlines()[-1])
+        assert {k: alone[k] for k in ("fid", "precision", "recall", "ema", "seed", "method", "guidance")} == {
+            k: record[k] for k in ("fid", "precision", "recall", "ema", "seed", "method", "guidance")}  # fmt: skip
+
+
 def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
     import posthoc_ema  # train/posthoc_ema.py
     import sample  # train/sample.py
@@ -302,6 +332,14 @@ def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
         posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05"]))
     assert refused.value.code == (f"{tmp_path / 'phema'} does not exist: train the run with --phema_sigma_rels "
                                   "0.05,0.10 (train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
+    with pytest.raises(SystemExit):  # --fid without --inception (or without --sweep): before anything loads
+        posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05", "--sweep", "--fid", "r.npz"])
+    assert "--fid goes with --sweep and needs --inception FILE" in capsys.readouterr().err
+    swept = posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05", "--sweep"])
+    posthoc_ema.check_sweep(swept, {"dataset": "digits", "num_classes": 10})  # the scorecard's: no --fid needed
+    for stored in ({"dataset": "folder:~/pets", "num_classes": 3}, {"dataset": "digits", "num_classes": 0}):
+        with pytest.raises(SystemExit, match="on (folder:~/pets|digits): pass --fid STATS.npz .* to sweep by FID"):
+            posthoc_ema.check_sweep(swept, stored)
     for bad in ("0.05", "sigma=0.05", "sigma_rel=x"):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", str(tmp_path), "--ema", bad])

@@ -9,7 +9,9 @@ snapshot_i over every snapshot of steps <= N (each of the run's tracked profiles
 fit of the asked profile by the snapshots' (eqxdiff/training/phema.py, float64), the sum is taken in
 float64 on the host, and the result saved with its weights in RUN_DIR/posthoc_ema/<σ_rel>/<N>/, where
 train/sample.py --ema sigma_rel=S reads it. One process; the snapshots are read whole onto its devices.
-`--sweep` then samples each with the digits scorecard (digits runs) and prints one row per σ_rel.
+`--sweep` then samples each with the digits scorecard (digits runs) and prints one row per σ_rel; with
+`--fid STATS.npz --inception FILE` it measures each one's FID instead (any class-conditional or unconditional
+run), as train/sample.py --ema sigma_rel=S --fid STATS.npz does: the same samples, the same number.
 """
 
 import argparse
@@ -44,6 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
     parser.add_argument("--cfg", type=float, default=None,
                         help="--sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --cfg_scale)")  # fmt: skip
+    parser.add_argument("--fid", default="", help="--sweep: FID of --num samples against this .npz (fid_stats.py)")
+    parser.add_argument("--inception", default="",
+                        help="--fid: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")  # fmt: skip
+    parser.add_argument("--fid_out", default="",
+                        help="--fid: append a JSON line per σ_rel here (default: RUN_DIR/fid.jsonl)")  # fmt: skip
+    parser.add_argument("--batch_size", type=int, default=500, help="--fid: samples per sampler call")
+    parser.add_argument("--seed", type=int, default=0, help="--fid: the sampler's noise")
     add_flags(parser, Launch)  # --cpu_devices, ... (train/startup.py)
     args = parser.parse_args(argv)
     try:
@@ -53,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--sigma_rel, --from_sigma_rels: {e}")
     if not args.sigma_rels:
         parser.error("--sigma_rel: give at least one relative width, e.g. 0.05")
+    if args.fid and not (args.sweep and args.inception and args.num >= 2 and args.batch_size >= 1):
+        parser.error("--fid goes with --sweep and needs --inception FILE (pytorch-fid's weights), --num >= 2 and "
+                     "--batch_size >= 1")  # fmt: skip
     if args.num_processes > 1:
         parser.error("train/posthoc_ema.py runs in one process (it reads each snapshot whole)")
     return args
@@ -102,7 +114,8 @@ def same_inputs(a: list, b: list) -> bool:
     return [r[:3] for r in a] == [r[:3] for r in b] and np.allclose([r[3] for r in a], [r[3] for r in b], rtol=1e-9)
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace, features_fn=None) -> None:
+    """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     run_dir = as_path(args.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     if not (run_dir / "phema").is_dir():
         raise SystemExit(f"{run_dir / 'phema'} does not exist: train the run with --phema_sigma_rels 0.05,0.10 "
@@ -112,6 +125,8 @@ def main(args: argparse.Namespace) -> None:
     mesh = make_mesh(data=-1, fsdp=1)
     with Checkpoints(run_dir / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(ckpt_step)
+    if args.sweep:  # what the sweep cannot score is refused before the solve
+        check_sweep(args, stored)
     cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
     condition = stored_run_condition(run_dir, stored, mesh)
     trained = open_init(cfg, mesh, 2**62, base=False).trained  # a LoRA run's state: the adapters
@@ -136,8 +151,74 @@ def main(args: argparse.Namespace) -> None:
             said = out.save(step, (model,), meta)
         kept = "" if said == "saved" else " (already there, the same: kept)"
         print(f"{sigma_rel:>10g}{meta['gamma']:>9.3f}{np.abs(w).sum():>9.3f}  {folder / str(step)}{kept}")
-    if args.sweep:
+    if args.sweep and args.fid:
+        fid_sweep(args, run_dir, step, features_fn)
+    elif args.sweep:
         sweep(args, run_dir, step)
+
+
+def check_sweep(args: argparse.Namespace, stored: dict) -> None:
+    """--sweep scores a digits run with the scorecard, or any class-conditional or unconditional run with --fid;
+    anything else is one line naming the flag that would."""
+    from outputs import check_writable  # train/outputs.py
+    from run_condition import stored_condition  # train/run_condition.py
+
+    dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
+    kind = stored_condition(stored)["kind"]
+    if args.fid and kind not in ("none", "labels"):
+        raise SystemExit(f"--sweep --fid samples class-conditional or unconditional runs; this run is text-to-image "
+                         f"({dataset}): rebuild with --sigma_rel and measure with train/sample.py --ema sigma_rel=S "
+                         f"--fid STATS.npz --prompts ...")  # fmt: skip
+    if args.fid:  # its output's folder made and tried first, as sample.py --fid's
+        check_writable(args.fid_out or as_path(args.run_dir) / "fid.jsonl", "--fid_out")
+    elif not (kind == "labels" and dataset == "digits"):
+        raise SystemExit(f"--sweep scores class-conditional digits runs with the digits scorecard; this run trained "
+                         f"on {dataset}: pass --fid STATS.npz (train/fid_stats.py) --inception FILE to sweep by FID.")
+
+
+def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
+    """Each reconstruction's FID, measured as train/sample.py --ema sigma_rel=S --fid does (train/sample_many.py's
+    measure_fid: the run's sampler, guidance (or --cfg) and interval, --seed, --batch_size chunks), one JSON line each in
+    --fid_out and one table row each, the lowest marked. Returns [(σ_rel, measure_fid's result)]."""
+    import functools
+
+    import sample  # train/sample.py; imported here: the reconstruction alone does not need it
+    from guidance_flags import parse_interval  # train/guidance_flags.py
+    from rebuild import load_run
+    from sample_many import measure_fid, open_fid_flags
+
+    from eqxdiff.generate import generate_images
+
+    mesh = make_mesh(data=-1, fsdp=1)
+    opened, rows = None, []
+    for sigma_rel in args.sigma_rels:
+        run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
+        num_classes = run.stored["num_classes"]
+        labels = sample.balanced_labels(args.num, list(range(num_classes))) if num_classes else None
+        cond, null_cond = run.condition.for_sampling(labels, 1)  # as sample.py's: one image per label, or none
+        guidance = run.cfg.cfg_scale if args.cfg is None else args.cfg  # sample.py --cfg's default: the run's
+        how = argparse.Namespace(**vars(args), method=run.cfg.sample_method, guidance=guidance, guide_run="",
+                                 cfg_interval=getattr(run.cfg, "cfg_interval", ""), ema=sigma_rel)  # fmt: skip
+        sample_images = functools.partial(
+            generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
+            mesh=mesh, steps=args.steps, method=how.method, guidance=how.guidance, null_cond=null_cond,
+            cfg_interval=parse_interval(how.cfg_interval),
+        )  # fmt: skip
+        image_shape = run.codec.image_shape(run.image_shape)
+        opened = opened or open_fid_flags(how, image_shape, features_fn, run.image_dataset)  # one network, one read
+        print(f"\nsigma_rel {sigma_rel:g}:")
+        rows.append((sigma_rel, measure_fid(how, run.step, mesh, sample_images, cond, image_shape, opened=opened)))
+    if jax.process_index() == 0:
+        keys = [k for k in ("fid", "precision", "recall") if k in rows[0][1]]
+        best = min(rows, key=lambda r: r[1]["fid"])[0]
+        interval = f" for σ in ({how.cfg_interval}]" if how.cfg_interval else ""
+        print(f"\nsweep: FID of {args.num} samples each against {args.fid}, {how.method} {args.steps} steps, "
+              f"guidance {how.guidance:g}{interval}")  # fmt: skip
+        print(f"{'sigma_rel':>10}" + "".join(f"{k:>12}" for k in keys))
+        for sigma_rel, result in rows:
+            lowest = "  <- lowest fid" if sigma_rel == best else ""
+            print(f"{sigma_rel:>10g}" + "".join(f"{result[k]:>12.4f}" for k in keys) + lowest)
+    return rows
 
 
 def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:

@@ -15,21 +15,29 @@ from eqxdiff.images import to_uint8
 from eqxdiff.paths import append_text, as_path, is_url
 
 
+def open_fid_flags(args: argparse.Namespace, image_shape: tuple, features_fn=None, dataset: str | None = None):
+    """(feature network, reference) of --inception (or `features_fn`, a stand-in) and --fid, for images
+    `image_shape` of `dataset` (eqxdiff/eval/fid.py's open_fid); a bad file is one line naming --fid."""
+    from eqxdiff.eval.fid import open_fid  # imported here: scipy's import is start-up time others need not pay
+
+    try:
+        return open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--fid: {e}") from e
+
+
 def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
-                dataset: str | None = None) -> dict:  # fmt: skip
+                dataset: str | None = None, opened: tuple | None = None) -> dict:  # fmt: skip
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
     `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
     `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
-    `dataset`: the images the run trained on (statistics of others warn)."""
-    # Imported here: scipy's import is start-up time the other paths need not pay.
-    from eqxdiff.eval.fid import chunk_seed, fid_of_samples, open_fid
+    `dataset`: the images the run trained on (statistics of others warn); `opened`: open_fid_flags'
+    (network, reference), when several measures share them (train/posthoc_ema.py --sweep)."""
+    from eqxdiff.eval.fid import chunk_seed, fid_of_samples  # imported here: scipy, as in open_fid_flags
 
-    try:
-        net, reference = open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"--fid: {e}") from e
+    net, reference = opened or open_fid_flags(args, image_shape, features_fn, dataset)
     chunk = -(-min(args.batch_size, args.num) // mesh.size) * mesh.size  # rows split over every device
     bar = tqdm(total=args.num, unit="img", desc="fid", disable=jax.process_index() != 0)
 
@@ -45,6 +53,8 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     if jax.process_index() == 0:
         record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
                   "guidance": args.guidance, **guidance_record(args), "seed": args.seed}  # fmt: skip
+        if args.ema is not None:  # sample.py --ema sigma_rel=S, posthoc_ema.py --sweep --fid: which post-hoc EMA
+            record["ema"] = f"sigma_rel={args.ema:g}"
         print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
                                  for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
         out = as_path(args.fid_out or as_path(args.run_dir) / "fid.jsonl")  # a local file or an object in a bucket
