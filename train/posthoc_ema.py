@@ -178,8 +178,8 @@ def check_sweep(args: argparse.Namespace, stored: dict) -> None:
 
 def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
     """Each reconstruction's FID, measured as train/sample.py --ema sigma_rel=S --fid does (train/sample_many.py's
-    measure_fid: the run's sampler, guidance (or --cfg) and interval, --seed, --batch_size chunks), one JSON line each in
-    --fid_out and one table row each, the lowest marked. Returns [(σ_rel, measure_fid's result)]."""
+    measure_fid: the run's sampler, guidance (or --cfg) and interval, --seed, --batch_size chunks), one JSON line
+    each in --fid_out and one table row each, the lowest marked. Returns [(σ_rel, measure_fid's result)]."""
     import functools
 
     import sample  # train/sample.py; imported here: the reconstruction alone does not need it
