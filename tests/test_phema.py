@@ -291,8 +291,9 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
 
 
 def assert_sweep_fid_is_sample_fid(run_dir, tmp_path, capsys):
-    """posthoc_ema.py --sweep --fid: each σ_rel's printed and recorded FID is train/sample.py --ema sigma_rel=S
-    --fid's, the same samples through the same stand-in network; the lowest is marked."""
+    """posthoc_ema.py --sweep --fid on the reconstructions of σ_rel 0.05 and 0.2 at step 24 (made above): each one's
+    printed and recorded FID is train/sample.py --ema sigma_rel=S --fid's, the same samples through the same stand-in
+    network; the lowest is marked."""
     import posthoc_ema  # train/posthoc_ema.py
     import sample  # train/sample.py
     from test_fid import projection, stand_in_reference
@@ -301,7 +302,7 @@ def assert_sweep_fid_is_sample_fid(run_dir, tmp_path, capsys):
     fid = ["--fid", ref, "--inception", "unused", "--num", "12", "--batch_size", "8", "--steps", "2", "--seed", "3"]
     swept_out, alone_out = tmp_path / "swept.jsonl", tmp_path / "alone.jsonl"
     argv = ["--run_dir", str(run_dir), "--sigma_rel", "0.05,0.2", "--sweep", *fid, "--fid_out", str(swept_out)]
-    posthoc_ema.main(posthoc_ema.parse_args(argv), features_fn=projection)
+    posthoc_ema.fid_sweep(posthoc_ema.parse_args(argv), run_dir, 24, projection)  # main's, minus the solve done above
     table = capsys.readouterr().out.split("sweep: FID of 12 samples each")[1].splitlines()[2:4]
     swept = [json.loads(line) for line in swept_out.read_text().splitlines()]
     assert [r["ema"] for r in swept] == ["sigma_rel=0.05", "sigma_rel=0.2"]
