@@ -54,20 +54,20 @@ def test_sdxl_shards_to_an_eighth_per_device():
     assert total / 8 <= sum(per_device) < 1.005 * total / 8  # 1.0025: the replicated small leaves
 
 
-def test_remat_keeps_outputs_and_gradients():
-    """remat=True recomputes each resnet and transformer in the backward pass (checkpoint equations in the
-    gradient's program; none without): the same output and the same parameter gradients."""
+def test_remat_recomputes_each_block_and_keeps_diffusers_output():
+    """remat=True wraps each resnet and transformer in a checkpoint (in the gradient's program; none without), and
+    the network it wraps is the same: the output equals diffusers' reference. That jax.checkpoint's gradient is
+    the plain one is JAX's to keep; test_finetune's LoRA run trains with --remat."""
     ref = np.load(DATA / "sd1_like" / "reference.npz")
     x, t, cond = jnp.asarray(ref["x"]), jnp.asarray(ref["t"]), TextCond(jnp.asarray(ref["context"]), ref["mask"])
 
     def loss(unet):
         return jnp.mean(unet(x, t, cond) ** 2)
 
-    grads = {}
+    # sd1_like (2 levels, 1 layer): down 2 resnets + 1 transformer, mid 2 + 1, up 4 + 2: 12 blocks.
     for remat in (False, True):
         unet = SDUNet.from_diffusers(DATA / "sd1_like", remat=remat)
         jaxpr = str(jax.make_jaxpr(eqx.filter_grad(loss))(unet))
-        assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
-        grads[remat] = jax.tree.leaves(eqx.filter_jit(eqx.filter_value_and_grad(loss))(unet))
-    for plain, recomputed in zip(grads[False], grads[True], strict=True):
-        np.testing.assert_allclose(recomputed, plain, rtol=1e-5, atol=1e-7)
+        assert jaxpr.count("checkpoint") + jaxpr.count("remat") == (12 if remat else 0), remat
+    out = eqx.filter_jit(lambda unet: unet(x, t, cond))(unet)
+    np.testing.assert_allclose(out, ref["out"], rtol=0, atol=1e-4 * np.abs(ref["out"]).max())
