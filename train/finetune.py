@@ -216,7 +216,7 @@ class SDInit(NoInit):
 
     def whole(self, model):
         """The network of a trained part (the EMA's, for sampling): LoRA's adapters put into the base."""
-        return model if self.base is None else eqx.combine(model, self.base)
+        return model if self.base is None else with_base(model, {"unet": self.base})
 
     def sampling(self, write_samples):
         """write_samples(step, state) of the state's whole EMA."""
@@ -231,7 +231,7 @@ class SDInit(NoInit):
             save_checkpoint(step, state)
             adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
             if jax.process_index() == 0:
-                path = self.write_lora(eqx.combine(adapters, self.base))
+                path = self.write_lora(self.whole(adapters))
                 tqdm.write(f"step {step}: LoRA -> {path}")
 
         return save
