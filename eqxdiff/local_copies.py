@@ -47,21 +47,23 @@ def local_copy(path: str | os.PathLike) -> Path:
     for name in set(manifest) - set(remote):  # deleted in the bucket since the last copy
         (copy / name).unlink(missing_ok=True)
         manifest.pop(name)
-    for name, remote_key in sorted(remote.items()):
-        local = copy / name if name else copy
-        ukey = fs.ukey(remote_key)
-        if manifest.get(name) == ukey and local.is_file():
-            continue
-        local.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".part")
-        os.close(fd)
-        try:
-            fs.get_file(remote_key, tmp)
-            os.replace(tmp, local)  # a reader on this host never sees half a file
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        manifest[name] = ukey
+    try:
+        for name, remote_key in sorted(remote.items()):
+            local = copy / name if name else copy
+            ukey = fs.ukey(remote_key)
+            if manifest.get(name) == ukey and local.is_file():
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".part")
+            os.close(fd)
+            try:
+                fs.get_file(remote_key, tmp)
+                os.replace(tmp, local)  # a reader on this host never sees half a file
+            except BaseException:
+                os.unlink(tmp)
+                raise
+            manifest[name] = ukey
+    finally:  # once, not per file (a folder of n images: n rewrites of an n-line manifest); kept if interrupted
         manifest_path.parent.mkdir(parents=True, exist_ok=True)
         write_whole(manifest_path, json.dumps(manifest, indent=1))  # processes of one host may copy at once
     return copy

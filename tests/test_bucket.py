@@ -87,13 +87,15 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path):
     folder = as_path(f"{bucket}/weights")
     (folder / "a.bin").write_bytes(b"first")
     (folder / "sub" / "b.json").write_text("{}")
+    (folder / "c.txt").write_text("unchanged")
     copy = local_copy(folder)
+    kept = (copy / "c.txt").stat().st_ino  # an unchanged object is not fetched again (a fetch renames a new file in)
     assert copy.is_relative_to(os.environ["EQXDIFF_CACHE"])
     assert (copy / "a.bin").read_bytes() == b"first" and (copy / "sub" / "b.json").read_text() == "{}"
     (folder / "a.bin").write_bytes(b"second")
     (folder / "sub" / "b.json").unlink()
     assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"second"
-    assert not (copy / "sub" / "b.json").exists()
+    assert not (copy / "sub" / "b.json").exists() and (copy / "c.txt").stat().st_ino == kept
     with pytest.raises(FileNotFoundError, match=f"{bucket}/nothing: no such object or prefix"):
         local_copy(f"{bucket}/nothing")
 
