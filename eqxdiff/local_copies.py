@@ -3,11 +3,12 @@ weights folder's loaders), and local files written by such writers that belong i
 
 `local_copy(url)` mirrors an object, or every object under a prefix, into the cache folder
 `$EQXDIFF_CACHE` (default `~/.cache/eqxdiff`) at `SCHEME/BUCKET/KEY`, so the same URL always lands in the same
-place; a file is fetched again only when its object changed (fsspec's `ukey`, the object's checksum, is kept in a
-manifest beside the copy); `local_copies_matching(pattern)` copies the objects a glob URL matches.
+place; a file is fetched again only when its object changed (a hash of the object's metadata as the listing gives
+it — checksum, generation, size — is kept in a manifest beside the copy); `local_copies_matching(pattern)` copies the objects a glob URL matches.
 `upload(local, path)` puts a local file at `path`, as one object when it is a URL.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,10 +37,10 @@ def local_copy(path: str | os.PathLike) -> Path:
     key = key.rstrip("/")
     scheme = str(path).partition("://")[0]
     copy = cache_root() / scheme / key
-    if fs.isdir(key):
-        remote = {os.path.relpath(f, key): f for f in fs.find(key)}
+    if fs.isdir(key):  # one listing gives every object's metadata: no request per file
+        remote = {os.path.relpath(f, key): (f, info) for f, info in fs.find(key, detail=True).items()}
     elif fs.isfile(key):
-        remote = {"": key}
+        remote = {"": (key, fs.info(key))}
     else:
         raise FileNotFoundError(f"{path}: no such object or prefix in the bucket")
     manifest_path = copy.with_name(copy.name + MANIFEST_SUFFIX)
@@ -48,9 +49,9 @@ def local_copy(path: str | os.PathLike) -> Path:
         (copy / name).unlink(missing_ok=True)
         manifest.pop(name)
     try:
-        for name, remote_key in sorted(remote.items()):
+        for name, (remote_key, info) in sorted(remote.items()):
             local = copy / name if name else copy
-            ukey = fs.ukey(remote_key)
+            ukey = hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()
             if manifest.get(name) == ukey and local.is_file():
                 continue
             local.parent.mkdir(parents=True, exist_ok=True)

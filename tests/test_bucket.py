@@ -14,10 +14,12 @@ import encode as train_encode  # train/encode.py (conftest puts train/ on sys.pa
 import equinox as eqx
 import fid_stats  # train/fid_stats.py
 import fsspec
+import gcsfs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fsspec.asyn import sync
 from PIL import Image
 from rebuild import load_run
 from runs import (
@@ -54,6 +56,16 @@ DATA = ROOT / "tests" / "data"
 ARGS = [*REFERENCE, "--cpu_devices", 8]  # conftest's eight_device_run: the uninterrupted run
 
 
+def counted(method, calls: list):
+    """`method` (an async filesystem method), appending its path argument to `calls` on each call."""
+
+    async def wrapper(self, path, *args, **kwargs):
+        calls.append(path)
+        return await method(self, path, *args, **kwargs)
+
+    return wrapper
+
+
 def arrays_by_path(tree) -> dict[str, np.ndarray]:
     flat, _ = jax.tree_util.tree_flatten_with_path(eqx.filter(tree, eqx.is_array))
     return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
@@ -81,7 +93,7 @@ def test_npz_dataset_in_a_bucket_reads_as_its_local_copy(bucket, tmp_path):
         assert {k: v.tobytes() for k, v in in_bucket[i].items()} == {k: v.tobytes() for k, v in on_disk[i].items()}
 
 
-def test_a_local_copy_follows_its_objects(bucket, tmp_path):
+def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
     """local_copy of a prefix: fetched into $EQXDIFF_CACHE, fetched again when an object changes, and a file
     deleted from the bucket is gone from the copy."""
     folder = as_path(f"{bucket}/weights")
@@ -94,8 +106,13 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path):
     assert (copy / "a.bin").read_bytes() == b"first" and (copy / "sub" / "b.json").read_text() == "{}"
     (folder / "a.bin").write_bytes(b"second")
     (folder / "sub" / "b.json").unlink()
+    infos = []  # metadata requests: the prefix's listing has every object's, so none per file
+    fs = fsspec.core.url_to_fs(str(folder))[0]  # gcsfs's cached instance: its sync `info` wraps the async `_info`
+    monkeypatch.setattr(gcsfs.GCSFileSystem, "_info", counted(gcsfs.GCSFileSystem._info, infos))
+    monkeypatch.setattr(fs, "info", lambda path, **kwargs: infos.append(path) or sync(fs.loop, fs._info, path, **kwargs))
     assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"second"
     assert not (copy / "sub" / "b.json").exists() and (copy / "c.txt").stat().st_ino == kept
+    assert not [p for p in infos if p.endswith("c.txt")]  # an unchanged object: no request of its own
     with pytest.raises(FileNotFoundError, match=f"{bucket}/nothing: no such object or prefix"):
         local_copy(f"{bucket}/nothing")
 
