@@ -7,7 +7,8 @@ simple UNet as bench_train.py and bench_train_vs_flaxdiff.py train it (`UNet.fla
 32×32×3, batch 32, EDM, AdamW). One device.
 
 Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
-a step reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone). Each side's
+a step reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B` and
+`without:A+B` name sets. Each side's
 state, step and compile are built inside `xla_cpu.only(its switches)`: a switch is read when the state
 is drawn, when the step is built and when it is traced, so the compiled steps then run side by side,
 in timed rounds that alternate over the sides (at most 2 steps in flight), so drift hits all alike.
@@ -49,10 +50,12 @@ STEP_SWITCHES = ("conv_grad_matmul", "llvm_o1", "memory_scheduler", "no_ynnpack"
 def side_switches(side: str) -> frozenset[str]:
     if side in ("shipped", "off"):
         return xla_cpu.DEFAULT if side == "shipped" else frozenset()
-    kind, _, name = side.partition(":")
-    if kind not in ("without", "only") or name not in xla_cpu.SWITCHES:
-        raise SystemExit(f"--sides: {side!r} is not shipped, off, without:NAME or only:NAME ({', '.join(xla_cpu.SWITCHES)}).")
-    return xla_cpu.DEFAULT - {name} if kind == "without" else frozenset({name})
+    kind, _, names = side.partition(":")
+    names = frozenset(names.split("+"))
+    if kind not in ("without", "only") or not names <= xla_cpu.SWITCHES.keys():
+        raise SystemExit(f"--sides: {side!r} is not shipped, off, without:NAMES or only:NAMES (NAMES: one or more "
+                         f"of {', '.join(xla_cpu.SWITCHES)} joined by +).")  # fmt: skip
+    return xla_cpu.DEFAULT - names if kind == "without" else names
 
 
 def digits_workload(mesh, args, total_steps):
