@@ -1,4 +1,4 @@
-"""XLA:CPU workarounds, off by default: `enable()` at start-up switches them on (all, or the named ones).
+"""XLA:CPU workarounds, off by default: `enable()` at start-up switches on `DEFAULT` (or the named ones).
 
 With the switch off the library is plain JAX: `lax.conv_general_dilated`, plain
 `eqx.filter_checkpoint`, plain `jax.random` init draws, XLA's default compiler options; forward-
@@ -38,7 +38,10 @@ scripts call `enable()`):
 
 Each has a name (`SWITCHES`); `enable(names)` or `only(names)` picks a set. Whether one pays off
 depends on the machine (BENCHMARKS.md, "XLA:CPU switches"): benchmarks/bench_xla_cpu.py measures
-each on its own, side by side, and the scripts' `--xla_cpu` flag picks them.
+each on its own, side by side, and the scripts' `--xla_cpu` flag picks them. `DEFAULT`, what
+`--xla_cpu on` ships, holds those that won or tied on every step and occasion measured; 1 and the
+memory-optimized scheduler lost on the later boxes and are named to be had (`shipped(remat=True)`
+adds the scheduler back: under XLA:CPU's default scheduler remat saves no memory).
 
 Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
 (custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
@@ -70,7 +73,13 @@ SWITCHES = {
     "host_finite": "6. checkpoint finiteness on the host",
     "unrolled_accumulation": "7. gradient accumulation's micro-steps unrolled",
 }
-DEFAULT = frozenset(SWITCHES)
+DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler"}
+
+
+def shipped(remat: bool = False) -> frozenset[str]:
+    """The switches `--xla_cpu on` turns on: `DEFAULT`, and for a run that remats the memory-optimized scheduler
+    (under XLA:CPU's default scheduler remat saved no memory: tests/test_train_step.py, BENCHMARKS.md)."""
+    return DEFAULT | {"memory_scheduler"} if remat else DEFAULT
 _on: frozenset[str] = frozenset()
 
 

@@ -312,6 +312,7 @@ def test_scripts_have_json_readable_checkpoint_configs(tmp_path):
 
 def test_the_xla_cpu_flag_names_switches_and_refuses_unknown_ones():
     assert xla_cpu_switches("on") == xla_cpu.DEFAULT and xla_cpu_switches("off") == frozenset()
+    assert xla_cpu_switches("on", remat=True) == xla_cpu.DEFAULT | {"memory_scheduler"} != xla_cpu.DEFAULT
     assert xla_cpu_switches("llvm_o1, memory_scheduler") == {"llvm_o1", "memory_scheduler"}
     with pytest.raises(SystemExit, match="--xla_cpu: unknown switch.*'fast'.*conv_grad_matmul"):
         xla_cpu_switches("llvm_o1,fast")

@@ -1,6 +1,6 @@
 """eqxdiff.xla_cpu: the library is plain JAX with the workarounds off (jvp works), and switching
 them on changes no value: conv and remat gradients match plain autodiff, init draws are bitwise
-jax.random's. conftest.py switches them on, as the scripts do."""
+jax.random's. Every one is on here (`every_switch_on`), the shipped ones and the named ones."""
 
 import functools
 import os
@@ -21,6 +21,14 @@ from eqxdiff.sharding import make_mesh
 from eqxdiff.training.step import TrainStep
 
 assert jax.default_backend() == "cpu"  # the workarounds under test apply on CPU only
+
+
+@pytest.fixture(autouse=True)
+def every_switch_on():
+    """Each workaround on, shipped or not (conftest switches on the shipped set, as the scripts do): each must
+    change no value."""
+    with xla_cpu.only(xla_cpu.SWITCHES):
+        yield
 
 
 # Initialising with the switch off compiles one jax.random draw per parameter shape (a 4-D one
@@ -245,6 +253,6 @@ def test_each_switch_by_name_reaches_only_its_own_workaround():
     with xla_cpu.only({"memory_scheduler", "no_ynnpack"}):
         assert xla_cpu.compiler_options() == {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", xla_cpu.YNN_OPTION: ""}
         assert xla_cpu.switched_on() == {"memory_scheduler", "no_ynnpack"}
-    assert xla_cpu.switched_on() == xla_cpu.DEFAULT  # back to what conftest switched on
+    assert xla_cpu.switched_on() == xla_cpu.SWITCHES.keys()  # back to what the fixture switched on
     with pytest.raises(ValueError, match="conv_grad_matmul"):
         xla_cpu.only({"conv_grad_matmuls"}).__enter__()

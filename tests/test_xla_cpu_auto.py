@@ -30,12 +30,12 @@ def stored(run_dir):
 def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, switches_restored):
     args = [*TINY, "--run_dir", tmp_path, "--xla_cpu", "auto", "--ckpt_every", 2]
     train_here(*args, "--steps", 2)
-    entry = stored(tmp_path)
-    assert entry["choice"] in xla_cpu_auto.CANDIDATES and set(entry["step_ms"]) == set(xla_cpu_auto.CANDIDATES)
+    entry, sets = stored(tmp_path), xla_cpu_auto.candidates(xla_cpu.DEFAULT)  # no --remat: DEFAULT is "on"
+    assert entry["choice"] in sets and set(entry["step_ms"]) == set(sets)
     assert all(ms > 0 for ms in entry["step_ms"].values())
-    assert entry["switches"] == sorted(xla_cpu_auto.CANDIDATES[entry["choice"]])
+    assert entry["switches"] == sorted(sets[entry["choice"]])
     assert "--xla_cpu auto:" in capsys.readouterr().out
-    assert xla_cpu.switched_on() == xla_cpu_auto.CANDIDATES[entry["choice"]]
+    assert xla_cpu.switched_on() == sets[entry["choice"]]
 
     # The same step again (the run resumed): the stored choice, nothing timed.
     table = json.loads((tmp_path / xla_cpu_auto.FILE).read_text())
@@ -57,18 +57,21 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
         def compile(self, *args):
             pass
 
-    seconds = itertools.cycle([3.0, 1.0, 2.0, 4.0])  # in CANDIDATES' order: "off" is fastest
+    seconds = itertools.cycle([3.0, 2.0, 1.0, 4.0])  # in the candidates' order: the conv-gradient matmuls fastest
     monkeypatch.setattr(xla_cpu_auto, "_seconds", lambda *_: next(seconds))
     spec = {"image": jax.ShapeDtypeStruct((4, 8, 8, 1), np.uint8)}
-    with xla_cpu.only(xla_cpu.DEFAULT):
+    sets = xla_cpu_auto.candidates(xla_cpu.shipped(remat=True))
+    with xla_cpu.only(sets["on"]):
         shipped = Step()
-    name, step = xla_cpu_auto.choose(Step, shipped, None, spec, None, tmp_path / "choice.json", "k", steps=3)
-    assert list(xla_cpu_auto.CANDIDATES)[1] == "off" and name == "off" and step.switches == frozenset()
+    name, step = xla_cpu_auto.choose(Step, shipped, None, spec, None, tmp_path / "choice.json", "k", sets, steps=3)
+    fastest = xla_cpu.DEFAULT | {"memory_scheduler", "conv_grad_matmul"}  # a remat run's set: with the scheduler
+    assert name == "on_with_conv_grad_matmul" and step.switches == fastest == xla_cpu.switched_on()
     entry = json.loads((tmp_path / "choice.json").read_text())["k"]
-    assert entry["choice"] == "off" and entry["step_ms"] == {"on": 1000.0, "off": 333.33, "on_without_conv_grad_matmul": 666.67,
-                                                             "on_with_ynnpack": 1333.33}
-    assert xla_cpu.switched_on() == frozenset()  # later traces follow the choice
-    assert xla_cpu_auto.cached(tmp_path / "choice.json", "k") == "off" and xla_cpu_auto.cached(tmp_path / "x", "k") is None
+    assert entry["choice"] == name and entry["switches"] == sorted(fastest)
+    assert entry["step_ms"] == {"on": 1000.0, "off": 666.67, "on_with_conv_grad_matmul": 333.33, "on_with_ynnpack": 1333.33}
+    with xla_cpu.only(()):
+        assert xla_cpu_auto.cached(tmp_path / "choice.json", "k", sets) == name and xla_cpu.switched_on() == fastest
+    assert xla_cpu_auto.cached(tmp_path / "x", "k", sets) is None
 
 
 def test_the_key_changes_with_the_step():

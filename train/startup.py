@@ -35,7 +35,7 @@ class Launch:
     coordinator: str = ""  # HOST:PORT of process 0 joins a jax.distributed job (train/launch_local.py); "auto": cluster env
     num_processes: int = 1  # with --coordinator: processes in the job
     process_id: int = 0  # with --coordinator: this process's index
-    xla_cpu: str = "on"  # XLA:CPU workarounds (eqxdiff/xla_cpu.py): on (all), off, a comma list of names; auto: timed (train/main.py)
+    xla_cpu: str = "on"  # XLA:CPU workarounds (eqxdiff/xla_cpu.py): on (its DEFAULT), off, a comma list of names; auto: timed
 
 
 def _dataclasses(config_type) -> list[type]:
@@ -123,6 +123,7 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
     """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
     before the backend starts. `launch`: the flags of `Launch` (a Config of train/ is one; train/sample.py
     passes its parsed flags)."""
+    remat = getattr(launch, "remat", False)  # train/main.py's: the memory-optimized scheduler comes with it
     launch = Launch(**{f.name: getattr(launch, f.name) for f in dataclasses.fields(Launch)})
     if launch.cpu_devices:
         jax.config.update("jax_num_cpu_devices", launch.cpu_devices)
@@ -135,17 +136,17 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
     elif launch.coordinator:
         jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes,
                                    process_id=launch.process_id)  # fmt: skip
-    # Same results; which pay off depends on the CPU (BENCHMARKS.md). "auto" starts with all of them but
+    # Same results; which pay off depends on the CPU (BENCHMARKS.md). "auto" starts with the shipped set but
     # YNNPACK's process flag, and train/main.py times its step under each candidate (train/xla_cpu_auto.py).
     auto = launch.xla_cpu == "auto"
-    xla_cpu.enable(xla_cpu.DEFAULT if auto else xla_cpu_switches(launch.xla_cpu), process_flags=not auto)
+    xla_cpu.enable(xla_cpu_switches(launch.xla_cpu, remat), process_flags=not auto)
 
 
-def xla_cpu_switches(flag: str) -> frozenset[str]:
-    """The workarounds `--xla_cpu` names: "on" all of them, "off" none, else a comma list of names ("auto"
-    is train/main.py's: all of them here)."""
+def xla_cpu_switches(flag: str, remat: bool = False) -> frozenset[str]:
+    """The workarounds `--xla_cpu` names: "on" the shipped set (`xla_cpu.shipped(remat)`), "off" none, else a
+    comma list of names ("auto" is train/main.py's: the shipped set here)."""
     if flag in ("on", "off", "auto"):
-        return frozenset() if flag == "off" else xla_cpu.DEFAULT
+        return frozenset() if flag == "off" else xla_cpu.shipped(remat)
     names = frozenset(name.strip() for name in flag.split(",") if name.strip())
     if unknown := names - xla_cpu.SWITCHES.keys():
         raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off, auto or a comma list of "

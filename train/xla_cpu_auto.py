@@ -3,7 +3,7 @@
 Which workarounds pay off depends on the CPU (BENCHMARKS.md, "XLA:CPU switches": the conv-gradient
 matmuls sped one 2-core box's step up 1.6× and slowed the next box's by a tenth; YNNPACK's kernels lost
 to XLA's own on one box and not on another). So on a CPU mesh the
-step is compiled under each set in `CANDIDATES` (the shipped one is the step the run already built),
+step is compiled under each set of `candidates` (the shipped one is the step the run already built),
 each runs `steps` steps on a copy of the state with a zero batch, and the fastest wins. The choice is
 stored in a JSON file (beside the persistent compile cache when there is one, else in the run
 directory) keyed by the CPU, JAX's version and the step's shapes, so the next run of this step on
@@ -25,13 +25,14 @@ from tqdm import tqdm
 from eqxdiff import xla_cpu
 from eqxdiff.paths import as_path, is_url, write_whole
 
-CANDIDATES = {
-    "on": xla_cpu.DEFAULT,
-    "off": frozenset(),
-    "on_without_conv_grad_matmul": xla_cpu.DEFAULT - {"conv_grad_matmul"},
-    "on_with_ynnpack": xla_cpu.DEFAULT - {"no_ynnpack"},
-}
 FILE = "xla_cpu_choice.json"
+
+
+def candidates(on: frozenset[str]) -> dict[str, frozenset[str]]:
+    """The sets timed, around `on` (the run's shipped set, `xla_cpu.shipped(remat)`): as shipped, none, with the
+    conv-gradient matmuls (they won on the box they were tuned on), with YNNPACK."""
+    return {"on": on, "off": frozenset(), "on_with_conv_grad_matmul": on | {"conv_grad_matmul"},
+            "on_with_ynnpack": on - {"no_ynnpack"}}  # fmt: skip
 
 
 def machine() -> dict:
@@ -55,30 +56,32 @@ def step_key(abstract_state, batch_spec: dict, frozen, mesh_shape: dict, extra: 
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def target(cfg, abstract_state, batch_spec: dict, frozen, mesh) -> tuple[Path, str] | None:
-    """(the choice file, this step's key) for a run's Config on a CPU mesh; None elsewhere (nothing to choose)."""
+def target(cfg, abstract_state, batch_spec: dict, frozen, mesh) -> tuple[Path, str, dict] | None:
+    """(the choice file, this step's key, the candidate sets) for a run's Config on a CPU mesh; None elsewhere
+    (nothing to choose)."""
     if mesh.devices.flat[0].platform != "cpu":
         return None
     folder = as_path(cfg.compilation_cache_dir or cfg.run_dir)  # a local folder or a bucket's prefix
     extra = {"precision": cfg.precision, "remat": cfg.remat, "grad_accum_steps": cfg.grad_accum_steps}
-    return folder / FILE, step_key(abstract_state, batch_spec, frozen, dict(mesh.shape), extra)
+    key = step_key(abstract_state, batch_spec, frozen, dict(mesh.shape), extra)
+    return folder / FILE, key, candidates(xla_cpu.shipped(cfg.remat))
 
 
-def cached(path: Path, key: str) -> str | None:
-    """The candidate stored for `key` in process 0's file, None when there is none (or it is unreadable);
-    switched on when found."""
-    names = list(CANDIDATES)
+def cached(path: Path, key: str, sets: dict) -> str | None:
+    """The candidate of `sets` stored for `key` in process 0's file, None when there is none (or it is
+    unreadable); switched on when found."""
+    names = list(sets)
     index = -1
     if jax.process_index() == 0:
         try:
             entry = json.loads(path.read_text()).get(key) or {}
         except (OSError, ValueError):
             entry = {}
-        index = names.index(entry["choice"]) if entry.get("choice") in CANDIDATES else -1
+        index = names.index(entry["choice"]) if entry.get("choice") in sets else -1
     index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
     if index < 0:
         return None
-    xla_cpu.enable(CANDIDATES[names[index]], process_flags=False)
+    xla_cpu.enable(sets[names[index]], process_flags=False)
     return names[index]
 
 
@@ -110,23 +113,24 @@ def _seconds(step, state, batch, frozen, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def choose(build_step, shipped_step, state, batch_spec: dict, frozen, path: Path, key: str, steps: int = 3):
-    """Time the step under each candidate set (`build_step()` builds one under the switches on when it
+def choose(build_step, shipped_step, state, batch_spec: dict, frozen, path: Path, key: str, sets: dict,
+           steps: int = 3):  # fmt: skip
+    """Time the step under each candidate set of `sets` (`build_step()` builds one under the switches on when it
     is called; `shipped_step` is the one built under "on"), switch the fastest on, store it under `key`
     and return (its name, its step). Process 0's timings decide for every process."""
     sharding = shipped_step.batch_sharding
     batch, start, seconds, built = _zero_batch(batch_spec, sharding), time.perf_counter(), {}, {}
-    for name, switches in CANDIDATES.items():
+    for name, switches in sets.items():
         with xla_cpu.only(switches):
             built[name] = shipped_step if name == "on" else build_step()
             built[name].compile(state, batch, frozen)
         seconds[name] = _seconds(built[name], state, batch, frozen, steps)
-    names = list(CANDIDATES)
+    names = list(sets)
     best = names[int(multihost_utils.broadcast_one_to_all(np.int32(np.argmin([seconds[n] for n in names]))))]
-    xla_cpu.enable(CANDIDATES[best], process_flags=False)  # later traces (sampling grids) follow the choice
+    xla_cpu.enable(sets[best], process_flags=False)  # later traces (sampling grids) follow the choice
     step_ms = {n: round(1000 * s / steps, 2) for n, s in seconds.items()}
     if jax.process_index() == 0:
-        _store(path, key, {"choice": best, "step_ms": step_ms, "switches": sorted(CANDIDATES[best]),
+        _store(path, key, {"choice": best, "step_ms": step_ms, "switches": sorted(sets[best]),
                            "date": time.strftime("%Y-%m-%d"), **machine()})  # fmt: skip
         tqdm.write(f"--xla_cpu auto: {best} (step ms {step_ms}; {time.perf_counter() - start:.0f} s to measure; "
                    f"stored in {path})")  # fmt: skip
