@@ -260,7 +260,6 @@ def main(cfg: Config, features_fn=None) -> None:
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
     sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
-    source = condition.records(source)  # captions -> token ids as records are read, on the host
     # What x0 is: pixels, or latents (eqxdiff/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
@@ -269,6 +268,7 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
                        f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
                        f"scaling_factor.")  # fmt: skip
+    source = condition.records(source)  # captions -> token ids as records are read, on the host
     schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
