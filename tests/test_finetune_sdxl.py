@@ -28,7 +28,8 @@ from eqxdiff.sharding import make_mesh
 
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
          "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
-LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2]
+LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2, "--sample_every", 4, "--sample_steps", 1, "--sample_prompts",
+        "a photo of a cat"]  # its grid at the end: one row of ten images
 SIZE = 32  # pixels: 8×8 latents of the fixture's factor-4 VAE (2×2 at the UNet's lowest level: self-attention has 4 keys)
 
 
@@ -81,6 +82,7 @@ def test_the_condition_is_the_pipelines(sdxl_data, tmp_path):
     assert np.array_equal(sampled.time_ids, cond.time_ids)
 
 
+# The training tests compile SDXL's step and its sampler, each far past the quick tier's few seconds: marked slow.
 @pytest.fixture(scope="module")
 def lora_run(sdxl_data, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("sdxl_lora")
@@ -88,8 +90,10 @@ def lora_run(sdxl_data, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_lora_trains_the_adapters_alone_and_resumes_bitwise(lora_run, sdxl_data, tmp_path):
     rows = metric_rows(lora_run)
+    assert list((lora_run / "samples").glob("*.png"))  # the grid of the EMA's adapters in the base
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["train/loss"]) for r in rows)
     arrays = saved_arrays(lora_run, 4)
     trained = {k: v for k, v in arrays.items() if k.startswith(("['model']", "['ema']"))}
@@ -110,6 +114,7 @@ def test_lora_trains_the_adapters_alone_and_resumes_bitwise(lora_run, sdxl_data,
     assert_bitwise_equal(saved_arrays(resumed, 4), arrays)
 
 
+@pytest.mark.slow
 def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
     import sample  # train/sample.py
 
@@ -120,9 +125,10 @@ def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
         assert saved["images"].shape == (2, SIZE, SIZE, 3) and saved["images"].dtype == np.uint8
 
 
-def test_the_whole_unet_fine_tunes_and_draws_its_grid(sdxl_data, tmp_path):
+@pytest.mark.slow
+def test_the_whole_unet_fine_tunes(sdxl_data, tmp_path):
     run_dir = tmp_path / "full"
-    train(run_dir, sdxl_data, "--steps", 1, "--ema_decay", 1.0, "--sample_every", 1, "--sample_steps", 2)
+    train(run_dir, sdxl_data, "--steps", 1, "--ema_decay", 1.0)
     assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
     arrays = saved_arrays(run_dir, 1)
     folder = jax.tree.leaves(SDUNet.from_diffusers(sdxl_data[0] / "unet"))
@@ -130,7 +136,6 @@ def test_the_whole_unet_fine_tunes_and_draws_its_grid(sdxl_data, tmp_path):
     ema = [v for k, v in sorted(arrays.items()) if k.startswith("['ema']")]
     assert len(model) == len(folder) and any(not np.array_equal(m, e) for m, e in zip(model, ema))
     assert sorted(a.tobytes() for a in ema) == sorted(np.asarray(w).tobytes() for w in folder)  # the EMA: the start
-    assert list((run_dir / "samples").glob("*.png"))
 
 
 @pytest.mark.parametrize(
