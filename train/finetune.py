@@ -36,7 +36,7 @@ from eqxdiff.nn.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url
 from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
 from eqxdiff.sdxl_condition import is_sdxl_folder
-from eqxdiff.sharding import placement
+from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
@@ -129,6 +129,10 @@ class NoInit:
     def model_args(self, args: dict) -> dict:
         return args
 
+    def rules(self, rules) -> list:
+        """The sharding rules of the network (and a LoRA's frozen base): train/main.py's own."""
+        return list(rules)
+
     def noise(self, schedule, parameterization) -> tuple:
         return schedule, parameterization
 
@@ -183,7 +187,8 @@ class SDInit(NoInit):
         try:
             self.scheduler = scheduler_from_diffusers(scheduler)
             # LoRA: the fresh adapters and the frozen base (the rest of the adapted UNet); else None, None.
-            self.adapters, self.base = self.lora_base(mesh, min_size, rules) if cfg.lora_rank and base else (None, None)
+            self.adapters, self.base = (self.lora_base(mesh, min_size, self.rules(rules)) if cfg.lora_rank and base
+                                        else (None, None))  # fmt: skip
         except (FileNotFoundError, ValueError) as e:  # a config this port refuses, weights that do not fit it
             raise SystemExit(f"--init {cfg.init}: {e}") from e
 
@@ -198,6 +203,11 @@ class SDInit(NoInit):
         cfg = self.cfg
         return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
                         alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
+
+    def rules(self, rules) -> list:
+        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
+        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
+        return [*rules, *HEAD_LAYOUT_RULES]
 
     @property
     def model_of(self):

@@ -253,6 +253,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
     tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)  # --init: the pretrained UNet, LoRA
+    rules = tune.rules(SHARDING_RULES)  # the network's: --init adds SD's attention layout after these
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
     condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
@@ -299,11 +300,11 @@ def main(cfg: Config, features_fn=None) -> None:
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
         abstract, shardings = abstract_train_state(
-            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False,
+            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=rules, strict=False,
             num_phema=len(sigma_rels),
         )
         frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
-                                                                       rules=SHARDING_RULES, strict=False)  # fmt: skip
+                                                                       rules=rules, strict=False)  # fmt: skip
         check_rules_match(SHARDING_RULES, [abstract, frozen, condition.pretrained() | codec.pretrained()])
     except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
