@@ -129,7 +129,7 @@ def main() -> None:
 
     from eqxdiff.nn import SDUNet, SDXLCond, TextCond, sdxl_time_ids
     from eqxdiff.nn.lora import add_lora, partition_lora
-    from eqxdiff.sharding import batch_sharding, make_mesh, placement, state_shardings
+    from eqxdiff.sharding import HEAD_LAYOUT_RULES, batch_sharding, make_mesh, state_shardings
     from harness import report
     from sd_train_steps import bytes_per_device, make_step, memory_of, peak_rss, random_latents, tree_bytes
 
@@ -139,6 +139,8 @@ def main() -> None:
     if args.quick:
         args.size = 16
     mesh, min_size = make_mesh(1, DEVICES), 2**12
+    # train/main.py --init's layout: FSDP by size, the attention output projections split along their output axis.
+    layout = lambda tree: state_shardings(tree, mesh, min_size, rules=HEAD_LAYOUT_RULES, strict=False)  # noqa: E731
     mib = lambda n: round(n / 2**20, 1)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="bench_sdxl_") as tmp:
         folder = Path(args.folder).expanduser() if args.folder else Path(tmp) / "unet"
@@ -146,7 +148,7 @@ def main() -> None:
         print(f"folder: {written or 'reused'}; peak RSS {mib(peak_rss())} MiB", file=sys.stderr, flush=True)
         rss_before_load = peak_rss()
         start = time.perf_counter()
-        unet = SDUNet.from_diffusers(folder, dtype=jnp.bfloat16, place=placement(mesh, min_size), remat=True)
+        unet = SDUNet.from_diffusers(folder, dtype=jnp.bfloat16, place=layout, remat=True)
         jax.block_until_ready(unet)
         load_s = time.perf_counter() - start
     rss_after_load = peak_rss()
@@ -155,9 +157,9 @@ def main() -> None:
     key_lora, key_step = jax.random.split(jax.random.key(args.seed))
     adapters, base = partition_lora(add_lora(unet, args.rank, key=key_lora))
     adapters = jax.tree.map(lambda x: x.astype(jnp.float32), adapters)  # trained in float32, the base in bf16
-    adapters = jax.device_put(adapters, state_shardings(adapters, mesh, min_size))
+    adapters = jax.device_put(adapters, layout(adapters))
     optimizer = optax.adamw(1e-4)
-    opt_shardings = state_shardings(jax.eval_shape(optimizer.init, adapters), mesh, min_size)
+    opt_shardings = layout(jax.eval_shape(optimizer.init, adapters))
     opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(adapters)
 
     rng = np.random.default_rng(args.seed)

@@ -55,6 +55,21 @@ def fsdp_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int) -> P:
     return P(*([None] * axis), "fsdp")  # no trailing Nones: the form JAX reports back
 
 
+def output_axis_spec(shape: tuple[int, ...], fsdp_size: int, min_size: int) -> P:
+    """Shard a leaf over 'fsdp' along its last (output) axis when that divides and it has `min_size` elements;
+    else replicate."""
+    if fsdp_size == 1 or int(np.prod(shape, dtype=np.int64)) < min_size or shape[-1] % fsdp_size:
+        return P()
+    return P(*([None] * (len(shape) - 1)), "fsdp")
+
+
+# Stable Diffusion UNets' attention output projections (`to_out.0`, `[heads · head_dim, out]`): fsdp_spec's tie on
+# the square weight picks its input axis, and GSPMD carries that split back into the attention's heads (SDXL: 20
+# heads over 8 devices -> 4 × 2, which it can only reach by replicating: "involuntary full rematerialization" in the
+# backward pass). Their output axis instead; a LoRA's A [rank, heads · head_dim] there is replicated (small).
+HEAD_LAYOUT_RULES = [(r"(^|\.)to_out\.0\.(base_layer\.)?weight$", output_axis_spec), (r"(^|\.)to_out\.0\.lora_A$", P())]
+
+
 def is_array_like(x) -> bool:
     """A jax array or its abstract stand-in (ShapeDtypeStruct): the leaves a state's layout,
     compile and restore are computed for."""

@@ -137,7 +137,6 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
         (["--init", "sd:FOLDER", "--text_encoder", "OTHER"], "conditions on its own .*text_encoder; drop"),
         (["--init", "sd:FOLDER", "--lora_targets", "to_q"], "need --lora_rank R >= 1"),
         (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder"),
-        (["--init", f"sd:{Path(__file__).parent / 'data' / 'sd_pipeline' / 'sdxl'}"], "SDXL fine-tuning .* not wired"),
     ],
 )
 def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message):

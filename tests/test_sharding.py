@@ -1,5 +1,7 @@
 """The FSDP rule, named sharding rules, the mesh, and where every leaf of a real TrainState ends up."""
 
+import re
+
 import equinox as eqx
 import jax
 import numpy as np
@@ -175,3 +177,40 @@ def test_a_rule_that_matches_nothing_is_an_error_naming_it():
         abstract_train_state(tiny_unet, optimizer, make_mesh(2, 4), RULE_MIN_SIZE, rules=[("conv_ot", P())])
     with pytest.raises(ValueError, match="not a valid regex"):
         abstract_train_state(tiny_unet, optimizer, make_mesh(2, 4), RULE_MIN_SIZE, rules=[("conv_out[", P())])
+
+
+def test_head_layout_rules_split_attention_outputs_along_their_output_axis():
+    """HEAD_LAYOUT_RULES (train/main.py --init's): an SD UNet's to_out.0 weights, base or under a LoRA, split along
+    their output axis, their LoRA A replicated; every other leaf as fsdp_spec. (On an SDXL-like UNet of 20 heads over
+    8 devices fsdp_spec alone made GSPMD replicate the heads in the LoRA step's backward pass; BENCHMARKS.md.)"""
+    import json
+    from pathlib import Path
+
+    from eqxdiff.nn import SDUNet
+    from eqxdiff.nn.lora import add_lora
+    from eqxdiff.sharding import HEAD_LAYOUT_RULES, output_axis_spec, state_shardings
+
+    assert output_axis_spec((16, 24), 8, 1) == P(None, "fsdp") and output_axis_spec((16, 20), 8, 1) == P()
+    assert output_axis_spec((16, 24), 8, 10**6) == P() and output_axis_spec((16, 24), 1, 1) == P()
+    config = json.loads((Path(__file__).parent / "data" / "sd_pipeline" / "sdxl" / "unet" / "config.json").read_text())
+    assert fsdp_spec((16, 16), 8, 1) == P("fsdp")  # alone: a square weight split along its input (heads) axis
+
+    def unet(lora: bool):
+        model = SDUNet.from_config(config, key=jax.random.key(0))
+        return add_lora(model, 2, key=jax.random.key(1)) if lora else model
+
+    for lora in (False, True):
+        model = eqx.filter_eval_shape(unet, lora)
+        shardings = state_shardings(model, make_mesh(1, 8), 1, rules=HEAD_LAYOUT_RULES, strict=False)
+        seen = set()
+        for name, leaf, sharding in zip(jax.tree.leaves(leaf_names(model)), jax.tree.leaves(model),
+                                        jax.tree.leaves(shardings), strict=True):  # fmt: skip
+            if re.search(r"to_out\.0\.(base_layer\.)?weight$", name):
+                want, kind = P(None, "fsdp"), "weight"  # [heads · head_dim, out]: the output axis
+            elif name.endswith("to_out.0.lora_A"):
+                want, kind = P(), "lora_A"
+            else:
+                want, kind = fsdp_spec(leaf.shape, 8, 1), "other"
+            assert sharding.spec == want, name
+            seen.add(kind)
+        assert seen == ({"weight", "lora_A", "other"} if lora else {"weight", "other"})

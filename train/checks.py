@@ -1,9 +1,12 @@
 """train/main.py's flag checks that argparse cannot make (`cfg`: its Config): each a SystemExit
 that names the fix, before anything loads or compiles."""
 
+from pathlib import Path
+
 from guidance_flags import parse_interval  # train/guidance_flags.py
 
 from eqxdiff.diffusion import EDMSchedule
+from eqxdiff.sdxl_condition import is_sdxl_folder
 from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range
 from eqxdiff.training.phema import parse_sigma_rels
@@ -65,8 +68,12 @@ def check_eval(cfg) -> None:
 
 def check_text_folders_exist(cfg) -> None:
     """--text_encoder and --tokenizer name folders that exist and hold what they should (no weights read)."""
-    if cfg.text_encoder:
+    if not cfg.text_encoder:
+        return
+    root = Path(cfg.text_encoder)  # an SDXL pipeline folder (--init): each tower and its tokenizer
+    pairs = [(str(root / f"text_encoder{i}"), str(root / f"tokenizer{i}")) for i in ("", "_2")]
+    for tower, tokenizer in pairs if is_sdxl_folder(root) else [(cfg.text_encoder, cfg.tokenizer)]:
         try:
-            check_text_folders(cfg.text_encoder, cfg.tokenizer)
+            check_text_folders(tower, tokenizer)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(str(e)) from e

@@ -4,9 +4,11 @@ with --lora_rank R, low-rank adapters around its layers (eqxdiff/nn/lora.py; Hu 
 FOLDER is a pipeline folder as diffusers saves it (model_index.json, unet/, vae/, text_encoder/, tokenizer/,
 scheduler/) or its bare unet/ (the rest then read beside it, when there). The folder decides, and a flag that
 disagrees is refused naming the fix: the network (its unet/ config, loaded straight into the run's shardings),
-the frozen text tower (--text_encoder: its text_encoder/), the latents (--dataset latents:DIR encoded by
-train/encode.py with its vae/) and the noise (its scheduler config: SD 1.x's ε-prediction on the scaled_linear
-VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of --schedule and --parameterization).
+the frozen text tower (--text_encoder: its text_encoder/; an SDXL folder's is the folder itself, whose two towers,
+tokenizers and size/crop time_ids train/run_condition.py makes the run's condition, eqxdiff/sdxl_condition.py),
+the latents (--dataset latents:DIR encoded by train/encode.py with its vae/) and the noise (its scheduler config:
+SD 1.x's ε-prediction on the scaled_linear VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of
+--schedule and --parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
 
 With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradient) is the adapters alone; the base
 rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
@@ -33,10 +35,12 @@ from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
 from eqxdiff.nn.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url
 from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
-from eqxdiff.sharding import placement
+from eqxdiff.sdxl_condition import is_sdxl_folder
+from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
+SDXL_TEXT = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")  # an SDXL folder's text side
 
 
 @dataclasses.dataclass
@@ -56,7 +60,8 @@ SD1_SCHEDULER = {"_class_name": "DDIMScheduler", "beta_schedule": "scaled_linear
 
 
 def parts(init: str) -> dict[str, Path | None]:
-    """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder, scheduler."""
+    """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder (SDXL: the pipeline
+    folder, which holds both towers), scheduler."""
     if not init.startswith(PREFIX):
         raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/.")
     folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
@@ -66,12 +71,18 @@ def parts(init: str) -> dict[str, Path | None]:
     if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
         raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
                          "...) nor a UNet folder (config.json of a UNet2DConditionModel); check the path.")  # fmt: skip
-    index = root / "model_index.json"
-    if index.is_file() and json.loads(index.read_text()).get("_class_name") == "StableDiffusionXLPipeline":
-        raise SystemExit(f"--init {init}: SDXL fine-tuning (two text towers and size/crop time_ids) is not wired into "
-                         "train/main.py yet; fine-tune an SD 1.x/2.x folder.")  # fmt: skip
+    unet = folder if bare else folder / "unet"
+    sdxl = is_sdxl_folder(root)  # its text side: the whole folder (both towers and tokenizers)
+    if sdxl and not all((root / name).is_dir() for name in SDXL_TEXT):
+        raise SystemExit(f"--init {init}: the SDXL folder {root} lacks one of {', '.join(SDXL_TEXT)}; SDXL fine-tunes "
+                         "from the base model's whole pipeline folder.")  # fmt: skip
+    unet_config = json.loads((unet / "config.json").read_text())
+    if not sdxl and unet_config.get("addition_embed_type") == "text_time":
+        raise SystemExit(f"--init {init}: an SDXL UNet (addition_embed_type text_time) conditions on two text towers "
+                         "and the images' sizes: give the StableDiffusionXLPipeline folder it came in.")  # fmt: skip
     found = {name: root / name for name in ("vae", "text_encoder", "scheduler")}
-    return {"unet": folder if bare else folder / "unet"} | {k: p if p.is_dir() else None for k, p in found.items()}
+    found = {k: p if p.is_dir() else None for k, p in found.items()}
+    return {"unet": unet} | found | ({"text_encoder": root} if sdxl else {})
 
 
 def with_init_flags(cfg):
@@ -81,6 +92,9 @@ def with_init_flags(cfg):
     if not cfg.init:
         if cfg.lora_rank or cfg.lora_targets or cfg.lora_alpha:
             raise SystemExit("--lora_rank/--lora_targets/--lora_alpha adapt a pretrained UNet: add --init sd:FOLDER.")
+        if is_sdxl_folder(cfg.text_encoder):
+            raise SystemExit(f"--text_encoder {cfg.text_encoder}: an SDXL pipeline's two towers condition its own "
+                             "UNet: pass --init sd:FOLDER instead.")  # fmt: skip
         return cfg
     folders = parts(cfg.init)
     given = [f"--{name}" for name in ("model", "schedule", "parameterization", "edm_p_mean", "sigma_data")
@@ -114,6 +128,10 @@ class NoInit:
 
     def model_args(self, args: dict) -> dict:
         return args
+
+    def rules(self, rules) -> list:
+        """The sharding rules of the network (and a LoRA's frozen base): train/main.py's own."""
+        return list(rules)
 
     def noise(self, schedule, parameterization) -> tuple:
         return schedule, parameterization
@@ -169,7 +187,8 @@ class SDInit(NoInit):
         try:
             self.scheduler = scheduler_from_diffusers(scheduler)
             # LoRA: the fresh adapters and the frozen base (the rest of the adapted UNet); else None, None.
-            self.adapters, self.base = self.lora_base(mesh, min_size, rules) if cfg.lora_rank and base else (None, None)
+            self.adapters, self.base = (self.lora_base(mesh, min_size, self.rules(rules)) if cfg.lora_rank and base
+                                        else (None, None))  # fmt: skip
         except (FileNotFoundError, ValueError) as e:  # a config this port refuses, weights that do not fit it
             raise SystemExit(f"--init {cfg.init}: {e}") from e
 
@@ -184,6 +203,11 @@ class SDInit(NoInit):
         cfg = self.cfg
         return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
                         alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
+
+    def rules(self, rules) -> list:
+        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
+        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
+        return [*rules, *HEAD_LAYOUT_RULES]
 
     @property
     def model_of(self):

@@ -253,6 +253,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
     tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)  # --init: the pretrained UNet, LoRA
+    rules = tune.rules(SHARDING_RULES)  # the network's: --init adds SD's attention layout after these
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
     condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
@@ -260,7 +261,6 @@ def main(cfg: Config, features_fn=None) -> None:
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
     sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
-    source = condition.records(source)  # captions -> token ids as records are read, on the host
     # What x0 is: pixels, or latents (eqxdiff/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
@@ -269,6 +269,7 @@ def main(cfg: Config, features_fn=None) -> None:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
                        f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
                        f"scaling_factor.")  # fmt: skip
+    source = condition.records(source)  # captions -> token ids as records are read, on the host
     schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
@@ -299,11 +300,11 @@ def main(cfg: Config, features_fn=None) -> None:
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
         abstract, shardings = abstract_train_state(
-            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=SHARDING_RULES, strict=False,
+            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=rules, strict=False,
             num_phema=len(sigma_rels),
         )
         frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
-                                                                       rules=SHARDING_RULES, strict=False)  # fmt: skip
+                                                                       rules=rules, strict=False)  # fmt: skip
         check_rules_match(SHARDING_RULES, [abstract, frozen, condition.pretrained() | codec.pretrained()])
     except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e

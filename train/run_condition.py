@@ -3,6 +3,7 @@ config: which tower and tokenizer, the null the step and the sampler share, the 
 Script glue: a flag or folder that does not fit is a SystemExit naming the fix."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 from jax.sharding import Mesh
@@ -12,6 +13,7 @@ from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.sharding import RuleError
 from eqxdiff.local_copies import canonical
+from eqxdiff.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
 from eqxdiff.text.conditioning import (
     SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder, tokenizer_location,
 )  # fmt: skip
@@ -32,6 +34,8 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     the model (--text_encoder scratch, or the dataset's own `text_defaults`), else its labels, else none.
     A pretrained tower is laid out over `mesh` by --fsdp_min_param_size and the run's sharding `rules`."""
     encoded = source.meta.get("text") if isinstance(source, LatentSource) else None
+    if is_sdxl_folder(cfg.text_encoder):  # --init sd:SDXL_FOLDER: both towers of the pipeline
+        return sdxl_condition(cfg, source, mesh, rules)
     defaults = getattr(source, "text_defaults", {})  # a dataset with its own tower and tokenizer
     if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
         if cfg.text_encoder and canonical(cfg.text_encoder) != encoded["text_encoder"]:
@@ -58,6 +62,28 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     stored = source.text_null() if encoded is not None else None  # the null encoded with the latents
     null = stored if stored is not None and encoded["null_text"] == text.null_text else text.encoded_null()
     return EncodedText(text, null) if encoded is not None and encoded["encoded"] else FrozenText(text, null)
+
+
+def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
+    """SDXL's condition (eqxdiff/sdxl_condition.py) for latents of its VAE that keep their raw captions (any
+    tokens or encoded text stored beside them are not read): each caption tokenized twice on the host and read
+    by both towers in the step, time_ids of the images' size."""
+    folder = cfg.text_encoder
+    if cfg.tokenizer:
+        raise SystemExit(f"--tokenizer {cfg.tokenizer}: the SDXL folder {folder} tokenizes with its own tokenizer/ "
+                         "and tokenizer_2/; drop --tokenizer.")  # fmt: skip
+    if not isinstance(source, LatentSource) or "caption" not in source.record_fields:
+        encode = f"--vae {Path(folder) / 'vae'} --text_encoder {Path(folder) / 'text_encoder'}"
+        raise SystemExit(f"--dataset {cfg.dataset}: SDXL fine-tuning reads latents that keep their raw captions "
+                         f"(tokenized for both towers in training): encode with train/encode.py {encode}.")  # fmt: skip
+    size = [d * vae_factor(folder) for d in source.image_shape[:2]]  # pixels: latents × the VAE's factor
+    try:
+        return open_sdxl_text(canonical(folder), size, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size,
+                              rules=rules)  # fmt: skip
+    except RuleError as e:
+        raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
+    except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, the refiner
+        raise SystemExit(f"--init {cfg.init}: {e}") from e
 
 
 def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh,
@@ -95,6 +121,8 @@ def condition_from_config(config: dict, *, mesh: Mesh):
     its null the encoded "" (or zeros) of `null_text`. Raises FileNotFoundError or ValueError when a
     tower or tokenizer folder cannot be read, KeyError for a kind neither table names."""
     kind = config["kind"]
+    if kind == SDXLText.kind:  # SDXL's two towers, replicated
+        return open_sdxl_text(config["text_encoder"], config["size"], config["null_text"], mesh=mesh, min_size=2**62)
     if kind in CONDITION_KINDS:
         return CONDITION_KINDS[kind](**{name: value for name, value in config.items() if name != "kind"})
     if kind not in TEXT_KINDS:

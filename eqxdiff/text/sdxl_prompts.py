@@ -75,11 +75,15 @@ class SDXLPrompts:
         prompts_2 = list(prompts_2 or prompts)
         if len(prompts_2) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(prompts_2)} prompts_2: one of each per row")
-        ids = None if self.tokenizer is None else self.tokenizer(list(prompts), self.max_length)[0]
-        ids_2 = self.tokenizer_2(prompts_2, self.max_length)[0]
-        cond = _encode(self.encoders, ids, ids_2, clip_skip)
+        cond = _encode(self.encoders, *self.token_ids(prompts, prompts_2), clip_skip)
         host = lambda x: np.asarray(x, np.float32)  # noqa: E731
         return TextCond(host(cond.context), np.asarray(cond.mask), host(cond.pooled))
+
+    def token_ids(self, prompts: Sequence[str], prompts_2: Sequence[str] | None = None) -> tuple:
+        """(input_ids of tokenizer/ (None for the refiner), input_ids_2 of tokenizer_2/), int32[b, 77] each:
+        `prompts` and `prompts_2` (None or empty: `prompts`) padded to `max_length` as the pipeline pads them."""
+        ids = None if self.tokenizer is None else self.tokenizer(list(prompts), self.max_length)[0]
+        return ids, self.tokenizer_2(list(prompts_2 or prompts), self.max_length)[0]
 
     def negative(self, batch_size: int, negative_prompts: Sequence[str] | None = None,
                  negative_prompts_2: Sequence[str] | None = None) -> TextCond:  # fmt: skip
