@@ -1,4 +1,4 @@
-"""train/main.py --init sd:SDXL_FOLDER (train/finetune.py, eqxdiff/sdxl_condition.py) on the tiny random SDXL pipeline
+"""train/main.py --init sd:SDXL_FOLDER (train/finetune.py, eqxdiff/text/sdxl_condition.py) on the tiny random SDXL pipeline
 of tests/data/sd_pipeline: the condition the step builds from a batch's captions is diffusers' (encode_prompt's
 embeddings of the fixture, time_ids written out by hand); the whole UNet and, with --lora_rank, its adapters alone
 train, resume bitwise, sample (grids, train/sample.py --run_dir) and write a LoRA file that loads back as the model;
@@ -23,7 +23,7 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.nn import SDUNet, SDXLCond
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.nn.lora_files import load_lora
-from eqxdiff.sdxl_condition import SDXLText
+from eqxdiff.text.sdxl_condition import SDXLText
 from eqxdiff.sharding import make_mesh
 
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,

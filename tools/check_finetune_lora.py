@@ -33,7 +33,7 @@ def write(run_dir: Path, out: Path) -> None:
     from rebuild import load_run  # train/rebuild.py
 
     from eqxdiff.nn import TextCond
-    from eqxdiff.sdxl_condition import SDXLText
+    from eqxdiff.text.sdxl_condition import SDXLText
     from eqxdiff.sharding import make_mesh
 
     run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))

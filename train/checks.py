@@ -6,7 +6,7 @@ from pathlib import Path
 from guidance_flags import parse_interval  # train/guidance_flags.py
 
 from eqxdiff.diffusion import EDMSchedule
-from eqxdiff.sdxl_condition import is_sdxl_folder
+from eqxdiff.text.sdxl_condition import is_sdxl_folder
 from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range
 from eqxdiff.training.phema import parse_sigma_rels

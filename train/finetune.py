@@ -5,7 +5,7 @@ FOLDER is a pipeline folder as diffusers saves it (model_index.json, unet/, vae/
 scheduler/) or its bare unet/ (the rest then read beside it, when there). The folder decides, and a flag that
 disagrees is refused naming the fix: the network (its unet/ config, loaded straight into the run's shardings),
 the frozen text tower (--text_encoder: its text_encoder/; an SDXL folder's is the folder itself, whose two towers,
-tokenizers and size/crop time_ids train/run_condition.py makes the run's condition, eqxdiff/sdxl_condition.py),
+tokenizers and size/crop time_ids train/run_condition.py makes the run's condition, eqxdiff/text/sdxl_condition.py),
 the latents (--dataset latents:DIR encoded by train/encode.py with its vae/) and the noise (its scheduler config:
 SD 1.x's ε-prediction on the scaled_linear VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of
 --schedule and --parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
@@ -35,7 +35,7 @@ from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
 from eqxdiff.nn.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url
 from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
-from eqxdiff.sdxl_condition import is_sdxl_folder
+from eqxdiff.text.sdxl_condition import is_sdxl_folder
 from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
 from eqxdiff.training.state import state_around
 

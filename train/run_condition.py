@@ -13,7 +13,7 @@ from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.sharding import RuleError
 from eqxdiff.local_copies import canonical
-from eqxdiff.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
+from eqxdiff.text.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
 from eqxdiff.text.conditioning import (
     SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder, tokenizer_location,
 )  # fmt: skip
@@ -65,7 +65,7 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
 
 
 def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
-    """SDXL's condition (eqxdiff/sdxl_condition.py) for latents of its VAE that keep their raw captions (any
+    """SDXL's condition (eqxdiff/text/sdxl_condition.py) for latents of its VAE that keep their raw captions (any
     tokens or encoded text stored beside them are not read): each caption tokenized twice on the host and read
     by both towers in the step, time_ids of the images' size."""
     folder = cfg.text_encoder
