@@ -57,8 +57,6 @@ from eqxdiff.nn import AutoencoderKL
 from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
 
-xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
-
 PEER = Path(__file__).resolve().parent / "vae_torch_peer.py"
 SD_VAE = {
     "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
@@ -153,6 +151,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: a small VAE at 32², one round")
     args = parser.parse_args()
+    xla_cpu.enable()  # as train/main.py, in main: bench_xla_cpu.py imports the configs and sets its own switches
     config = SD_VAE
     if args.quick:
         config, args.sizes, args.torch_bf16_sizes, args.rounds, args.bf16_rounds = SMALL_VAE, [32], [32], 1, 1

@@ -1,0 +1,167 @@
+"""Where a compiled step's time goes: its HLO instructions by kind and by phase, and a `jax.profiler`
+trace's op events summed over them (benchmarks/profile_steps.py).
+
+- `instructions(hlo_text)`: every instruction of a compiled module (`compiled.as_text()`), by name:
+  its opcode, `kind` and `phase`.
+  kind: `conv fwd`, `conv input-grad`, `conv weight-grad` (a backward conv whose window is larger than
+  its output's spatial size, as XLA writes the weight gradient: the window spans the feature map),
+  `conv weight-grad (matmuls)` (eqxdiff's `xla_cpu.conv2d` backward: dots from eqxdiff/xla_cpu.py),
+  `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`, `control` (conditional, while,
+  call: containers whose bodies' ops are events of their own), `other`. A fusion takes the kind of the
+  heaviest op inside it (a convolution, then a dot, then a reduce; else elementwise, or copy/transpose
+  when it only moves data).
+  phase (from the instruction's metadata, as JAX writes it): `backward` (op_name has `transpose(`),
+  `forward` (`jvp(`), `optimizer` (source in optax), `prepare/other` (the rest: the noise draw, EMA,
+  NaN guard, metrics; `step_files` moves ops of the step's own file to `EMA/guard/metrics`).
+- `op_events(xplane_path)`: (name, duration ns) of every event in a trace whose name is an instruction's.
+- `summarise(events, table, steps)`: per kind, per phase and the top ops, as ms per step and shares.
+"""
+
+import re
+from collections import defaultdict
+
+INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) (?P<op>[a-z][\w\-]*)\((?P<rest>.*)$")
+CONTROL = {"conditional", "while", "call", "async-start", "async-done", "async-update"}
+MOVES = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice",
+         "concatenate", "pad", "parameter", "constant", "tuple", "get-tuple-element", "copy-start",
+         "copy-done"}  # fmt: skip
+RNG = {"rng-bit-generator", "rng", "rng-get-and-update-state"}
+
+
+def _attr(rest: str, key: str) -> str:
+    quoted = key in ("op_name", "source_file")
+    found = re.search(rf'(?<!\w){key}="((?:[^"\\]|\\.)*)"' if quoted else rf"(?<!\w){key}=([^\s,}}]+)", rest)
+    return found.group(1) if found else ""
+
+
+def _dims(shape: str) -> list[int]:
+    found = re.search(r"\[([\d,]*)\]", shape)
+    return [int(d) for d in found.group(1).split(",") if d] if found else []
+
+
+def _conv_kind(shape: str, rest: str, op_name: str) -> str:
+    if "transpose(" not in op_name:
+        return "conv fwd"
+    window = [int(d) for d in re.findall(r"\d+", _attr(rest, "size"))] or [1]
+    labels = _attr(rest, "dim_labels")  # e.g. b01f_01io->b01f: the output's spatial dims are its digits
+    out = labels.split("->")[-1] if "->" in labels else ""
+    dims = _dims(shape)
+    spatial = [dims[i] for i, c in enumerate(out) if c.isdigit() and i < len(dims)] or [1]
+    return "conv weight-grad" if _prod(window) > _prod(spatial) else "conv input-grad"
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _parse(hlo_text: str) -> tuple[dict, dict]:
+    """({computation: [instruction dict]}, {instruction name: its dict})."""
+    computations, by_name, current = defaultdict(list), {}, None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            continue
+        found = INSTRUCTION.match(line)
+        if found and current is not None:
+            rest = found["rest"]
+            entry = {"name": found["name"], "op": found["op"], "shape": found["shape"], "rest": rest,
+                     "op_name": _attr(rest, "op_name"), "source_file": _attr(rest, "source_file"),
+                     "calls": re.findall(r"calls=%?([\w.\-]+)", rest), "computation": current}  # fmt: skip
+            computations[current].append(entry)
+            by_name[entry["name"]] = entry
+    return computations, by_name
+
+
+def _kind(entry: dict, computations: dict) -> str:
+    op = entry["op"]
+    if op == "convolution":
+        return _conv_kind(entry["shape"], entry["rest"], entry["op_name"])
+    if op == "dot":
+        backward_matmul = "transpose(" in entry["op_name"] and entry["source_file"].endswith("xla_cpu.py")
+        return "conv weight-grad (matmuls)" if backward_matmul else "matmul"
+    if op == "fusion" or (op == "custom-call" and entry["calls"]):
+        inner = [e for c in entry["calls"] for e in computations.get(c, [])]
+        for wanted in ("convolution", "dot", "reduce"):
+            heaviest = next((e for e in inner if e["op"] == wanted), None)
+            if heaviest is not None:
+                return _kind(heaviest, computations) if wanted != "reduce" else "reduce"
+        return "copy/transpose" if inner and all(e["op"] in MOVES for e in inner) else "fusion/elementwise"
+    if op in ("reduce", "reduce-window", "select-and-scatter", "all-reduce"):
+        return "reduce"
+    if op in CONTROL:
+        return "control"
+    if op in MOVES:
+        return "copy/transpose"
+    if op in RNG:
+        return "rng"
+    return "other" if op == "custom-call" else "fusion/elementwise"
+
+
+def _phase(entry: dict, step_files: tuple[str, ...]) -> str:
+    if "transpose(" in entry["op_name"]:
+        return "backward"
+    if "jvp(" in entry["op_name"]:
+        return "forward"
+    source = entry["source_file"]
+    if "optax" in source:
+        return "optimizer"
+    if step_files and source.endswith(step_files):
+        return "EMA/guard/metrics"
+    return "prepare/other"
+
+
+def instructions(hlo_text: str, step_files: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Every instruction of a compiled module's text by name: opcode, kind, phase, op_name (see the module doc)."""
+    computations, by_name = _parse(hlo_text)
+    return {name: {"op": e["op"], "kind": _kind(e, computations), "phase": _phase(e, step_files),
+                   "op_name": e["op_name"][-120:], "computation": e["computation"]}
+            for name, e in by_name.items()}  # fmt: skip
+
+
+def op_events(xplane_path, names) -> tuple[list[tuple[str, int]], int]:
+    """(name, duration ns) of the trace's events named like an instruction in `names` (on the host
+    plane's thread lines, XLA:CPU's thunks), and the summed ns of every other event on those lines' ...
+    returned as (matched events, ns of events not matched)."""
+    from jax.profiler import ProfileData
+
+    matched, unmatched_ns = [], 0
+    for plane in ProfileData.from_file(str(xplane_path)).planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = event.name.lstrip("%")
+                if name in names:
+                    matched.append((name, int(event.duration_ns)))
+                else:
+                    unmatched_ns += int(event.duration_ns)
+    return matched, unmatched_ns
+
+
+def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int, top: int = 15) -> dict:
+    """ms per step and share of the summed op time: per kind, per phase, per (phase, kind), and the `top` ops.
+    Containers (`control`) are left out of the sums: their bodies' ops are counted themselves."""
+    per_op = defaultdict(int)
+    for name, ns in events:
+        if table[name]["kind"] != "control":
+            per_op[name] += ns
+    total = sum(per_op.values()) or 1
+
+    def grouped(key) -> dict:
+        sums = defaultdict(int)
+        for name, ns in per_op.items():
+            sums[key(table[name])] += ns
+        return {k: {"ms_per_step": round(ns / 1e6 / steps, 2), "share": round(ns / total, 3)}
+                for k, ns in sorted(sums.items(), key=lambda kv: -kv[1])}  # fmt: skip
+
+    ops = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "op_ms_per_step": round(total / 1e6 / steps, 2),
+        "by_kind": grouped(lambda e: e["kind"]),
+        "by_phase": grouped(lambda e: e["phase"]),
+        "by_phase_and_kind": grouped(lambda e: f"{e['phase']} | {e['kind']}"),
+        "top_ops": [{"name": n, "kind": table[n]["kind"], "phase": table[n]["phase"],
+                     "ms_per_step": round(ns / 1e6 / steps, 2), "share": round(ns / total, 3),
+                     "op_name": table[n]["op_name"]} for n, ns in ops],  # fmt: skip
+    }
