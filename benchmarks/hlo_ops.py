@@ -10,10 +10,13 @@ trace's op events summed over them (benchmarks/profile_steps.py).
   call: containers whose bodies' ops are events of their own), `other`. A fusion takes the kind of the
   heaviest op inside it (a convolution, then a dot, then a reduce; else elementwise, or copy/transpose
   when it only moves data).
-  phase (from the instruction's metadata, as JAX writes it): `backward` (op_name has `transpose(`),
-  `forward` (`jvp(`), `optimizer` (source in optax), `prepare/other` (the rest: the noise draw, EMA,
-  NaN guard, metrics; `step_files` moves ops of the step's own file to `EMA/guard/metrics`).
-- `op_events(xplane_path)`: (name, duration ns) of every event in a trace whose name is an instruction's.
+  phase (from the instruction's metadata, as JAX writes it): `backward` (op_name has `transpose(`, and
+  XLA's weight-gradient convs), `forward` (`jvp(`), `optimizer` (innermost source file in optax, or
+  eqx.apply_updates), `prepare/other` (the rest: the noise draw, EMA, NaN guard, metrics; `step_files`
+  moves ops whose innermost source is the step's own file to `EMA/guard/metrics`). An instruction XLA
+  added without metadata (a layout transpose, a copy) takes the phase of the op it feeds.
+- `op_events(xplane_path, module)`: (hlo_op, duration ns) of the trace's op events of one compiled
+  module (XLA:CPU tags each thunk's event with `hlo_op` and `hlo_module`).
 - `summarise(events, table, steps)`: per kind, per phase and the top ops, as ms per step and shares.
 """
 
@@ -24,7 +27,7 @@ INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<shape>.*?)
 CONTROL = {"conditional", "while", "call", "async-start", "async-done", "async-update"}
 MOVES = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice",
          "concatenate", "pad", "parameter", "constant", "tuple", "get-tuple-element", "copy-start",
-         "copy-done"}  # fmt: skip
+         "copy-done", "reverse"}  # fmt: skip
 RNG = {"rng-bit-generator", "rng", "rng-get-and-update-state"}
 
 
@@ -40,14 +43,14 @@ def _dims(shape: str) -> list[int]:
 
 
 def _conv_kind(shape: str, rest: str, op_name: str) -> str:
-    if "transpose(" not in op_name:
-        return "conv fwd"
     window = [int(d) for d in re.findall(r"\d+", _attr(rest, "size"))] or [1]
     labels = _attr(rest, "dim_labels")  # e.g. b01f_01io->b01f: the output's spatial dims are its digits
     out = labels.split("->")[-1] if "->" in labels else ""
     dims = _dims(shape)
     spatial = [dims[i] for i, c in enumerate(out) if c.isdigit() and i < len(dims)] or [1]
-    return "conv weight-grad" if _prod(window) > _prod(spatial) else "conv input-grad"
+    if _prod(window) > _prod(spatial):  # XLA's weight gradient (its metadata is often dropped)
+        return "conv weight-grad"
+    return "conv input-grad" if "transpose(" in op_name else "conv fwd"
 
 
 def _prod(values) -> int:
@@ -57,8 +60,24 @@ def _prod(values) -> int:
     return out
 
 
+def _frames(hlo_text: str) -> dict[int, str]:
+    """stack_frame_id -> the innermost frame's file (the module's FileNames/FileLocations/StackFrames tables)."""
+    tables, section = defaultdict(dict), None
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = line
+        elif not line.strip():
+            section = None
+        elif section and (found := re.match(r"(\d+) (.*)$", line)):
+            tables[section][int(found[1])] = found[2]
+    files = {i: v.strip('"') for i, v in tables["FileNames"].items()}
+    location_file = {i: files.get(int(_attr(v, "file_name_id") or 0), "") for i, v in tables["FileLocations"].items()}
+    return {i: location_file.get(int(_attr(v, "file_location_id") or 0), "") for i, v in tables["StackFrames"].items()}
+
+
 def _parse(hlo_text: str) -> tuple[dict, dict]:
-    """({computation: [instruction dict]}, {instruction name: its dict})."""
+    """({computation: [instruction dict]}, {instruction name: its dict}), in the module's (scheduled) order."""
+    frames = _frames(hlo_text)
     computations, by_name, current = defaultdict(list), {}, None
     for line in hlo_text.splitlines():
         if line and not line[0].isspace() and line.rstrip().endswith("{"):
@@ -67,11 +86,17 @@ def _parse(hlo_text: str) -> tuple[dict, dict]:
         found = INSTRUCTION.match(line)
         if found and current is not None:
             rest = found["rest"]
+            frame = _attr(rest, "stack_frame_id")
             entry = {"name": found["name"], "op": found["op"], "shape": found["shape"], "rest": rest,
-                     "op_name": _attr(rest, "op_name"), "source_file": _attr(rest, "source_file"),
-                     "calls": re.findall(r"calls=%?([\w.\-]+)", rest), "computation": current}  # fmt: skip
+                     "op_name": _attr(rest, "op_name"), "source_file": frames.get(int(frame), "") if frame else "",
+                     "calls": re.findall(r"calls=%?([\w.\-]+)", rest), "operands": re.findall(r"%([\w.\-]+)", rest),
+                     "computation": current}  # fmt: skip
             computations[current].append(entry)
             by_name[entry["name"]] = entry
+    for entry in by_name.values():  # a fusion without metadata of its own: its body's first
+        inner = [e for c in entry["calls"] for e in computations.get(c, []) if e["op_name"]]
+        if not entry["op_name"] and inner:
+            entry["op_name"], entry["source_file"] = inner[0]["op_name"], inner[0]["source_file"]
     return computations, by_name
 
 
@@ -100,13 +125,16 @@ def _kind(entry: dict, computations: dict) -> str:
     return "other" if op == "custom-call" else "fusion/elementwise"
 
 
-def _phase(entry: dict, step_files: tuple[str, ...]) -> str:
-    if "transpose(" in entry["op_name"]:
+def _phase(entry: dict, kind: str, step_files: tuple[str, ...]) -> str | None:
+    """The instruction's phase from its metadata; None without any (then its users' phase is taken)."""
+    if "transpose(" in entry["op_name"] or kind.startswith("conv weight-grad"):
         return "backward"
     if "jvp(" in entry["op_name"]:
         return "forward"
     source = entry["source_file"]
-    if "optax" in source:
+    if not entry["op_name"] and not source:
+        return None
+    if "optax" in source or source.endswith("equinox/_update.py"):  # the transform, eqx.apply_updates
         return "optimizer"
     if step_files and source.endswith(step_files):
         return "EMA/guard/metrics"
@@ -116,35 +144,58 @@ def _phase(entry: dict, step_files: tuple[str, ...]) -> str:
 def instructions(hlo_text: str, step_files: tuple[str, ...] = ()) -> dict[str, dict]:
     """Every instruction of a compiled module's text by name: opcode, kind, phase, op_name (see the module doc)."""
     computations, by_name = _parse(hlo_text)
-    return {name: {"op": e["op"], "kind": _kind(e, computations), "phase": _phase(e, step_files),
-                   "op_name": e["op_name"][-120:], "computation": e["computation"]}
-            for name, e in by_name.items()}  # fmt: skip
+    table = {}
+    for name, e in by_name.items():
+        kind = _kind(e, computations)
+        table[name] = {"op": e["op"], "kind": kind, "phase": _phase(e, kind, step_files),
+                       "op_name": e["op_name"][-120:], "computation": e["computation"]}  # fmt: skip
+    users = defaultdict(list)
+    for name, e in by_name.items():
+        for operand in e["operands"]:
+            users[operand].append(name)
+    # Without metadata (layout copies, transposes XLA inserted): the phase of the op it feeds, else of its input.
+    for name in reversed(by_name):  # scheduled order reversed: users before their operands
+        if table[name]["phase"] is None:
+            table[name]["phase"] = next((table[u]["phase"] for u in users[name] if table[u]["phase"]), None)
+    for name in by_name:
+        if table[name]["phase"] is None:
+            known = [table[o]["phase"] for o in by_name[name]["operands"] if o in table and table[o]["phase"]]
+            table[name]["phase"] = known[0] if known else "prepare/other"
+    return table
 
 
-def op_events(xplane_path, names) -> tuple[list[tuple[str, int]], int]:
-    """(name, duration ns) of the trace's events named like an instruction in `names` (on the host
-    plane's thread lines, XLA:CPU's thunks), and the summed ns of every other event on those lines' ...
-    returned as (matched events, ns of events not matched)."""
+def module_name(hlo_text: str) -> str:
+    """The compiled module's name (`HloModule NAME, ...`): the trace's events carry it as `hlo_module`."""
+    return hlo_text.split(None, 2)[1].rstrip(",")
+
+
+def op_events(xplane_path, module: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    """(hlo_op, duration ns) of the trace's op events of `module` (XLA:CPU's thunks, on every thread), and
+    the summed ns of every other module's op events by module."""
     from jax.profiler import ProfileData
 
-    matched, unmatched_ns = [], 0
+    matched, others = [], defaultdict(int)
     for plane in ProfileData.from_file(str(xplane_path)).planes:
         for line in plane.lines:
             for event in line.events:
-                name = event.name.lstrip("%")
-                if name in names:
-                    matched.append((name, int(event.duration_ns)))
+                stats = dict(event.stats)
+                if "hlo_op" not in stats:
+                    continue
+                if stats.get("hlo_module") == module:
+                    matched.append((stats["hlo_op"], int(event.duration_ns)))
                 else:
-                    unmatched_ns += int(event.duration_ns)
-    return matched, unmatched_ns
+                    others[str(stats.get("hlo_module"))] += int(event.duration_ns)
+    return matched, dict(others)
 
 
 def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int, top: int = 15) -> dict:
     """ms per step and share of the summed op time: per kind, per phase, per (phase, kind), and the `top` ops.
     Containers (`control`) are left out of the sums: their bodies' ops are counted themselves."""
-    per_op = defaultdict(int)
+    per_op, unknown_ns = defaultdict(int), 0
     for name, ns in events:
-        if table[name]["kind"] != "control":
+        if name not in table:
+            unknown_ns += ns
+        elif table[name]["kind"] != "control":
             per_op[name] += ns
     total = sum(per_op.values()) or 1
 
@@ -158,6 +209,7 @@ def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int,
     ops = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
     return {
         "op_ms_per_step": round(total / 1e6 / steps, 2),
+        "ops_not_in_the_module_text_ms_per_step": round(unknown_ns / 1e6 / steps, 2),
         "by_kind": grouped(lambda e: e["kind"]),
         "by_phase": grouped(lambda e: e["phase"]),
         "by_phase_and_kind": grouped(lambda e: f"{e['phase']} | {e['kind']}"),

@@ -36,13 +36,14 @@ def test_a_conv_gradients_kinds_and_phases():
 
 def test_trace_events_are_summed_per_instruction(tmp_path):
     ops = hlo_ops()
-    table = ops.instructions(grads.lower(W, X).compile().as_text())
+    text = grads.lower(W, X).compile().as_text()
+    table = ops.instructions(text)
     jax.block_until_ready(grads(W, X))
     jax.profiler.start_trace(str(tmp_path))
     for _ in range(2):
         jax.block_until_ready(grads(W, X))
     jax.profiler.stop_trace()
-    events, _ = ops.op_events(next(tmp_path.rglob("*.xplane.pb")), table)
+    events, _ = ops.op_events(next(tmp_path.rglob("*.xplane.pb")), ops.module_name(text))
     summary = ops.summarise(events, table, steps=2)
     kinds = summary["by_kind"]
     assert {"conv fwd", "conv input-grad", "conv weight-grad"} <= kinds.keys()
