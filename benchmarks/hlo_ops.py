@@ -3,10 +3,12 @@ trace's op events summed over them (benchmarks/profile_steps.py).
 
 - `instructions(hlo_text)`: every instruction of a compiled module (`compiled.as_text()`), by name:
   its opcode, `kind` and `phase`.
-  kind: `conv fwd`, `conv input-grad`, `conv weight-grad` (a backward conv whose window is larger than
-  its output's spatial size, as XLA writes the weight gradient: the window spans the feature map),
-  `conv weight-grad (matmuls)` (eqxdiff's `xla_cpu.conv2d` backward: dots from eqxdiff/xla_cpu.py),
-  `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`, `control` (conditional, while,
+  kind: `conv fwd`, `conv input-grad`, `conv weight-grad` (a conv whose window is larger than its
+  output's spatial size, as XLA writes the weight gradient: the window spans the feature map; or a conv
+  without metadata: XLA's rewrite of the weight gradient drops it, the others keep JAX's),
+  `conv weight-grad (as matmuls)` (a backward dot from a conv contracting over positions, not channels:
+  eqxdiff's `conv_grad_matmul`, or a 1×1 conv XLA wrote as a dot; other conv dots are `conv fwd` or
+  `conv input-grad`), `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`, `control` (conditional, while,
   call: containers whose bodies' ops are events of their own), `other`. A fusion takes the kind of the
   heaviest op inside it (a convolution, then a dot, then a reduce; else elementwise, or copy/transpose
   when it only moves data).
@@ -29,6 +31,7 @@ MOVES = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "dynam
          "concatenate", "pad", "parameter", "constant", "tuple", "get-tuple-element", "copy-start",
          "copy-done", "reverse"}  # fmt: skip
 RNG = {"rng-bit-generator", "rng", "rng-get-and-update-state"}
+CONV_FILES = ("eqxdiff/nn/conv.py", "eqxdiff/xla_cpu.py")  # eqxdiff's conv layer and its conv_grad_matmul rule
 
 
 def _attr(rest: str, key: str) -> str:
@@ -48,7 +51,8 @@ def _conv_kind(shape: str, rest: str, op_name: str) -> str:
     out = labels.split("->")[-1] if "->" in labels else ""
     dims = _dims(shape)
     spatial = [dims[i] for i, c in enumerate(out) if c.isdigit() and i < len(dims)] or [1]
-    if _prod(window) > _prod(spatial):  # XLA's weight gradient (its metadata is often dropped)
+    # XLA's weight gradient: its window spans the feature map, and XLA's rewrite of it drops the metadata
+    if _prod(window) > _prod(spatial) or not op_name:
         return "conv weight-grad"
     return "conv input-grad" if "transpose(" in op_name else "conv fwd"
 
@@ -100,19 +104,35 @@ def _parse(hlo_text: str) -> tuple[dict, dict]:
     return computations, by_name
 
 
-def _kind(entry: dict, computations: dict) -> str:
+def _dot_kind(entry: dict, by_name: dict) -> str:
+    """A dot from a conv (XLA rewrites 1×1 convs as dots; eqxdiff's conv_grad_matmul computes the weight
+    gradient as one dot per kernel offset) takes the conv's kind: in the backward, a weight gradient
+    contracts over the positions, an input gradient over the channels. Any other dot is a matmul."""
+    from_conv = "conv_general_dilated" in entry["op_name"].split("/")[-1] or entry["source_file"].endswith(CONV_FILES)
+    if not from_conv:
+        return "matmul"
+    if "transpose(" not in entry["op_name"]:
+        return "conv fwd"
+    lhs = by_name.get(entry["operands"][0]) if entry["operands"] else None
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", entry["rest"])
+    if lhs is None or contracting is None:
+        return "conv input-grad"
+    rank = len(_dims(lhs["shape"]))  # the weight gradient sums over positions, not over lhs's channels (its last dim)
+    return "conv input-grad" if str(rank - 1) in contracting[1].split(",") else "conv weight-grad (as matmuls)"
+
+
+def _kind(entry: dict, computations: dict, by_name: dict) -> str:
     op = entry["op"]
     if op == "convolution":
         return _conv_kind(entry["shape"], entry["rest"], entry["op_name"])
     if op == "dot":
-        backward_matmul = "transpose(" in entry["op_name"] and entry["source_file"].endswith("xla_cpu.py")
-        return "conv weight-grad (matmuls)" if backward_matmul else "matmul"
+        return _dot_kind(entry, by_name)
     if op == "fusion" or (op == "custom-call" and entry["calls"]):
         inner = [e for c in entry["calls"] for e in computations.get(c, [])]
         for wanted in ("convolution", "dot", "reduce"):
             heaviest = next((e for e in inner if e["op"] == wanted), None)
             if heaviest is not None:
-                return _kind(heaviest, computations) if wanted != "reduce" else "reduce"
+                return _kind(heaviest, computations, by_name) if wanted != "reduce" else "reduce"
         return "copy/transpose" if inner and all(e["op"] in MOVES for e in inner) else "fusion/elementwise"
     if op in ("reduce", "reduce-window", "select-and-scatter", "all-reduce"):
         return "reduce"
@@ -146,7 +166,7 @@ def instructions(hlo_text: str, step_files: tuple[str, ...] = ()) -> dict[str, d
     computations, by_name = _parse(hlo_text)
     table = {}
     for name, e in by_name.items():
-        kind = _kind(e, computations)
+        kind = _kind(e, computations, by_name)
         table[name] = {"op": e["op"], "kind": kind, "phase": _phase(e, kind, step_files),
                        "op_name": e["op_name"][-120:], "computation": e["computation"]}  # fmt: skip
     users = defaultdict(list)

@@ -22,8 +22,8 @@ by phase and kind, the top ops; a table of the shares side by side goes to stder
     PYTHONPATH=$PWD /tmp/peer/bin/python benchmarks/profile_steps.py [--steps 5 --xla_cpu on --trace_dir DIR]
     PYTHONPATH=$PWD /tmp/peer/bin/python benchmarks/profile_steps.py --quick   # smoke: 8×8, batch 4, 2 steps
 
-The traces stay in --trace_dir when given (TensorBoard's profile plugin or xprof opens them), else in a
-temporary folder removed at the end.
+The traces and each step's compiled HLO (NAME/step.hlo.txt) stay in --trace_dir when given (TensorBoard's
+profile plugin or xprof opens the traces), else in a temporary folder removed at the end.
 """
 
 import argparse
@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.training import adamw_cosine  # noqa: E402
 from harness import report  # noqa: E402
-from hlo_ops import instructions, op_events, summarise  # noqa: E402
+from hlo_ops import instructions, module_name, op_events, summarise  # noqa: E402
 from startup import xla_cpu_switches  # noqa: E402  (train/startup.py, on the path through bench_train_vs_flaxdiff)
 
 STEP_FILES = {  # the step's own file(s): ops there outside the gradient are the EMA, the NaN guard, the metrics
@@ -121,17 +121,17 @@ def main() -> None:
                         else FlaxdiffSide(args, images_u8, optimizer, checkpoint_dir))  # fmt: skip
                 side.first_step()
                 side.run(args.warmup)
-                table = instructions(compiled_text(name, side), STEP_FILES[name])
+                text = compiled_text(name, side)
                 wall_s, trace = traced(side, args.steps, trace_root / name)
-            events, other_ns = op_events(trace, table)
+                (trace_root / name / "step.hlo.txt").write_text(text)  # what the kinds and phases were read from
+            events, others_ns = op_events(trace, module_name(text))
             if not events:
-                raise SystemExit(f"{name}: no event in {trace} is named like an instruction of its step")
-            summary = summarise(events, table, args.steps, args.top)
+                raise SystemExit(f"{name}: no op event of its step's module {module_name(text)} in {trace}")
+            summary = summarise(events, instructions(text, STEP_FILES[name]), args.steps, args.top)
             results[name] = {
                 "wall_ms_per_step": round(1000 * wall_s / args.steps, 2),
                 "op_time_over_wall": round(summary["op_ms_per_step"] / (1000 * wall_s / args.steps), 3),
-                "other_events_ms_per_step": round(other_ns / 1e6 / args.steps, 2),
-                "instructions": len(table),
+                "other_programs_op_ms_per_step": {m: round(ns / 1e6 / args.steps, 2) for m, ns in others_ns.items()},
                 **summary,
             }
             del side  # its state's memory, before the other side's
