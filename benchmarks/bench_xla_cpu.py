@@ -21,10 +21,13 @@ Forward sides share one network (drawn once) and input. Then timed rounds altern
 Process-level flags are the same for every side and every workload (printed as `xla_flags`): YNNPACK
 is switched per compile (the compiler options), not in XLA_FLAGS, so both settings live in one process.
 
-One JSON line: per side its switches, compile and first-call seconds, median round, step or call time,
-items/s, and `over_shipped`, its time over the shipped side's (> 1: slower than shipped).
+One JSON line: the machine record (benchmarks/harness.py: date, CPU model and vector flags, the fp32
+matmul rate), then per side its switches, compiler options, `lowered_sha`, compile (trace + lower +
+compile) and first step/call seconds, its rounds, the median round's step/call time and samples/s
+(training) or images/s (forward), `over_shipped` (its time over the shipped side's: > 1 slower), and its
+last loss (training) or `relative_diff_vs_<first side>` of its output (forward).
 
-    python benchmarks/bench_xla_cpu.py --workload flaxdiff_unet [--rounds 3 --steps 4]
+    python benchmarks/bench_xla_cpu.py --workload flaxdiff_unet [--rounds 3 --steps 3 --sides shipped,off]
     python benchmarks/bench_xla_cpu.py --workload all --out DIR     # each workload in a fresh process: DIR/NAME.json
     python benchmarks/bench_xla_cpu.py --workload inception --quick  # smoke run (--workload all --quick: every one)
 """

@@ -17,7 +17,8 @@ Forward workloads (a jitted function of a network and an input, no gradient):
   299×299 (`eqxdiff.eval.fid.rgb_features`, as FID extraction calls it).
 
 Each workload's figures (batch, steps or calls per round, rounds) are sized so that a run over the
-default sides stays around three minutes on a quiet 2-core box; `--quick` shrinks each to a smoke run.
+default sides stays around three minutes on a quiet 2-core box (the training steps' ten compiles, 10–20 s
+each there, are half of it or more: `--sides` narrows a run); `--quick` shrinks each to a smoke run.
 """
 
 import functools
@@ -125,8 +126,8 @@ def inception_workload(args) -> ForwardWork:
 
 WORKLOADS = {
     "digits": Workload(digits_workload, "train", 64, 20, 4, "default digits job step, 8x8x1"),
-    "flaxdiff_unet": Workload(flaxdiff_unet_workload, "train", 32, 4, 3, "UNet.flaxdiff_simple(3) step, 32x32x3"),
-    "text_step": Workload(text_step_workload, "train", 16, 3, 3, "text-conditioned step, frozen CLIP tower, 32x32x3"),
+    "flaxdiff_unet": Workload(flaxdiff_unet_workload, "train", 32, 3, 3, "UNet.flaxdiff_simple(3) step, 32x32x3"),
+    "text_step": Workload(text_step_workload, "train", 16, 2, 3, "text-conditioned step, frozen CLIP tower, 32x32x3"),
     "vae_encode": Workload(vae_encode_workload, "forward", 1, 4, 3, "SD VAE encode, 128x128x3"),
     "vae_decode": Workload(vae_decode_workload, "forward", 1, 2, 3, "SD VAE decode, 16x16x4 -> 128x128x3"),
     "inception": Workload(inception_workload, "forward", 16, 2, 3, "FID Inception pool3, uint8 299x299x3"),
