@@ -16,7 +16,7 @@ stdin/stdout; the two sides never run at the same time. Nothing is downloaded.
 Per (op, size, dtype), both sides get the same input (NHWC float32, cast to the dtype; images
 ~U(-1, 1) for encode, latents ~N(0, 1) for decode) and the same batch:
 - eqxdiff: `eqx.filter_jit` of `vae.encode` / `vae.decode` (as train/encode.py and sample grids
-  call them), `xla_cpu.enable()` as the train scripts do (it changes nothing in a forward pass);
+  call them), `xla_cpu.enable()` as the train scripts do (a forward reads only its YNNPACK-off XLA_FLAGS);
   compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call. bf16 =
   every floating parameter and the input cast to bfloat16: every layer then computes in bfloat16,
   except GroupNorm's statistics (float32 inside, output cast back) and the attention softmax
