@@ -7,12 +7,12 @@ the step); forwards `vae_encode`, `vae_decode` (the SD VAE at 128²) and `incept
 16 images of 299²). One device.
 
 Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
-the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone). A training
-step reads conv_grad_matmul (traced into the backward), llvm_o1, memory_scheduler and no_ynnpack (its
-compiler options); a forward reads only the three compiler options (conv_grad_matmul changes a conv's
-gradient, and a forward takes none: each side's `lowered_sha`, the hash of its traced program, shows
-which sides compile the same program). remat_order and unrolled_accumulation act only under --remat
-and --grad_accum_steps, init_draws and host_finite outside the compiled program.
+the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B`
+and `without:A+B` name sets. A training step reads conv_grad_matmul (traced into the backward), llvm_o1,
+memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three compiler options
+(conv_grad_matmul changes a conv's gradient, and a forward takes none: each side's `lowered_sha`, the hash
+of its traced program, shows which sides compile the same program). remat_order and unrolled_accumulation
+act only under --remat and --grad_accum_steps, init_draws and host_finite outside the compiled program.
 
 Each side's program is built, traced and compiled inside `xla_cpu.only(its switches)`; training sides
 also draw their state there (init_draws), all from the same parameters (asserted after one step).
@@ -59,10 +59,12 @@ FORWARD_SWITCHES = ("llvm_o1", "memory_scheduler", "no_ynnpack")
 def side_switches(side: str) -> frozenset[str]:
     if side in ("shipped", "off"):
         return xla_cpu.DEFAULT if side == "shipped" else frozenset()
-    kind, _, name = side.partition(":")
-    if kind not in ("without", "only") or name not in xla_cpu.SWITCHES:
-        raise SystemExit(f"--sides: {side!r} is not shipped, off, without:NAME or only:NAME ({', '.join(xla_cpu.SWITCHES)}).")
-    return xla_cpu.DEFAULT - {name} if kind == "without" else frozenset({name})
+    kind, _, names = side.partition(":")
+    names = frozenset(names.split("+"))
+    if kind not in ("without", "only") or not names <= xla_cpu.SWITCHES.keys():
+        raise SystemExit(f"--sides: {side!r} is not shipped, off, without:NAMES or only:NAMES (NAMES: one or more "
+                         f"of {', '.join(xla_cpu.SWITCHES)} joined by +).")  # fmt: skip
+    return xla_cpu.DEFAULT - names if kind == "without" else names
 
 
 def sha(lowered) -> str:
@@ -201,7 +203,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0,
                         help="steps (forward: calls) per timed round; default: the workload's")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds per side; default: the workload's")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps or calls per side after the first")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps or calls per side after the first (default: 3 steps, 1 call)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds of 1 step or call")
     args = parser.parse_args()
@@ -213,6 +216,7 @@ def main() -> None:
     workload = WORKLOADS[args.workload]
     args.batch, args.steps = args.batch or workload.batch, args.steps or workload.steps
     args.rounds = args.rounds or workload.rounds
+    args.warmup = (3 if workload.kind == "train" else 1) if args.warmup is None else args.warmup  # 3: as occasions 1-2
     if args.quick:
         args.batch, args.steps, args.rounds, args.warmup = min(args.batch, 4), 1, 2, 0
 
