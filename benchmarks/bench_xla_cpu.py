@@ -204,7 +204,7 @@ def main() -> None:
                         help="steps (forward: calls) per timed round; default: the workload's")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds per side; default: the workload's")
     parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps or calls per side after the first (default: 3 steps, 1 call)")  # fmt: skip
+                        help="untimed steps or calls per side after the first; default: the workload's")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds of 1 step or call")
     args = parser.parse_args()
@@ -216,7 +216,7 @@ def main() -> None:
     workload = WORKLOADS[args.workload]
     args.batch, args.steps = args.batch or workload.batch, args.steps or workload.steps
     args.rounds = args.rounds or workload.rounds
-    args.warmup = (3 if workload.kind == "train" else 1) if args.warmup is None else args.warmup  # 3: as occasions 1-2
+    args.warmup = workload.warmup if args.warmup is None else args.warmup
     if args.quick:
         args.batch, args.steps, args.rounds, args.warmup = min(args.batch, 4), 1, 2, 0
 

@@ -64,6 +64,7 @@ class Workload:
     batch: int  # images per step or call
     steps: int  # steps (train) or calls (forward) per timed round
     rounds: int
+    warmup: int  # untimed steps or calls per side after the first
     what: str
 
 
@@ -124,11 +125,11 @@ def inception_workload(args) -> ForwardWork:
     return ForwardWork(InceptionV3(key=jax.random.key(args.seed)), rgb_features, images, args.batch)
 
 
-WORKLOADS = {
-    "digits": Workload(digits_workload, "train", 64, 20, 4, "default digits job step, 8x8x1"),
-    "flaxdiff_unet": Workload(flaxdiff_unet_workload, "train", 32, 3, 3, "UNet.flaxdiff_simple(3) step, 32x32x3"),
-    "text_step": Workload(text_step_workload, "train", 16, 2, 3, "text-conditioned step, frozen CLIP tower, 32x32x3"),
-    "vae_encode": Workload(vae_encode_workload, "forward", 1, 6, 4, "SD VAE encode, 128x128x3"),
-    "vae_decode": Workload(vae_decode_workload, "forward", 1, 3, 4, "SD VAE decode, 16x16x4 -> 128x128x3"),
-    "inception": Workload(inception_workload, "forward", 16, 4, 4, "FID Inception pool3, uint8 299x299x3"),
+WORKLOADS = {  # build, kind, batch, steps (calls) per round, rounds, warm-up, what
+    "digits": Workload(digits_workload, "train", 64, 20, 4, 3, "default digits job step, 8x8x1"),
+    "flaxdiff_unet": Workload(flaxdiff_unet_workload, "train", 32, 3, 3, 3, "UNet.flaxdiff_simple(3) step, 32x32x3"),
+    "text_step": Workload(text_step_workload, "train", 16, 2, 3, 1, "text-conditioned step, frozen tower, 32x32x3"),
+    "vae_encode": Workload(vae_encode_workload, "forward", 1, 6, 4, 1, "SD VAE encode, 128x128x3"),
+    "vae_decode": Workload(vae_decode_workload, "forward", 1, 3, 4, 1, "SD VAE decode, 16x16x4 -> 128x128x3"),
+    "inception": Workload(inception_workload, "forward", 16, 4, 4, 1, "FID Inception pool3, uint8 299x299x3"),
 }
