@@ -30,7 +30,6 @@ from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_st
 from harness import alternate, param_count, report  # benchmarks/ is on sys.path when run as a script
 from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
 
-xla_cpu.enable()
 TOKENS, WIDTH = 77, 768
 TOWERS = {  # transformers CLIPTextConfig fields
     "clip_l": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
@@ -98,6 +97,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and variant")
     parser.add_argument("--tower", default="small", choices=sorted(TOWERS), help="the frozen tower's size")
     args = parser.parse_args()
+    xla_cpu.enable()  # as train/main.py, in main: bench_xla_cpu.py imports `variant` and sets its own switches
     mesh = make_mesh(1, 1, jax.devices()[:1])
     config = {"vocab_size": 49408, "max_position_embeddings": TOKENS, "eos_token_id": 49407, **TOWERS[args.tower]}
     tower = CLIPTextModel.from_config(config, key=jax.random.key(1))

@@ -16,7 +16,7 @@ stdin/stdout; the two sides never run at the same time. Nothing is downloaded.
 Per (op, size, dtype), both sides get the same input (NHWC float32, cast to the dtype; images
 ~U(-1, 1) for encode, latents ~N(0, 1) for decode) and the same batch:
 - eqxdiff: `eqx.filter_jit` of `vae.encode` / `vae.decode` (as train/encode.py and sample grids
-  call them), `xla_cpu.enable()` as the train scripts do (it changes nothing in a forward pass);
+  call them), `xla_cpu.enable()` as the train scripts do (a forward reads only its YNNPACK-off XLA_FLAGS);
   compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call. bf16 =
   every floating parameter and the input cast to bfloat16: every layer then computes in bfloat16,
   except GroupNorm's statistics (float32 inside, output cast back) and the attention softmax
@@ -56,8 +56,6 @@ from eqxdiff import xla_cpu
 from eqxdiff.nn import AutoencoderKL
 from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
-
-xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "vae_torch_peer.py"
 SD_VAE = {
@@ -153,6 +151,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: a small VAE at 32², one round")
     args = parser.parse_args()
+    xla_cpu.enable()  # as train/main.py, in main: bench_xla_cpu.py imports the configs and sets its own switches
     config = SD_VAE
     if args.quick:
         config, args.sizes, args.torch_bf16_sizes, args.rounds, args.bf16_rounds = SMALL_VAE, [32], [32], 1, 1

@@ -1,50 +1,59 @@
-"""XLA:CPU workarounds (`eqxdiff.xla_cpu`), each switch on its own: a training step's speed under
-several sets of switches, side by side in one process.
+"""XLA:CPU workarounds (`eqxdiff.xla_cpu`), each switch on its own: a workload's speed under several
+sets of switches, side by side in one process.
 
-Workloads (`--workload`): `digits`, the default digits job (`digits_job`: `UNet(1, (32, 64), 1,
-num_classes=10)`, 8×8×1, batch 64, EDM, label dropout 0.1, AdamW); `flaxdiff_unet`, FlaxDiff's
-simple UNet as bench_train.py and bench_train_vs_flaxdiff.py train it (`UNet.flaxdiff_simple(3)`,
-32×32×3, batch 32, EDM, AdamW). One device.
+Workloads (`--workload`, benchmarks/xla_cpu_workloads.py): training steps `digits` (the default job),
+`flaxdiff_unet` (the FlaxDiff comparison's UNet), `text_step` (text-conditioned, a frozen CLIP tower in
+the step); forwards `vae_encode`, `vae_decode` (the SD VAE at 128²) and `inception` (FID's Inception,
+16 images of 299²). One device.
 
 Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
-a step reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B` and
-`without:A+B` name sets. Each side's
-state, step and compile are built inside `xla_cpu.only(its switches)`: a switch is read when the state
-is drawn, when the step is built and when it is traced, so the compiled steps then run side by side,
-in timed rounds that alternate over the sides (at most 2 steps in flight), so drift hits all alike.
-All sides start from the same parameters (asserted bitwise). YNNPACK is switched per compile (the
-step's compiler options), not in XLA_FLAGS, so both settings can live in one process.
+the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B`
+and `without:A+B` name sets. A training step reads conv_grad_matmul (traced into the backward), llvm_o1,
+memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three compiler options
+(conv_grad_matmul changes a conv's gradient, and a forward takes none: each side's `lowered_sha`, the hash
+of its traced program, shows which sides compile the same program). remat_order and unrolled_accumulation
+act only under --remat and --grad_accum_steps, init_draws and host_finite outside the compiled program.
 
-One JSON line: per side its switches, compile and first-step seconds, median step time and
-samples/s, and `over_shipped`, its step time over the shipped side's (> 1: slower than shipped).
+Each side's program is built, traced and compiled inside `xla_cpu.only(its switches)`; training sides
+also draw their state there (init_draws), all from the same parameters (asserted after one step).
+Forward sides share one network (drawn once) and input. Then timed rounds alternate over the sides
+(training: at most 2 steps in flight; forward: calls blocked on one by one), so drift hits all alike.
+Process-level flags are the same for every side and every workload (printed as `xla_flags`): YNNPACK
+is switched per compile (the compiler options), not in XLA_FLAGS, so both settings live in one process.
 
-    python benchmarks/bench_xla_cpu.py [--workload flaxdiff_unet --rounds 4 --steps 20]
-    python benchmarks/bench_xla_cpu.py --quick      # smoke run: batch 8, 2 rounds of 2 steps
+One JSON line: the machine record (benchmarks/harness.py: date, CPU model and vector flags, the fp32
+matmul rate), then per side its switches, compiler options, `lowered_sha`, compile (trace + lower +
+compile) and first step/call seconds, its rounds, the median round's step/call time and samples/s
+(training) or images/s (forward), `over_shipped` (its time over the shipped side's: > 1 slower), and its
+last loss (training) or `relative_diff_vs_<first side>` of its output (forward).
+
+    python benchmarks/bench_xla_cpu.py --workload flaxdiff_unet [--rounds 3 --steps 3 --sides shipped,off]
+    python benchmarks/bench_xla_cpu.py --workload all --out DIR     # each workload in a fresh process: DIR/NAME.json
+    python benchmarks/bench_xla_cpu.py --workload inception --quick  # smoke run (--workload all --quick: every one)
 """
 
 import argparse
+import hashlib
 import itertools
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import equinox as eqx
 import jax
 import numpy as np
 
-from digits_job import digits_job  # benchmarks/ is on sys.path when run as a script
 from eqxdiff import xla_cpu
-from eqxdiff.data import batch_stream
-from eqxdiff.nn import UNet
 from eqxdiff.sharding import batch_sharding, make_mesh
-from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
-from harness import alternate, report, steps_in_flight
-from unconditional_edm import unconditional_edm
+from harness import alternate, call_seconds, report, steps_in_flight  # benchmarks/ is on sys.path as a script
+from xla_cpu_workloads import WORKLOADS
 
-# What a training step without remat or accumulation reads (the others act elsewhere: remat_order
-# under --remat, unrolled_accumulation under --grad_accum_steps, init_draws and host_finite
-# outside the step).
 STEP_SWITCHES = ("conv_grad_matmul", "llvm_o1", "memory_scheduler", "no_ynnpack")
+FORWARD_SWITCHES = ("llvm_o1", "memory_scheduler", "no_ynnpack")
 
 
 def side_switches(side: str) -> frozenset[str]:
@@ -58,102 +67,164 @@ def side_switches(side: str) -> frozenset[str]:
     return xla_cpu.DEFAULT - names if kind == "without" else names
 
 
-def digits_workload(mesh, args, total_steps):
-    job = digits_job(mesh, total_steps=total_steps, seed=args.seed)
-    host = batch_stream(job.digits, args.batch, args.seed)
-    return job.state, job.train_step, lambda: next(host)
+def sha(lowered) -> str:
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:12]
 
 
-def flaxdiff_unet_workload(mesh, args, total_steps):
-    optimizer, lr_schedule = adamw_cosine(2e-4, max(1000, total_steps + 1), 10, 1e-4)
-    make_model = lambda key: UNet.flaxdiff_simple(3, key=key)  # noqa: E731
-    state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
-    prepare, loss_fn = unconditional_edm()
-    step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=args.seed,
-    )  # fmt: skip
-    rng = np.random.default_rng(args.seed)
-    size = 8 if args.quick else 32
-    return state, step, lambda: {"image": rng.integers(0, 256, (args.batch, size, size, 3), dtype=np.uint8)}
+def train_sides(workload, sides, switches, args):
+    """Per side: (run(n) -> seconds of n steps, its start-up record). Each side's state, step and compile
+    under its switches; the same batches for all."""
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    total_steps = 1 + args.warmup + args.rounds * args.steps
+    runs, startup, initial, batches, losses = {}, {}, {}, None, {}
+    for side in sides:
+        with xla_cpu.only(switches[side]):
+            work = workload.build(mesh, args, total_steps)
+            if batches is None:  # one list of device batches for every side
+                batches = [jax.device_put(work.next_batch(), batch_sharding(mesh)) for _ in range(4)]
+            start = time.perf_counter()
+            work.step.compile(work.state, batches[0], work.frozen)  # trace, lower and compile
+            compile_s = time.perf_counter() - start
+            lowered_sha = sha(work.step.lower(work.state, batches[0], work.frozen))  # the lowering compile() made
+            start = time.perf_counter()
+            work.state, metrics = work.step(work.state, batches[0], work.frozen)
+            jax.block_until_ready(metrics["loss"])
+            first_s = time.perf_counter() - start
+        initial[side] = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(work.state.ema, eqx.is_array))]
+        startup[side] = {"switches": sorted(switches[side]), "compile_s": round(compile_s, 2),
+                         "first_step_s": round(first_s, 3), "compiler_options": work.step.compiler_options,
+                         "lowered_sha": lowered_sha}  # fmt: skip
+
+        def run(n: int, work=work, side=side) -> float:
+            start = time.perf_counter()
+            work.state, metrics = steps_in_flight(work.step, work.state, itertools.islice(itertools.cycle(batches), n),
+                                                  work.frozen)  # fmt: skip
+            losses[side] = float(metrics["loss"])
+            return time.perf_counter() - start
+
+        runs[side] = run
+    first = initial[sides[0]]
+    for side in sides[1:]:  # same initial draw: the EMA after one step differs only by rounding
+        assert all(np.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(first, initial[side], strict=True)), side
+    return runs, startup, lambda side: {"last_loss": round(losses[side], 4)}
 
 
-WORKLOADS = {"digits": (digits_workload, 64), "flaxdiff_unet": (flaxdiff_unet_workload, 32)}
+def forward_sides(workload, sides, switches, args):
+    """Per side: (run(n) -> seconds of n calls, its start-up record). One network and input for all; each
+    side's forward traced and compiled under its switches (a fresh jit each: jit's trace cache does not see them)."""
+    work = workload.build(args)
+    arrays, static = eqx.partition(work.network, eqx.is_array)
+    x = jax.device_put(work.input)
+    runs, startup, outputs = {}, {}, {}
+    for side in sides:
+        with xla_cpu.only(switches[side]):
+            options = xla_cpu.compiler_options()
+            start = time.perf_counter()
+            lowered = jax.jit(lambda arrays, x: work.forward(eqx.combine(arrays, static), x)).lower(arrays, x)
+            compiled = lowered.compile(options)
+            compile_s = time.perf_counter() - start
+            start = time.perf_counter()
+            outputs[side] = jax.block_until_ready(compiled(arrays, x))
+            first_s = time.perf_counter() - start
+        startup[side] = {"switches": sorted(switches[side]), "compile_s": round(compile_s, 2),
+                         "first_call_s": round(first_s, 3), "compiler_options": options,
+                         "lowered_sha": sha(lowered)}  # fmt: skip
+        runs[side] = lambda n, compiled=compiled: call_seconds(n, compiled, arrays, x)
+
+    def agreement(side: str) -> dict:  # switches change rounding only: max |difference| / the output's max |value|
+        pairs = zip(jax.tree.leaves(outputs[sides[0]]), jax.tree.leaves(outputs[side]), strict=True)
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in pairs)
+        scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(outputs[sides[0]]))
+        return {f"relative_diff_vs_{sides[0]}": float(f"{diff / scale:.2e}")}
+
+    return runs, startup, agreement
+
+
+def run_workload(name: str, args) -> dict:
+    workload = WORKLOADS[name]
+    train = workload.kind == "train"
+    default_sides = ["shipped", "off", *(f"{k}:{s}" for s in (STEP_SWITCHES if train else FORWARD_SWITCHES)
+                                         for k in ("without", "only"))]  # fmt: skip
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()] or default_sides
+    switches = {side: side_switches(side) for side in sides}
+    runs, startup, extra = (train_sides if train else forward_sides)(workload, sides, switches, args)
+
+    for side in sides:
+        if args.warmup:
+            runs[side](args.warmup)
+    times = alternate({side: lambda side=side: runs[side](args.steps) for side in sides}, args.rounds)
+    median = {side: statistics.median(times[side]) for side in sides}
+    reference = median.get("shipped", median[sides[0]])
+    unit, items = ("step", "samples") if train else ("call", "images")
+    per_side = {
+        side: startup[side] | {
+            "rounds_s": [round(t, 3) for t in times[side]],
+            f"{unit}_time_ms": round(1000 * median[side] / args.steps, 2),
+            f"{items}_per_sec": round(args.batch * args.steps / median[side], 2),
+            "over_shipped": round(median[side] / reference, 3),
+        } | extra(side)
+        for side in sides
+    }  # fmt: skip
+    return report("xla_cpu_switches", {
+        "backend": jax.default_backend(), "workload": name, "kind": workload.kind, "what": workload.what,
+        "batch": args.batch, f"{unit}s_per_round": args.steps, "rounds": args.rounds, "warmup": args.warmup,
+        "quick": args.quick, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "switches_read": list(STEP_SWITCHES if train else FORWARD_SWITCHES),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "sides": per_side,
+    })  # fmt: skip
+
+
+def run_all(args, argv: list[str]) -> None:
+    """Each workload in a fresh process (its own backend and memory), its JSON line written to --out/NAME.json."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for name in WORKLOADS:
+        print(f"bench_xla_cpu: {name} ...", file=sys.stderr, flush=True)
+        command = [sys.executable, __file__, *argv, "--workload", name, "--out", ""]  # the last flags win
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            failed.append(name)
+            continue
+        (out / f"{name}.json").write_text(lines[-1] + "\n")
+        print(lines[-1], flush=True)
+    if failed:
+        raise SystemExit(f"bench_xla_cpu: {', '.join(failed)} failed (errors above); the others are in {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", default="digits", choices=sorted(WORKLOADS))
-    parser.add_argument("--sides", default="", help="comma list (default: shipped, off, without:X and only:X per step switch)")
-    parser.add_argument("--batch", type=int, default=0, help="default: the workload's (64 digits, 32 flaxdiff_unet)")
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds per side")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per side after the first")
+    parser.add_argument("--workload", default="digits", choices=["all", *WORKLOADS])
+    parser.add_argument("--out", default="", help="a folder: the JSON line also goes to OUT/NAME.json")
+    parser.add_argument("--sides", default="",
+                        help="comma list (default: shipped, off, without:X and only:X per switch read)")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=0, help="default: the workload's")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="steps (forward: calls) per timed round; default: the workload's")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=0, help="timed rounds per side; default: the workload's")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps or calls per side after the first; default: the workload's")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: batch 8, 2 rounds of 2 steps")
+    parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds of 1 step or call")
     args = parser.parse_args()
-    build, default_batch = WORKLOADS[args.workload]
-    args.batch = args.batch or default_batch
+    if args.workload == "all":
+        if not args.out:
+            raise SystemExit("--workload all writes one JSON file per workload: give --out DIR")
+        argv = [a for a in sys.argv[1:] if a not in ("--workload", "all", "--workload=all")]
+        return run_all(args, argv)
+    workload = WORKLOADS[args.workload]
+    args.batch, args.steps = args.batch or workload.batch, args.steps or workload.steps
+    args.rounds = args.rounds or workload.rounds
+    args.warmup = workload.warmup if args.warmup is None else args.warmup
     if args.quick:
-        args.batch, args.steps, args.rounds, args.warmup = 8, 2, 2, 1
-    default_sides = ["shipped", "off", *(f"{k}:{s}" for s in STEP_SWITCHES for k in ("without", "only"))]
-    sides = [s.strip() for s in args.sides.split(",") if s.strip()] or default_sides
-    switches = {side: side_switches(side) for side in sides}
+        args.batch, args.steps, args.rounds, args.warmup = min(args.batch, 4), 1, 2, 0
 
-    xla_cpu.enable(xla_cpu.DEFAULT - {"no_ynnpack"})  # YNNPACK stays on in XLA_FLAGS; each step's options decide
-    mesh = make_mesh(1, 1, jax.devices()[:1])
-    data_sharding = batch_sharding(mesh)
-    total_steps = 1 + args.warmup + args.rounds * args.steps
-
-    states, steps, startup, initial, batches = {}, {}, {}, {}, None
-    for side in sides:
-        with xla_cpu.only(switches[side]):
-            state, step, next_batch = build(mesh, args, total_steps)
-            if batches is None:  # one list of device batches for every side
-                batches = [jax.device_put(next_batch(), data_sharding) for _ in range(max(args.steps, 4))]
-            start = time.perf_counter()
-            step.compile(state, batches[0])
-            compile_s = time.perf_counter() - start
-            start = time.perf_counter()
-            state, metrics = step(state, batches[0])
-            jax.block_until_ready(metrics["loss"])
-            first_s = time.perf_counter() - start
-        initial[side] = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(state.ema, eqx.is_array))]
-        states[side], steps[side] = state, step
-        startup[side] = {"switches": sorted(switches[side]), "compile_s": round(compile_s, 2),
-                         "first_step_s": round(first_s, 3), "compiler_options": step.compiler_options}  # fmt: skip
-    first = initial[sides[0]]
-    for side in sides[1:]:  # same initial draw: the EMA after one step differs only by rounding
-        assert all(np.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(first, initial[side], strict=True)), side
-
-    losses = {}
-
-    def run(side: str, n: int) -> float:
-        start = time.perf_counter()
-        states[side], metrics = steps_in_flight(steps[side], states[side], itertools.islice(itertools.cycle(batches), n))
-        losses[side] = float(metrics["loss"])
-        return time.perf_counter() - start
-
-    for side in sides:
-        run(side, args.warmup)
-    times = alternate({side: lambda side=side: run(side, args.steps) for side in sides}, args.rounds)
-    median = {side: statistics.median(times[side]) for side in sides}
-    reference = median.get("shipped", median[sides[0]])
-    per_side = {
-        side: startup[side] | {
-            "rounds_s": [round(t, 3) for t in times[side]],
-            "step_time_ms": round(1000 * median[side] / args.steps, 2),
-            "samples_per_sec": round(args.batch * args.steps / median[side], 1),
-            "over_shipped": round(median[side] / reference, 3),
-            "last_loss": round(losses[side], 4),
-        }
-        for side in sides
-    }  # fmt: skip
-    report("xla_cpu_switches", {
-        "backend": jax.default_backend(), "workload": args.workload, "batch": args.batch,
-        "steps_per_round": args.steps, "rounds": args.rounds, "quick": args.quick,
-        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "sides": per_side,
-    })  # fmt: skip
+    xla_cpu.enable(xla_cpu.DEFAULT - {"no_ynnpack"})  # YNNPACK stays on in XLA_FLAGS; each compile's options decide
+    record = run_workload(args.workload, args)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"{args.workload}.json").write_text(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

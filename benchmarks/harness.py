@@ -84,9 +84,11 @@ def machine_record(packages: Iterable[str] = PACKAGES) -> dict:
     }
 
 
-def report(bench: str, result: dict, packages: Iterable[str] = PACKAGES) -> None:
-    """Print the benchmark's one JSON line: its name, the machine record, then its own figures."""
-    print(json.dumps({"bench": bench, **machine_record(packages), **result}), flush=True)
+def report(bench: str, result: dict, packages: Iterable[str] = PACKAGES) -> dict:
+    """Print the benchmark's one JSON line: its name, the machine record, then its own figures; return it."""
+    record = {"bench": bench, **machine_record(packages), **result}
+    print(json.dumps(record), flush=True)
+    return record
 
 
 def peer_report(bench: str, peer_python: str, peer_info: dict, unit: str, result: dict) -> None:

@@ -1,0 +1,51 @@
+"""benchmarks/hlo_ops.py, which profile_steps.py's per-op tables rest on: a conv's forward, input gradient and
+weight gradient are told apart in a compiled program, with their phases, and a profiler trace's op events
+are found by instruction name."""
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).parent.parent
+
+
+def hlo_ops():
+    spec = importlib.util.spec_from_file_location("hlo_ops", ROOT / "benchmarks" / "hlo_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def loss(w, x):
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), [(1, 1)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jnp.mean(jnp.tanh(y) ** 2)
+
+
+grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+W, X = jnp.ones((3, 3, 4, 8)) / 9, jnp.ones((2, 16, 16, 4))
+
+
+def test_a_conv_gradients_kinds_and_phases():
+    table = hlo_ops().instructions(grads.lower(W, X).compile().as_text())
+    convs = {(e["kind"], e["phase"]) for e in table.values() if e["kind"].startswith("conv")}
+    # the 3×3 forward conv, dL/dx as a conv with the kernel's window, dL/dW as one whose window spans the map
+    assert convs == {("conv fwd", "forward"), ("conv input-grad", "backward"), ("conv weight-grad", "backward")}
+
+
+def test_trace_events_are_summed_per_instruction(tmp_path):
+    ops = hlo_ops()
+    text = grads.lower(W, X).compile().as_text()
+    table = ops.instructions(text)
+    jax.block_until_ready(grads(W, X))
+    jax.profiler.start_trace(str(tmp_path))
+    for _ in range(2):
+        jax.block_until_ready(grads(W, X))
+    jax.profiler.stop_trace()
+    events, _ = ops.op_events(next(tmp_path.rglob("*.xplane.pb")), ops.module_name(text))
+    summary = ops.summarise(events, table, steps=2)
+    kinds = summary["by_kind"]
+    assert {"conv fwd", "conv input-grad", "conv weight-grad"} <= kinds.keys()
+    assert abs(sum(k["share"] for k in kinds.values()) - 1) < 0.01
+    assert abs(sum(p["ms_per_step"] for p in summary["by_phase"].values()) - summary["op_ms_per_step"]) < 0.05
