@@ -30,12 +30,13 @@ def tensors(path) -> dict[str, np.ndarray]:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
-def moved(model, seed: int = 0):
-    """Every array leaf moved off its init (adaLN-Zero's zeros too), so a leaf put in the wrong place shows."""
-    leaves, treedef = jax.tree.flatten(model)
+def drawn(build, seed: int = 0):
+    """The model `build()` makes with every array leaf drawn at random (adaLN-Zero's zeros too), so a leaf put in the
+    wrong place shows: its structure from an abstract build (DiT-S's eager init of 12 blocks takes seconds, and
+    its values would be replaced anyway)."""
     rng = np.random.default_rng(seed)
-    return jax.tree.unflatten(treedef, [x + rng.normal(0, 0.2, x.shape).astype(np.float32) if eqx.is_array(x) else x
-                                        for x in leaves])  # fmt: skip
+    draw = lambda x: jnp.asarray(rng.normal(0, 0.2, x.shape).astype(x.dtype))  # noqa: E731
+    return jax.tree.map(lambda x: draw(x) if isinstance(x, jax.ShapeDtypeStruct) else x, eqx.filter_eval_shape(build))
 
 
 def assert_same_model(a, b) -> None:
@@ -81,7 +82,7 @@ def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path
     constructor, kwargs = MODELS[name]((8, 8, 4), num_classes=10)
     kwargs = {**kwargs, "patch_size": patch}
     build = DiT.small if constructor == "DiT.small" else lambda **kw: DiT(**kw, learn_sigma=learn_sigma)
-    model = moved(build(**kwargs, key=jax.random.key(1)))
+    model = drawn(lambda: build(**kwargs, key=jax.random.key(1)))
     heads = model.blocks[0].attn.num_heads
     saved = save_dit(model, tmp_path / "m.safetensors")
     official = name == "dit_s"  # DiT-S: its heads come from the official table
@@ -91,7 +92,8 @@ def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path
         return  # its leaves are equal; a forward of 12 blocks adds compile time, not a check
     x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 8, 8, 4)), jnp.float32)
     t, y = jnp.array([0.0, 500.0, 999.0]), jnp.array([0, 9, 10])  # 10: the null class
-    np.testing.assert_array_equal(loaded(x, t, y), model(x, t, y))
+    forward = eqx.filter_jit(lambda m: m(x, t, y))  # one compile for both (the same structure), not one per op
+    np.testing.assert_array_equal(forward(loaded), forward(model))
 
 
 @pytest.mark.parametrize("entry", ["DiT-S/2 256", "DiT-B/4 256", "DiT-L/8 256", "DiT-XL/2 256", "DiT-XL/2 512"])

@@ -241,23 +241,23 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     """The tiny job tracking σ_rel 0.05, 0.07, 0.10: (1) 0.07 rebuilt from the snapshots of 0.05 and 0.10 alone
     equals the tracked 0.07 to 1e-3 of its distance from the last weights (relative to the weights
     themselves, the issue's measure, far less), and 0.05 rebuilt from all equals the tracked one; (2) sample.py's
-    --ema loads the rebuilt model; (3) stopped at step 12 and resumed, the run's checkpoint and every snapshot
+    --ema loads the rebuilt model; (3) stopped at step 6 and resumed, the run's checkpoint and every snapshot
     equal the uninterrupted run's bitwise."""
     import posthoc_ema  # train/posthoc_ema.py
     from rebuild import load_run
 
-    steps, flags = 24, [*TINY, "--phema_sigma_rels", "0.05,0.07,0.10", "--phema_every", 1, "--ckpt_every", 12]
+    steps, flags = 12, [*TINY, "--phema_sigma_rels", "0.05,0.07,0.10", "--phema_every", 1, "--ckpt_every", 6]
     whole, split = tmp_path / "whole", tmp_path / "split"
     train_here("--run_dir", whole, *flags, "--steps", steps)
-    shutil.copytree(whole, split)  # as if it had stopped after step 12's checkpoint and snapshot
+    shutil.copytree(whole, split)  # as if it had stopped after step 6's checkpoint and snapshot
     shutil.rmtree(split / "checkpoints" / str(steps))
-    for s in range(13, steps + 1):
+    for s in range(7, steps + 1):
         shutil.rmtree(split / "phema" / str(s))
-    train_here("--run_dir", split, *flags, "--steps", steps)  # resumes from step 12
+    train_here("--run_dir", split, *flags, "--steps", steps)  # resumes from step 6
 
     assert_bitwise_equal(saved_arrays(split, steps), saved_arrays(whole, steps))
     assert sorted(int(p.name) for p in (whole / "phema").iterdir()) == list(range(1, steps + 1))
-    for s in range(13, steps + 1):  # 1..12 were copied; the resumed run wrote these
+    for s in range(7, steps + 1):  # 1..6 were copied; the resumed run wrote these
         snapshot = lambda run: orbax_arrays(run / "phema" / str(s) / "emas")  # noqa: E731
         assert_bitwise_equal(snapshot(split), snapshot(whole))
 
@@ -271,7 +271,7 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     posthoc("--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--cfg", "1")  # unguided: other samples
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
-    assert_sweep_fid_is_sample_fid(whole, tmp_path, capsys)
+    assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
     state = saved_arrays(whole, steps)
     for index, sigma_rel in ((1, "0.07"), (0, "0.05")):
         rebuilt = orbax_arrays(whole / "posthoc_ema" / sigma_rel / str(steps) / "emas")
@@ -290,8 +290,8 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     assert sorted(np.asarray(x).tobytes() for x in loaded) == sorted(x.tobytes() for x in rebuilt.values())
 
 
-def assert_sweep_fid_is_sample_fid(run_dir, tmp_path, capsys):
-    """posthoc_ema.py --sweep --fid on the reconstructions of σ_rel 0.05 and 0.2 at step 24 (made above): each one's
+def assert_sweep_fid_is_sample_fid(run_dir, step, tmp_path, capsys):
+    """posthoc_ema.py --sweep --fid on the reconstructions of σ_rel 0.05 and 0.2 at `step` (made above): each one's
     printed and recorded FID is train/sample.py --ema sigma_rel=S --fid's, the same samples through the same stand-in
     network; the lowest is marked."""
     import posthoc_ema  # train/posthoc_ema.py
@@ -302,7 +302,7 @@ def assert_sweep_fid_is_sample_fid(run_dir, tmp_path, capsys):
     fid = ["--fid", ref, "--inception", "unused", "--num", "12", "--batch_size", "8", "--steps", "2", "--seed", "3"]
     swept_out, alone_out = tmp_path / "swept.jsonl", tmp_path / "alone.jsonl"
     argv = ["--run_dir", str(run_dir), "--sigma_rel", "0.05,0.2", "--sweep", *fid, "--fid_out", str(swept_out)]
-    posthoc_ema.fid_sweep(posthoc_ema.parse_args(argv), run_dir, 24, projection)  # main's, minus the solve done above
+    posthoc_ema.fid_sweep(posthoc_ema.parse_args(argv), run_dir, step, projection)  # main's, minus the solve done above
     table = capsys.readouterr().out.split("sweep: FID of 12 samples each")[1].splitlines()[2:4]
     swept = [json.loads(line) for line in swept_out.read_text().splitlines()]
     assert [r["ema"] for r in swept] == ["sigma_rel=0.05", "sigma_rel=0.2"]

@@ -158,11 +158,18 @@ def test_a_killed_process_restarted_writes_the_same_batch(tmp_path):
     assert out.read_bytes() == reference
 
 
-def test_sample_py_format_adm_resumes_a_run_bitwise(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A one-step tiny digits run that the --format adm tests below sample from (sampling writes nothing into it)."""
+    run_dir = tmp_path_factory.mktemp("digits_run")
+    train_here("--run_dir", run_dir, *TINY, "--dataset", "digits", "--steps", 1, "--ckpt_every", 1)
+    return run_dir
+
+
+def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkeypatch):
     import sample  # train/sample.py
 
-    run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, *TINY, "--dataset", "digits", "--steps", 1, "--ckpt_every", 1)
+    run_dir = digits_run
     flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "5", "--steps", "2",
              "--classes", "3,5,7", "--seed", "1"]  # fmt: skip
     sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
@@ -222,13 +229,12 @@ def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_finish_a_batch_one_process_began(tmp_path, monkeypatch):
+def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, monkeypatch):
     """Process 0 reads which chunks are done and tells process 1: both sample the same chunks (else their
     collectives pair different chunks); the result is the one-process batch."""
     import sample
 
-    run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, *TINY, "--dataset", "digits", "--steps", 1, "--ckpt_every", 1)
+    run_dir = digits_run
     flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "8", "--steps", "2",
              "--seed", "2"]  # fmt: skip
     sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
