@@ -277,7 +277,8 @@ def test_channel_sums_as_matmuls_match_plain_autodiff_in_the_layers():
         return jnp.sum(jnp.sin(bias.affine(y, w, b)))
 
     args = ((conv, norm, dense), x, tokens, *per_sample)
-    grad = lambda: eqx.filter_jit(eqx.filter_grad(loss))(args)  # noqa: E731
+    # A fresh function each time: filter_jit would reuse one trace (the switch is read only when tracing).
+    grad = lambda: eqx.filter_jit(eqx.filter_grad(lambda a: loss(a)))(args)  # noqa: E731
     # Only this switch, so the conv's own gradient is XLA's on both sides.
     with xla_cpu.only({"channel_sum_matmul"}):
         assert str(jax.make_jaxpr(lambda a: loss(a))(args)).count("custom_vjp_call") == 5
