@@ -223,15 +223,15 @@ def sum_to(dy, shape: tuple[int, ...]):
     `(c,)` (a bias: one matvec over all positions) or `(b, 1, ..., 1, c)` (a per-sample bias: one
     matvec per sample). Accumulated in float32, returned in `dy`'s dtype."""
     b, c = dy.shape[0], dy.shape[-1]
+    f32 = dict(preferred_element_type=jnp.float32)
     if shape == (c,):
         rows = dy.reshape(-1, c)
-        out = jax.lax.dot_general(jnp.ones(rows.shape[:1], dy.dtype), rows, (((0,), (0,)), ((), ())),
-                                  preferred_element_type=jnp.float32)  # fmt: skip
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:1], dy.dtype), rows, (((0,), (0,)), ((), ())), **f32)
     elif shape == (b, *(1,) * (dy.ndim - 2), c):
         rows = dy.reshape(b, -1, c)
         # ones [b, p], not [p]: XLA turns a matvec with a shared ones vector back into a reduction.
-        out = jax.lax.dot_general(jnp.ones(rows.shape[:2], dy.dtype), rows, (((1,), (1,)), ((0,), (0,))),
-                                  preferred_element_type=jnp.float32).reshape(shape)  # fmt: skip
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:2], dy.dtype), rows, (((1,), (1,)), ((0,), (0,))), **f32)
+        out = out.reshape(shape)
     else:
         raise ValueError(f"sum_to: {shape} is neither ({c},) nor ({b}, 1, ..., {c}) for a cotangent of {dy.shape}")
     return out.astype(dy.dtype)

@@ -305,8 +305,9 @@ def test_sum_to_is_the_sum_over_the_broadcast_axes_in_the_input_dtype():
 
 @pytest.mark.parametrize("scale_shift", [False, True])
 def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shift):
-    model = perturbed(UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, scale_shift=scale_shift,
-                           key=jax.random.key(0)))  # fmt: skip
+    unet = UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, scale_shift=scale_shift,
+                key=jax.random.key(0))  # fmt: skip
+    model = perturbed(unet)
 
     def grads():
         return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(model)

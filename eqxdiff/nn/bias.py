@@ -21,7 +21,9 @@ def add_bias(y: Float[Array, "b *pos c"], bias: Float[Array, "*bc"]) -> Float[Ar
     return xla_cpu.add_bias(y, bias) if _per_channel(y, bias) else y + bias
 
 
-def affine(y: Float[Array, "b *pos c"], weight: Float[Array, "*bc"], bias: Float[Array, "*bc"]) -> Float[Array, "b *pos c"]:
+def affine(
+    y: Float[Array, "b *pos c"], weight: Float[Array, "*bc"], bias: Float[Array, "*bc"]
+) -> Float[Array, "b *pos c"]:
     """`y * weight + bias`, both `[c]` or per sample `[b, 1, ..., 1, c]`; with `eqxdiff.xla_cpu` on and the CPU
     backend their gradients are matmuls with ones (`xla_cpu.affine`)."""
     return xla_cpu.affine(y, weight, bias) if _per_channel(y, weight, bias) else y * weight + bias
