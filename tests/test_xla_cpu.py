@@ -244,7 +244,8 @@ def test_each_switch_by_name_reaches_only_its_own_workaround():
     block = checkpointed(Dense(4, 4, use_bias=False, key=jax.random.key(0)), True)  # no bias: no rule 8
     conv_custom = lambda: uses_custom_vjp(lambda x: conv2d(x, w, 1, 1), X)  # noqa: E731
     remat_custom = lambda: uses_custom_vjp(lambda x: block(x), jnp.ones((3, 4)))  # noqa: E731
-    bias_custom = lambda: uses_custom_vjp(lambda x: Dense(4, 4, key=jax.random.key(0))(x), jnp.ones((3, 4)))  # noqa: E731
+    dense = Dense(4, 4, key=jax.random.key(0))
+    bias_custom = lambda: uses_custom_vjp(lambda x: dense(x), jnp.ones((3, 4)))  # noqa: E731
     with xla_cpu.only({"conv_grad_matmul"}):
         assert conv_custom() and not remat_custom() and not bias_custom() and xla_cpu.compiler_options() == {}
     with xla_cpu.only({"channel_sum_matmul"}):
@@ -295,7 +296,8 @@ def test_channel_sums_as_matmuls_match_plain_autodiff_in_the_layers():
 def test_sum_to_is_the_sum_over_the_broadcast_axes_in_the_input_dtype():
     dy = np.random.default_rng(0).normal(size=(3, 4, 5, 6)).astype(np.float32)
     np.testing.assert_allclose(xla_cpu.sum_to(jnp.asarray(dy), (6,)), dy.sum((0, 1, 2)), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(xla_cpu.sum_to(jnp.asarray(dy), (3, 1, 1, 6)), dy.sum((1, 2), keepdims=True), rtol=1e-5, atol=1e-5)
+    per_sample = xla_cpu.sum_to(jnp.asarray(dy), (3, 1, 1, 6))
+    np.testing.assert_allclose(per_sample, dy.sum((1, 2), keepdims=True), rtol=1e-5, atol=1e-5)
     half = xla_cpu.sum_to(jnp.asarray(dy, jnp.bfloat16), (6,))
     assert half.dtype == jnp.bfloat16
     np.testing.assert_allclose(half.astype(jnp.float32), dy.sum((0, 1, 2)), rtol=0.02, atol=0.05)
