@@ -222,6 +222,11 @@ def sum_to(dy, shape: tuple[int, ...]):
     """Σ of `dy [b, ..., c]` over the axes that `shape` broadcasts, as a matmul with ones: `shape` is
     `(c,)` (a bias: one matvec over all positions) or `(b, 1, ..., 1, c)` (a per-sample bias: one
     matvec per sample). Accumulated in float32, returned in `dy`'s dtype."""
+    with jax.named_scope("channel_sum_matmul"):  # the profile's op kind (benchmarks/hlo_ops.py)
+        return _sum_to(dy, shape)
+
+
+def _sum_to(dy, shape: tuple[int, ...]):
     b, c = dy.shape[0], dy.shape[-1]
     f32 = dict(preferred_element_type=jnp.float32)
     if shape == (c,):
