@@ -215,70 +215,6 @@ def _weight_grad(x, dy, kernel_shape, stride: int, padding: int):
 conv2d.defvjp(_conv_forward, _conv_backward)
 
 
-# --- 8. per-channel gradient sums as matmuls --------------------------------------------------
-
-
-def sum_to(dy, shape: tuple[int, ...]):
-    """Σ of `dy [b, ..., c]` over the axes that `shape` broadcasts, as a matmul with ones: `shape` is
-    `(c,)` (a bias: one matvec over all positions) or `(b, 1, ..., 1, c)` (a per-sample bias: one
-    matvec per sample). Accumulated in float32, returned in `dy`'s dtype."""
-    with jax.named_scope("channel_sum_matmul"):  # the profile's op kind (benchmarks/hlo_ops.py)
-        return _sum_to(dy, shape)
-
-
-def _sum_to(dy, shape: tuple[int, ...]):
-    b, c = dy.shape[0], dy.shape[-1]
-    f32 = dict(preferred_element_type=jnp.float32)
-    if shape == (c,):
-        rows = dy.reshape(-1, c)
-        out = jax.lax.dot_general(jnp.ones(rows.shape[:1], dy.dtype), rows, (((0,), (0,)), ((), ())), **f32)
-    elif shape == (b, *(1,) * (dy.ndim - 2), c):
-        rows = dy.reshape(b, -1, c)
-        # ones [b, p], not [p]: XLA turns a matvec with a shared ones vector back into a reduction.
-        out = jax.lax.dot_general(jnp.ones(rows.shape[:2], dy.dtype), rows, (((1,), (1,)), ((0,), (0,))), **f32)
-        out = out.reshape(shape)
-    else:
-        raise ValueError(f"sum_to: {shape} is neither ({c},) nor ({b}, 1, ..., {c}) for a cotangent of {dy.shape}")
-    return out.astype(dy.dtype)
-
-
-@jax.custom_vjp
-def add_bias(y, bias):
-    """`y [b, ..., c] + bias`, `bias` `[c]` or `[b, 1, ..., 1, c]` of `y`'s dtype; the bias gradient
-    is `sum_to` (same values to float32 rounding)."""
-    return y + bias
-
-
-def _add_bias_forward(y, bias):
-    return y + bias, bias
-
-
-def _add_bias_backward(bias, dy):
-    return dy, sum_to(dy, bias.shape).astype(bias.dtype)
-
-
-add_bias.defvjp(_add_bias_forward, _add_bias_backward)
-
-
-@jax.custom_vjp
-def affine(y, weight, bias):
-    """`y * weight + bias` (GroupNorm's affine, a modulation), `weight` and `bias` of one shape `[c]`
-    or `[b, 1, ..., 1, c]` and `y`'s dtype; their gradients are `sum_to`s."""
-    return y * weight + bias
-
-
-def _affine_forward(y, weight, bias):
-    return y * weight + bias, (y, weight)
-
-
-def _affine_backward(residuals, dy):
-    y, weight = residuals
-    return dy * weight, sum_to(dy * y, weight.shape).astype(weight.dtype), sum_to(dy, weight.shape).astype(weight.dtype)
-
-
-affine.defvjp(_affine_forward, _affine_backward)
-
-
 # --- 2. remat block dependency ----------------------------------------------------------------
 
 
@@ -360,3 +296,67 @@ def host_all_finite(leaves: list[jax.Array]) -> bool | None:
     if any(d.platform != "cpu" for x in leaves for d in x.devices()):
         return None
     return all(np.isfinite(np.asarray(s.data)).all() for x in leaves for s in x.addressable_shards if s.replica_id == 0)
+
+
+# --- 8. per-channel gradient sums as matmuls --------------------------------------------------
+
+
+def sum_to(dy, shape: tuple[int, ...]):
+    """Σ of `dy [b, ..., c]` over the axes that `shape` broadcasts, as a matmul with ones: `shape` is
+    `(c,)` (a bias: one matvec over all positions) or `(b, 1, ..., 1, c)` (a per-sample bias: one
+    matvec per sample). Accumulated in float32, returned in `dy`'s dtype."""
+    with jax.named_scope("channel_sum_matmul"):  # the profile's op kind (benchmarks/hlo_ops.py)
+        return _sum_to(dy, shape)
+
+
+def _sum_to(dy, shape: tuple[int, ...]):
+    b, c = dy.shape[0], dy.shape[-1]
+    f32 = dict(preferred_element_type=jnp.float32)
+    if shape == (c,):
+        rows = dy.reshape(-1, c)
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:1], dy.dtype), rows, (((0,), (0,)), ((), ())), **f32)
+    elif shape == (b, *(1,) * (dy.ndim - 2), c):
+        rows = dy.reshape(b, -1, c)
+        # ones [b, p], not one shared [p]: that form ran no faster than the reduction.
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:2], dy.dtype), rows, (((1,), (1,)), ((0,), (0,))), **f32)
+        out = out.reshape(shape)
+    else:
+        raise ValueError(f"sum_to: {shape} is neither ({c},) nor ({b}, 1, ..., {c}) for a cotangent of {dy.shape}")
+    return out.astype(dy.dtype)
+
+
+@jax.custom_vjp
+def add_bias(y, bias):
+    """`y [b, ..., c] + bias`, `bias` `[c]` or `[b, 1, ..., 1, c]` of `y`'s dtype; the bias gradient
+    is `sum_to` (same values to float32 rounding)."""
+    return y + bias
+
+
+def _add_bias_forward(y, bias):
+    return y + bias, bias
+
+
+def _add_bias_backward(bias, dy):
+    return dy, sum_to(dy, bias.shape).astype(bias.dtype)
+
+
+add_bias.defvjp(_add_bias_forward, _add_bias_backward)
+
+
+@jax.custom_vjp
+def affine(y, weight, bias):
+    """`y * weight + bias` (GroupNorm's affine, a modulation), `weight` and `bias` of one shape `[c]`
+    or `[b, 1, ..., 1, c]` and `y`'s dtype; their gradients are `sum_to`s."""
+    return y * weight + bias
+
+
+def _affine_forward(y, weight, bias):
+    return y * weight + bias, (y, weight)
+
+
+def _affine_backward(residuals, dy):
+    y, weight = residuals
+    return dy * weight, sum_to(dy * y, weight.shape).astype(weight.dtype), sum_to(dy, weight.shape).astype(weight.dtype)
+
+
+affine.defvjp(_affine_forward, _affine_backward)

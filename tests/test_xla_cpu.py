@@ -1,5 +1,5 @@
 """eqxdiff.xla_cpu: the library is plain JAX with the workarounds off (jvp works), and switching
-them on changes no value: conv and remat gradients match plain autodiff, init draws are bitwise
+them on changes no value: conv, remat and bias gradients match plain autodiff, init draws are bitwise
 jax.random's. Every one is on here (`every_switch_on`), the shipped ones and the named ones."""
 
 import functools
