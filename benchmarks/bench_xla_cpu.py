@@ -8,11 +8,12 @@ the step); forwards `vae_encode`, `vae_decode` (the SD VAE at 128²) and `incept
 
 Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
 the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B`
-and `without:A+B` name sets. A training step reads conv_grad_matmul (traced into the backward), llvm_o1,
-memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three compiler options
-(conv_grad_matmul changes a conv's gradient, and a forward takes none: each side's `lowered_sha`, the hash
-of its traced program, shows which sides compile the same program). remat_order and unrolled_accumulation
-act only under --remat and --grad_accum_steps, init_draws and host_finite outside the compiled program.
+and `without:A+B` name sets. A training step reads conv_grad_matmul and channel_sum_matmul (traced into the
+backward), llvm_o1, memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three
+compiler options (the two matmul switches change gradients, and a forward takes none: each side's
+`lowered_sha`, the hash of its traced program, shows which sides compile the same program). remat_order and
+unrolled_accumulation act only under --remat and --grad_accum_steps, init_draws and host_finite outside the
+compiled program.
 
 Each side's program is built, traced and compiled inside `xla_cpu.only(its switches)`; training sides
 also draw their state there (init_draws), all from the same parameters (asserted after one step).
@@ -52,7 +53,7 @@ from eqxdiff.sharding import batch_sharding, make_mesh
 from harness import alternate, call_seconds, report, steps_in_flight  # benchmarks/ is on sys.path as a script
 from xla_cpu_workloads import WORKLOADS
 
-STEP_SWITCHES = ("conv_grad_matmul", "llvm_o1", "memory_scheduler", "no_ynnpack")
+STEP_SWITCHES = ("conv_grad_matmul", "channel_sum_matmul", "llvm_o1", "memory_scheduler", "no_ynnpack")
 FORWARD_SWITCHES = ("llvm_o1", "memory_scheduler", "no_ynnpack")
 
 

@@ -8,7 +8,9 @@ trace's op events summed over them (benchmarks/profile_steps.py).
   without metadata: XLA's rewrite of the weight gradient drops it, the others keep JAX's),
   `conv weight-grad (as matmuls)` (a backward dot from a conv contracting over positions, not channels:
   eqxdiff's `conv_grad_matmul`, or a 1×1 conv XLA wrote as a dot; other conv dots are `conv fwd` or
-  `conv input-grad`), `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`, `control` (conditional, while,
+  `conv input-grad`), `channel sum (as matmul)` (eqxdiff's `channel_sum_matmul`: a bias gradient as a
+  matvec with ones, found by its ones operand; one inside a fusion, whose operands are the fusion's
+  parameters, reads as `matmul`), `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`, `control` (conditional, while,
   call: containers whose bodies' ops are events of their own), `other`. A fusion takes the kind of the
   heaviest op inside it (a convolution, then a dot, then a reduce; else elementwise, or copy/transpose
   when it only moves data).
@@ -107,7 +109,12 @@ def _parse(hlo_text: str) -> tuple[dict, dict]:
 def _dot_kind(entry: dict, by_name: dict) -> str:
     """A dot from a conv (XLA rewrites 1×1 convs as dots; eqxdiff's conv_grad_matmul computes the weight
     gradient as one dot per kernel offset) takes the conv's kind: in the backward, a weight gradient
-    contracts over the positions, an input gradient over the channels. Any other dot is a matmul."""
+    contracts over the positions, an input gradient over the channels. eqxdiff's channel_sum_matmul (a bias
+    gradient as a matvec with ones) is its own kind. Any other dot is a matmul."""
+    # xla_cpu.sum_to's named scope; XLA drops the dot's own metadata but keeps its ones operand's.
+    operands = [by_name[name] for name in entry["operands"] if name in by_name]
+    if any("channel_sum_matmul" in e["op_name"] for e in [entry, *operands]):
+        return "channel sum (as matmul)"
     from_conv = "conv_general_dilated" in entry["op_name"].split("/")[-1] or entry["source_file"].endswith(CONV_FILES)
     if not from_conv:
         return "matmul"

@@ -35,6 +35,10 @@ scripts call `enable()`):
    state, once per run); the arrays already live in host memory, so numpy reads them instead.
 7. gradient accumulation's micro-steps unrolled (`eqxdiff.training.step`, CPU backend only):
    XLA:CPU runs a conv backward inside a rolled loop far slower than the same ops unrolled.
+8. per-channel gradient sums as matmuls (`add_bias`, `affine`, CPU backend only). The gradient of
+   a bias (a conv's, a Dense's, GroupNorm's affine, a ResBlock's per-sample time embedding) is a
+   sum of the output cotangent over every position; XLA:CPU's reduction kernel runs it several
+   times slower than the same sum as a matvec with a ones vector (a batched one per sample).
 
 Each has a name (`SWITCHES`); `enable(names)` or `only(names)` picks a set. Whether one pays off
 depends on the machine (BENCHMARKS.md, "XLA:CPU switches"): benchmarks/bench_xla_cpu.py measures
@@ -43,7 +47,7 @@ each on its own, side by side, and the scripts' `--xla_cpu` flag picks them. `DE
 memory-optimized scheduler lost on the later boxes and are named to be had (`shipped(remat=True)`
 adds the scheduler back: under XLA:CPU's default scheduler remat saves no memory).
 
-Costs, hence off by default: 1 and 2 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
+Costs, hence off by default: 1, 2 and 8 are `jax.custom_vjp`s, so `jax.jvp` through a model raises
 (custom_vjp functions have no forward-mode rule); 2 makes a gradient with respect to a block's
 inputs alone compute its parameter gradients too. Measurements: BENCHMARKS.md.
 
@@ -72,8 +76,9 @@ SWITCHES = {
     "no_ynnpack": "5. YNNPACK off",
     "host_finite": "6. checkpoint finiteness on the host",
     "unrolled_accumulation": "7. gradient accumulation's micro-steps unrolled",
+    "channel_sum_matmul": "8. per-channel gradient sums as matmuls",
 }
-DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler"}
+DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler", "channel_sum_matmul"}
 
 
 def shipped(remat: bool = False) -> frozenset[str]:
@@ -130,7 +135,7 @@ def disabled():
 
 
 def on_cpu(switch: str | None = None) -> bool:
-    """The named workaround (None: any) is on, and JAX's default backend is XLA:CPU (where 1, 2 and 7 apply)."""
+    """The named workaround (None: any) is on, and JAX's default backend is XLA:CPU (where 1, 2, 7 and 8 apply)."""
     return enabled(switch) and jax.default_backend() == "cpu"
 
 
@@ -291,3 +296,67 @@ def host_all_finite(leaves: list[jax.Array]) -> bool | None:
     if any(d.platform != "cpu" for x in leaves for d in x.devices()):
         return None
     return all(np.isfinite(np.asarray(s.data)).all() for x in leaves for s in x.addressable_shards if s.replica_id == 0)
+
+
+# --- 8. per-channel gradient sums as matmuls --------------------------------------------------
+
+
+def sum_to(dy, shape: tuple[int, ...]):
+    """Σ of `dy [b, ..., c]` over the axes that `shape` broadcasts, as a matmul with ones: `shape` is
+    `(c,)` (a bias: one matvec over all positions) or `(b, 1, ..., 1, c)` (a per-sample bias: one
+    matvec per sample). Accumulated in float32, returned in `dy`'s dtype."""
+    with jax.named_scope("channel_sum_matmul"):  # the profile's op kind (benchmarks/hlo_ops.py)
+        return _sum_to(dy, shape)
+
+
+def _sum_to(dy, shape: tuple[int, ...]):
+    b, c = dy.shape[0], dy.shape[-1]
+    f32 = dict(preferred_element_type=jnp.float32)
+    if shape == (c,):
+        rows = dy.reshape(-1, c)
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:1], dy.dtype), rows, (((0,), (0,)), ((), ())), **f32)
+    elif shape == (b, *(1,) * (dy.ndim - 2), c):
+        rows = dy.reshape(b, -1, c)
+        # ones [b, p], not one shared [p]: that form ran no faster than the reduction.
+        out = jax.lax.dot_general(jnp.ones(rows.shape[:2], dy.dtype), rows, (((1,), (1,)), ((0,), (0,))), **f32)
+        out = out.reshape(shape)
+    else:
+        raise ValueError(f"sum_to: {shape} is neither ({c},) nor ({b}, 1, ..., {c}) for a cotangent of {dy.shape}")
+    return out.astype(dy.dtype)
+
+
+@jax.custom_vjp
+def add_bias(y, bias):
+    """`y [b, ..., c] + bias`, `bias` `[c]` or `[b, 1, ..., 1, c]` of `y`'s dtype; the bias gradient
+    is `sum_to` (same values to float32 rounding)."""
+    return y + bias
+
+
+def _add_bias_forward(y, bias):
+    return y + bias, bias
+
+
+def _add_bias_backward(bias, dy):
+    return dy, sum_to(dy, bias.shape).astype(bias.dtype)
+
+
+add_bias.defvjp(_add_bias_forward, _add_bias_backward)
+
+
+@jax.custom_vjp
+def affine(y, weight, bias):
+    """`y * weight + bias` (GroupNorm's affine, a modulation), `weight` and `bias` of one shape `[c]`
+    or `[b, 1, ..., 1, c]` and `y`'s dtype; their gradients are `sum_to`s."""
+    return y * weight + bias
+
+
+def _affine_forward(y, weight, bias):
+    return y * weight + bias, (y, weight)
+
+
+def _affine_backward(residuals, dy):
+    y, weight = residuals
+    return dy * weight, sum_to(dy * y, weight.shape).astype(weight.dtype), sum_to(dy, weight.shape).astype(weight.dtype)
+
+
+affine.defvjp(_affine_forward, _affine_backward)

@@ -34,6 +34,19 @@ def test_a_conv_gradients_kinds_and_phases():
     assert convs == {("conv fwd", "forward"), ("conv input-grad", "backward"), ("conv weight-grad", "backward")}
 
 
+def test_a_bias_gradient_as_a_matvec_with_ones_is_its_own_kind():
+    from eqxdiff import xla_cpu
+
+    def bias_loss(b, x):  # the per-channel and per-sample sums of xla_cpu.sum_to
+        return jnp.mean(jnp.tanh(xla_cpu.add_bias(x, b[0])) ** 2) + jnp.mean(jnp.tanh(xla_cpu.add_bias(x, b[1])) ** 2)
+
+    bias = (jnp.ones(4), jnp.ones((2, 1, 1, 4)))
+    table = hlo_ops().instructions(jax.jit(jax.grad(bias_loss)).lower(bias, X).compile().as_text())
+    sums = [e for e in table.values() if e["kind"] == "channel sum (as matmul)"]
+    assert len(sums) == 2 and {e["op"] for e in sums} <= {"dot", "fusion"}
+    assert {e["phase"] for e in sums} == {"backward"}
+
+
 def test_trace_events_are_summed_per_instruction(tmp_path):
     ops = hlo_ops()
     text = grads.lower(W, X).compile().as_text()

@@ -1,5 +1,5 @@
 """eqxdiff.xla_cpu: the library is plain JAX with the workarounds off (jvp works), and switching
-them on changes no value: conv and remat gradients match plain autodiff, init draws are bitwise
+them on changes no value: conv, remat and bias gradients match plain autodiff, init draws are bitwise
 jax.random's. Every one is on here (`every_switch_on`), the shipped ones and the named ones."""
 
 import functools
@@ -13,9 +13,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from eqxdiff import xla_cpu
-from eqxdiff.nn import DiT, UNet
+from eqxdiff.nn import DiT, UNet, bias
 from eqxdiff.nn.conv import conv2d
-from eqxdiff.nn.layers import Dense
+from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
 from eqxdiff.nn.remat import checkpointed
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training.step import TrainStep
@@ -241,13 +241,17 @@ def test_each_switch_by_name_reaches_only_its_own_workaround():
     # Benchmarks measure one switch at a time (benchmarks/bench_xla_cpu.py), so a name must turn on
     # exactly its workaround: the conv's custom gradient, the remat dependency, the compiler options.
     w = jnp.zeros((3, 3, 8, 8))
-    block = checkpointed(Dense(4, 4, key=jax.random.key(0)), True)
+    block = checkpointed(Dense(4, 4, use_bias=False, key=jax.random.key(0)), True)  # no bias: no rule 8
     conv_custom = lambda: uses_custom_vjp(lambda x: conv2d(x, w, 1, 1), X)  # noqa: E731
     remat_custom = lambda: uses_custom_vjp(lambda x: block(x), jnp.ones((3, 4)))  # noqa: E731
+    dense = Dense(4, 4, key=jax.random.key(0))
+    bias_custom = lambda: uses_custom_vjp(lambda x: dense(x), jnp.ones((3, 4)))  # noqa: E731
     with xla_cpu.only({"conv_grad_matmul"}):
-        assert conv_custom() and not remat_custom() and xla_cpu.compiler_options() == {}
+        assert conv_custom() and not remat_custom() and not bias_custom() and xla_cpu.compiler_options() == {}
+    with xla_cpu.only({"channel_sum_matmul"}):
+        assert bias_custom() and not conv_custom() and not remat_custom() and xla_cpu.compiler_options() == {}
     with xla_cpu.only({"remat_order"}):
-        assert remat_custom() and not conv_custom()
+        assert remat_custom() and not conv_custom() and not bias_custom()
     with xla_cpu.only({"llvm_o1"}):
         assert xla_cpu.compiler_options() == {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
     with xla_cpu.only({"memory_scheduler", "no_ynnpack"}):
@@ -256,3 +260,64 @@ def test_each_switch_by_name_reaches_only_its_own_workaround():
     assert xla_cpu.switched_on() == xla_cpu.SWITCHES.keys()  # back to what the fixture switched on
     with pytest.raises(ValueError, match="conv_grad_matmul"):
         xla_cpu.only({"conv_grad_matmuls"}).__enter__()
+
+
+def test_channel_sums_as_matmuls_match_plain_autodiff_in_the_layers():
+    # Plain autodiff of the same layers with the switches off is the reference; each case sums over
+    # all positions ([c] params) or per sample ([b, 1, 1, c]), and a Dense on [b, n, d] tokens.
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 5, 6, 8)), jnp.float32)
+    tokens = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
+    per_sample = [jnp.asarray(rng.normal(size=(2, 1, 1, 8)), jnp.float32) for _ in range(2)]
+    conv = perturbed(Conv2d(8, 8, key=jax.random.key(0)))
+    norm, dense = perturbed(GroupNorm(4, 8)), perturbed(Dense(8, 8, key=jax.random.key(1)))
+
+    def loss(args):
+        (conv, norm, dense), x, tokens, w, b = args
+        y = norm(bias.add_bias(conv(x), b)) + jnp.sum(dense(tokens))
+        return jnp.sum(jnp.sin(bias.affine(y, w, b)))
+
+    args = ((conv, norm, dense), x, tokens, *per_sample)
+    # A fresh function each time: filter_jit would reuse one trace (the switch is read only when tracing).
+    grad = lambda: eqx.filter_jit(eqx.filter_grad(lambda a: loss(a)))(args)  # noqa: E731
+    # Only this switch, so the conv's own gradient is XLA's on both sides.
+    with xla_cpu.only({"channel_sum_matmul"}):
+        assert str(jax.make_jaxpr(lambda a: loss(a))(args)).count("custom_vjp_call") == 5
+        got = grad()
+    with xla_cpu.disabled():
+        assert not uses_custom_vjp(loss, args)
+        want = grad()
+    leaves = jax.tree.leaves(want)
+    assert len(leaves) == 10 and all(float(jnp.abs(g).max()) > 1e-3 for g in leaves)
+    for g, r in zip(jax.tree.leaves(got), leaves, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_sum_to_is_the_sum_over_the_broadcast_axes_in_the_input_dtype():
+    dy = np.random.default_rng(0).normal(size=(3, 4, 5, 6)).astype(np.float32)
+    np.testing.assert_allclose(xla_cpu.sum_to(jnp.asarray(dy), (6,)), dy.sum((0, 1, 2)), rtol=1e-5, atol=1e-5)
+    per_sample = xla_cpu.sum_to(jnp.asarray(dy), (3, 1, 1, 6))
+    np.testing.assert_allclose(per_sample, dy.sum((1, 2), keepdims=True), rtol=1e-5, atol=1e-5)
+    half = xla_cpu.sum_to(jnp.asarray(dy, jnp.bfloat16), (6,))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(half.astype(jnp.float32), dy.sum((0, 1, 2)), rtol=0.02, atol=0.05)
+    with pytest.raises(ValueError, match=r"neither \(6,\)"):
+        xla_cpu.sum_to(jnp.asarray(dy), (4, 1, 6))
+
+
+@pytest.mark.parametrize("scale_shift", [False, True])
+def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shift):
+    unet = UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, scale_shift=scale_shift,
+                key=jax.random.key(0))  # fmt: skip
+    model = perturbed(unet)
+
+    def grads():
+        return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(model)
+
+    with xla_cpu.only({"channel_sum_matmul"}):
+        assert uses_custom_vjp(lambda x: model(x, T), X)
+        got = grads()
+    with xla_cpu.disabled():
+        want = grads()
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)

@@ -17,6 +17,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff import xla_cpu
 
+from .bias import add_bias, affine
 from .conv import conv2d
 from .text_cond import TextCond
 
@@ -74,7 +75,7 @@ class Dense(eqx.Module):
 
     def __call__(self, x: Float[Array, "*batch i"]) -> Float[Array, "*batch o"]:
         y = x.astype(self.weight.dtype) @ self.weight
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else add_bias(y, self.bias)
 
 
 class Conv2d(eqx.Module):
@@ -108,7 +109,7 @@ class Conv2d(eqx.Module):
 
     def __call__(self, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
         y = conv2d(x.astype(self.weight.dtype), self.weight, self.stride, self.padding)
-        return y + self.bias
+        return add_bias(y, self.bias)
 
 
 class Embedding(eqx.Module):
@@ -144,7 +145,7 @@ class GroupNorm(eqx.Module):
         mean = xg.mean(axis=(1, 2, 4), keepdims=True)
         var = jnp.square(xg - mean).mean(axis=(1, 2, 4), keepdims=True)
         y = ((xg - mean) * jax.lax.rsqrt(var + self.eps)).reshape(b, h, w, c)
-        return (y * self.weight.astype(jnp.float32) + self.bias.astype(jnp.float32)).astype(x.dtype)
+        return affine(y, self.weight.astype(jnp.float32), self.bias.astype(jnp.float32)).astype(x.dtype)
 
 
 def layer_norm(x: Float[Array, "*batch d"], eps: float = 1e-6) -> Float[Array, "*batch d"]:

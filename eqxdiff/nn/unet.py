@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from eqxdiff.nn.bias import add_bias, affine
 from eqxdiff.nn.layers import (
     Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
     sincos_pos_embed_2d, unpack_text_cond, zero_init,
@@ -56,9 +57,9 @@ class ResBlock(eqx.Module):
         e = self.emb_proj(emb)[:, None, None, :]
         if self.scale_shift:
             scale, shift = jnp.split(e, 2, axis=-1)
-            h = self.norm2(h) * (1 + scale) + shift
+            h = affine(self.norm2(h), 1 + scale, shift)
         else:
-            h = self.norm2(h + e)
+            h = self.norm2(add_bias(h, e))
         h = jax.nn.silu(h)
         if key is not None and self.dropout > 0:
             keep = jax.random.bernoulli(key, 1.0 - self.dropout, h.shape)
