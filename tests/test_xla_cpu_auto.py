@@ -57,7 +57,7 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
         def compile(self, *args):
             pass
 
-    seconds = itertools.cycle([3.0, 2.0, 1.0, 4.0])  # in the candidates' order: the conv-gradient matmuls fastest
+    seconds = itertools.cycle([3.0, 2.0, 1.0, 4.0, 5.0])  # in the candidates' order: the conv-gradient matmuls fastest
     monkeypatch.setattr(xla_cpu_auto, "_seconds", lambda *_: next(seconds))
     spec = {"image": jax.ShapeDtypeStruct((4, 8, 8, 1), np.uint8)}
     sets = xla_cpu_auto.candidates(xla_cpu.shipped(remat=True))
@@ -68,7 +68,8 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
     assert name == "on_with_conv_grad_matmul" and step.switches == fastest == xla_cpu.switched_on()
     entry = json.loads((tmp_path / "choice.json").read_text())["k"]
     assert entry["choice"] == name and entry["switches"] == sorted(fastest)
-    assert entry["step_ms"] == {"on": 1000.0, "off": 666.67, "on_with_conv_grad_matmul": 333.33, "on_with_ynnpack": 1333.33}
+    assert entry["step_ms"] == {"on": 1000.0, "off": 666.67, "on_with_conv_grad_matmul": 333.33, "on_with_ynnpack": 1333.33,
+                                "on_with_channel_sum_matmul": 1666.67}  # fmt: skip
     with xla_cpu.only(()):
         assert xla_cpu_auto.cached(tmp_path / "choice.json", "k", sets) == name and xla_cpu.switched_on() == fastest
     assert xla_cpu_auto.cached(tmp_path / "x", "k", sets) is None
