@@ -1,7 +1,8 @@
 """train/main.py --init sd:FOLDER (train/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline: the
 whole UNet fine-tuned from the folder's weights; --lora_rank trains adapters alone (the checkpointed state and the
 optimizer hold adapter-sized leaves only, the base stays the folder's), resumes bitwise, and writes a diffusers LoRA
-file that loads back into the base as the trained model; the flags the folder decides are refused in one line."""
+file that loads back into the base as the trained model; a folder without vae/ trains in pixels; the flags and data
+the folder decides are refused in one line."""
 
 import json
 import re
@@ -28,6 +29,7 @@ from eqxdiff.nn import SDUNet
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.nn.lora_files import load_lora
 from eqxdiff.paths import as_path
+from eqxdiff.pretrained import save_diffusers
 from eqxdiff.sharding import make_mesh
 
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
@@ -154,3 +156,45 @@ def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
     with pytest.raises(SystemExit, match=r"trains on latents of its VAE: encode the images first \(python "
                                          r"train/encode.py --dataset captioned_digits --vae .*vae"):  # fmt: skip
         train_here("--run_dir", tmp_path / "run", "--init", f"sd:{sd_data[0]}", "--dataset", "captioned_digits", *STEPS)
+
+
+@pytest.fixture(scope="module")
+def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
+    """(a pixel-space folder: a random 1-channel unet/ of the sd1 config with its text_encoder/, tokenizer/ and
+    scheduler/ beside it, no vae/; an npz of 16 captioned 8×8 grey images)."""
+    root = tmp_path_factory.mktemp("pixels")
+    folder = root / "sd1_pixels"
+    shutil.copytree(sd_data[0], folder, ignore=shutil.ignore_patterns("vae", "unet", "model_index.json"))
+    config = json.loads((sd_data[0] / "unet" / "config.json").read_text()) | {"in_channels": 1, "out_channels": 1}
+    save_diffusers(SDUNet.from_config(config, key=jax.random.key(1)), folder / "unet")
+    rng = np.random.default_rng(0)
+    images, captions = rng.integers(0, 256, (16, 8, 8, 1), dtype=np.uint8), [f"a photo of {c}" for c in "ab" * 8]
+    np.savez(root / "grey.npz", images=images, captions=np.array(captions))
+    np.savez(root / "rgb.npz", images=np.repeat(images, 3, axis=-1), captions=np.array(captions))
+    return folder, root
+
+
+def test_a_folder_without_vae_trains_its_unet_in_pixels(pixel_data, tmp_path):
+    folder, data = pixel_data
+    run_dir = tmp_path / "run"
+    train_here("--run_dir", run_dir, "--init", f"sd:{folder / 'unet'}", "--dataset", f"npz:{data / 'grey.npz'}",
+               *STEPS, "--lora_rank", 2, "--steps", 2)  # fmt: skip
+    assert all(np.isfinite(r["train/loss"]) for r in metric_rows(run_dir))
+    config = saved_config(run_dir, 2)[1]
+    assert config["codec"] == {"kind": "pixels"} and config["image_shape"] == [8, 8, 1]
+    assert (run_dir / "lora" / "pytorch_lora_weights.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        ("latents", r"has no vae/: its UNet works in pixels; train it on images of its in_channels \(1\), not "
+                    r"--dataset latents:"),
+        ("rgb.npz", r"holds 3-channel images; --init .*'s pixel-space UNet \(no vae/\) takes in_channels 1"),
+    ],
+)
+def test_a_pixel_space_folder_refuses_other_data(pixel_data, sd_data, tmp_path, dataset, message):
+    folder, data = pixel_data
+    dataset = f"latents:{sd_data[1]}" if dataset == "latents" else f"npz:{data / dataset}"
+    with pytest.raises(SystemExit, match=message):
+        train_here("--run_dir", tmp_path / "run", "--init", f"sd:{folder / 'unet'}", "--dataset", dataset, *STEPS)

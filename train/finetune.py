@@ -6,9 +6,10 @@ scheduler/) or its bare unet/ (the rest then read beside it, when there). The fo
 disagrees is refused naming the fix: the network (its unet/ config, loaded straight into the run's shardings),
 the frozen text tower (--text_encoder: its text_encoder/; an SDXL folder's is the folder itself, whose two towers,
 tokenizers and size/crop time_ids train/run_condition.py makes the run's condition, eqxdiff/text/sdxl_condition.py),
-the latents (--dataset latents:DIR encoded by train/encode.py with its vae/) and the noise (its scheduler config:
-SD 1.x's ε-prediction on the scaled_linear VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of
---schedule and --parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
+the data (--dataset latents:DIR encoded by train/encode.py with its vae/; a folder without vae/ is a pixel-space
+UNet, trained on images of its in_channels) and the noise (its scheduler config: SD 1.x's ε-prediction on the
+scaled_linear VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of --schedule and
+--parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
 
 With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradient) is the adapters alone; the base
 rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
@@ -114,10 +115,33 @@ def with_init_flags(cfg):
     return dataclasses.replace(cfg, text_encoder=cfg.text_encoder or str(tower))
 
 
+def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
+    """A SystemExit naming the fix unless `source` is what --init's UNet was trained on: latents of its `vae`, or,
+    for a folder without vae/ (a pixel-space UNet, as diffusers' pipelines without a VAE), images with the UNet's
+    in_channels."""
+    if vae is None:
+        channels = unet_config.get("in_channels", 4)
+        if isinstance(source, LatentSource):
+            raise SystemExit(f"--init {cfg.init} has no vae/: its UNet works in pixels; train it on images of its "
+                             f"in_channels ({channels}), not --dataset {cfg.dataset}.")  # fmt: skip
+        if source.image_shape[-1] != channels:
+            raise SystemExit(f"--dataset {cfg.dataset} holds {source.image_shape[-1]}-channel images; --init "
+                             f"{cfg.init}'s pixel-space UNet (no vae/) takes in_channels {channels}.")  # fmt: skip
+        return
+    if not isinstance(source, LatentSource):
+        raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
+                         f"train/encode.py --dataset {cfg.dataset} --vae {vae} --out DIR) and pass --dataset "
+                         "latents:DIR.")  # fmt: skip
+    used = source.meta["vae"]["path"]  # the encode's VAE folder
+    if not used or Path(used).resolve() != vae:
+        raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
+                         f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+
+
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-    """The run's `SDInit` (--init), else `NoInit`. `source`: the training data, checked to be latents of the
-    folder's VAE (None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base (False: the
-    state's structure is all that is asked)."""
+    """The run's `SDInit` (--init), else `NoInit`. `source`: the training data, checked to be what the folder's
+    UNet takes (`check_data`; None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base
+    (False: the state's structure is all that is asked)."""
     return SDInit(cfg, mesh, min_size, rules, source, base=base) if cfg.init else NoInit()
 
 
@@ -170,16 +194,9 @@ class SDInit(NoInit):
 
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         self.folders, self.cfg = parts(cfg.init), cfg
-        vae = self.folders["vae"]
-        if source is not None and not isinstance(source, LatentSource):
-            encode = f"train/encode.py --dataset {cfg.dataset} --vae {vae or 'ITS_VAE'} --out DIR"
-            raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
-                             f"{encode}) and pass --dataset latents:DIR.")  # fmt: skip
-        used = None if source is None else source.meta["vae"]["path"]  # the encode's VAE folder
-        if vae and source is not None and (not used or Path(used).resolve() != vae):
-            raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
-                             f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
         self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
+        if source is not None:
+            check_data(cfg, source, self.folders["vae"], self.unet_config)
         scheduler = self.folders["scheduler"] / "scheduler_config.json" if self.folders["scheduler"] else SD1_SCHEDULER
         if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
             tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
