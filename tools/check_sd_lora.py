@@ -1,12 +1,12 @@
 """Issue 31 §5, second half: a LoRA fine-tune (train/main.py --init sd:FOLDER --lora_rank R) teaching the
-SD-architecture model of check_sd_scratch.py a new caption, "... inverted": the digits on a white background.
+SD-architecture model of check_sd_scratch.py a new caption, "inverted ...": the digits on a white background.
 Measured before (the base) and after (base + LoRA) with the digits classifier, on the new caption and on the old
 ones; the run's LoRA file loaded into diffusers' pipeline samples what eqxdiff samples. Four halves, two venvs:
 
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py data --pipeline /tmp/sd_scratch/pipeline --out /tmp/sd_lora
     PYTHONPATH=. .venv/bin/python train/main.py --init sd:/tmp/sd_lora/pixels/unet \\
-        --dataset npz:/tmp/sd_lora/inverted_digits.npz --lora_rank 8 --lr 1e-3 --steps 300 --batch_size 64 \\
-        --run_dir /tmp/sd_lora_run --wandb disabled --sample_every 0
+        --dataset npz:/tmp/sd_lora/inverted_digits.npz --lora_rank 8 --lr 3e-3 --warmup_steps 25 --steps 500 \\
+        --batch_size 64 --run_dir /tmp/sd_lora_run --wandb disabled --sample_every 0
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py write --run_dir /tmp/sd_lora_run --out /tmp/sd_lora
     tools/.venv/bin/python tools/check_sd_lora.py check --run_dir /tmp/sd_lora_run --out /tmp/sd_lora   # + peft
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py score --out /tmp/sd_lora
@@ -14,11 +14,13 @@ ones; the run's LoRA file loaded into diffusers' pipeline samples what eqxdiff s
 `data` copies the exported pipeline to OUT/pipeline (what load_sd and diffusers sample) and its unet/,
 text_encoder/, tokenizer/ and scheduler/ to OUT/pixels, without the placeholder vae/: a folder without a VAE is a
 pixel-space UNet, which --init trains on images (train/finetune.py). It writes the training set, an npz of
-captioned_digits examples: half inverted (255 - image) with " inverted" after a caption of the short templates
-("3 then 7 inverted"; the tower has 8 positions, so the longest captions leave no room for a word), half as they
+captioned_digits examples: half inverted (255 - image) with "inverted " before a caption of the short templates
+("inverted 3 then 7"; the tower has 8 positions, so the longest captions leave no room for a word), half as they
 were, so the old captions are still trained on. "inverted" is not in the word tokenizer's vocabulary: it is read
 as <unk>, a token the tower never saw in training (any unknown word would read the same; DreamBooth's rare
-identifier in a closed vocabulary). `write` samples, with eqxdiff's `load_sd` of OUT/pipeline, the base and the
+identifier in a closed vocabulary). It goes first because the tower is causal: after the caption it would change
+only its own, the eos and the padding positions of the context (by 0.04-0.3 of their norm), and 500 LoRA steps
+did not learn that (BENCHMARKS.md); first, it changes every later position (0.2-0.76). `write` samples, with eqxdiff's `load_sd` of OUT/pipeline, the base and the
 base with the run's RUN_DIR/lora/pytorch_lora_weights.safetensors (`load_lora`), for the old prompts (the 90 digit
 pairs, twice) and the same pairs as new ones, from the same unit noise, 30 DDIM steps, cfg 1 and 4. `check` runs
 diffusers' StableDiffusionPipeline on OUT/pipeline, before and after `load_lora_weights(RUN_DIR/lora)`, on the same
@@ -59,7 +61,7 @@ def data(pipeline: Path, out: Path) -> None:
     images, captions = [], []
     for i in short:
         images.append(255 - source[int(i)]["image"])
-        captions.append(f"{source.caption(int(i))} {WORD}")
+        captions.append(f"{WORD} {source.caption(int(i))}")
     for i in rest:
         images.append(source[int(i)]["image"])
         captions.append(source.caption(int(i)))
@@ -74,13 +76,13 @@ def data(pipeline: Path, out: Path) -> None:
 
 def prompt_sets() -> tuple[dict[str, list[str]], np.ndarray]:
     """{"old": the 90 ordered digit pairs COPIES times (captioned_digits_prompts), "new": the same pairs in a
-    short template + WORD}, and the (left, right) digits of both."""
+    short template after WORD}, and the (left, right) digits of both."""
     from eqxdiff.data.captioned_digits import captioned_digits_prompts, digits_caption
 
     old, digits = captioned_digits_prompts(90 * COPIES, seed=SEED)
     rng = np.random.default_rng(SEED + 1)
     templates, as_word = rng.choice(SHORT_TEMPLATES, len(old)), rng.integers(0, 2, (len(old), 2)).astype(bool)
-    new = [f"{digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))} {WORD}"
+    new = [f"{WORD} {digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))}"
            for (l, r), t, (wl, wr) in zip(digits, templates, as_word)]  # fmt: skip
     return {"old": old, "new": new}, digits
 
