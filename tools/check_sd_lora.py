@@ -6,6 +6,7 @@ ones; the run's LoRA file loaded into diffusers' pipeline samples what eqxdiff s
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py data --pipeline /tmp/sd_scratch/pipeline --out /tmp/sd_lora
     PYTHONPATH=. .venv/bin/python train/main.py --init sd:/tmp/sd_lora/pixels/unet \\
         --dataset npz:/tmp/sd_lora/inverted_digits.npz --lora_rank 8 --lr 3e-3 --warmup_steps 25 --steps 500 \\
+        --lora_targets '(^|\\.)(to_q|to_k|to_v|to_out\\.0|conv1|conv2)$' \\
         --batch_size 64 --run_dir /tmp/sd_lora_run --wandb disabled --sample_every 0
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py write --run_dir /tmp/sd_lora_run --out /tmp/sd_lora
     tools/.venv/bin/python tools/check_sd_lora.py check --run_dir /tmp/sd_lora_run --out /tmp/sd_lora   # + peft
@@ -20,8 +21,10 @@ were, so the old captions are still trained on. "inverted" is not in the word to
 as <unk>, a token the tower never saw in training (any unknown word would read the same; DreamBooth's rare
 identifier in a closed vocabulary). It goes first because the tower is causal: after the caption it would change
 only its own, the eos and the padding positions of the context (by 0.04-0.3 of their norm), and 500 LoRA steps
-did not learn that (BENCHMARKS.md); first, it changes every later position (0.2-0.76). `write` samples, with eqxdiff's `load_sd` of OUT/pipeline, the base and the
-base with the run's RUN_DIR/lora/pytorch_lora_weights.safetensors (`load_lora`), for the old prompts (the 90 digit
+did not learn that (BENCHMARKS.md); first, it changes every later position (0.2-0.76). The adapters sit on the
+attention projections and on the resnets' convolutions (--lora_targets): with attention alone the old captions'
+samples turned white too. `write` samples, with eqxdiff's `load_sd` of OUT/pipeline, the base and the base with the
+run's RUN_DIR/lora/pytorch_lora_weights.safetensors (`load_lora`), for the old prompts (the 90 digit
 pairs, twice) and the same pairs as new ones, from the same unit noise, 30 DDIM steps, cfg 1 and 4. `check` runs
 diffusers' StableDiffusionPipeline on OUT/pipeline, before and after `load_lora_weights(RUN_DIR/lora)`, on the same
 prompts and noise, and fails when max |diffusers - eqxdiff| / max |eqxdiff| exceeds 1e-4 (check_sd_scratch's
