@@ -5,7 +5,7 @@ ones; the run's LoRA file loaded into diffusers' pipeline samples what eqxdiff s
 
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py data --pipeline /tmp/sd_scratch/pipeline --out /tmp/sd_lora
     PYTHONPATH=. .venv/bin/python train/main.py --init sd:/tmp/sd_lora/pixels/unet \\
-        --dataset npz:/tmp/sd_lora/inverted_digits.npz --lora_rank 8 --lr 3e-3 --warmup_steps 25 --steps 500 \\
+        --dataset npz:/tmp/sd_lora/inverted_digits.npz --lora_rank 8 --lr 3e-3 --warmup_steps 25 --steps 1000 \\
         --lora_targets '(^|\\.)(to_q|to_k|to_v|to_out\\.0|conv1|conv2)$' \\
         --batch_size 64 --run_dir /tmp/sd_lora_run --wandb disabled --sample_every 0
     PYTHONPATH=. .venv/bin/python tools/check_sd_lora.py write --run_dir /tmp/sd_lora_run --out /tmp/sd_lora
