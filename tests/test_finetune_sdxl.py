@@ -1,8 +1,9 @@
 """train/main.py --init sd:SDXL_FOLDER (train/finetune.py, eqxdiff/text/sdxl_condition.py) on the tiny random SDXL pipeline
 of tests/data/sd_pipeline: the condition the step builds from a batch's captions is diffusers' (encode_prompt's
-embeddings of the fixture, time_ids written out by hand); the whole UNet and, with --lora_rank, its adapters alone
-train, resume bitwise, sample (grids, train/sample.py --run_dir) and write a LoRA file that loads back as the model;
-what stays unsupported is refused in one line."""
+embeddings of the fixture, time_ids written out by hand); with --lora_rank its adapters alone train, resume bitwise,
+sample (grids, train/sample.py --run_dir) and write a LoRA file that loads back as the model; what stays unsupported
+is refused in one line. The whole-UNet path (no --lora_rank) is the same for every folder once the condition is
+built: tests/test_finetune.py's SD 1.x test covers it (an SDXL copy of it cost ~37 s of CI for no new code path)."""
 
 import shutil
 from pathlib import Path
@@ -123,19 +124,6 @@ def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
                                    "--steps", "2", "--out", str(out)]))  # fmt: skip
     with np.load(out) as saved:
         assert saved["images"].shape == (2, SIZE, SIZE, 3) and saved["images"].dtype == np.uint8
-
-
-@pytest.mark.slow
-def test_the_whole_unet_fine_tunes(sdxl_data, tmp_path):
-    run_dir = tmp_path / "full"
-    train(run_dir, sdxl_data, "--steps", 1, "--ema_decay", 1.0)
-    assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
-    arrays = saved_arrays(run_dir, 1)
-    folder = jax.tree.leaves(SDUNet.from_diffusers(sdxl_data[0] / "unet"))
-    model = [v for k, v in sorted(arrays.items()) if k.startswith("['model']")]
-    ema = [v for k, v in sorted(arrays.items()) if k.startswith("['ema']")]
-    assert len(model) == len(folder) and any(not np.array_equal(m, e) for m, e in zip(model, ema))
-    assert sorted(a.tobytes() for a in ema) == sorted(np.asarray(w).tobytes() for w in folder)  # the EMA: the start
 
 
 @pytest.mark.parametrize(
