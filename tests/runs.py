@@ -1,5 +1,6 @@
 """Helpers for tests that run `train/main.py` (and friends) as subprocesses."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -26,6 +27,15 @@ TINY = ["--model", "unet_tiny", "--batch_size", "16", "--warmup_steps", "4", "--
 # is what a resumed or a 2-process run must reproduce.
 REFERENCE_STEPS = 24
 REFERENCE = [*TINY, "--steps", REFERENCE_STEPS, "--ckpt_every", 6, "--fsdp_size", 2]
+
+
+def script_module(path: str):
+    """The Python file at `path` (relative to the repository: a benchmarks/ or tools/ script, not a package),
+    imported as a module named by its stem."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def command(script: str, *args) -> list[str]:

@@ -1,17 +1,11 @@
 """benchmarks/harness.py: the ratios BENCHMARKS.md quotes and the loop the step benchmarks time are
 what their docstrings say (rates against hand-computed figures; the step loop's blocking order)."""
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).parent.parent
+from runs import script_module
 
 
 def harness():
-    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("benchmarks/harness.py")
 
 
 def test_rates_are_items_over_summed_seconds_and_paired_rounds():

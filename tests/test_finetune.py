@@ -43,16 +43,22 @@ def sd_data(tmp_path_factory) -> tuple[Path, Path]:
     """(the sd1 pipeline folder, latents of 16 captioned 16×16 images encoded with its VAE and tokenizer)."""
     root = tmp_path_factory.mktemp("finetune")
     folder = assemble("sd1", root / "sd1")
+    return folder, captioned_latents(root, folder, 16, [f"a photo of {['a cat', 'a dog'][i % 2]}" for i in range(16)])
+
+
+def captioned_latents(root: Path, folder: Path, size: int, captions: list[str]) -> Path:
+    """ROOT/latents: random size² RGB images, one per caption, encoded by train/encode.py with the pipeline
+    `folder`'s vae/ and text_encoder/ (the raw captions kept beside the tokens)."""
     rng, images = np.random.default_rng(0), root / "images"
     images.mkdir()
-    for i in range(16):
-        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
-        (images / f"{i:02d}.txt").write_text(f"a photo of {['a cat', 'a dog'][i % 2]}")
+    for i, caption in enumerate(captions):
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
+        (images / f"{i:02d}.txt").write_text(caption)
     latents = root / "latents"
-    train_encode.main(train_encode.parse_config([
-        "--dataset", f"folder:{images}", "--image_size", "16", "--vae", str(folder / "vae"), "--text_encoder",
-        str(folder / "text_encoder"), "--out", str(latents), "--batch_size", "16"]))  # fmt: skip
-    return folder, latents
+    train_encode.main(train_encode.parse_config([str(a) for a in (
+        "--dataset", f"folder:{images}", "--image_size", size, "--vae", folder / "vae", "--text_encoder",
+        folder / "text_encoder", "--out", latents, "--batch_size", len(captions))]))  # fmt: skip
+    return latents
 
 
 def train(run_dir: Path, sd_data, *flags) -> None:

@@ -14,10 +14,10 @@ import jax
 import main as train_main  # train/main.py
 import numpy as np
 import pytest
-from PIL import Image
 from rebuild import load_run  # train/rebuild.py
 from run_condition import run_condition  # train/run_condition.py
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
+from test_finetune import captioned_latents
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.data.latents import LatentSource
@@ -39,16 +39,7 @@ def sdxl_data(tmp_path_factory) -> tuple[Path, Path]:
     """(the sdxl pipeline folder, latents of 8 captioned 32×32 images encoded with its VAE, raw captions kept)."""
     root = tmp_path_factory.mktemp("finetune_sdxl")
     folder = assemble("sdxl", root / "sdxl")
-    rng, images = np.random.default_rng(0), root / "images"
-    images.mkdir()
-    for i in range(8):
-        Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
-        (images / f"{i:02d}.txt").write_text(PROMPTS[i % 2])
-    latents = root / "latents"
-    train_encode.main(train_encode.parse_config([str(a) for a in (
-        "--dataset", f"folder:{images}", "--image_size", SIZE, "--vae", folder / "vae", "--text_encoder",
-        folder / "text_encoder", "--out", latents, "--batch_size", 8)]))  # fmt: skip
-    return folder, latents
+    return folder, captioned_latents(root, folder, SIZE, [PROMPTS[i % 2] for i in range(8)])
 
 
 def train(run_dir: Path, sdxl_data, *flags) -> None:

@@ -4,7 +4,6 @@ the statistics here): within 1e-6 relative on well-conditioned, near-singular an
 statistics and where pytorch-fid adds eps to the diagonals; `frechet_distance` (the digits
 scorecard's) agrees with it wherever pytorch-fid does not offset."""
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -13,6 +12,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 import threadpoolctl
+
+from runs import script_module
 
 from eqxdiff.eval.frechet import fid_from_stats, frechet_distance
 
@@ -23,10 +24,7 @@ SLOW_D = 2048  # Inception's size: d × d eigendecompositions, a slow test
 
 def _recipes():
     """tools/make_frechet_fixtures.py's numpy-only recipes (the module imports no torch)."""
-    spec = importlib.util.spec_from_file_location("make_frechet_fixtures", ROOT / "tools" / "make_frechet_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("tools/make_frechet_fixtures.py")
 
 
 RECIPES = _recipes()

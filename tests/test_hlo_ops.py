@@ -2,20 +2,14 @@
 weight gradient are told apart in a compiled program, with their phases, and a profiler trace's op events
 are found by instruction name."""
 
-import importlib.util
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 
-ROOT = Path(__file__).parent.parent
+from runs import script_module
 
 
 def hlo_ops():
-    spec = importlib.util.spec_from_file_location("hlo_ops", ROOT / "benchmarks" / "hlo_ops.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("benchmarks/hlo_ops.py")
 
 
 def loss(w, x):

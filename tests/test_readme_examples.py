@@ -2,8 +2,9 @@
 those of a command the README gives (BENCHMARKS.md's figures and the README's own stay about the
 same commands)."""
 
-import importlib.util
 from pathlib import Path
+
+from runs import script_module
 
 ROOT = Path(__file__).parent.parent
 
@@ -17,9 +18,7 @@ def readme_main_commands() -> list[str]:
 
 
 def test_every_timed_example_is_a_readme_command():
-    spec = importlib.util.spec_from_file_location("readme_examples", ROOT / "benchmarks" / "readme_examples.py")
-    examples = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(examples)
+    examples = script_module("benchmarks/readme_examples.py")
     commands = readme_main_commands()
     assert "python train/main.py" in commands  # the default job, as written
     for name, flags in examples.EXAMPLES.items():

@@ -4,7 +4,6 @@ count), SDXL's 2.567B parameters lay out over an 8-device FSDP group at an eight
 `remat=True` changes the backward pass's memory, not its numbers."""
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,15 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from runs import script_module
+
 from eqxdiff.nn import SDUNet, TextCond
 from eqxdiff.nn.sd_unet_config import parse_config
 from eqxdiff.sharding import make_mesh, state_shardings
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "tests" / "data" / "sd_unet"
-spec = importlib.util.spec_from_file_location("sd_unet_configs", ROOT / "benchmarks" / "sd_unet_configs.py")
-configs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(configs)
+configs = script_module("benchmarks/sd_unet_configs.py")
 with gzip.open(DATA / "full_size_shapes.json.gz") as f:
     FULL = json.loads(f.read())
 
