@@ -78,7 +78,7 @@ SWITCHES = {
     "unrolled_accumulation": "7. gradient accumulation's micro-steps unrolled",
     "channel_sum_matmul": "8. per-channel gradient sums as matmuls",
 }
-DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler", "channel_sum_matmul"}
+DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler"}
 
 
 def shipped(remat: bool = False) -> frozenset[str]:

@@ -69,7 +69,7 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
     entry = json.loads((tmp_path / "choice.json").read_text())["k"]
     assert entry["choice"] == name and entry["switches"] == sorted(fastest)
     assert entry["step_ms"] == {"on": 1000.0, "off": 666.67, "on_with_conv_grad_matmul": 333.33, "on_with_ynnpack": 1333.33,
-                                "on_with_channel_sum_matmul": 1666.67}  # fmt: skip
+                                "on_without_channel_sum_matmul": 1666.67}  # fmt: skip
     with xla_cpu.only(()):
         assert xla_cpu_auto.cached(tmp_path / "choice.json", "k", sets) == name and xla_cpu.switched_on() == fastest
     assert xla_cpu_auto.cached(tmp_path / "x", "k", sets) is None
