@@ -24,8 +24,8 @@ models feeds it, 299² skips the upsampling's interpolation work):
 - eqxdiff: `eqxdiff.eval.fid.rgb_features(net, images)`, the `eqx.filter_jit` function
   `fid_of_samples` (train/sample.py, train/main.py) calls per chunk, on uint8 images already on
   the device; it is `net(images)`: /255, bilinear resize to 299, 2x - 1, pool3, float32 (convs at
-  `Precision.HIGHEST`). `xla_cpu.enable()` as the train scripts do (it changes nothing in a forward
-  pass). Compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call.
+  `Precision.HIGHEST`). `xla_cpu.enable()` as the train scripts do (of its switches only YNNPACK's, a
+  process flag, reaches a forward pass: 2.2× faster for this one, BENCHMARKS.md occasion 3). Compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call.
 - torch: `torch.set_num_threads(--threads)` (the cores XLA uses), the images as fid_score's
   DataLoader hands them over (ToTensor: NCHW float32 in [0, 1], converted once, outside the timing),
   `model(batch)[0]` under `torch.no_grad()` as fid_score calls it (F.interpolate to 299 and 2x - 1
@@ -59,7 +59,7 @@ from eqxdiff.eval.fid import rgb_features
 from harness import alternate, call_seconds, compile_and_first_call, param_count, peer_report, rates
 from torch_peer import TORCH_PYTHON, TorchPeer
 
-xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
+xla_cpu.enable()  # as train/main.py (YNNPACK's process flag reaches the forward)
 
 PEER = Path(__file__).resolve().parent / "inception_torch_peer.py"
 TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
