@@ -25,7 +25,8 @@ models feeds it, 299² skips the upsampling's interpolation work):
   `fid_of_samples` (train/sample.py, train/main.py) calls per chunk, on uint8 images already on
   the device; it is `net(images)`: /255, bilinear resize to 299, 2x - 1, pool3, float32 (convs at
   `Precision.HIGHEST`). `xla_cpu.enable()` as the train scripts do (of its switches only YNNPACK's, a
-  process flag, reaches a forward pass: BENCHMARKS.md, occasion 3). Compile (`.lower(...).compile()`) is timed and reported apart, then one warm-up call.
+  process flag, reaches a forward pass: BENCHMARKS.md, occasion 3). Compile (`.lower(...).compile()`)
+  is timed and reported apart, then one warm-up call.
 - torch: `torch.set_num_threads(--threads)` (the cores XLA uses), the images as fid_score's
   DataLoader hands them over (ToTensor: NCHW float32 in [0, 1], converted once, outside the timing),
   `model(batch)[0]` under `torch.no_grad()` as fid_score calls it (F.interpolate to 299 and 2x - 1

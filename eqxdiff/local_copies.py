@@ -3,8 +3,9 @@ weights folder's loaders), and local files written by such writers that belong i
 
 `local_copy(url)` mirrors an object, or every object under a prefix, into the cache folder
 `$EQXDIFF_CACHE` (default `~/.cache/eqxdiff`) at `SCHEME/BUCKET/KEY`, so the same URL always lands in the same
-place; a file is fetched again only when its object changed (a hash of the object's metadata as the listing gives
-it — checksum, generation, size — is kept in a manifest beside the copy); `local_copies_matching(pattern)` copies the objects a glob URL matches.
+place; a file is fetched again only when its object changed (a hash of the object's metadata as the listing
+gives it — checksum, generation, size — is kept in a manifest beside the copy); `local_copies_matching(pattern)`
+copies the objects a glob URL matches.
 `upload(local, path)` puts a local file at `path`, as one object when it is a URL.
 """
 
