@@ -12,8 +12,8 @@ trace's op events summed over them (benchmarks/profile_steps.py).
   matvec with ones, found by its ones operand; one inside a fusion, whose operands are the fusion's
   parameters, reads as `matmul`), `matmul`, `fusion/elementwise`, `reduce`, `copy/transpose`, `rng`,
   `control` (conditional, while, call: containers whose bodies' ops are events of their own), `other`. A
-  fusion takes the kind of the heaviest op inside it (a convolution, then a dot, then a reduce; else elementwise, or copy/transpose
-  when it only moves data).
+  fusion takes the kind of the heaviest op inside it (a convolution, then a dot, then a reduce; else
+  elementwise, or copy/transpose when it only moves data).
   phase (from the instruction's metadata, as JAX writes it): `backward` (op_name has `transpose(`, and
   XLA's weight-gradient convs), `forward` (`jvp(`), `optimizer` (innermost source file in optax, or
   eqx.apply_updates), `prepare/other` (the rest: the noise draw, EMA, NaN guard, metrics; `step_files`
