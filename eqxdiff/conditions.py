@@ -165,12 +165,20 @@ class FrozenText(TextCondition):
     def frozen(self) -> dict:
         return {"text_encoder": self.text.encoder, "null_cond": self.null_cond}
 
+    def to_config(self) -> dict:  # attend_padding only where on: earlier runs' configs stay as they were
+        return super().to_config() | ({"attend_padding": True} if self.text.attend_padding else {})
+
     def pretrained(self) -> dict:
         return {"text_encoder": self.text.encoder}  # also where the step takes none (EncodedText: sample prompts)
 
     def cond(self, batch: dict, frozen: dict | None) -> TextCond:
-        hidden, pooled = frozen["text_encoder"](batch["input_ids"], batch["attention_mask"])
-        return TextCond(hidden, batch["attention_mask"], pooled)
+        mask = self.mask(batch["attention_mask"])
+        hidden, pooled = frozen["text_encoder"](batch["input_ids"], mask)
+        return TextCond(hidden, mask, pooled)
+
+    def mask(self, attention_mask: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
+        """The batch's tokenizer mask, or all ones where the run attends to the padding (`text.attend_padding`)."""
+        return jnp.ones_like(attention_mask) if self.text is not None and self.text.attend_padding else attention_mask
 
     def null(self, frozen: dict | None) -> TextCond:
         return self.null_cond if frozen is None else frozen["null_cond"]
@@ -191,4 +199,4 @@ class EncodedText(FrozenText):
 
     def cond(self, batch: dict, frozen: dict | None) -> TextCond:
         f32 = lambda name: batch[name].astype(jnp.float32)  # noqa: E731 — stored as float16
-        return TextCond(f32("context"), batch["attention_mask"], f32("pooled"))
+        return TextCond(f32("context"), self.mask(batch["attention_mask"]), f32("pooled"))

@@ -21,8 +21,11 @@ from rebuild import load_run  # train/rebuild.py
 from resume import saved_config  # train/resume.py
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
-from test_sd_pipeline import assemble
+from run_condition import condition_from_config, run_condition  # train/run_condition.py
+from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
+from eqxdiff.conditions import EncodedText
+from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.local_copies import local_copy
 from eqxdiff.nn import SDUNet
@@ -46,18 +49,18 @@ def sd_data(tmp_path_factory) -> tuple[Path, Path]:
     return folder, captioned_latents(root, folder, 16, [f"a photo of {['a cat', 'a dog'][i % 2]}" for i in range(16)])
 
 
-def captioned_latents(root: Path, folder: Path, size: int, captions: list[str]) -> Path:
-    """ROOT/latents: random size² RGB images, one per caption, encoded by train/encode.py with the pipeline
-    `folder`'s vae/ and text_encoder/ (the raw captions kept beside the tokens)."""
-    rng, images = np.random.default_rng(0), root / "images"
+def captioned_latents(root: Path, folder: Path, size: int, captions: list[str], *flags, name: str = "latents") -> Path:
+    """ROOT/NAME: random size² RGB images (in ROOT/NAME_images), one per caption, encoded by train/encode.py (and
+    its `flags`) with the pipeline `folder`'s vae/ and text_encoder/ (the raw captions kept beside the tokens)."""
+    rng, images = np.random.default_rng(0), root / f"{name}_images"
     images.mkdir()
     for i, caption in enumerate(captions):
         Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
         (images / f"{i:02d}.txt").write_text(caption)
-    latents = root / "latents"
+    latents = root / name
     train_encode.main(train_encode.parse_config([str(a) for a in (
         "--dataset", f"folder:{images}", "--image_size", size, "--vae", folder / "vae", "--text_encoder",
-        folder / "text_encoder", "--out", latents, "--batch_size", len(captions))]))  # fmt: skip
+        folder / "text_encoder", "--out", latents, "--batch_size", len(captions), *flags)]))  # fmt: skip
     return latents
 
 
@@ -156,6 +159,58 @@ def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message)
 def test_a_bare_unet_folder_takes_the_parts_beside_it(sd_data, tmp_path):
     cfg = train_main.parse_config(["--run_dir", str(tmp_path / "run"), "--init", f"sd:{sd_data[0] / 'unet'}"])
     assert Path(cfg.text_encoder) == (sd_data[0] / "text_encoder").resolve()
+
+
+def test_captions_are_encoded_as_the_pipeline_encodes_them(sd_data, tmp_path):
+    """An --init run's condition of PROMPTS is StableDiffusionPipeline.encode_prompt's (the fixture's reference.npz):
+    the tower reads the padding tokens too, whatever mask the records carry; its null is "" encoded alike; the run's
+    config says so, and the condition rebuilt from it encodes alike. The same latents without --init: the padding
+    masked (as before), which the pipeline's embeddings do not match."""
+    folder, latents = sd_data
+    source, mesh, ref = LatentSource(latents, f"latents:{latents}"), make_mesh(data=-1, fsdp=1), reference("sd1")
+    args = ["--run_dir", str(tmp_path / "run"), "--dataset", f"latents:{latents}"]
+    condition = run_condition(train_main.parse_config([*args, "--init", f"sd:{folder}"]), source, mesh)
+    ids, mask = condition.text.tokenizer(PROMPTS, condition.text.max_length)  # as the records hold them
+    assert mask.min() == 0 and mask.max() == 1  # padding to read
+    batch = {"input_ids": ids, "attention_mask": mask}
+    cond = eqx.filter_jit(condition.cond)(batch, condition.frozen())
+    assert relative(cond.context, ref["prompt_embeds"]) < 1e-5 and np.all(np.asarray(cond.mask) == 1)
+    assert relative(condition.null(None).context[0], ref["negative_embeds"][1]) < 1e-5  # NEGATIVE[1] is ""
+    assert relative(condition.for_sampling(PROMPTS, 1)[0].context, ref["prompt_embeds"]) < 1e-5
+    config = condition.to_config()
+    assert config["attend_padding"] is True
+    assert relative(condition_from_config(config, mesh=mesh).for_sampling(PROMPTS, 1)[0].context,
+                    ref["prompt_embeds"]) < 1e-5  # fmt: skip
+
+    masked = run_condition(train_main.parse_config(args + ["--text_encoder", str(folder / "text_encoder")]),
+                           source, mesh)  # fmt: skip
+    assert "attend_padding" not in masked.to_config()  # a run of before keeps its config
+    assert relative(eqx.filter_jit(masked.cond)(batch, masked.frozen()).context, ref["prompt_embeds"]) > 1e-3
+
+
+def test_captions_encoded_ahead_of_time_are_read_as_they_were_encoded(sd_data, tmp_path):
+    """train/encode.py --encode_text --attend_padding stores the pipeline's embeddings, which an --init run reads;
+    contexts encoded with the padding masked are refused there, naming the fix, and the other way round."""
+    folder, _ = sd_data
+    mesh, ref = make_mesh(data=-1, fsdp=1), reference("sd1")
+    attended = captioned_latents(tmp_path, folder, 16, PROMPTS * 4, "--encode_text", "--attend_padding",
+                                 name="attended")  # fmt: skip
+    masked = captioned_latents(tmp_path, folder, 16, PROMPTS * 4, "--encode_text", name="masked")
+    parse = lambda latents, *flags: train_main.parse_config(  # noqa: E731
+        ["--run_dir", str(tmp_path / "run"), "--dataset", f"latents:{latents}", *flags])
+    source = LatentSource(attended, f"latents:{attended}")
+    condition = run_condition(parse(attended, "--init", f"sd:{folder}"), source, mesh)
+    assert isinstance(condition, EncodedText) and condition.to_config()["attend_padding"] is True
+    records = [source[i] for i in range(2)]
+    assert min(r["attention_mask"].min() for r in records) == 0  # the tokenizer's mask is what is stored
+    batch = {k: np.stack([r[k] for r in records]) for k in ("context", "pooled", "attention_mask")}
+    assert relative(condition.cond(batch, None).context, ref["prompt_embeds"]) < 2e-3  # stored in float16
+    assert relative(condition.null(None).context[0], ref["negative_embeds"][1]) < 2e-3
+    with pytest.raises(SystemExit, match="encoded with the padding masked: encode again with train/encode.py "
+                                         "--attend_padding"):  # fmt: skip
+        run_condition(parse(masked, "--init", f"sd:{folder}"), LatentSource(masked, f"latents:{masked}"), mesh)
+    with pytest.raises(SystemExit, match="encoded with --attend_padding.*pass --init, or encode again without"):
+        run_condition(parse(attended), source, mesh)
 
 
 def test_images_are_refused_naming_the_encode(sd_data, tmp_path):

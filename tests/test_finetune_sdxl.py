@@ -128,7 +128,7 @@ def test_what_sdxl_fine_tuning_refuses_at_start(sdxl_data, tmp_path, flags, mess
     folder, latents = sdxl_data
     uncaptioned = tmp_path / "uncaptioned"
     if "latents:UNCAPTIONED" in flags:  # the same images encoded without --text_encoder: no captions kept
-        images = f"folder:{latents.parent / 'images'}"
+        images = f"folder:{latents.parent / f'{latents.name}_images'}"
         train_encode.main(train_encode.parse_config(["--dataset", images, "--image_size", str(SIZE), "--vae",
                                                      str(folder / "vae"), "--out", str(uncaptioned)]))  # fmt: skip
     flags = [f.replace("OTHER", str(folder / "tokenizer")).replace("UNCAPTIONED", str(uncaptioned)) for f in flags]

@@ -15,7 +15,8 @@ with the source's other fields (label; a captioned source's raw caption) kept as
 default the tokenizer/ folder beside DIR) and stored as input_ids and attention_mask;
 `--encode_text` also stores the tower's last hidden states ("context") and pooled vector, float16,
 encoded on the devices next to the VAE. The null condition of guidance (`--null_text`: the encoded
-"" or zeros) is written to null_text.npz beside meta.json.
+"" or zeros) is written to null_text.npz beside meta.json. `--attend_padding`: the tower reads every token,
+the padding too, as Stable Diffusion's pipelines encode prompts (what `train/main.py --init sd:` trains with).
 
 The examples, in order, are cut into shards of `--shard_size`; shard k belongs to process
 k % process_count, which encodes it on its own devices (data-parallel over them) and writes it
@@ -79,6 +80,7 @@ class Config(Launch):
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
     encode_text: bool = False  # also store the encoded captions: hidden states and pooled vector, float16
     null_text: str = "empty"  # the null condition stored in null_text.npz: the encoded "" | zeros
+    attend_padding: bool = False  # the tower reads the padding tokens too, as SD's pipelines (for main.py --init sd:)
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of stopping the encode
 
 
@@ -91,7 +93,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
         parser.error(f"--shard_size must be >= 1 and --batch_size >= 0 (0: from the image size), got "
                      f"{cfg.shard_size} and {cfg.batch_size}")  # fmt: skip
     text_flags = {"--tokenizer": cfg.tokenizer, "--encode_text": cfg.encode_text, "--null_text zeros":
-                  cfg.null_text != "empty", "--allow_uncaptioned": cfg.allow_uncaptioned}  # fmt: skip
+                  cfg.null_text != "empty", "--allow_uncaptioned": cfg.allow_uncaptioned,
+                  "--attend_padding": cfg.attend_padding}  # fmt: skip
     given = [flag for flag, value in text_flags.items() if value]
     if given and not cfg.text_encoder:
         parser.error(f"{given[0]} applies to captions, which are read and tokenized only with --text_encoder DIR")
@@ -185,7 +188,7 @@ def split_examples(examples: list[dict], text) -> tuple[list[dict], tuple]:
     tokens = text.tokens(examples)
     others = [{**{k: v for k, v in e.items() if k != "image"}, **{k: v[i] for k, v in tokens.items()}}
               for i, e in enumerate(examples)]  # fmt: skip
-    return others, (images, tokens)
+    return others, (images, text.tower_tokens(tokens))
 
 
 @eqx.filter_jit
@@ -227,6 +230,9 @@ class ImagesOnly:
     def tokens(self, examples: list[dict]) -> dict:
         return {}
 
+    def tower_tokens(self, tokens: dict) -> dict:
+        return tokens
+
     def files(self) -> dict[str, bytes]:
         """The files written beside meta.json, by name."""
         return {}
@@ -256,7 +262,15 @@ class Captions:
         return fields
 
     def tokens(self, examples: list[dict]) -> dict:
-        return self.text.tokens([e["caption"] for e in examples])
+        """The stored tokens: ids and the tokenizer's mask (a run that attends to the padding ignores it)."""
+        ids, mask = self.text.tokenizer([e["caption"] for e in examples], self.text.max_length)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def tower_tokens(self, tokens: dict) -> dict:
+        """The tokens the tower encodes: the mask all ones with --attend_padding."""
+        if not self.text.attend_padding:
+            return tokens
+        return tokens | {"attention_mask": np.ones_like(tokens["attention_mask"])}
 
     def files(self) -> dict[str, bytes]:
         return {NULL_FILE: null_npz_bytes(self.text.encoded_null())}
@@ -268,14 +282,16 @@ class Captions:
             "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(local_tokenizer),
             "max_length": self.text.max_length, "null_text": self.text.null_text, "encoded": self.encode_text,
             "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
-        }}  # fmt: skip
+        } | ({"attend_padding": True} if self.text.attend_padding else {})}  # fmt: skip
 
 
 def open_text(cfg: Config, mesh) -> ImagesOnly | Captions:
     """What the encode stores of the captions: with --text_encoder DIR its tower read into `mesh`'s layout."""
     if not cfg.text_encoder:
         return ImagesOnly()
-    return Captions(cfg, open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh))
+    text = open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh,
+                                  attend_padding=cfg.attend_padding)  # fmt: skip
+    return Captions(cfg, text)
 
 
 def main(cfg: Config) -> None:

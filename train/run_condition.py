@@ -50,9 +50,12 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
         return Labels(source.num_classes) if source.num_classes else NoCondition()
     if tower == SCRATCH and not tokenizer:
         raise SystemExit("--text_encoder scratch needs --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt).")
+    attend_padding = bool(cfg.init)  # a pipeline's UNet: captions encoded as its pipeline encodes them
+    if encoded is not None and encoded["encoded"] and encoded.get("attend_padding", False) != attend_padding:
+        raise SystemExit(padding_mismatch(cfg, encoded))
     try:
         text = open_text(tower, tokenizer, cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                         min_size=cfg.fsdp_min_param_size, rules=rules)  # fmt: skip
+                         min_size=cfg.fsdp_min_param_size, rules=rules, attend_padding=attend_padding)  # fmt: skip
     except RuleError as e:  # the rules, not the folder
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
@@ -60,8 +63,20 @@ def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
     if text.encoder is None:
         return ScratchText(text, causal=SCRATCH_TEXT_CAUSAL, pooled=SCRATCH_TEXT_POOLED)
     stored = source.text_null() if encoded is not None else None  # the null encoded with the latents
-    null = stored if stored is not None and encoded["null_text"] == text.null_text else text.encoded_null()
+    same = encoded is not None and (encoded["null_text"], encoded.get("attend_padding", False)) == (
+        text.null_text, attend_padding)  # fmt: skip
+    null = stored if stored is not None and same else text.encoded_null()
     return EncodedText(text, null) if encoded is not None and encoded["encoded"] else FrozenText(text, null)
+
+
+def padding_mismatch(cfg, encoded: dict) -> str:
+    """Why latents whose captions were encoded ahead of time do not fit the run: their padding tokens read otherwise."""
+    if cfg.init:
+        return (f"--init {cfg.init} encodes captions as the pipeline does, the tower reading the padding tokens too; "
+                f"{cfg.dataset}'s were encoded with the padding masked: encode again with train/encode.py "
+                "--attend_padding, or without --encode_text (the run then encodes its captions).")  # fmt: skip
+    return (f"{cfg.dataset}'s captions were encoded with --attend_padding, as Stable Diffusion's pipelines encode "
+            "them, for a fine-tune (--init sd:FOLDER): pass --init, or encode again without --attend_padding.")
 
 
 def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
@@ -87,7 +102,7 @@ def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
 
 
 def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh,
-              min_size: int, rules: tuple = ()) -> TextConditioning:  # fmt: skip
+              min_size: int, rules: tuple = (), attend_padding: bool = False) -> TextConditioning:  # fmt: skip
     """`tower` "scratch" (of `scratch_config`) or a folder; `tokenizer` a built-in one's name
     (BUILTIN_TOKENIZERS), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
     absolute specs, for checkpoints. A folder that does not fit is a SystemExit naming it."""
@@ -96,7 +111,7 @@ def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dic
     else:
         tokenizer_spec, tokenizer = tokenizer_location(tower, tokenizer), str(tokenizer_folder(tower, tokenizer))
     text = open_text_conditioning(tower, tokenizer, null_text=null_text, scratch_config=scratch_config, mesh=mesh,
-                                  min_size=min_size, rules=rules)  # fmt: skip
+                                  min_size=min_size, rules=rules, attend_padding=attend_padding)  # fmt: skip
     tower_spec = tower if tower == SCRATCH else canonical(tower)
     return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
 
@@ -129,7 +144,8 @@ def condition_from_config(config: dict, *, mesh: Mesh):
         raise KeyError(f"a condition of kind {kind!r}, which CONDITION_KINDS in train/run_condition.py does not "
                        "name: add its class there")  # fmt: skip
     text = open_text(config["text_encoder"], config["tokenizer"], config["null_text"],
-                     scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62)  # fmt: skip
+                     scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62,
+                     attend_padding=config.get("attend_padding", False))  # fmt: skip
     if config["kind"] == "scratch_text":
         return ScratchText(text, causal=config["causal"], pooled=config["pooled"])
     return TEXT_KINDS[config["kind"]](text, text.encoded_null())

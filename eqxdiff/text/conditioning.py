@@ -37,7 +37,12 @@ SCRATCH = "scratch"
 @dataclasses.dataclass(frozen=True)
 class TextConditioning:
     """A run's text side: its tokenizer, and either a frozen pretrained tower (`encoder`) or the
-    configuration of a tower trained with the model (`scratch_config`, a CLIPTextConfig dict)."""
+    configuration of a tower trained with the model (`scratch_config`, a CLIPTextConfig dict).
+
+    `attend_padding`: the tower (and the network) read every one of the `max_length` tokens, padding included
+    (an all-ones attention mask), as diffusers' Stable Diffusion pipelines and training scripts encode prompts:
+    a fine-tune of their UNet (`train/main.py --init sd:`) sees the context it was trained on. False: the
+    tokenizer's mask, padding masked out of the tower's attention and the network's cross-attention."""
 
     tokenizer: TextTokenizer
     max_length: int  # tokens per caption
@@ -45,11 +50,13 @@ class TextConditioning:
     encoder: CLIPTextModel | None = None
     scratch_config: dict | None = None
     specs: tuple[str, str] = ("", "")  # (tower, tokenizer) as a checkpoint names them, for the scripts
+    attend_padding: bool = False
 
     def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Captions -> {"input_ids", "attention_mask"}, int32[len(texts), max_length] each."""
+        """Captions -> {"input_ids", "attention_mask"}, int32[len(texts), max_length] each (the mask all ones
+        with `attend_padding`)."""
         ids, mask = self.tokenizer(list(texts), self.max_length)
-        return {"input_ids": ids, "attention_mask": mask}
+        return {"input_ids": ids, "attention_mask": np.ones_like(mask) if self.attend_padding else mask}
 
     def model_dims(self) -> dict[str, int]:
         """The network's condition sizes: `context_dim` and `pooled_dim` (the tower's width)."""
@@ -160,11 +167,13 @@ def open_text_conditioning(
     mesh: Mesh | None = None,
     min_size: int = 2**12,
     rules: Sequence[Rule] = (),
+    attend_padding: bool = False,
 ) -> TextConditioning:
     """`text_encoder`: a transformers CLIP text folder (frozen; each weight read straight into its layout
     on `mesh`, `eqxdiff.sharding.state_shardings`'s for `(min_size, rules)`, its leaves named as in the
     training step's frozen argument: `text_encoder.<its path>`) or "scratch" (a tower of `scratch_config`
-    trained with the model). `tokenizer`: a tokenizer, or a folder (default: beside `text_encoder`)."""
+    trained with the model). `tokenizer`: a tokenizer, or a folder (default: beside `text_encoder`).
+    `attend_padding`: `TextConditioning`'s (a pretrained tower only)."""
     if null_text not in NULL_TEXTS:
         raise ValueError(f"null_text must be one of {NULL_TEXTS}, got {null_text!r}")
     if not isinstance(tokenizer, TextTokenizer):
@@ -186,6 +195,8 @@ def open_text_conditioning(
             "max_position_embeddings": max_length,
             "eos_token_id": eos,
         }
+        if attend_padding:
+            raise ValueError("attend_padding encodes as a pretrained tower's pipeline does: not for a scratch tower.")
         return TextConditioning(tokenizer, max_length, null_text, scratch_config=config)
     # Named as in the training step's frozen argument, where the run's rules (SHARDING_RULES) see it too.
     place = None if mesh is None else placement(mesh, min_size, rules=rules, name="text_encoder")
@@ -198,4 +209,4 @@ def open_text_conditioning(
         )
     positions = encoder.embeddings.position_embedding.weight.shape[0]
     max_length = min(tokenizer.model_max_length or positions, positions)
-    return TextConditioning(tokenizer, max_length, null_text, encoder=encoder)
+    return TextConditioning(tokenizer, max_length, null_text, encoder=encoder, attend_padding=attend_padding)
