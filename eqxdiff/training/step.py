@@ -168,6 +168,10 @@ class TrainStep:
     ahead of time: `lower` (for XLA's cost analysis) and the calls share that one lowering —
     jit's own call path would lower the step a second time, adding to start-up.
 
+    The compiled step takes and returns the state's arrays as one flat list: a call flattens the state once
+    and unflattens it once (an Equinox module's flatten and unflatten run in Python, and the pytree-shaped
+    call flattened and rebuilt it four times: on a 2-core box that host work competes with the step itself).
+
     `compile(abstract_state, batch_spec)` takes ShapeDtypeStructs, so the step can compile in a
     thread while the state is built or restored (XLA's compiler releases the GIL); a call that
     arrives meanwhile waits for that compile instead of starting its own.
@@ -175,8 +179,9 @@ class TrainStep:
 
     def __init__(self, step, state_shardings, batch_sharding, metrics_sharding, frozen_shardings=None):
         self._step = step
-        self._shardings = (state_shardings, batch_sharding, frozen_shardings), (state_shardings, metrics_sharding)
-        self._static = self._frozen_static = None
+        self._state_shardings, self._frozen_shardings = state_shardings, frozen_shardings
+        self._metrics_sharding = metrics_sharding
+        self._state = self._frozen = None  # _Flat of the first call's state and frozen
         self.batch_sharding = batch_sharding
         self.jitted = None
         self._lowered: dict = {}
@@ -188,33 +193,45 @@ class TrainStep:
         on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
         self.compiler_options = xla_cpu.compiler_options() if on_cpu else {}
 
-    def _split(self, state: TrainState, frozen):
-        arrays, static = eqx.partition(state, is_array_like)
-        frozen_arrays, frozen_static = eqx.partition(frozen, is_array_like)
+    def _split(self, state: TrainState, frozen) -> tuple[list, list]:
+        """The array leaves of `state` and of `frozen`, in flatten order."""
+        state_leaves, state_def = jax.tree.flatten(state)
+        frozen_leaves, frozen_def = jax.tree.flatten(frozen)
         if self.jitted is None:
             with self._lock:
                 if self.jitted is None:
-                    self._static, self._frozen_static = static, frozen_static
-                    in_shardings, out_shardings = self._shardings
+                    self._state = _Flat(state_leaves, state_def, "state")
+                    self._frozen = _Flat(frozen_leaves, frozen_def, "frozen")
+                    shardings = self._state.sharding_leaves(self._state_shardings)
+                    frozen_shardings = self._frozen.sharding_leaves(self._frozen_shardings)
                     self.jitted = jax.jit(
-                        self._traced, donate_argnums=0, in_shardings=in_shardings, out_shardings=out_shardings
+                        self._traced,
+                        donate_argnums=0,
+                        in_shardings=(shardings, self.batch_sharding, frozen_shardings),
+                        out_shardings=(shardings, self._metrics_sharding),
                     )
-        return arrays, frozen_arrays
+        return self._state.arrays(state_leaves, state_def), self._frozen.arrays(frozen_leaves, frozen_def)
 
-    def _traced(self, arrays, batch, frozen_arrays):
+    def _traced(self, arrays: list, batch, frozen_arrays: list):
         self.traces += 1  # runs at trace time only
-        return self._step(arrays, self._static, batch, eqx.combine(frozen_arrays, self._frozen_static))
+        state_arrays, static = eqx.partition(self._state.rebuild(arrays), is_array_like)
+        new_arrays, metrics = self._step(state_arrays, static, batch, self._frozen.rebuild(frozen_arrays))
+        new_leaves, new_def = jax.tree.flatten(new_arrays)
+        if new_def != jax.tree.structure(state_arrays):
+            raise ValueError(f"The step returned a state of another structure:\n{new_def}\nnot\n{state_arrays}")
+        return new_leaves, metrics
 
     def __call__(self, state: TrainState, batch: dict, frozen=None) -> tuple[TrainState, dict]:
         arrays, frozen_arrays = self._split(state, frozen)
         compiled = self._compiled.get(_signature(batch, frozen_arrays)) or self.compile(state, batch, frozen)
         new_arrays, metrics = compiled(arrays, batch, frozen_arrays)
-        return eqx.combine(new_arrays, self._static), metrics
+        return self._state.rebuild(new_arrays), metrics
 
     def compile(self, state: TrainState, batch: dict, frozen=None):
         """The compiled step for this batch signature (compiled once). Arrays or
         ShapeDtypeStructs (e.g. `abstract_train_state`'s) both work, for `frozen` too."""
-        signature = _signature(batch, eqx.filter(frozen, is_array_like))
+        _, frozen_arrays = self._split(state, frozen)
+        signature = _signature(batch, frozen_arrays)
         with self._lock:
             if signature not in self._compiled:
                 self._compiled[signature] = self.lower(state, batch, frozen).compile(self.compiler_options)
@@ -228,6 +245,40 @@ class TrainStep:
             if signature not in self._lowered:
                 self._lowered[signature] = self.jitted.lower(arrays, batch, frozen_arrays)
             return self._lowered[signature]
+
+
+class _Flat:
+    """A pytree's structure and non-array leaves, fixed by the first call: `arrays(leaves, treedef)` picks a later
+    tree's array leaves (its structure must be the same), `rebuild(arrays)` puts a tree back together."""
+
+    def __init__(self, leaves: list, treedef, what: str):
+        self.treedef, self.what = treedef, what
+        self.array_at = [i for i, x in enumerate(leaves) if is_array_like(x)]
+        self.template = [None if is_array_like(x) else x for x in leaves]
+
+    def arrays(self, leaves: list, treedef) -> list:
+        if treedef != self.treedef:
+            raise ValueError(
+                f"train_step: the {self.what} passed has another structure than at the first call (a changed "
+                f"module or static field): build a new step for it (make_train_step).\nnow: {treedef}\n"
+                f"first call: {self.treedef}"
+            )
+        return [leaves[i] for i in self.array_at]
+
+    def rebuild(self, arrays: list):
+        leaves = list(self.template)
+        for i, x in zip(self.array_at, arrays, strict=True):
+            leaves[i] = x
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def sharding_leaves(self, shardings) -> list | None:
+        """`shardings` (a sharding per array leaf, None elsewhere; or None: unspecified) as a list per array leaf."""
+        if shardings is None:
+            return None
+        flat = jax.tree.leaves(shardings)
+        if len(flat) != len(self.array_at):
+            raise ValueError(f"train_step: {len(flat)} shardings for the {self.what}'s {len(self.array_at)} arrays")
+        return flat
 
 
 def _updates_applied(opt_state, step: jax.Array) -> jax.Array:
