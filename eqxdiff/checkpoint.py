@@ -77,6 +77,12 @@ def _from_saved(restored, like):
     return TrainState(**{"phema": (), **restored})
 
 
+def _without_traceback(error: Exception) -> str:
+    """`error`'s message up to any traceback text inside it: an error from orbax's async reads can carry the
+    formatted traceback of the read that failed first, which the user's one-line error should not print."""
+    return str(error).split("Traceback (most recent call last)")[0].rstrip(" \n\"'(<").rstrip() or repr(error)
+
+
 def all_finite(tree) -> bool:
     """Whether every inexact array of `tree` is finite: one host read of a jitted reduction, or
     numpy on the host on a single-process CPU run with `eqxdiff.xla_cpu` on (xla_cpu.py, 6)."""
@@ -162,9 +168,9 @@ class Checkpoints:
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
-                f"which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags (or the model's "
-                f"entry in train/models.py) changed since it was written, use the original flags or a new --run_dir; "
-                f"another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
+                "which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags (or the model's "
+                "entry in train/models.py) changed since it was written, use the original flags or a new --run_dir; "
+                "another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
             state=ocp.args.PyTreeRestore(_as_saved(target),
@@ -177,7 +183,7 @@ class Checkpoints:
         except Exception as e:  # orbax/tensorstore raise many kinds; the user needs the step and why
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
-                f"{type(e).__name__}: {e}. If the model or optimizer flags (or the model's entry in train/models.py) "
+                f"{type(e).__name__}: {_without_traceback(e)}. If the model or optimizer flags (or the model's entry in train/models.py) "
                 f"changed since it was written, use the original flags or a new --run_dir; another step restores "
                 f"with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e

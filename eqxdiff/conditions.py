@@ -31,7 +31,8 @@ from eqxdiff.nn import CLIPTextModel, TextCond, TextConditioned
 from eqxdiff.text.conditioning import TextConditioning, encode_tokens
 
 
-def _repeat(tree: Any, per_row: int) -> Any:
+def repeat_rows(tree: Any, per_row: int) -> Any:
+    """Each row (leading axis) of every leaf `per_row` times in a row: a sample grid's conditions, one per image."""
     return jax.tree.map(lambda a: np.repeat(a, per_row, axis=0), tree)
 
 
@@ -146,7 +147,7 @@ class ScratchText(TextCondition):
 
     def for_sampling(self, rows: Sequence | np.ndarray | None, per_row: int) -> tuple[dict, dict]:
         """`rows`: a prompt each."""
-        return _repeat(self.text.tokens(list(rows)), per_row), self.null(None)
+        return repeat_rows(self.text.tokens(list(rows)), per_row), self.null(None)
 
     def to_config(self) -> dict:
         return super().to_config() | {"tower": self.text.scratch_config, "causal": self.causal, "pooled": self.pooled}
@@ -185,7 +186,7 @@ class FrozenText(TextCondition):
 
     def for_sampling(self, rows: Sequence | np.ndarray | None, per_row: int) -> tuple[TextCond, TextCond]:
         """`rows`: a prompt each, encoded by the tower on the host."""
-        return _repeat(encode_tokens(self.text.encoder, self.text.tokens(list(rows))), per_row), self.null_cond
+        return repeat_rows(encode_tokens(self.text.encoder, self.text.tokens(list(rows))), per_row), self.null_cond
 
 
 class EncodedText(FrozenText):

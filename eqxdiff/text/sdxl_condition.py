@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from eqxdiff.conditions import TextCondition, _repeat
+from eqxdiff.conditions import TextCondition, repeat_rows
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import TextField, describe_fields
 from eqxdiff.nn import SDXLCond, TextCond, sdxl_time_ids
@@ -121,7 +121,7 @@ class SDXLText(TextCondition):
     def for_sampling(self, rows: Sequence | np.ndarray | None, per_row: int) -> tuple[SDXLCond, SDXLCond]:
         """`rows`: a prompt each, encoded by the towers on the host."""
         cond = SDXLCond(self.prompts.encode(list(rows)), self.time_ids(len(rows)))
-        return _repeat(cond, per_row), self.null_cond
+        return repeat_rows(cond, per_row), self.null_cond
 
     def to_config(self) -> dict:
         return {"kind": self.kind, "text_encoder": self.folder, "null_text": self.null_text, "size": list(self.size),
