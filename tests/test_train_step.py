@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from eqxdiff import xla_cpu
 from eqxdiff.data import open_source
@@ -312,10 +314,12 @@ def test_remat_shrinks_the_compiled_steps_temp_memory():
     assert temp[True] < 0.8 * temp[False], temp  # measured 0.76 (without the scheduler 1.0: remat saves nothing)
 
 
-def test_model_of_trains_the_trained_part_and_reads_the_frozen_one():
+@pytest.mark.parametrize("prefix", [False, True])
+def test_model_of_trains_the_trained_part_and_reads_the_frozen_one(prefix):
     """make_train_step(model_of=...): the loss sees eqx.combine(trained, frozen part), the gradient, optimizer and EMA
     hold the trained part alone (here a Dense's bias; LoRA's adapters in train/finetune.py), the frozen weight is the
-    step's argument, left as it was."""
+    step's argument, left as it was. `prefix`: frozen_shardings a prefix of the frozen argument, as jit's
+    in_shardings take them (one sharding for a whole module, None for a subtree of two arrays)."""
     mesh = make_mesh(data=-1, fsdp=1)
     whole = Dense(3, 2, key=jax.random.key(0))
     is_bias = eqx.tree_at(lambda d: (d.weight, d.bias), jax.tree.map(lambda _: False, whole), (False, True))
@@ -326,11 +330,13 @@ def test_model_of_trains_the_trained_part_and_reads_the_frozen_one():
         prepare=lambda batch, key, frozen: batch, loss_fn=lambda m, b, key: jnp.mean((m(b["x"]) - b["y"]) ** 2),
         optimizer=optimizer, lr_schedule=schedule, ema_decay=0.5, state_shardings=shardings,
         batch_sharding=batch_sharding(mesh), seed=0, model_of=lambda t, frozen: eqx.combine(t, frozen["base"]),
+        frozen_shardings={"base": NamedSharding(mesh, P()), "other": None} if prefix else None,
     )  # fmt: skip
     state, _ = create_train_state(lambda key: trained, optimizer, jax.random.key(0), mesh, 2**20, shardings=shardings)
     rng = np.random.default_rng(0)
     batch = {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=(8, 2)).astype(np.float32)}
-    frozen = {"base": base}
+    frozen = {"base": base, "other": {"a": np.ones(2, np.float32), "b": np.ones(3, np.float32)}} if prefix else {
+        "base": base}  # fmt: skip
     weight = np.asarray(base.weight)
     want_loss, want_grad = jax.value_and_grad(lambda bias: jnp.mean((batch["x"] @ weight + bias - batch["y"]) ** 2))(
         whole.bias)  # fmt: skip

@@ -202,8 +202,8 @@ class TrainStep:
                 if self.jitted is None:
                     self._state = _Flat(state_leaves, state_def, "state")
                     self._frozen = _Flat(frozen_leaves, frozen_def, "frozen")
-                    shardings = self._state.sharding_leaves(self._state_shardings)
-                    frozen_shardings = self._frozen.sharding_leaves(self._frozen_shardings)
+                    shardings = self._state.sharding_leaves(self._state_shardings, state)
+                    frozen_shardings = self._frozen.sharding_leaves(self._frozen_shardings, frozen)
                     self.jitted = jax.jit(
                         self._traced,
                         donate_argnums=0,
@@ -271,11 +271,14 @@ class _Flat:
             leaves[i] = x
         return jax.tree.unflatten(self.treedef, leaves)
 
-    def sharding_leaves(self, shardings) -> list | None:
-        """`shardings` (a sharding per array leaf, None elsewhere; or None: unspecified) as a list per array leaf."""
+    def sharding_leaves(self, shardings, tree) -> list | None:
+        """`shardings` of `tree` as jit takes them, a prefix of it (a sharding, or None: unspecified, for each
+        subtree), as one entry per array leaf; None for None."""
         if shardings is None:
             return None
-        flat = jax.tree.leaves(shardings)
+        arrays = lambda subtree: sum(map(is_array_like, jax.tree.leaves(subtree)))  # noqa: E731
+        groups = jax.tree.map(lambda s, subtree: [s] * arrays(subtree), shardings, tree, is_leaf=lambda x: x is None)
+        flat = [s for group in jax.tree.leaves(groups, is_leaf=lambda x: isinstance(x, list)) for s in group]
         if len(flat) != len(self.array_at):
             raise ValueError(f"train_step: {len(flat)} shardings for the {self.what}'s {len(self.array_at)} arrays")
         return flat
