@@ -276,9 +276,9 @@ class _Flat:
         subtree), as one entry per array leaf; None for None."""
         if shardings is None:
             return None
+        flat = []  # filled in flatten order: each prefix leaf's sharding once per array of its subtree
         arrays = lambda subtree: sum(map(is_array_like, jax.tree.leaves(subtree)))  # noqa: E731
-        groups = jax.tree.map(lambda s, subtree: [s] * arrays(subtree), shardings, tree, is_leaf=lambda x: x is None)
-        flat = [s for group in jax.tree.leaves(groups, is_leaf=lambda x: isinstance(x, list)) for s in group]
+        jax.tree.map(lambda s, sub: flat.extend([s] * arrays(sub)), shardings, tree, is_leaf=lambda x: x is None)
         if len(flat) != len(self.array_at):
             raise ValueError(f"train_step: {len(flat)} shardings for the {self.what}'s {len(self.array_at)} arrays")
         return flat
