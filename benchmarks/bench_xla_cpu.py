@@ -18,7 +18,8 @@ compiled program.
 Each side's program is built, traced and compiled inside `xla_cpu.only(its switches)`; training sides
 also draw their state there (init_draws), all from the same parameters (asserted after one step).
 Forward sides share one network (drawn once) and input. Then timed rounds alternate over the sides
-(training: at most 2 steps in flight; forward: calls blocked on one by one), so drift hits all alike.
+(training: at most 2 steps in flight; forward: calls blocked on one by one), so drift hits all alike; each
+round starts one side later than the one before, so that no side always runs first, right after the same other.
 Process-level flags are the same for every side and every workload (printed as `xla_flags`): YNNPACK
 is switched per compile (the compiler options), not in XLA_FLAGS, so both settings live in one process.
 
@@ -153,7 +154,7 @@ def run_workload(name: str, args) -> dict:
     for side in sides:
         if args.warmup:
             runs[side](args.warmup)
-    times = alternate({side: lambda side=side: runs[side](args.steps) for side in sides}, args.rounds)
+    times = alternate({side: lambda side=side: runs[side](args.steps) for side in sides}, args.rounds, rotate=True)
     median = {side: statistics.median(times[side]) for side in sides}
     reference = median.get("shipped", median[sides[0]])
     unit, items = ("step", "samples") if train else ("call", "images")

@@ -148,12 +148,16 @@ def compile_and_first_call(fn, *args) -> tuple[object, dict]:
     return out, {"eqxdiff_compile_s": round(compile_s, 3), "eqxdiff_first_call_s": round(first_s, 3)}
 
 
-def alternate(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each round runs every side once, in order; a side returns its round's seconds."""
+def alternate(sides: dict[str, Callable[[], float]], rounds: int, rotate: bool = False) -> dict[str, list[float]]:
+    """Each round runs every side once, in order (`rotate`: round r starts at the r-th side, so that with
+    as many rounds as sides each runs once in every position, after every other); a side returns its
+    round's seconds."""
     seconds = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, run in sides.items():
-            seconds[name].append(run())
+    names = list(sides)
+    for r in range(rounds):
+        shift = r % len(names) if rotate else 0
+        for name in names[shift:] + names[:shift]:
+            seconds[name].append(sides[name]())
     return seconds
 
 

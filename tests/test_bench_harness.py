@@ -24,6 +24,10 @@ def test_alternate_runs_each_side_once_per_round_in_order():
     sides = {name: (lambda name=name: calls.append(name) or len(calls)) for name in ("a", "b")}
     assert harness().alternate(sides, 3) == {"a": [1, 3, 5], "b": [2, 4, 6]}
     assert calls == ["a", "b"] * 3
+    calls.clear()  # rotated: round r starts at side r, each side's seconds still in round order
+    sides = {name: (lambda name=name: calls.append(name) or len(calls)) for name in ("a", "b", "c")}
+    assert harness().alternate(sides, 4, rotate=True) == {"a": [1, 6, 8, 10], "b": [2, 4, 9, 11], "c": [3, 5, 7, 12]}
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
 
 
 class Loss:
