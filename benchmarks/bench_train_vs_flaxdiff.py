@@ -50,7 +50,9 @@ after 2 warm-up steps each, the second through the timed path (so FlaxDiff's `tr
 compiled its host-side checks): eqxdiff N steps, FlaxDiff N steps, eqxdiff N, FlaxDiff N, ...; the
 order (also of set-up and first step) is swapped with --flaxdiff_first. Process start to first
 step cannot be separated per side in one process, so it is not reported. Ratios are eqxdiff /
-FlaxDiff. FlaxDiff's own prints go to stderr; stdout gets one JSON line.
+FlaxDiff. eqxdiff's side also reports its step's FLOPs (XLA's cost analysis, `step_flops`), the FLOP/s they make
+at its step time, and that over the fp32 2048² matmul rate measured right after the rounds
+(`achieved_over_matmul`, issue 35's bar). FlaxDiff's own prints go to stderr; stdout gets one JSON line.
 """
 
 import argparse
@@ -74,14 +76,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     )
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.nn import UNet  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step  # noqa: E402
-from harness import PACKAGES, alternate, param_count, report, steps_in_flight  # noqa: E402
+from eqxdiff.training.metrics import step_flops  # noqa: E402
+from harness import PACKAGES, alternate, matmul_gflops, param_count, report, steps_in_flight  # noqa: E402
 from flaxdiff_peer import UNET  # noqa: E402
 from unconditional_edm import unconditional_edm  # noqa: E402  (puts train/ on sys.path)
 from startup import xla_cpu_switches  # noqa: E402  (train/startup.py: --xla_cpu as the scripts read it)
@@ -267,7 +269,12 @@ def main() -> None:
         }
         for name in ["eqxdiff", "flaxdiff"]
     }
+    # Issue 35's FLOP/s bar: XLA's cost analysis of eqxdiff's step over its time, against the box's matmul rate now.
+    flops = step_flops(sides["eqxdiff"].train_step, sides["eqxdiff"].state, sides["eqxdiff"].batches[0])
+    achieved, matmul = flops / (per_side["eqxdiff"]["step_time_ms"] / 1000) / 1e9, matmul_gflops()
     per_side["eqxdiff"].update(
+        gflop_per_step=round(flops / 1e9, 2), achieved_gflops=round(achieved, 1),
+        matmul_2048_fp32_gflops_after_rounds=matmul, achieved_over_matmul=round(achieved / matmul, 3),
         model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
         step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
         compiler_options=sides["eqxdiff"].train_step.compiler_options,
