@@ -16,11 +16,13 @@ then LoRA training steps with remat: bytes per device, peak RSS, load and step t
 4. `--steps` steps on latents [batch, 32, 32, 4] (bf16), SDXL's condition: context [batch, 77, 2048], pooled
    [batch, 1280] (bf16), time_ids for 256² crops of 256² images. Compile timed apart from the steps.
 
-After compiling, XLA's buffer plan for the step (all 8 devices: they share this host's memory) must fit in the
-host's available memory, else the script stops naming the plan (a full-size step at batch 8 outgrew 23 GiB).
+The step compiles as `train/main.py --remat` compiles it on a CPU (`xla_cpu.shipped(remat=True)`: with XLA:CPU's
+default scheduler every gathered weight and kept activation stays live, and remat saves nothing). After compiling,
+XLA's buffer plan for the step (per device; the 8 simulated devices share this host's memory, so 8 times it) must
+fit in the host's available memory, else the script stops naming the plan.
 
 One JSON line: bytes per device (each of the 8; the first device's shards) of the base, the adapters and the
-optimizer state, XLA's buffer plan for the step (all devices), peak RSS of the process, and the times.
+optimizer state, XLA's buffer plan for the step (per device), peak RSS of the process, and the times.
 """
 
 import argparse
@@ -122,7 +124,7 @@ def main() -> None:
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     from eqxdiff import xla_cpu
 
-    xla_cpu.enable()  # as train/main.py; before JAX starts
+    xla_cpu.enable(xla_cpu.shipped(remat=True))  # as train/main.py --remat (the memory-optimized scheduler); before JAX
     import jax
     import jax.numpy as jnp
     import optax
@@ -178,9 +180,9 @@ def main() -> None:
     plan = memory_of(step)
     print(f"compiled in {compile_s:.1f} s; peak RSS {mib(peak_rss())} MiB; XLA's plan {plan}", file=sys.stderr,
           flush=True)  # fmt: skip
-    # 8 simulated devices share this host's memory: XLA's plan for all of them must fit in what is free now.
-    if (plan["temp_mib"] + plan["output_mib"]) * 2**20 > available_bytes():
-        raise SystemExit(f"bench_sdxl_lora: the step plans {plan} MiB over all {DEVICES} devices, more than the "
+    # 8 simulated devices share this host's memory: XLA's per-device plan, 8 times, must fit in what is free now.
+    if DEVICES * (plan["temp_mib"] + plan["output_mib"]) * 2**20 > available_bytes():
+        raise SystemExit(f"bench_sdxl_lora: the step plans {plan} MiB per device, {DEVICES} times more than the "
                          f"{mib(available_bytes())} MiB this host has available; lower --batch or --size")  # fmt: skip
     step_s, losses = [], []
     for i in range(args.steps):
@@ -201,7 +203,7 @@ def main() -> None:
         "bytes": {"base_total": tree_bytes(base), "base_per_device": bytes_per_device(base),
                   "adapters_total": tree_bytes(adapters), "adapters_per_device": bytes_per_device(adapters),
                   "opt_state_total": tree_bytes(opt_state), "opt_state_per_device": bytes_per_device(opt_state)},
-        "step_buffers_all_devices": plan, "folder_written": written,
+        "step_buffers_per_device": plan, "folder_written": written,
         "peak_rss_mib": {"before_load": mib(rss_before_load), "after_load": mib(rss_after_load),
                          "end": mib(peak_rss())},
         "load_s": round(load_s, 3), "compile_s": round(compile_s, 3), "step_s": step_s, "losses": losses,

@@ -66,8 +66,8 @@ def bytes_per_device(tree) -> int:
 
 
 def memory_of(compiled) -> dict:
-    """XLA's buffer plan of a compiled step, all devices together: temporaries (activations, gradients,
-    updates), arguments, outputs (MiB)."""
+    """XLA's buffer plan of a compiled step: temporaries (activations, gradients, updates), arguments, outputs (MiB)
+    of the program ONE device runs (SPMD: each device runs it on its shards; a host simulating 8 holds 8 of them)."""
     stats = compiled.memory_analysis()
     mib = lambda n: round(n / 2**20, 1)  # noqa: E731
     return {"temp_mib": mib(stats.temp_size_in_bytes), "argument_mib": mib(stats.argument_size_in_bytes),
