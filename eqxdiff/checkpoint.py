@@ -80,7 +80,7 @@ def _from_saved(restored, like):
 def _without_traceback(error: Exception) -> str:
     """`error`'s message up to any traceback text inside it: an error from orbax's async reads can carry the
     formatted traceback of the read that failed first, which the user's one-line error should not print."""
-    return str(error).split("Traceback (most recent call last)")[0].rstrip(" \n\"'(<").rstrip() or repr(error)
+    return str(error).split("Traceback")[0].rstrip() or type(error).__name__
 
 
 def all_finite(tree) -> bool:
@@ -183,9 +183,9 @@ class Checkpoints:
         except Exception as e:  # orbax/tensorstore raise many kinds; the user needs the step and why
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
-                f"{type(e).__name__}: {_without_traceback(e)}. If the model or optimizer flags (or the model's entry in train/models.py) "
-                f"changed since it was written, use the original flags or a new --run_dir; another step restores "
-                f"with --resume_step (train/main.py) or --step (train/sample.py)."
+                f"{type(e).__name__}: {_without_traceback(e)}. If the model or optimizer flags (or the model's entry "
+                "in train/models.py) changed since it was written, use the original flags or a new --run_dir; another "
+                "step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
 

@@ -178,8 +178,8 @@ class FrozenText(TextCondition):
         return TextCond(hidden, mask, pooled)
 
     def mask(self, attention_mask: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
-        """The batch's tokenizer mask, or all ones where the run attends to the padding (`text.attend_padding`)."""
-        return jnp.ones_like(attention_mask) if self.text is not None and self.text.attend_padding else attention_mask
+        """The batch's tokenizer mask as the run reads it (`TextConditioning.read_mask`); as it is without text."""
+        return attention_mask if self.text is None else self.text.read_mask(attention_mask)
 
     def null(self, frozen: dict | None) -> TextCond:
         return self.null_cond if frozen is None else frozen["null_cond"]

@@ -268,9 +268,7 @@ class Captions:
 
     def tower_tokens(self, tokens: dict) -> dict:
         """The tokens the tower encodes: the mask all ones with --attend_padding."""
-        if not self.text.attend_padding:
-            return tokens
-        return tokens | {"attention_mask": np.ones_like(tokens["attention_mask"])}
+        return tokens | {"attention_mask": self.text.read_mask(tokens["attention_mask"])}
 
     def files(self) -> dict[str, bytes]:
         return {NULL_FILE: null_npz_bytes(self.text.encoded_null())}

@@ -19,6 +19,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -56,7 +57,14 @@ class TextConditioning:
         """Captions -> {"input_ids", "attention_mask"}, int32[len(texts), max_length] each (the mask all ones
         with `attend_padding`)."""
         ids, mask = self.tokenizer(list(texts), self.max_length)
-        return {"input_ids": ids, "attention_mask": np.ones_like(mask) if self.attend_padding else mask}
+        return {"input_ids": ids, "attention_mask": self.read_mask(mask)}
+
+    def read_mask(self, attention_mask):
+        """The mask the tower and the network read for the tokenizer's `attention_mask` [b, n] (numpy or jax):
+        itself, or all ones with `attend_padding`."""
+        if not self.attend_padding:
+            return attention_mask
+        return (np if isinstance(attention_mask, np.ndarray) else jnp).ones_like(attention_mask)
 
     def model_dims(self) -> dict[str, int]:
         """The network's condition sizes: `context_dim` and `pooled_dim` (the tower's width)."""

@@ -218,7 +218,8 @@ class TrainStep:
         new_arrays, metrics = self._step(state_arrays, static, batch, self._frozen.rebuild(frozen_arrays))
         new_leaves, new_def = jax.tree.flatten(new_arrays)
         if new_def != jax.tree.structure(state_arrays):
-            raise ValueError(f"The step returned a state of another structure:\n{new_def}\nnot\n{state_arrays}")
+            raise ValueError(f"The step returned a state of another structure:\n{new_def}\nnot\n"
+                             f"{jax.tree.structure(state_arrays)}")  # fmt: skip
         return new_leaves, metrics
 
     def __call__(self, state: TrainState, batch: dict, frozen=None) -> tuple[TrainState, dict]:
