@@ -14,6 +14,7 @@ import os
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata.array_metadata_store import Store as ArrayMetadataStore
 
@@ -29,6 +30,7 @@ ARRAY_HANDLERS = ocp.type_handlers.create_type_handler_registry(
     (jax.Array, ocp.type_handlers.ArrayHandler(
         array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
     )),
+    (np.ndarray, ocp.type_handlers.NumpyHandler()),  # a saved jax.Array read onto the host (EmaSnapshots.restore)
 )  # fmt: skip
 
 

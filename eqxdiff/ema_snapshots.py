@@ -11,6 +11,7 @@ import os
 
 import equinox as eqx
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from eqxdiff.checkpoint import ARRAY_HANDLERS, CheckpointError, tree_differences
@@ -51,21 +52,26 @@ class EmaSnapshots:
         self._require(step)
         return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
-    def restore(self, step: int, abstract_emas: tuple, shardings: tuple, *, check: bool = True) -> tuple:
-        """The EMAs of `step` laid out by `shardings`; `abstract_emas` (ShapeDtypeStructs, e.g. an abstract
-        state's `phema` or `(ema,)`) gives the structure and the static parts. `check=False` skips comparing the
-        saved leaves with the target first (reading orbax's metadata is a third of a small restore's time): for a
-        caller that checked another snapshot of the same run (its steps share one model)."""
+    def restore(self, step: int, abstract_emas: tuple, shardings: tuple | None, *, check: bool = True) -> tuple:
+        """The EMAs of `step` laid out by `shardings`, or as host numpy arrays where `shardings` is None (a reader
+        that sums them on the host: no device copies to read back); `abstract_emas` (ShapeDtypeStructs, e.g. an
+        abstract state's `phema` or `(ema,)`) gives the structure and the static parts. `check=False` skips
+        comparing the saved leaves with the target first (reading orbax's metadata is a third of a small restore's
+        time): for a caller that checked another snapshot of the same run (its steps share one model)."""
         self._require(step)
         arrays, static = eqx.partition(tuple(abstract_emas), lambda x: isinstance(x, jax.ShapeDtypeStruct))
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, tuple(shardings))
+        if shardings is None:
+            target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
+            restore_args = jax.tree.map(lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype), target)
+        else:
+            target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays,
+                                  tuple(shardings))  # fmt: skip
+            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
         mismatch = check and tree_differences(self._manager.item_metadata(step)["emas"].tree, target)
         if mismatch:
             raise CheckpointError(f"EMA snapshot step {step} in {self.directory} does not fit this run's model: "
                                   + "; ".join(mismatch))  # fmt: skip
-        args = ocp.args.Composite(
-            emas=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
-        )
+        args = ocp.args.Composite(emas=ocp.args.PyTreeRestore(target, restore_args=restore_args))
         return eqx.combine(self._manager.restore(step, args=args).emas, static)
 
     def _require(self, step: int) -> None:

@@ -82,8 +82,9 @@ def snapshot_inputs(snapshots: EmaSnapshots, step: int, only: tuple[float, ...] 
 
 def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding,
                 only: tuple[float, ...] = ()):  # fmt: skip
-    """([one EMA model per σ_rel], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i summed in float64,
-    over the snapshots of steps <= `step` (of the profiles `only`, when given), one step's in memory at a time."""
+    """([one EMA model per σ_rel, laid out by `sharding`], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i
+    summed in float64 on the host, over the snapshots of steps <= `step` (of the profiles `only`, when given), one
+    step's in host memory at a time."""
     inputs = snapshot_inputs(snapshots, step, only)
     if not inputs:
         raise SystemExit(f"{snapshots.directory} holds no snapshot of profiles {list(only)} up to step {step}.")
@@ -91,20 +92,20 @@ def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...
     sums = [None] * len(sigma_rels)
     for j, s in enumerate(sorted({s for s, _, _ in inputs})):
         n = len(snapshots.meta(s)["sigma_rels"])
-        emas = snapshots.restore(s, (abstract_ema,) * n, (sharding,) * n, check=j == 0)  # one run: one model
+        emas = snapshots.restore(s, (abstract_ema,) * n, None, check=j == 0)  # one run: one model
         for i in (i for i, (s_i, _, _) in enumerate(inputs) if s_i == s):
             ema = emas[inputs[i][1]]
             leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(eqx.filter(ema, eqx.is_inexact_array))]
             for k in range(len(sigma_rels)):
                 terms = [weights[i, k] * x for x in leaves]
                 sums[k] = terms if sums[k] is None else [a + b for a, b in zip(sums[k], terms)]
-    template = ema  # the last snapshot's: the non-parameter leaves, and each leaf's dtype and sharding
-    params, static = eqx.partition(template, eqx.is_inexact_array)
+    params, static = eqx.partition(ema, eqx.is_inexact_array)  # the last snapshot's other leaves and dtypes
     models = []
     for total in sums:
         it = iter(total)
-        leaves = jax.tree.map(lambda like: jax.device_put(next(it).astype(like.dtype), like.sharding), params)
-        models.append(eqx.combine(leaves, static))
+        host = eqx.combine(jax.tree.map(lambda like: next(it).astype(like.dtype), params), static)
+        arrays, others = eqx.partition(host, eqx.is_array)
+        models.append(eqx.combine(jax.device_put(arrays, sharding), others))
     return models, weights, inputs
 
 
