@@ -11,8 +11,7 @@ the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that
 and `without:A+B` name sets. A training step reads conv_grad_matmul and channel_sum_matmul (traced into the
 backward), llvm_o1, memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three
 compiler options (the two matmul switches change gradients, and a forward takes none: each side's
-`lowered_sha`, the hash of its traced program, shows which sides compile the same program; the scripts compile the
-VAE's two programs as the `without:no_ynnpack` side, `xla_cpu.filter_jit_with_ynnpack`). remat_order and
+`lowered_sha`, the hash of its traced program, shows which sides compile the same program). remat_order and
 unrolled_accumulation act only under --remat and --grad_accum_steps, init_draws and host_finite outside the
 compiled program.
 

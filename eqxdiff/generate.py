@@ -23,7 +23,6 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.nn.vae_tiling import decode_in_pieces
 from eqxdiff.sharding import batch_sharding
-from eqxdiff.xla_cpu import filter_jit_with_ynnpack
 
 
 def global_rows(a: Any, mesh: Mesh) -> jax.Array:
@@ -119,7 +118,7 @@ def _unscale(autoencoder: Any, latents: jax.Array) -> jax.Array:
     return latents / autoencoder.scaling_factor + autoencoder.shift_factor
 
 
-@filter_jit_with_ynnpack  # the VAE decode: faster with YNNPACK's fusions (eqxdiff/xla_cpu.py, 5)
+@eqx.filter_jit
 def _decode(autoencoder: Any, latents: jax.Array) -> jax.Array:
     return autoencoder.decode(_unscale(autoencoder, latents))
 

@@ -25,13 +25,11 @@ scripts call `enable()`):
    without its expensive passes (most of a step's compile is LLVM on many small fused kernels,
    while convs and matmuls are library calls), and the memory-optimized scheduler (it frees
    buffers as early as it can; the default keeps every value alive).
-5. YNNPACK off. This jaxlib hands convs, matmuls and reductions to YNNPACK library fusions by
-   default; on the 2-core x86 CPUs measured (BENCHMARKS.md) whole models run faster with XLA's own
-   kernels (Eigen convs and matmuls, its fused loops), per core and more so on two. Off in
-   `compiler_options()` and, for everything else a script compiles, in `XLA_FLAGS` (read when the
-   backend starts, so `enable()` must come first, as in start_jax). The SD VAE's encode and decode
-   are the exception measured (faster with YNNPACK on two of three occasions each): they compile
-   through `filter_jit_with_ynnpack`, with jaxlib's own fusion types (`YNN_DEFAULT`).
+5. YNNPACK off. This jaxlib hands convs, matmuls and elementwise/reduction chains to YNNPACK
+   library fusions by default; on the 2-core x86 CPUs measured (BENCHMARKS.md) whole models run
+   faster with XLA's own kernels (Eigen convs and matmuls, its fused loops), per core and more so
+   on two. Off in `compiler_options()` and, for everything else a script compiles, in
+   `XLA_FLAGS` (read when the backend starts, so `enable()` must come first, as in start_jax).
 6. checkpoint finiteness on the host (`host_all_finite`, single-process CPU only). A jitted
    "every leaf finite" compiles one reduction kernel per leaf on XLA:CPU (seconds for a UNet's
    state, once per run); the arrays already live in host memory, so numpy reads them instead.
@@ -62,15 +60,11 @@ import functools
 import math
 import os
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"  # the fusion types XLA:CPU hands to YNNPACK
-# This jaxlib's default value of YNN_OPTION (its help text says "empty"; the compiled programs say otherwise:
-# tests/test_xla_cpu.py compiles one with it and in a fresh process with no XLA_FLAGS, and compares).
-YNN_DEFAULT = ",".join(f"LIBRARY_FUSION_TYPE_{t}" for t in ("INDIVIDUAL_CONVOLUTION", "INDIVIDUAL_DOT", "REDUCE"))
 
 # Each workaround by name (the numbers of the list above); `enable()` with no names switches on DEFAULT.
 SWITCHES = {
@@ -148,38 +142,16 @@ def on_cpu(switch: str | None = None) -> bool:
 # --- 4. compiler options ----------------------------------------------------------------------
 
 
-def compiler_options(ynnpack: bool = False) -> dict:
-    """XLA options for compiling a step on a CPU mesh: those of the switches that are on (4, 5). `ynnpack`: for a
-    program measured faster with YNNPACK's fusions, jaxlib's own (`YNN_DEFAULT`) where the switch turns them off."""
+def compiler_options() -> dict:
+    """XLA options for compiling a step on a CPU mesh: those of the switches that are on (4, 5)."""
     options = {}
     if "llvm_o1" in _on:
         options.update(xla_backend_optimization_level=1, xla_llvm_disable_expensive_passes=True)
     if "memory_scheduler" in _on:
         options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
     if "no_ynnpack" in _on:
-        options[YNN_OPTION] = YNN_DEFAULT if ynnpack else ""  # "": no fusion type handed to YNNPACK (5)
+        options[YNN_OPTION] = ""  # no fusion type handed to YNNPACK (5)
     return options
-
-
-def filter_jit_with_ynnpack(fun):
-    """`eqx.filter_jit(fun)` compiled with `compiler_options(ynnpack=True)` as the switches stand at each call (they
-    are set after import; one jit per set): for the programs measured faster with YNNPACK's fusions than without,
-    the SD VAE's encode and decode (BENCHMARKS.md, "Occasion 5"). With every switch off, plain `eqx.filter_jit`."""
-    jitted = {}
-
-    def now():
-        options = compiler_options(ynnpack=True)
-        key = tuple(sorted(options.items()))
-        if key not in jitted:
-            jitted[key] = eqx.filter_jit(fun, compiler_options=options)
-        return jitted[key]
-
-    @functools.wraps(fun)
-    def call(*args, **kwargs):
-        return now()(*args, **kwargs)
-
-    call.lower = lambda *args, **kwargs: now().lower(*args, **kwargs)  # as a jitted function's
-    return call
 
 
 # --- 1. conv weight gradient as matmuls -------------------------------------------------------

@@ -4,9 +4,6 @@ jax.random's. Every one is on here (`every_switch_on`), the shipped ones and the
 
 import functools
 import os
-import re
-import subprocess
-import sys
 
 import equinox as eqx
 import jax
@@ -238,50 +235,6 @@ def test_the_switch_keeps_work_away_from_ynnpack():
     assert "__ynn_fusion" not in lowered.compile(xla_cpu.compiler_options()).as_text()
     assert "__ynn_fusion" not in lowered.compile().as_text()
     assert f"--{xla_cpu.YNN_OPTION}=" in os.environ["XLA_FLAGS"]
-
-
-# A conv, a reduction and a lone dot: each of YNN_DEFAULT's three fusion types takes one of them.
-YNN_PROGRAM = """
-import jax, jax.numpy as jnp
-def f(x, w, m):
-    y = jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    y = y - y.mean(axis=(1, 2, 3), keepdims=True)
-    return y.reshape(2, -1, 32) @ m
-lowered = jax.jit(f).lower(jnp.ones((2, 16, 16, 32)), jnp.ones((3, 3, 32, 32)), jnp.ones((32, 32)))
-"""
-
-
-def program_text(text: str) -> str:
-    """A compiled program's instructions, without its source locations (another process, another stack)."""
-    return re.sub(r", metadata=\{[^}]*\}", "", text[text.index("\n%") :]).strip()
-
-
-def test_ynn_default_is_what_jaxlib_compiles_with_no_flags():
-    """`filter_jit_with_ynnpack`'s value of the option gives the program a fresh process without the switch's
-    XLA_FLAGS compiles (jaxlib's default), and each of its three types changes that program."""
-    env = {**os.environ, "XLA_FLAGS": os.environ["XLA_FLAGS"].replace(f"--{xla_cpu.YNN_OPTION}=", "")}
-    code = YNN_PROGRAM + "print(lowered.compile().as_text())"
-    fresh = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    scope: dict = {}
-    exec(YNN_PROGRAM, scope)
-    compiled = lambda types: program_text(scope["lowered"].compile({xla_cpu.YNN_OPTION: types}).as_text())  # noqa: E731
-    assert compiled(xla_cpu.YNN_DEFAULT) == program_text(fresh) and "__ynn_fusion" in program_text(fresh)
-    types = xla_cpu.YNN_DEFAULT.split(",")
-    assert all(compiled(",".join(t for t in types if t != left_out)) != program_text(fresh) for left_out in types)
-
-
-def test_filter_jit_with_ynnpack_gives_its_programs_to_ynnpack_where_the_switch_takes_it_away():
-    scope: dict = {}
-    exec(YNN_PROGRAM, scope)
-    jitted, args = xla_cpu.filter_jit_with_ynnpack(scope["f"]), scope["lowered"].args_info[0]
-    args = [jnp.ones(a.shape) for a in args]
-    text = lambda: jitted.lower(*args).compile().compiled.as_text()  # noqa: E731
-    assert "__ynn_fusion" in text() and xla_cpu.enabled("no_ynnpack")  # every switch on (the fixture)
-    np.testing.assert_allclose(jitted(*args), jax.jit(scope["f"])(*args), rtol=1e-5, atol=1e-5)
-    with xla_cpu.only({"no_ynnpack"}):
-        assert xla_cpu.compiler_options(ynnpack=True) == {xla_cpu.YNN_OPTION: xla_cpu.YNN_DEFAULT}
-    with xla_cpu.disabled():  # plain filter_jit: no option (this process's XLA_FLAGS keeps YNNPACK off)
-        assert xla_cpu.compiler_options(ynnpack=True) == {} and "__ynn_fusion" not in text()
 
 
 def test_each_switch_by_name_reaches_only_its_own_workaround():

@@ -57,7 +57,6 @@ from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
     tokenizer_location,
 )  # fmt: skip
-from eqxdiff.xla_cpu import filter_jit_with_ynnpack
 from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
@@ -192,7 +191,7 @@ def split_examples(examples: list[dict], text) -> tuple[list[dict], tuple]:
     return others, (images, text.tower_tokens(tokens))
 
 
-@filter_jit_with_ynnpack  # the VAE encode: faster with YNNPACK's fusions (eqxdiff/xla_cpu.py, 5)
+@eqx.filter_jit
 def encode_uint8(vae, images, text_encoder=None, tokens: dict | None = None) -> dict:
     """uint8 images -> float16 {"mean", "logvar"}; with a text tower, its tokens -> float16 "context"
     (last hidden states) and "pooled". Cast on device: half the bytes to copy back."""

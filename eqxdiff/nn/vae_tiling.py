@@ -16,13 +16,13 @@ called outside `jit`: inside one, the loop would become one program holding ever
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL, posterior
-from eqxdiff.xla_cpu import filter_jit_with_ynnpack
 
 OVERLAP = 0.25  # diffusers' tile_overlap_factor
 
@@ -66,12 +66,12 @@ def tiled(run_tile, x: Float[Array, "b h w c"], tile: int, tile_out: int, overla
     return jnp.concatenate(rows, axis=1)
 
 
-@filter_jit_with_ynnpack  # as the untiled VAE calls (eqxdiff/xla_cpu.py, 5)
+@eqx.filter_jit
 def _moments(vae: AutoencoderKL, x):
     return vae.encode_moments(x)
 
 
-@filter_jit_with_ynnpack
+@eqx.filter_jit
 def _decode(vae: AutoencoderKL, z):
     return vae.decode(z)
 

@@ -28,7 +28,6 @@ from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SDUNet, SDXLCond, TextCond, sd_prompt_embeds, sdxl_time_ids
 from eqxdiff.pretrained.diffusers_scheduler import METHODS, DiffusersScheduler, scheduler_from_diffusers
 from eqxdiff.text.sdxl_prompts import SDXLPrompts
-from eqxdiff.xla_cpu import filter_jit_with_ynnpack
 
 PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
 SCHEDULER_OF_METHOD = {method: name for name, method in METHODS.items() if name != "PNDMScheduler"}
@@ -168,7 +167,7 @@ class SDPipeline:
         return _decode(self.vae, jnp.asarray(latents, jnp.float32))
 
 
-@filter_jit_with_ynnpack  # the VAE decode: faster with YNNPACK's fusions (eqxdiff/xla_cpu.py, 5)
+@eqx.filter_jit
 def _decode(vae: AutoencoderKL, latents):
     return vae.decode(latents / vae.scaling_factor + vae.shift_factor)
 
