@@ -320,8 +320,11 @@ def test_snapshots_grids_and_the_wandb_id_of_a_run_go_to_its_bucket(bucket, tmp_
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), emas)
         shardings = jax.tree.map(lambda x: x.sharding, emas)
         restored = snapshots.restore(4, abstract, shardings)
+        on_host = snapshots.restore(4, abstract, None)  # as train/posthoc_ema.py reads them
         assert snapshots.steps == [4] and snapshots.meta(4) == {"sigma_rels": [0.05]}
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, emas)
+    assert all(isinstance(a, np.ndarray) for a in jax.tree.leaves(on_host))
+    jax.tree.map(np.testing.assert_array_equal, on_host, jax.tree.map(np.asarray, emas))
     images = np.linspace(-1, 1, 4 * 8 * 8).reshape(4, 8, 8, 1)
     save_image_grid(f"{run}/samples/step_000004.png", images, ncols=2, upscale=2)
     save_image_grid(tmp_path / "grid.png", images, ncols=2, upscale=2)
