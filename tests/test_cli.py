@@ -5,6 +5,7 @@ started) runs as processes."""
 
 import dataclasses
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from eqxdiff.data import open_source
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow
 from eqxdiff.training.preemption import StopRequest
 from runs import command
-from startup import xla_cpu_switches
+from startup import LeftoverAsyncErrors, exit_on_user_error, xla_cpu_switches
 
 ROOT = Path(__file__).parent.parent
 
@@ -316,3 +317,20 @@ def test_the_xla_cpu_flag_names_switches_and_refuses_unknown_ones():
     assert xla_cpu_switches("llvm_o1, memory_scheduler") == {"llvm_o1", "memory_scheduler"}
     with pytest.raises(SystemExit, match="--xla_cpu: unknown switch.*'fast'.*conv_grad_matmul"):
         xla_cpu_switches("llvm_o1,fast")
+
+
+def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():
+    """The records asyncio writes for a failed orbax restore's other reads (tests/test_resume.py's unreadable
+    checkpoint: "Future exception was never retrieved", a callback on the closed loop) never reach stderr once a
+    script runs under exit_on_user_error; asyncio's other reports do."""
+    def record(message: str, error: Exception | None = None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, exc_info)
+
+    keep = LeftoverAsyncErrors().filter
+    assert not keep(record("Future exception was never retrieved", ValueError("OUT_OF_RANGE: Error reading")))
+    assert not keep(record("Exception in callback Future.set_result()", RuntimeError("Event loop is closed")))
+    assert keep(record("Exception in callback Future.set_result()", ValueError("a real one")))
+    assert keep(record("Unclosed client session")) and keep(record("Executing <Task> took 2.0 seconds"))
+    exit_on_user_error(lambda: None)
+    assert any(isinstance(f, LeftoverAsyncErrors) for f in logging.getLogger("asyncio").filters)

@@ -5,6 +5,7 @@ cache, jax.distributed, the XLA:CPU workarounds), before the backend exists."""
 import argparse
 import dataclasses
 import inspect
+import logging
 import re
 import sys
 
@@ -102,10 +103,26 @@ def dataclass_parser(config_type, description: str, choices: dict | None = None,
     return add_flags(parser, config_type, choices, required, given_only)
 
 
+class LeftoverAsyncErrors(logging.Filter):
+    """Drops asyncio's reports of failures nobody awaited: when one of a restore's concurrent reads fails, orbax
+    raises that one (the run's error) and its other reads fail alike as its event loop closes; asyncio would print
+    each of those with a traceback ("Future exception was never retrieved", a callback on the closed loop), before
+    or after the error's one line, as garbage collection happens to run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        leftover = "exception was never retrieved" in record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        closed = isinstance(error, RuntimeError) and "is closed" in str(error)
+        return not (leftover or closed)
+
+
 def exit_on_user_error(fn) -> None:
     """`fn()`, where an expected user error — a `SystemExit` with a message: a missing or bad
     dataset, a checkpoint that does not fit, a flag argparse could not check — prints that one line
     and exits with status 2 (argparse's own status), without a traceback."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, LeftoverAsyncErrors) for f in asyncio_log.filters):
+        asyncio_log.addFilter(LeftoverAsyncErrors())
     try:
         fn()
     except SystemExit as e:
