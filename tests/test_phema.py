@@ -16,6 +16,7 @@ from scipy.integrate import quad
 
 from runs import TINY, assert_bitwise_equal, saved_arrays, train_here
 
+from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
 from eqxdiff.training.phema import (
@@ -237,7 +238,7 @@ def flat(arrays: dict[str, np.ndarray], prefix: str, keys: list[str]) -> np.ndar
 
 
 @pytest.mark.slow  # three short runs of the tiny job, a snapshot after every step
-def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsys):
+def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsys, monkeypatch):
     """The tiny job tracking σ_rel 0.05, 0.07, 0.10: (1) 0.07 rebuilt from the snapshots of 0.05 and 0.10 alone
     equals the tracked 0.07 to 1e-3 of its distance from the last weights (relative to the weights
     themselves, the issue's measure, far less), and 0.05 rebuilt from all equals the tracked one; (2) sample.py's
@@ -264,7 +265,13 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     def posthoc(*argv):
         posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(whole), *argv]))
 
+    reads = []  # each snapshot's meta is read once (a request per read on a bucket)
+    meta = EmaSnapshots.meta
+    monkeypatch.setattr(EmaSnapshots, "meta", lambda self, s: reads.append((str(self.directory), s)) or meta(self, s))
     posthoc("--sigma_rel", "0.07", "--from_sigma_rels", "0.05,0.1")
+    phema = sorted(s for d, s in reads if d == str(whole / "phema"))
+    assert phema == list(range(1, steps + 1)), phema
+    monkeypatch.undo()
     posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "100", "--steps", "2")
     table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]

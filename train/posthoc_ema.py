@@ -70,14 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def snapshot_inputs(snapshots: EmaSnapshots, step: int, only: tuple[float, ...] = ()) -> list[tuple[int, int, float]]:
-    """(step, index in its snapshot, σ_rel) of every EMA saved at a step in 1..`step` (of the profiles `only`,
-    when given), in order."""
-    out = []
-    for s in snapshots.steps:
-        if 0 < s <= step:
-            out += [(s, k, r) for k, r in enumerate(snapshots.meta(s)["sigma_rels"]) if not only or r in only]
-    return out
+def snapshot_inputs(profiles: dict[int, list[float]], only: tuple[float, ...] = ()) -> list[tuple[int, int, float]]:
+    """(step, index in its snapshot, σ_rel) of every EMA in `profiles` (step -> its snapshot's σ_rels, in step order;
+    of the profiles `only`, when given), in order."""
+    return [(s, k, r) for s, rels in profiles.items() for k, r in enumerate(rels) if not only or r in only]
 
 
 def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding,
@@ -85,14 +81,14 @@ def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...
     """([one EMA model per σ_rel, laid out by `sharding`], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i
     summed in float64 on the host, over the snapshots of steps <= `step` (of the profiles `only`, when given), one
     step's in host memory at a time."""
-    inputs = snapshot_inputs(snapshots, step, only)
+    profiles = {s: snapshots.meta(s)["sigma_rels"] for s in snapshots.steps if 0 < s <= step}  # one read each
+    inputs = snapshot_inputs(profiles, only)
     if not inputs:
         raise SystemExit(f"{snapshots.directory} holds no snapshot of profiles {list(only)} up to step {step}.")
     weights = posthoc_coefficients([s for s, _, _ in inputs], [r for _, _, r in inputs], step, sigma_rels)
     sums = [None] * len(sigma_rels)
     for j, s in enumerate(sorted({s for s, _, _ in inputs})):
-        n = len(snapshots.meta(s)["sigma_rels"])
-        emas = snapshots.restore(s, (abstract_ema,) * n, None, check=j == 0)  # one run: one model
+        emas = snapshots.restore(s, (abstract_ema,) * len(profiles[s]), None, check=j == 0)  # one run: one model
         for i in (i for i, (s_i, _, _) in enumerate(inputs) if s_i == s):
             ema = emas[inputs[i][1]]
             leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(eqx.filter(ema, eqx.is_inexact_array))]
