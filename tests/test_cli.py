@@ -331,6 +331,7 @@ def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():
     assert not keep(record("Future exception was never retrieved", ValueError("OUT_OF_RANGE: Error reading")))
     assert not keep(record("Exception in callback Future.set_result()", RuntimeError("Event loop is closed")))
     assert keep(record("Exception in callback Future.set_result()", ValueError("a real one")))
+    assert keep(record("Exception in callback read()", RuntimeError("Session is closed")))  # a client's, not the loop's
     assert keep(record("Unclosed client session")) and keep(record("Executing <Task> took 2.0 seconds"))
     exit_on_user_error(lambda: None)
     assert any(isinstance(f, LeftoverAsyncErrors) for f in logging.getLogger("asyncio").filters)

@@ -112,7 +112,7 @@ class LeftoverAsyncErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         leftover = "exception was never retrieved" in record.getMessage()
         error = record.exc_info[1] if record.exc_info else None
-        closed = isinstance(error, RuntimeError) and "is closed" in str(error)
+        closed = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
         return not (leftover or closed)
 
 
