@@ -8,7 +8,10 @@ the step); forwards `vae_encode`, `vae_decode` (the SD VAE at 128²) and `incept
 
 Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
 the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B`
-and `without:A+B` name sets. A training step reads conv_grad_matmul and channel_sum_matmul (traced into the
+and `without:A+B` name sets. Two more kinds screen what is not a switch, each on top of the shipped set:
+`option:NAME=VALUE` (+ more) adds XLA compile options to the side's compile (any of XLA:CPU's debug
+options: `option:xla_cpu_enable_fast_math=true`), and `devices:N` (training only) runs the step data-parallel
+over N CPU devices, a batch split between them (the process gets N devices: `--cpu_devices`). A training step reads conv_grad_matmul and channel_sum_matmul (traced into the
 backward), llvm_o1, memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three
 compiler options (the two matmul switches change gradients, and a forward takes none: each side's
 `lowered_sha`, the hash of its traced program, shows which sides compile the same program). remat_order and
@@ -60,9 +63,32 @@ STEP_SWITCHES = ("conv_grad_matmul", "channel_sum_matmul", "llvm_o1", "memory_sc
 FORWARD_SWITCHES = ("llvm_o1", "memory_scheduler", "no_ynnpack")
 
 
+def option_value(text: str):
+    return {"true": True, "false": False}.get(text.lower(), int(text) if text.isdigit() else text)
+
+
+def side_options(side: str) -> dict:
+    """The compile options an `option:` side adds to the shipped set's ({} for any other side)."""
+    kind, _, spec = side.partition(":")
+    if kind != "option":
+        return {}
+    pairs = [item.partition("=") for item in spec.split("+")]
+    if not all(name and eq for name, eq, _ in pairs):
+        raise SystemExit(f"--sides: {side!r} is not option:NAME=VALUE[+NAME=VALUE...]")
+    return {name: option_value(value) for name, _, value in pairs}
+
+
+def side_devices(side: str) -> int:
+    """The CPU devices a `devices:N` side's step runs data-parallel over (1 for any other side)."""
+    kind, _, count = side.partition(":")
+    if kind == "devices" and not (count.isdigit() and int(count) <= len(jax.devices())):
+        raise SystemExit(f"--sides: {side!r} needs N <= the process's {len(jax.devices())} devices (--cpu_devices)")
+    return int(count) if kind == "devices" else 1
+
+
 def side_switches(side: str) -> frozenset[str]:
-    if side in ("shipped", "off"):
-        return xla_cpu.DEFAULT if side == "shipped" else frozenset()
+    if side in ("shipped", "off") or side.startswith(("option:", "devices:")):
+        return frozenset() if side == "off" else xla_cpu.DEFAULT
     kind, _, names = side.partition(":")
     names = frozenset(names.split("+"))
     if kind not in ("without", "only") or not names <= xla_cpu.SWITCHES.keys():
@@ -78,14 +104,16 @@ def sha(lowered) -> str:
 def train_sides(workload, sides, switches, args):
     """Per side: (run(n) -> seconds of n steps, its start-up record). Each side's state, step and compile
     under its switches; the same batches for all."""
-    mesh = make_mesh(1, 1, jax.devices()[:1])
     total_steps = 1 + args.warmup + args.rounds * args.steps
-    runs, startup, initial, batches, losses = {}, {}, {}, None, {}
+    runs, startup, initial, host_batches, losses = {}, {}, {}, None, {}
     for side in sides:
+        mesh = make_mesh(side_devices(side), 1, jax.devices()[: side_devices(side)])
         with xla_cpu.only(switches[side]):
             work = workload.build(mesh, args, total_steps)
-            if batches is None:  # one list of device batches for every side
-                batches = [jax.device_put(work.next_batch(), batch_sharding(mesh)) for _ in range(4)]
+            work.step.compiler_options = work.step.compiler_options | side_options(side)
+            if host_batches is None:  # one list of batches for every side
+                host_batches = [work.next_batch() for _ in range(4)]
+            batches = [jax.device_put(b, batch_sharding(mesh)) for b in host_batches]
             start = time.perf_counter()
             work.step.compile(work.state, batches[0], work.frozen)  # trace, lower and compile
             compile_s = time.perf_counter() - start
@@ -99,7 +127,7 @@ def train_sides(workload, sides, switches, args):
                          "first_step_s": round(first_s, 3), "compiler_options": work.step.compiler_options,
                          "lowered_sha": lowered_sha}  # fmt: skip
 
-        def run(n: int, work=work, side=side) -> float:
+        def run(n: int, work=work, side=side, batches=batches) -> float:
             start = time.perf_counter()
             work.state, metrics = steps_in_flight(work.step, work.state, itertools.islice(itertools.cycle(batches), n),
                                                   work.frozen)  # fmt: skip
@@ -122,7 +150,9 @@ def forward_sides(workload, sides, switches, args):
     runs, startup, outputs = {}, {}, {}
     for side in sides:
         with xla_cpu.only(switches[side]):
-            options = xla_cpu.compiler_options()
+            if side_devices(side) > 1:
+                raise SystemExit(f"--sides: {side} is for training workloads (a forward runs on one device here)")
+            options = xla_cpu.compiler_options() | side_options(side)
             start = time.perf_counter()
             lowered = jax.jit(lambda arrays, x: work.forward(eqx.combine(arrays, static), x)).lower(arrays, x)
             compiled = lowered.compile(options)
@@ -213,6 +243,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed steps or calls per side after the first; default: the workload's")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu_devices", type=int, default=0, help="simulate this many CPU devices (devices:N sides)")
     parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds of 1 step or call")
     args = parser.parse_args()
     if args.workload == "all":
@@ -227,6 +258,8 @@ def main() -> None:
     if args.quick:
         args.batch, args.steps, args.rounds, args.warmup = min(args.batch, 4), 1, 2, 0
 
+    if args.cpu_devices:
+        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
     xla_cpu.enable(xla_cpu.DEFAULT - {"no_ynnpack"})  # YNNPACK stays on in XLA_FLAGS; each compile's options decide
     record = run_workload(args.workload, args)
     if args.out:

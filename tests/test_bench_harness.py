@@ -1,7 +1,7 @@
 """benchmarks/harness.py: the ratios BENCHMARKS.md quotes and the loop the step benchmarks time are
 what their docstrings say (rates against hand-computed figures; the step loop's blocking order)."""
 
-from runs import script_module
+from runs import ROOT, script_module
 
 
 def harness():
@@ -52,3 +52,22 @@ def test_steps_in_flight_keeps_at_most_two_steps_dispatched():
     assert state == 3 and metrics["loss"].step == 2
     # step i is dispatched before step i-1 is waited for; the last is waited for at the end
     assert log == [("dispatch", 0), ("dispatch", 1), ("block", 0), ("dispatch", 2), ("block", 1), ("block", 2)]
+
+
+def test_bench_xla_cpu_option_sides_add_typed_options_to_the_shipped_set(monkeypatch):
+    import pytest
+
+    from eqxdiff import xla_cpu
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling modules, as when run as a script
+    bench = script_module("benchmarks/bench_xla_cpu.py")
+    side = "option:xla_cpu_enable_fast_math=true+xla_cpu_prefer_vector_width=512+xla_cpu_max_isa=AVX2"
+    assert bench.side_options(side) == {"xla_cpu_enable_fast_math": True, "xla_cpu_prefer_vector_width": 512,
+                                        "xla_cpu_max_isa": "AVX2"}  # fmt: skip
+    assert bench.side_switches(side) == xla_cpu.DEFAULT and bench.side_switches("devices:1") == xla_cpu.DEFAULT
+    assert bench.side_options("only:llvm_o1") == {} and bench.side_switches("only:llvm_o1") == {"llvm_o1"}
+    assert bench.side_devices("shipped") == 1 and bench.side_devices("devices:1") == 1
+    with pytest.raises(SystemExit, match="option:NAME=VALUE"):
+        bench.side_options("option:xla_cpu_enable_fast_math")
+    with pytest.raises(SystemExit, match="--cpu_devices"):
+        bench.side_devices("devices:99")
