@@ -6,17 +6,16 @@ Workloads (`--workload`, benchmarks/xla_cpu_workloads.py): training steps `digit
 the step); forwards `vae_encode`, `vae_decode` (the SD VAE at 128²) and `inception` (FID's Inception,
 16 images of 299²). One device.
 
-Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch
-the workload reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B`
-and `without:A+B` name sets. Two more kinds screen what is not a switch, each on top of the shipped set:
-`option:NAME=VALUE` (+ more) adds XLA compile options to the side's compile (any of XLA:CPU's debug
-options: `option:xla_cpu_enable_fast_math=true`), and `devices:N` (training only) runs the step data-parallel
-over N CPU devices, a batch split between them (the process gets N devices: `--cpu_devices`). A training step reads conv_grad_matmul and channel_sum_matmul (traced into the
-backward), llvm_o1, memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three
-compiler options (the two matmul switches change gradients, and a forward takes none: each side's
-`lowered_sha`, the hash of its traced program, shows which sides compile the same program). remat_order and
-unrolled_accumulation act only under --remat and --grad_accum_steps, init_draws and host_finite outside the
-compiled program.
+Sides (`--sides`): `shipped` (every switch, as `--xla_cpu on`), `off` (plain JAX), and for each switch the workload
+reads, `without:NAME` (shipped less that one) and `only:NAME` (that one alone); `only:A+B` and `without:A+B` name
+sets. Two more kinds screen what is not a switch, each on top of the shipped set: `option:NAME=VALUE` (+ more) adds
+XLA compile options to the side's compile (any of XLA:CPU's debug options: `option:xla_cpu_enable_fast_math=true`),
+and `devices:N` (training only) runs the step data-parallel over N CPU devices, a batch split between them (the
+process gets N devices: `--cpu_devices`). A training step reads conv_grad_matmul and channel_sum_matmul (traced
+into the backward), llvm_o1, memory_scheduler and no_ynnpack (its compiler options); a forward reads only the three
+compiler options (the two matmul switches change gradients, and a forward takes none: each side's `lowered_sha`,
+the hash of its traced program, shows which sides compile the same program). remat_order and unrolled_accumulation
+act only under --remat and --grad_accum_steps, init_draws and host_finite outside the compiled program.
 
 Each side's program is built, traced and compiled inside `xla_cpu.only(its switches)`; training sides
 also draw their state there (init_draws), all from the same parameters (asserted after one step).
