@@ -1,9 +1,11 @@
 """Sharded, asynchronous checkpoints of a TrainState that restore onto any mesh.
 
-`run_dir/checkpoints/<step>/` holds three orbax items:
+`run_dir/checkpoints/<step>/` holds four orbax items:
   state   the array leaves of the TrainState, each process writing its own shards (no gather);
   data    the data position, JSON (`examples_consumed`, seed, dataset size: see eqxdiff.data);
-  config  the run's Config as JSON, so `train/sample.py` can rebuild the model.
+  config  the run's Config as JSON, so `train/sample.py` can rebuild the model;
+  layout  JSON: each state leaf's name, shape and dtype, which a restore checks its target against first
+          (one file; orbax's own metadata of the same opens every array: checkpoints without it still read that).
 
 Restore targets come from the *restoring* run's mesh (`state_shardings` of its abstract state),
 so a checkpoint written on (data=2, fsdp=4) restores onto (1, 2), one device or two processes.
@@ -56,7 +58,11 @@ def _leaf_table(tree) -> dict[str, tuple]:
 def tree_differences(saved_tree, wanted_tree, limit: int = 5) -> list[str]:
     """Up to `limit` lines naming the leaves where an orbax item's saved metadata tree and a restore target
     differ (missing, extra, or another shape/dtype); empty when the target fits."""
-    saved, wanted = _leaf_table(saved_tree), _leaf_table(wanted_tree)
+    return table_differences(_leaf_table(saved_tree), _leaf_table(wanted_tree), limit)
+
+
+def table_differences(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 5) -> list[str]:
+    """`tree_differences` of two `_leaf_table`s."""
     out = [f"{k}: not in the checkpoint" for k in wanted.keys() - saved.keys()]
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
     out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
@@ -119,6 +125,7 @@ class Checkpoints:
             "state": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
             "data": ocp.JsonCheckpointHandler(),
             "config": ocp.JsonCheckpointHandler(),
+            "layout": ocp.JsonCheckpointHandler(),
         }
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
@@ -144,10 +151,13 @@ class Checkpoints:
             return "not_newest"
         if not all_finite(state):  # at the checkpoint cadence only
             return "non_finite"
+        arrays = _as_saved(eqx.filter(state, eqx.is_array))
+        layout = {name: [list(shape), dtype] for name, (shape, dtype) in _leaf_table(arrays).items()}
         args = ocp.args.Composite(
-            state=ocp.args.PyTreeSave(_as_saved(eqx.filter(state, eqx.is_array))),
+            state=ocp.args.PyTreeSave(arrays),
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config),
+            layout=ocp.args.JsonSave(layout),
         )
         if not self._manager.save(step, args=args):
             raise CheckpointError(f"orbax declined to save step {step} in {self.directory} (its save policy).")
@@ -162,11 +172,7 @@ class Checkpoints:
         arrays, static = eqx.partition(abstract_state, _is_abstract_array)
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
         # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
-        try:
-            saved = self._manager.item_metadata(step)["state"].tree
-        except Exception as e:
-            raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
-        mismatch = tree_differences(saved, target)
+        mismatch = table_differences(self._saved_layout(step), _leaf_table(target))
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
@@ -190,6 +196,18 @@ class Checkpoints:
                 "step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
+
+    def _saved_layout(self, step: int) -> dict[str, tuple]:
+        """The saved state's `_leaf_table`: from its layout item, or orbax's metadata where there is none (a
+        checkpoint written before layouts were)."""
+        try:
+            if (self.directory / str(step) / "layout").exists():
+                args = ocp.args.Composite(layout=ocp.args.JsonRestore())
+                layout = self._manager.restore(step, args=args).layout
+                return {name: (tuple(shape), dtype) for name, (shape, dtype) in layout.items()}
+            return _leaf_table(self._manager.item_metadata(step)["state"].tree)
+        except Exception as e:
+            raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
 
     def restore_config(self, step: int) -> dict:
         """Only the config item of `step` (e.g. to rebuild the model before restoring it)."""

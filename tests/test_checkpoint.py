@@ -4,6 +4,8 @@ A truncated checkpoint file is tested through train/main.py in test_resume.py, i
 process: orbax leaves tensorstore callbacks behind after a failed read, which would surface
 as unraisable-exception warnings in whichever test runs next."""
 
+import shutil
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -104,12 +106,22 @@ def test_restore_onto_another_mesh(tmp_path, target):
     assert weight.sharding.spec == (jax.sharding.PartitionSpec("fsdp") if fsdp > 1 else jax.sharding.PartitionSpec())
 
 
-def test_structure_mismatch_is_a_checkpoint_error(tmp_path):
+@pytest.mark.parametrize("layout", [True, False], ids=["layout", "written_before_layouts"])
+def test_structure_mismatch_is_a_checkpoint_error(tmp_path, layout):
+    """Named leaf by leaf before orbax reads an array: from the checkpoint's layout item, or from orbax's metadata
+    for a checkpoint written without one (which still restores)."""
     mesh = make_mesh(data=8)
+    state = trained_state(mesh)
     with Checkpoints(tmp_path) as checkpoints:
-        checkpoints.save(3, trained_state(mesh), {}, {})
+        checkpoints.save(3, state, {}, {})
         checkpoints.wait()
-        with pytest.raises(CheckpointError, match=r"step 3 .* cannot be restored.*original flags"):
+        assert (tmp_path / "3" / "layout").is_dir()
+        if not layout:
+            shutil.rmtree(tmp_path / "3" / "layout")
+        assert_same_leaves(state, restore_on(checkpoints, 3, mesh)[0])
+        with pytest.raises(CheckpointError, match=r"step 3 .* cannot be restored into this run's state, which differs "
+                           r"in: .*ema\.layers\.0\.weight: saved \(\(64, 16\), 'float32'\), this run has "
+                           r"\(\(32, 16\), 'float32'\).*original flags"):  # fmt: skip
             restore_on(checkpoints, 3, mesh, make=lambda key: make_model(key, width=32))
         with pytest.raises(CheckpointError, match=r"No checkpoint for step 5 .* complete ones: \[3\]"):
             restore_on(checkpoints, 5, mesh)
