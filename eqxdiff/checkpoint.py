@@ -65,7 +65,8 @@ def table_differences(saved: dict[str, tuple], wanted: dict[str, tuple], limit: 
     """`tree_differences` of two `_leaf_table`s."""
     out = [f"{k}: not in the checkpoint" for k in wanted.keys() - saved.keys()]
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
-    out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in wanted.keys() & saved.keys() if saved[k] != wanted[k]]
+    both = wanted.keys() & saved.keys()
+    out += [f"{k}: saved {saved[k]}, this run has {wanted[k]}" for k in both if saved[k] != wanted[k]]
     return sorted(out)[:limit]
 
 
