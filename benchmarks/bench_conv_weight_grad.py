@@ -5,7 +5,7 @@ Per shape (batch 32, NHWC/HWIO, stride 1, padding 1), side by side in one proces
 - `input_grad`: XLA's input gradient (a transposed convolution);
 - `xla`: XLA's weight gradient (`jax.vjp` of the conv; on XLA:CPU a convolution whose window is the whole
   feature map, batch and channels swapped);
-- `offsets`: one [cin, cout] matmul per kernel offset (`eqxdiff.xla_cpu`'s `conv_grad_matmul` form);
+- `offsets`: one [cin, cout] matmul per kernel offset, `eqxdiff.xla_cpu`'s `conv_grad_matmul` switch itself;
 - `im2col`: the 9 shifted copies of the input side by side, `[b·h·w, 9·cin]`, then one matmul with dy;
 - `im2col_per_image` / `offsets_per_image`: the same, batched over the images, then summed.
 Every form's result is checked against `xla` (float32 rounding) before timing. Reported: each form's fastest
@@ -56,23 +56,28 @@ def im2col(x, dy, per_image: bool):
     return dw.reshape(3, 3, cin, cout)
 
 
-def offsets(x, dy, per_image: bool):
+def offsets_per_image(x, dy):
+    """`conv_grad_matmul`'s matmul per kernel offset, batched over the images, then summed."""
     b, cin, cout = x.shape[0], x.shape[-1], dy.shape[-1]
-    if per_image:
-        rows = dy.reshape(b, -1, cout)
-        dw = [jax.lax.dot_general(s.reshape(b, -1, cin), rows, PER_IMAGE).sum(0) for s in shifted(x)]
-    else:
-        dw = [jax.lax.dot_general(s.reshape(-1, cin), dy.reshape(-1, cout), CONTRACT) for s in shifted(x)]
+    rows = dy.reshape(b, -1, cout)
+    dw = [jax.lax.dot_general(s.reshape(b, -1, cin), rows, PER_IMAGE).sum(0) for s in shifted(x)]
     return jnp.stack(dw).reshape(3, 3, cin, cout)
+
+
+def switched_weight_grad(x, w, dy):
+    """The weight gradient as `eqxdiff.xla_cpu`'s `conv_grad_matmul` switch computes it (its conv2d's custom
+    backward; the input gradient it also returns is unused here, and XLA drops it)."""
+    with xla_cpu.only({"conv_grad_matmul"}):
+        return jax.vjp(lambda w: xla_cpu.conv2d(x, w, 1, 1), w)[1](dy)[0]
 
 
 FORMS = {
     "forward": lambda x, w, dy: conv(x, w),
     "input_grad": lambda x, w, dy: jax.vjp(lambda x: conv(x, w), x)[1](dy)[0],
     "xla": lambda x, w, dy: jax.vjp(lambda w: conv(x, w), w)[1](dy)[0],
-    "offsets": lambda x, w, dy: offsets(x, dy, False),
+    "offsets": switched_weight_grad,
     "im2col": lambda x, w, dy: im2col(x, dy, False),
-    "offsets_per_image": lambda x, w, dy: offsets(x, dy, True),
+    "offsets_per_image": lambda x, w, dy: offsets_per_image(x, dy),
     "im2col_per_image": lambda x, w, dy: im2col(x, dy, True),
 }
 
