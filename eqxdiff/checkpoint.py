@@ -44,7 +44,7 @@ def _is_abstract_array(x) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct)
 
 
-def _leaf_table(tree) -> dict[str, tuple]:
+def leaf_table(tree) -> dict[str, tuple]:
     """'model.blocks.0.weight' -> (shape, dtype) for every leaf; module attributes, dict keys and
     list indices all become plain names, so orbax's saved metadata and a module tree compare."""
 
@@ -55,14 +55,23 @@ def _leaf_table(tree) -> dict[str, tuple]:
     return {".".join(name(k) for k in path): (tuple(v.shape), str(v.dtype)) for path, v in flat}
 
 
-def tree_differences(saved_tree, wanted_tree, limit: int = 5) -> list[str]:
-    """Up to `limit` lines naming the leaves where an orbax item's saved metadata tree and a restore target
-    differ (missing, extra, or another shape/dtype); empty when the target fits."""
-    return table_differences(_leaf_table(saved_tree), _leaf_table(wanted_tree), limit)
+def layout(arrays) -> dict[str, list]:
+    """A `layout` item: each leaf's name -> [shape, dtype] (`leaf_table` as JSON), saved beside the arrays."""
+    return {name: [list(shape), dtype] for name, (shape, dtype) in leaf_table(arrays).items()}
+
+
+def saved_table(manager: ocp.CheckpointManager, directory, step: int, item: str) -> dict[str, tuple]:
+    """The `leaf_table` of `item` as saved at `step`: from the step's layout item, or orbax's metadata of `item`
+    where there is none (written before layouts were; that metadata opens every array)."""
+    if (directory / str(step) / "layout").exists():
+        saved = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore())).layout
+        return {name: (tuple(shape), dtype) for name, (shape, dtype) in saved.items()}
+    return leaf_table(manager.item_metadata(step)[item].tree)
 
 
 def table_differences(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 5) -> list[str]:
-    """`tree_differences` of two `_leaf_table`s."""
+    """Up to `limit` lines naming the leaves where a saved `leaf_table` and a restore target's differ (missing,
+    extra, or another shape/dtype); empty when the target fits."""
     out = [f"{k}: not in the checkpoint" for k in wanted.keys() - saved.keys()]
     out += [f"{k}: in the checkpoint only" for k in saved.keys() - wanted.keys()]
     both = wanted.keys() & saved.keys()
@@ -153,12 +162,11 @@ class Checkpoints:
         if not all_finite(state):  # at the checkpoint cadence only
             return "non_finite"
         arrays = _as_saved(eqx.filter(state, eqx.is_array))
-        layout = {name: [list(shape), dtype] for name, (shape, dtype) in _leaf_table(arrays).items()}
         args = ocp.args.Composite(
             state=ocp.args.PyTreeSave(arrays),
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config),
-            layout=ocp.args.JsonSave(layout),
+            layout=ocp.args.JsonSave(layout(arrays)),
         )
         if not self._manager.save(step, args=args):
             raise CheckpointError(f"orbax declined to save step {step} in {self.directory} (its save policy).")
@@ -173,7 +181,7 @@ class Checkpoints:
         arrays, static = eqx.partition(abstract_state, _is_abstract_array)
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
         # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
-        mismatch = table_differences(self._saved_layout(step), _leaf_table(target))
+        mismatch = table_differences(self._saved_layout(step), leaf_table(target))
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
@@ -199,14 +207,8 @@ class Checkpoints:
         return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
 
     def _saved_layout(self, step: int) -> dict[str, tuple]:
-        """The saved state's `_leaf_table`: from its layout item, or orbax's metadata where there is none (a
-        checkpoint written before layouts were)."""
         try:
-            if (self.directory / str(step) / "layout").exists():
-                args = ocp.args.Composite(layout=ocp.args.JsonRestore())
-                layout = self._manager.restore(step, args=args).layout
-                return {name: (tuple(shape), dtype) for name, (shape, dtype) in layout.items()}
-            return _leaf_table(self._manager.item_metadata(step)["state"].tree)
+            return saved_table(self._manager, self.directory, step, "state")
         except Exception as e:
             raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
 

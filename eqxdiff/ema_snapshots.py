@@ -1,8 +1,9 @@
 """EMA snapshots: model-shaped EMAs saved by step with what they are, never pruned.
 
-`directory/<step>/` holds two orbax items:
-  emas  the array leaves of a tuple of EMA models, each process writing its own shards (as checkpoints);
-  meta  JSON: at least `sigma_rels`, one per EMA (a power-function EMA's relative width).
+`directory/<step>/` holds three orbax items:
+  emas    the array leaves of a tuple of EMA models, each process writing its own shards (as checkpoints);
+  meta    JSON: at least `sigma_rels`, one per EMA (a power-function EMA's relative width);
+  layout  JSON: each leaf's name, shape and dtype, which a restore's check reads (as checkpoints' layout).
 Training writes its power-function EMAs to RUN_DIR/phema (eqxdiff/training/phema.py); train/posthoc_ema.py
 reads them and writes each reconstruction the same way, one EMA per folder (RUN_DIR/posthoc_ema/<σ_rel>).
 """
@@ -14,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from eqxdiff.checkpoint import ARRAY_HANDLERS, CheckpointError, tree_differences
+from eqxdiff.checkpoint import ARRAY_HANDLERS, CheckpointError, layout, leaf_table, saved_table, table_differences
 from eqxdiff.paths import absolute
 
 
@@ -27,7 +28,7 @@ class EmaSnapshots:
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
                                                create=not read_only)  # fmt: skip
         handlers = {"emas": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
-                    "meta": ocp.JsonCheckpointHandler()}  # fmt: skip
+                    "meta": ocp.JsonCheckpointHandler(), "layout": ocp.JsonCheckpointHandler()}  # fmt: skip
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     @property
@@ -43,8 +44,9 @@ class EmaSnapshots:
             raise CheckpointError(f"{self.directory} was opened read-only; step {step} not saved.")
         if step in self._manager.all_steps():
             return "exists"
-        args = ocp.args.Composite(emas=ocp.args.PyTreeSave(eqx.filter(tuple(emas), eqx.is_array)),
-                                  meta=ocp.args.JsonSave(meta))  # fmt: skip
+        arrays = eqx.filter(tuple(emas), eqx.is_array)
+        args = ocp.args.Composite(emas=ocp.args.PyTreeSave(arrays), meta=ocp.args.JsonSave(meta),
+                                  layout=ocp.args.JsonSave(layout(arrays)))  # fmt: skip
         self._manager.save(step, args=args, force=True)  # force: orbax's default policy refuses older steps
         return "saved"
 
@@ -56,8 +58,8 @@ class EmaSnapshots:
         """The EMAs of `step` laid out by `shardings`, or as host numpy arrays where `shardings` is None (a reader
         that sums them on the host: no device copies to read back); `abstract_emas` (ShapeDtypeStructs, e.g. an
         abstract state's `phema` or `(ema,)`) gives the structure and the static parts. `check=False` skips
-        comparing the saved leaves with the target first (reading orbax's metadata is a third of a small restore's
-        time): for a caller that checked another snapshot of the same run (its steps share one model)."""
+        comparing the saved leaves with the target first (the step's layout item; orbax's metadata, a third of a small
+        restore's time, for snapshots written before it): for a caller that checked another snapshot of the same run."""
         self._require(step)
         arrays, static = eqx.partition(tuple(abstract_emas), lambda x: isinstance(x, jax.ShapeDtypeStruct))
         if shardings is None:
@@ -67,7 +69,8 @@ class EmaSnapshots:
             target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays,
                                   tuple(shardings))  # fmt: skip
             restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        mismatch = check and tree_differences(self._manager.item_metadata(step)["emas"].tree, target)
+        mismatch = check and table_differences(saved_table(self._manager, self.directory, step, "emas"),
+                                               leaf_table(target))  # fmt: skip
         if mismatch:
             raise CheckpointError(f"EMA snapshot step {step} in {self.directory} does not fit this run's model: "
                                   + "; ".join(mismatch))  # fmt: skip

@@ -16,6 +16,7 @@ from scipy.integrate import quad
 
 from runs import TINY, assert_bitwise_equal, saved_arrays, train_here
 
+from eqxdiff.checkpoint import CheckpointError
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
@@ -185,6 +186,26 @@ def test_a_reconstruction_equals_the_ema_tracked_directly():
         direct = emas[s][-1]
         error = np.linalg.norm(rebuilt[k] - direct) / np.linalg.norm(direct - thetas[-1])
         assert error < (1e-12 if s == 0.05 else 1e-3), (s, error)
+
+
+@pytest.mark.parametrize("layout", [True, False], ids=["layout", "written_before_layouts"])
+def test_a_snapshot_that_does_not_fit_the_model_is_named_before_its_arrays_are_read(tmp_path, layout):
+    """EmaSnapshots.restore checks the target against the step's layout item, or orbax's metadata for a snapshot
+    written without one (which still restores); a mismatch names the leaf, the step and the folder."""
+    emas = (eqx.nn.Linear(4, 3, key=jax.random.key(0)), eqx.nn.Linear(4, 3, key=jax.random.key(1)))
+    with EmaSnapshots(tmp_path) as snapshots:
+        snapshots.save(5, emas, {"sigma_rels": [0.05, 0.1]})
+        snapshots.wait()
+        assert (tmp_path / "5" / "layout").is_dir()
+        if not layout:
+            shutil.rmtree(tmp_path / "5" / "layout")
+        restored = snapshots.restore(5, eqx.filter_eval_shape(lambda: emas), None)
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(emas), strict=True))
+        wider = eqx.filter_eval_shape(lambda: (emas[0], eqx.nn.Linear(5, 3, key=jax.random.key(1))))
+        says = r"step 5 .* does not fit this run's model: 1\.weight: saved \(\(3, 4\), 'float32'\), "
+        says += r"this run has \(\(3, 5\), 'float32'\)"
+        with pytest.raises(CheckpointError, match=says):
+            snapshots.restore(5, wider, None)
 
 
 def fit_loss(model, batch, key):
