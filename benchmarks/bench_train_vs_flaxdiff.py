@@ -52,7 +52,9 @@ order (also of set-up and first step) is swapped with --flaxdiff_first. Process 
 step cannot be separated per side in one process, so it is not reported. Ratios are eqxdiff /
 FlaxDiff. eqxdiff's side also reports its step's FLOPs (XLA's cost analysis, `step_flops`), the FLOP/s they make
 at its step time, and that over the fp32 2048² matmul rate measured right after the rounds
-(`achieved_over_matmul`, issue 35's bar). FlaxDiff's own prints go to stderr; stdout gets one JSON line.
+(`achieved_over_matmul`, issue 35's bar); and FlaxDiff's step's FLOPs at eqxdiff's step time over the same rate
+(`model_achieved_over_matmul`: the network's FLOPs as written, where eqxdiff computes its upsampling convs in
+fewer, eqxdiff/nn/upsample.py). FlaxDiff's own prints go to stderr; stdout gets one JSON line.
 """
 
 import argparse
@@ -272,9 +274,16 @@ def main() -> None:
     # Issue 35's FLOP/s bar: XLA's cost analysis of eqxdiff's step over its time, against the box's matmul rate now.
     flops = step_flops(sides["eqxdiff"].train_step, sides["eqxdiff"].state, sides["eqxdiff"].batches[0])
     achieved, matmul = flops / (per_side["eqxdiff"]["step_time_ms"] / 1000) / 1e9, matmul_gflops()
+    # The network as written (its upsampling convs on the repeated map, as FlaxDiff runs them; eqxdiff's run on the
+    # small map, 4/9 of their FLOPs): FlaxDiff's step's count, the "model FLOPs" of an MFU, at eqxdiff's step time.
+    peer = sides["flaxdiff"]
+    model_flops = step_flops(peer.train_step, peer.state, peer.rng_state, peer.host_batches[0], 0)
+    model_achieved = model_flops / (per_side["eqxdiff"]["step_time_ms"] / 1000) / 1e9
     per_side["eqxdiff"].update(
         gflop_per_step=round(flops / 1e9, 2), achieved_gflops=round(achieved, 1),
         matmul_2048_fp32_gflops_after_rounds=matmul, achieved_over_matmul=round(achieved / matmul, 3),
+        flaxdiff_gflop_per_step=round(model_flops / 1e9, 2),
+        model_achieved_over_matmul=round(model_achieved / matmul, 3),
         model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
         step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
         compiler_options=sides["eqxdiff"].train_step.compiler_options,

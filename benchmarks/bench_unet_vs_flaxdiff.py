@@ -7,7 +7,8 @@ options on both sides (`xla_cpu.compiler_options()`; the process's XLA_FLAGS are
 - `gradient`: `jax.value_and_grad` of mean((network(x) - x)²) with respect to the parameters (the
   part of a training step that is the network's).
 Random weights and inputs (the speed does not depend on them). Each side's programs' FLOPs (XLA's
-cost analysis) are reported beside their times, so the two sides are seen to compute the same work.
+cost analysis) are reported beside their times: the same network, where eqxdiff runs its two upsampling
+convs on the small map (eqxdiff/nn/upsample.py: 4/9 of their FLOPs, the same values to float32 rounding).
 Timed rounds of `--calls` back-to-back calls alternate over the four programs, each round starting one
 program later (rotated), after one untimed call each.
 

@@ -78,3 +78,41 @@ def test_sincos_pos_embed_mae_layout():
     omega = np.array([1.0, 0.01])
     want = np.concatenate([np.sin(col * omega), np.cos(col * omega), np.sin(row * omega), np.cos(row * omega)])
     np.testing.assert_allclose(pe[row * 3 + col], want, rtol=1e-6, atol=1e-6)
+
+
+def _conv_of_repeated_map(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """float64 numpy: x repeated 2× along h and w, zero-padded by one, every 3×3 window times the kernel."""
+    up = np.pad(np.repeat(np.repeat(x, 2, 1), 2, 2), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(up, (3, 3), axis=(1, 2))  # [b, 2h, 2w, i, 3, 3]
+    return np.einsum("bhwipq,pqio->bhwo", windows, weight) + bias
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 1, 1, 2)], ids=["3x5", "1x1"])
+def test_nearest_upsample_conv_is_the_conv_of_the_repeated_map(shape):
+    """The 2×2 phase kernels give the conv of the upsampled map (numpy's, in float64), and the same gradients
+    as the conv of `jnp.repeat` (its own autodiff) for the input, the kernel and the bias."""
+    from eqxdiff.nn.upsample import nearest_upsample_conv
+
+    conv = Conv2d(shape[-1], 6, key=jax.random.key(0))
+    conv = eqx.tree_at(lambda c: c.bias, conv, jax.random.normal(jax.random.key(1), (6,)))  # torch's init is small
+    x = jax.random.normal(jax.random.key(2), shape)
+    want = _conv_of_repeated_map(np.float64(x), np.float64(conv.weight), np.float64(conv.bias))
+    got = nearest_upsample_conv(conv, x)
+    assert got.shape == (shape[0], 2 * shape[1], 2 * shape[2], 6)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+    cotangent = jax.random.normal(jax.random.key(3), got.shape)
+    repeated = lambda conv, x: conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))  # noqa: E731
+    grad = lambda f: eqx.filter_grad(lambda cx: jnp.sum(f(*cx) * cotangent))((conv, x))  # noqa: E731
+    grads = [grad(nearest_upsample_conv), grad(repeated)]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+
+
+def test_nearest_upsample_conv_refuses_other_convs():
+    from eqxdiff.nn.upsample import nearest_upsample_conv
+
+    x = jnp.zeros((1, 4, 4, 2))
+    for conv in (Conv2d(2, 3, 1, key=jax.random.key(0)), Conv2d(2, 3, stride=2, key=jax.random.key(0))):
+        with pytest.raises(ValueError, match="a 3×3 conv of stride 1 and padding 1"):
+            nearest_upsample_conv(conv, x)

@@ -22,6 +22,7 @@ from eqxdiff.nn.layers import (
     sincos_pos_embed_2d, unpack_text_cond, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
+from eqxdiff.nn.upsample import nearest_upsample_conv
 
 
 class ResBlock(eqx.Module):
@@ -372,7 +373,7 @@ class UNet(eqx.Module):
             if self.up_attn[i] is not None:
                 hid = attend(self.up_attn[i], hid)
             if i < len(self.upsample):
-                hid = self.upsample[i](jnp.repeat(jnp.repeat(hid, 2, axis=1), 2, axis=2))
+                hid = nearest_upsample_conv(self.upsample[i], hid)
         hid = self.conv_mid_out(hid)
         hid = call(self.final_block, jnp.concatenate([hid, skips.pop().astype(hid.dtype)], axis=-1))
         return self.conv_out(jax.nn.silu(self.out_norm(hid))).astype(x.dtype)

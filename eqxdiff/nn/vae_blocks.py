@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, Dense, GroupNorm
+from eqxdiff.nn.upsample import nearest_upsample_conv
 
 EPS = 1e-6
 # Queries per block of the mid-block attention: its logits are [chunk, n] at a time, never [n, n]
@@ -137,7 +138,7 @@ class Upsample(eqx.Module):
     def __call__(self, x: Float[Array, "b h w c"], size: tuple[int, int] | None = None) -> Float[Array, "b h2 w2 c"]:
         h, w = x.shape[1:3]
         if size is None or tuple(size) == (2 * h, 2 * w):
-            return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+            return nearest_upsample_conv(self.conv, x)
         return self.conv(x[:, nearest_index(h, size[0])][:, :, nearest_index(w, size[1])])
 
 
