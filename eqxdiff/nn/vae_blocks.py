@@ -128,7 +128,7 @@ class Downsample(eqx.Module):
 
 class Upsample(eqx.Module):
     """diffusers' `Upsample2D(use_conv=True)`: nearest-neighbour 2x (or to `size`, as the SD UNet asks
-    when a level's size was odd), then a 3x3 conv."""
+    when a level's size was odd), then a 3x3 conv; at 2x the conv runs on the small map (eqxdiff/nn/upsample.py)."""
 
     conv: Conv2d
 
