@@ -109,10 +109,15 @@ def test_nearest_upsample_conv_is_the_conv_of_the_repeated_map(shape):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 
 
-def test_nearest_upsample_conv_refuses_other_convs():
+def test_nearest_upsample_conv_refuses_other_convs_and_calls_other_modules_on_the_repeated_map():
+    from eqxdiff.nn.lora import lora_init
     from eqxdiff.nn.upsample import nearest_upsample_conv
 
-    x = jnp.zeros((1, 4, 4, 2))
+    x = jax.random.normal(jax.random.key(1), (1, 4, 4, 2))
+    adapted = lora_init(Conv2d(2, 3, key=jax.random.key(0)), 2, 2, key=jax.random.key(2))
+    adapted = eqx.tree_at(lambda c: c.lora_B, adapted, jnp.ones((3, 2)))  # a nonzero low-rank branch
+    want = adapted(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+    assert np.array_equal(nearest_upsample_conv(adapted, x), want)  # its adapter kept, in its own dtype
     for conv in (Conv2d(2, 3, 1, key=jax.random.key(0)), Conv2d(2, 3, stride=2, key=jax.random.key(0))):
         with pytest.raises(ValueError, match="a 3×3 conv of stride 1 and padding 1"):
             nearest_upsample_conv(conv, x)

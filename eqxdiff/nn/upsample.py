@@ -9,6 +9,8 @@ instead of 9 (4/9 of the multiply-adds, times (1 + 1/h)(1 + 1/w) for the padded 
 of the input, and the same values to float32 rounding (the kernel's taps are summed first).
 """
 
+from collections.abc import Callable
+
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -21,9 +23,12 @@ from .layers import Conv2d
 _TAPS = np.array([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], np.float32)
 
 
-def nearest_upsample_conv(conv: Conv2d, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
+def nearest_upsample_conv(conv: Conv2d | Callable, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
     """`conv(x repeated 2× along h and w)`, `[b, h, w, i] -> [b, 2h, 2w, o]`, for a 3×3 `Conv2d` of stride and
-    padding 1."""
+    padding 1. Any other module (a LoRA-adapted conv: its low-rank branch runs in its own dtype, which summing it
+    into the kernel would round away) is called on the repeated map."""
+    if not isinstance(conv, Conv2d):
+        return conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
     if conv.weight.shape[:2] != (3, 3) or conv.stride != 1 or conv.padding != 1:
         raise ValueError(f"nearest_upsample_conv takes a 3×3 conv of stride 1 and padding 1, got a "
                          f"{conv.weight.shape[:2]} kernel, stride {conv.stride}, padding {conv.padding}.")  # fmt: skip
