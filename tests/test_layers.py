@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eqxdiff.nn import Conv2d, GroupNorm, SelfAttention, sincos_pos_embed_2d, timestep_embedding
+from eqxdiff.nn import Conv2d, GroupNorm, SelfAttention, nearest_upsample_conv, sincos_pos_embed_2d, timestep_embedding
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -91,8 +91,6 @@ def _conv_of_repeated_map(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -
 def test_nearest_upsample_conv_is_the_conv_of_the_repeated_map(shape):
     """The 2×2 phase kernels give the conv of the upsampled map (numpy's, in float64), and the same gradients
     as the conv of `jnp.repeat` (its own autodiff) for the input, the kernel and the bias."""
-    from eqxdiff.nn.upsample import nearest_upsample_conv
-
     conv = Conv2d(shape[-1], 6, key=jax.random.key(0))
     conv = eqx.tree_at(lambda c: c.bias, conv, jax.random.normal(jax.random.key(1), (6,)))  # torch's init is small
     x = jax.random.normal(jax.random.key(2), shape)
@@ -111,8 +109,6 @@ def test_nearest_upsample_conv_is_the_conv_of_the_repeated_map(shape):
 
 def test_nearest_upsample_conv_refuses_other_convs_and_calls_other_modules_on_the_repeated_map():
     from eqxdiff.nn.lora import lora_init
-    from eqxdiff.nn.upsample import nearest_upsample_conv
-
     x = jax.random.normal(jax.random.key(1), (1, 4, 4, 2))
     adapted = lora_init(Conv2d(2, 3, key=jax.random.key(0)), 2, 2, key=jax.random.key(2))
     adapted = eqx.tree_at(lambda c: c.lora_B, adapted, jnp.ones((3, 2)))  # a nonzero low-rank branch
