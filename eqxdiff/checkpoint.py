@@ -62,11 +62,15 @@ def layout(arrays) -> dict[str, list]:
 
 def saved_table(manager: ocp.CheckpointManager, directory, step: int, item: str) -> dict[str, tuple]:
     """The `leaf_table` of `item` as saved at `step`: from the step's layout item, or orbax's metadata of `item`
-    where there is none (written before layouts were; that metadata opens every array)."""
-    if (directory / str(step) / "layout").exists():
-        saved = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore())).layout
-        return {name: (tuple(shape), dtype) for name, (shape, dtype) in saved.items()}
-    return leaf_table(manager.item_metadata(step)[item].tree)
+    where there is none (written before layouts were; that metadata opens every array). Unreadable: a
+    CheckpointError naming the step."""
+    try:
+        if (directory / str(step) / "layout").exists():
+            saved = manager.restore(step, args=ocp.args.Composite(layout=ocp.args.JsonRestore())).layout
+            return {name: (tuple(shape), dtype) for name, (shape, dtype) in saved.items()}
+        return leaf_table(manager.item_metadata(step)[item].tree)
+    except Exception as e:
+        raise CheckpointError(f"Step {step} in {directory}: cannot read the layout of its {item}: {e}") from e
 
 
 def table_differences(saved: dict[str, tuple], wanted: dict[str, tuple], limit: int = 5) -> list[str]:
@@ -181,7 +185,7 @@ class Checkpoints:
         arrays, static = eqx.partition(abstract_state, _is_abstract_array)
         target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
         # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
-        mismatch = table_differences(self._saved_layout(step), leaf_table(target))
+        mismatch = table_differences(saved_table(self._manager, self.directory, step, "state"), leaf_table(target))
         if mismatch:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
@@ -205,12 +209,6 @@ class Checkpoints:
                 "step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
-
-    def _saved_layout(self, step: int) -> dict[str, tuple]:
-        try:
-            return saved_table(self._manager, self.directory, step, "state")
-        except Exception as e:
-            raise CheckpointError(f"Checkpoint step {step} in {self.directory}: cannot read its metadata: {e}") from e
 
     def restore_config(self, step: int) -> dict:
         """Only the config item of `step` (e.g. to rebuild the model before restoring it)."""

@@ -125,6 +125,10 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path, layout):
             restore_on(checkpoints, 3, mesh, make=lambda key: make_model(key, width=32))
         with pytest.raises(CheckpointError, match=r"No checkpoint for step 5 .* complete ones: \[3\]"):
             restore_on(checkpoints, 5, mesh)
+        if layout:  # a torn layout item: one CheckpointError naming the step, not orbax's own
+            (tmp_path / "3" / "layout" / "metadata").write_text("{not json")
+            with pytest.raises(CheckpointError, match=r"Step 3 in .*: cannot read the layout of its state"):
+                restore_on(checkpoints, 3, mesh)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -109,6 +109,7 @@ def test_nearest_upsample_conv_is_the_conv_of_the_repeated_map(shape):
 
 def test_nearest_upsample_conv_refuses_other_convs_and_calls_other_modules_on_the_repeated_map():
     from eqxdiff.nn.lora import lora_init
+
     x = jax.random.normal(jax.random.key(1), (1, 4, 4, 2))
     adapted = lora_init(Conv2d(2, 3, key=jax.random.key(0)), 2, 2, key=jax.random.key(2))
     adapted = eqx.tree_at(lambda c: c.lora_B, adapted, jnp.ones((3, 2)))  # a nonzero low-rank branch

@@ -206,6 +206,10 @@ def test_a_snapshot_that_does_not_fit_the_model_is_named_before_its_arrays_are_r
         says += r"this run has \(\(3, 5\), 'float32'\)"
         with pytest.raises(CheckpointError, match=says):
             snapshots.restore(5, wider, None)
+        if layout:  # a torn layout item: a CheckpointError naming the step, as for checkpoints
+            (tmp_path / "5" / "layout" / "metadata").write_text("{not json")
+            with pytest.raises(CheckpointError, match=r"Step 5 in .*: cannot read the layout of its emas"):
+                snapshots.restore(5, eqx.filter_eval_shape(lambda: emas), None)
 
 
 def fit_loss(model, batch, key):
