@@ -24,6 +24,9 @@ Forward sides share one network (drawn once) and input. Then timed rounds altern
 round starts one side later than the one before, so that no side always runs first, right after the same other.
 Process-level flags are the same for every side and every workload (printed as `xla_flags`): YNNPACK
 is switched per compile (the compiler options), not in XLA_FLAGS, so both settings live in one process.
+Each side also reports the minor page faults of its timed rounds per step or call (`minor_faults_per_step`:
+XLA:CPU mallocs each execution's buffers, and glibc gives blocks that large back to the kernel, so they are
+faulted in again every time), and the record the process's peak resident memory (`peak_rss_mib`).
 
 One JSON line: the machine record (benchmarks/harness.py: date, CPU model and vector flags, the fp32
 matmul rate), then per side its switches, compiler options, `lowered_sha`, compile (trace + lower +
@@ -43,6 +46,7 @@ import hashlib
 import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -185,7 +189,15 @@ def run_workload(name: str, args) -> dict:
     for side in sides:
         if args.warmup:
             runs[side](args.warmup)
-    times = alternate({side: lambda side=side: runs[side](args.steps) for side in sides}, args.rounds, rotate=True)
+    faults = dict.fromkeys(sides, 0)
+
+    def counted(side: str) -> float:  # a round's seconds; its minor page faults summed per side
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        seconds = runs[side](args.steps)
+        faults[side] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        return seconds
+
+    times = alternate({side: lambda side=side: counted(side) for side in sides}, args.rounds, rotate=True)
     median = {side: statistics.median(times[side]) for side in sides}
     reference = median.get("shipped", median[sides[0]])
     fastest = {side: min(times[side]) for side in sides}
@@ -198,6 +210,7 @@ def run_workload(name: str, args) -> dict:
             f"{items}_per_sec": round(args.batch * args.steps / median[side], 2),
             "over_shipped": round(median[side] / reference, 3),
             "fastest_over_shipped": round(fastest[side] / fastest_reference, 3),
+            f"minor_faults_per_{unit}": round(faults[side] / (args.rounds * args.steps)),
         } | extra(side)
         for side in sides
     }  # fmt: skip
@@ -205,9 +218,15 @@ def run_workload(name: str, args) -> dict:
         "backend": jax.default_backend(), "workload": name, "kind": workload.kind, "what": workload.what,
         "batch": args.batch, f"{unit}s_per_round": args.steps, "rounds": args.rounds, "warmup": args.warmup,
         "quick": args.quick, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "peak_rss_mib": peak_rss_mib(),
         "switches_read": list(STEP_SWITCHES if train else FORWARD_SWITCHES),
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "sides": per_side,
     })  # fmt: skip
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def run_all(args, argv: list[str]) -> None:
