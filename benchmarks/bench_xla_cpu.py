@@ -225,8 +225,9 @@ def run_workload(name: str, args) -> dict:
 
 
 def peak_rss_mib() -> float:
-    """The process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """The process's peak resident memory so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform == "darwin" else 1)
+    return round(kib / 1024, 1)
 
 
 def run_all(args, argv: list[str]) -> None:
