@@ -27,14 +27,14 @@ from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.text_conditioned import TextConditioned
 from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
-from eqxdiff.nn.upsample import nearest_upsample_conv
+from eqxdiff.nn.upsample import nearest_upsample, nearest_upsample_conv
 
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
     "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "EDM2UNet",
     "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SDUNet", "SDXLCond", "SDXLTextEncoders",
-    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet", "force_weight_normalization",
-    "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample_conv", "normalize", "null_cond_of",
-    "sd_prompt_embeds", "sdxl_time_ids",
+    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet",
+    "force_weight_normalization", "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample",
+    "nearest_upsample_conv", "normalize", "null_cond_of", "sd_prompt_embeds", "sdxl_time_ids",
     "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.mp_layers import MPConv, mp_silu, mp_sum, normalize
+from eqxdiff.nn.upsample import nearest_upsample
 
 
 def resample(x: Float[Array, "b h w c"], mode: str) -> Array:
@@ -17,7 +18,7 @@ def resample(x: Float[Array, "b h w c"], mode: str) -> Array:
     b, h, w, c = x.shape
     if mode == "down":
         return x.reshape(b, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
-    return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+    return nearest_upsample(x)
 
 
 class EDM2Block(eqx.Module):

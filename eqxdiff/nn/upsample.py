@@ -23,12 +23,17 @@ from .layers import Conv2d
 _TAPS = np.array([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], np.float32)
 
 
+def nearest_upsample(x: Float[Array, "b h w c"]) -> Float[Array, "b h2 w2 c"]:
+    """Nearest-neighbour 2× upsampling, `[b, h, w, c] -> [b, 2h, 2w, c]`: each pixel repeated 2×2."""
+    return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+
+
 def nearest_upsample_conv(conv: Conv2d | Callable, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
     """`conv(x repeated 2× along h and w)`, `[b, h, w, i] -> [b, 2h, 2w, o]`, for a 3×3 `Conv2d` of stride and
     padding 1. Any other module (a LoRA-adapted conv: its low-rank branch runs in its own dtype, which summing it
     into the kernel would round away) is called on the repeated map."""
     if not isinstance(conv, Conv2d):
-        return conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+        return conv(nearest_upsample(x))
     if conv.weight.shape[:2] != (3, 3) or conv.stride != 1 or conv.padding != 1:
         raise ValueError(f"nearest_upsample_conv takes a 3×3 conv of stride 1 and padding 1, got a "
                          f"{conv.weight.shape[:2]} kernel, stride {conv.stride}, padding {conv.padding}.")  # fmt: skip
