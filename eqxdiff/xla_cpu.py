@@ -23,8 +23,9 @@ scripts call `enable()`):
    of a draw depends only on the key and on i (row-major), not on the shape.
 4. compiler options (`compiler_options()`, for steps compiled on a CPU mesh): LLVM at -O1
    without its expensive passes (most of a step's compile is LLVM on many small fused kernels,
-   while convs and matmuls are library calls), and the memory-optimized scheduler (it frees
-   buffers as early as it can; the default keeps every value alive).
+   while convs and matmuls are library calls; left out under `jax_disable_most_optimizations`,
+   whose -O0 it would raise), and the memory-optimized scheduler (it frees buffers as early as it
+   can; the default keeps every value alive).
 5. YNNPACK off. This jaxlib hands convs, matmuls and elementwise/reduction chains to YNNPACK
    library fusions by default; on the 2-core x86 CPUs measured (BENCHMARKS.md) whole models run
    faster with XLA's own kernels (Eigen convs and matmuls, its fused loops), per core and more so
@@ -145,7 +146,7 @@ def on_cpu(switch: str | None = None) -> bool:
 def compiler_options() -> dict:
     """XLA options for compiling a step on a CPU mesh: those of the switches that are on (4, 5)."""
     options = {}
-    if "llvm_o1" in _on:
+    if "llvm_o1" in _on and not jax.config.values["jax_disable_most_optimizations"]:  # not above jax's -O0
         options.update(xla_backend_optimization_level=1, xla_llvm_disable_expensive_passes=True)
     if "memory_scheduler" in _on:
         options["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"

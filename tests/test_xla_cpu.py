@@ -237,7 +237,18 @@ def test_the_switch_keeps_work_away_from_ynnpack():
     assert f"--{xla_cpu.YNN_OPTION}=" in os.environ["XLA_FLAGS"]
 
 
-def test_each_switch_by_name_reaches_only_its_own_workaround():
+def test_llvm_o1_lowers_llvms_level_and_never_raises_it(optimised_compile):
+    # -O1 in place of XLA's -O2 for a script's step; where jax is asked for most optimisations off (LLVM at -O0, as
+    # conftest compiles the tests' programs) the option would raise the level, so the step leaves it out.
+    o1 = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
+    batch_sharding = NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec())
+    with xla_cpu.only({"llvm_o1"}):
+        assert xla_cpu.compiler_options() == o1 == TrainStep(None, None, batch_sharding, None).compiler_options
+        jax.config.update("jax_disable_most_optimizations", True)
+        assert xla_cpu.compiler_options() == {} == TrainStep(None, None, batch_sharding, None).compiler_options
+
+
+def test_each_switch_by_name_reaches_only_its_own_workaround(optimised_compile):  # llvm_o1's options: not under -O0
     # Benchmarks measure one switch at a time (benchmarks/bench_xla_cpu.py), so a name must turn on
     # exactly its workaround: the conv's custom gradient, the remat dependency, the compiler options.
     w = jnp.zeros((3, 3, 8, 8))
