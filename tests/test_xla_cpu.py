@@ -212,15 +212,15 @@ def test_models_initialise_bitwise_the_same_with_the_workarounds_on_and_off(make
     assert any(float(jnp.std(a)) > 0 for a in jax.tree.leaves(on) if eqx.is_inexact_array(a))
 
 
+def train_step_options() -> dict:
+    """The compiler options a `TrainStep` on a 1-device CPU mesh takes when it is built."""
+    return TrainStep(None, None, NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec()), None).compiler_options
+
+
 def test_train_step_compiler_options_only_with_the_workarounds_on():
-    batch_sharding = NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec())
-
-    def options():
-        return TrainStep(None, None, batch_sharding, None).compiler_options
-
-    assert options() == xla_cpu.compiler_options() and options()
+    assert train_step_options() == xla_cpu.compiler_options() and train_step_options()
     with xla_cpu.disabled():
-        assert options() == {}
+        assert train_step_options() == {}
 
 
 def test_the_switch_keeps_work_away_from_ynnpack():
@@ -241,14 +241,13 @@ def test_llvm_o1_lowers_llvms_level_and_never_raises_it(optimised_compile):
     # -O1 in place of XLA's -O2 for a script's step; where jax is asked for most optimisations off (LLVM at -O0, as
     # conftest compiles the tests' programs) the option would raise the level, so the step leaves it out.
     o1 = {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
-    batch_sharding = NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec())
     with xla_cpu.only({"llvm_o1"}):
-        assert xla_cpu.compiler_options() == o1 == TrainStep(None, None, batch_sharding, None).compiler_options
+        assert xla_cpu.compiler_options() == o1 == train_step_options()
         jax.config.update("jax_disable_most_optimizations", True)
-        assert xla_cpu.compiler_options() == {} == TrainStep(None, None, batch_sharding, None).compiler_options
+        assert xla_cpu.compiler_options() == {} == train_step_options()
 
 
-def test_each_switch_by_name_reaches_only_its_own_workaround(optimised_compile):  # llvm_o1's options: not under -O0
+def test_each_switch_by_name_reaches_only_its_own_workaround():  # llvm_o1's options: the test above
     # Benchmarks measure one switch at a time (benchmarks/bench_xla_cpu.py), so a name must turn on
     # exactly its workaround: the conv's custom gradient, the remat dependency, the compiler options.
     w = jnp.zeros((3, 3, 8, 8))
@@ -263,8 +262,6 @@ def test_each_switch_by_name_reaches_only_its_own_workaround(optimised_compile):
         assert bias_custom() and not conv_custom() and not remat_custom() and xla_cpu.compiler_options() == {}
     with xla_cpu.only({"remat_order"}):
         assert remat_custom() and not conv_custom() and not bias_custom()
-    with xla_cpu.only({"llvm_o1"}):
-        assert xla_cpu.compiler_options() == {"xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True}
     with xla_cpu.only({"memory_scheduler", "no_ynnpack"}):
         assert xla_cpu.compiler_options() == {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", xla_cpu.YNN_OPTION: ""}
         assert xla_cpu.switched_on() == {"memory_scheduler", "no_ynnpack"}
