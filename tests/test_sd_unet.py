@@ -242,18 +242,19 @@ def test_bfloat16_parameters_run_in_bfloat16():
 
 
 def test_attention_in_query_blocks_is_the_same(monkeypatch):
-    """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (a block's logits in cache at
-    SD's 64x64 and larger latents): the same output as one block."""
-    from eqxdiff.nn import sd_unet_attention
+    """Self- and cross-attention in query blocks (the CPU's form where a head's logits leave the cache, SD's 32x32
+    and larger latents): the same output as the plain form."""
+    from eqxdiff.nn import attention
 
     ref = np.load(DATA / "sd2_like" / "reference.npz")  # only_cross_attention too: both attentions read the text
     unet = SDUNet.from_diffusers(DATA / "sd2_like")
 
-    def run() -> np.ndarray:  # a fresh trace each call: QUERY_CHUNK is read when the attention is traced
-        return np.asarray(eqx.filter_jit(lambda m, x, t, c: m(x, t, c))(unet, ref["x"], ref["t"], cond_of(ref)))
+    def run(form: str) -> np.ndarray:  # a fresh trace each call: the form is chosen when the attention is traced
+        with attention.attention_form(form):
+            return np.asarray(eqx.filter_jit(lambda m, x, t, c: m(x, t, c))(unet, ref["x"], ref["t"], cond_of(ref)))
 
-    whole = run()
-    monkeypatch.setattr(sd_unet_attention, "QUERY_CHUNK", 24)  # 64 pixels: blocks of 24, 24 and 16
-    blocked = run()
+    whole = run("plain")
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 24)  # 64 pixels: blocks of 24, 24 and 16
+    blocked = run("query_blocks")
     np.testing.assert_allclose(blocked, whole, rtol=0, atol=1e-6)
     assert np.abs(blocked - ref["out"]).max() / np.abs(ref["out"]).max() < TOL

@@ -17,6 +17,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff import xla_cpu
 
+from .attention import attention
 from .bias import add_bias, affine
 from .conv import conv2d
 from .text_cond import TextCond
@@ -169,8 +170,8 @@ def layer_norm(x: Float[Array, "*batch d"], eps: float = 1e-6) -> Float[Array, "
 class SelfAttention(eqx.Module):
     """Multi-head self-attention (Vaswani et al. 2017) on tokens `[b, n, d]`.
 
-    softmax(Q Kᵀ / sqrt(d_head)) V via `jax.nn.dot_product_attention`, whose XLA path forms
-    the logits and the softmax in float32 even for bf16 inputs.
+    softmax(Q Kᵀ / sqrt(d_head)) V by `eqxdiff.nn.attention` (logits and softmax in float32 even
+    for bf16 inputs; the form chosen there by backend and shape).
     """
 
     qkv: Dense
@@ -187,7 +188,7 @@ class SelfAttention(eqx.Module):
     def __call__(self, x: Float[Array, "b n d"]) -> Float[Array, "b n d"]:
         b, n, d = x.shape
         q, k, v = jnp.split(self.qkv(x).reshape(b, n, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
-        return self.proj(jax.nn.dot_product_attention(q, k, v).reshape(b, n, d))
+        return self.proj(attention(q, k, v).reshape(b, n, d))
 
 
 class CrossAttention(eqx.Module):
@@ -195,8 +196,8 @@ class CrossAttention(eqx.Module):
     al. 2022): queries from tokens `x [b, n, dim]`, keys and values from a context
     `[b, m, context_dim]`, `-> [b, n, dim]` through an output projection.
 
-    softmax(Q Kᵀ / sqrt(d_head)) V per head via `jax.nn.dot_product_attention` (logits and
-    softmax in float32, as `SelfAttention`). `mask [b, m]` (nonzero = attend, 0 = padding)
+    softmax(Q Kᵀ / sqrt(d_head)) V per head by `eqxdiff.nn.attention` (logits and softmax in
+    float32, as `SelfAttention`). `mask [b, m]` (nonzero = attend, 0 = padding)
     removes keys: a padded token's logit is replaced before the softmax, so its weight is exactly
     0 and its value has no effect at all. A row whose mask is all zero attends to nothing and
     reads zero (not softmax's uniform average over padding).
@@ -225,10 +226,10 @@ class CrossAttention(eqx.Module):
         q = self.q(x).reshape(b, n, heads, d // heads)
         k, v = jnp.split(self.kv(context).reshape(b, m, 2 * heads, d // heads), 2, axis=2)
         if mask is None:
-            out = jax.nn.dot_product_attention(q, k, v)
+            out = attention(q, k, v)
         else:
             keep = mask != 0
-            out = jax.nn.dot_product_attention(q, k, v, mask=jnp.broadcast_to(keep[:, None, None, :], (b, 1, n, m)))
+            out = attention(q, k, v, mask=jnp.broadcast_to(keep[:, None, None, :], (b, 1, n, m)))
             out = jnp.where(keep.any(axis=-1)[:, None, None, None], out, jnp.zeros((), out.dtype))
         return self.proj(out.reshape(b, n, d))
 

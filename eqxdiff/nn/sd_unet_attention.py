@@ -3,10 +3,8 @@ its `BasicTransformerBlock`s, NHWC. Field names are diffusers' attribute names, 
 state_dict key (`attentions.0.transformer_blocks.1.attn2.to_k.weight`, `...ff.net.2.bias`).
 
 Logits and softmax are float32 whatever the parameters' dtype, which is what diffusers' `upcast_attention=True`
-asks for; with float32 parameters the option changes nothing. The queries go in blocks of QUERY_CHUNK, unrolled:
-one block's float32 logits [b, heads, QUERY_CHUNK, m] stay in the CPU's cache where all n rows (n = m = 4096
-at SD's 64x64 latents: 512 MiB) would not, and XLA:CPU runs a rolled loop (lax.map) of them several times
-slower than the same blocks unrolled (BENCHMARKS.md, "SD UNet forward").
+asks for; with float32 parameters the option changes nothing. The attention's form (XLA's, the CPU's query
+blocks, a TPU's flash kernel) is chosen by backend and shape in `eqxdiff.nn.attention`.
 The text mask is not applied: diffusers' SD pipelines never pass `encoder_attention_mask`, so SD's UNets
 attend to the padding tokens as they were trained to.
 """
@@ -16,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from eqxdiff.nn.attention import attention
 from eqxdiff.nn.clip_text import LayerNorm, gelu
 from eqxdiff.nn.layers import Dense, GroupNorm
-QUERY_CHUNK = 128  # queries per block of the attention
 LAYER_NORM_EPS = 1e-5  # BasicTransformerBlock's norm_eps default, which Transformer2DModel keeps
 GROUP_NORM_EPS = 1e-6  # Transformer2DModel's input GroupNorm, whatever the UNet's norm_eps
 
@@ -47,24 +45,7 @@ class Attention(eqx.Module):
         q = self.to_q(x).reshape(b, n, self.heads, d // self.heads)
         m = source.shape[1]
         k, v = (proj(source).reshape(b, m, self.heads, d // self.heads) for proj in (self.to_k, self.to_v))
-        return self.to_out[0](query_blocks_attention(q, k, v, QUERY_CHUNK).reshape(b, n, d))
-
-
-def query_blocks_attention(
-    q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"], chunk: int
-) -> Float[Array, "b n h d"]:
-    """softmax(q kᵀ / sqrt(d)) v per head, the queries `chunk` at a time (a Python loop: unrolled); each row's
-    softmax runs over all m keys, so the rows are those of one block. Logits and softmax in float32."""
-    qh, kh, vh = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [b, h, n, d]: one matmul per head
-    qh = qh * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
-
-    def block(qb):
-        logits = jnp.einsum("bhnd,bhmd->bhnm", qb, kh, preferred_element_type=jnp.float32)
-        return jnp.einsum("bhnm,bhmd->bhnd", jax.nn.softmax(logits, axis=-1).astype(v.dtype), vh)
-
-    n = q.shape[1]
-    out = jnp.concatenate([block(qh[:, :, i : i + chunk]) for i in range(0, n, chunk)], axis=2)
-    return jnp.swapaxes(out, 1, 2)
+        return self.to_out[0](attention(q, k, v).reshape(b, n, d))
 
 
 class GEGLU(eqx.Module):

@@ -1,0 +1,130 @@
+"""Scaled dot-product attention, softmax(q kᵀ / sqrt(d)) v, on `[b, n, heads, d]` tokens: the one entry point
+of every network's attention, its form chosen here, by backend and shape (DESIGN.md, rule 6).
+
+- `plain`: `jax.nn.dot_product_attention`, XLA's path: logits and softmax in float32 even for bf16 inputs.
+  The reference the other forms are tested against, and the form wherever no other is chosen.
+- `query_blocks` (XLA:CPU): the queries QUERY_BLOCK at a time, the blocks unrolled. One block's float32
+  logits `[b, heads, QUERY_BLOCK, m]` stay in the CPU's cache where all n rows would not (SD's 64×64
+  latents: n = m = 4096, 512 MiB of logits at batch 2), and XLA:CPU runs a rolled loop of the blocks several
+  times slower than the same blocks unrolled (BENCHMARKS.md, "SD UNet forward"). Chosen on the CPU where one
+  head's logits reach QUERY_BLOCKS_FROM elements.
+- `flash` (TPU): Pallas flash attention (Dao et al. 2022; `jax.experimental.pallas.ops.tpu.flash_attention`):
+  logits and probabilities live in the core's VMEM only, never in HBM, in the forward and the backward pass.
+  On a TPU it runs where both lengths are whole blocks of 128 and the queries reach FLASH_FROM (BENCHMARKS.md
+  "On a TPU v5e": SD's 64² latents, 4096 tokens, 2.8× XLA's form; DiT's 256 tokens 2% slower); one device
+  only, since GSPMD does not split a Pallas call. Its blocks are the sequence up to FLASH_BLOCK.
+
+`attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
+traced keeps the form it was traced with.
+"""
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jaxtyping import Array, Bool, Float
+
+FORMS = ("plain", "query_blocks", "flash")
+QUERY_BLOCK = 128  # queries per block of `query_blocks`
+QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
+FLASH_FROM = 1024  # queries from which a TPU takes flash attention (DiT's 256 ran faster in XLA's form)
+FLASH_BLOCK = 512  # flash attention's largest query and key block
+# A remat policy can keep the attention's output under this name (eqxdiff/nn/remat.py, "attention").
+ATTENTION_NAME = "attention"
+
+_forced: list[str] = []
+
+
+@contextlib.contextmanager
+def attention_form(name: str) -> Iterator[None]:
+    """Every attention traced inside takes the form `name` (one of FORMS), whatever the backend. `flash` off a
+    TPU runs in Pallas' interpreter (slow, for tests): trace, differentiate, compile and run inside the block."""
+    if name not in FORMS:
+        raise ValueError(f"Unknown attention form {name!r}; choose one of {FORMS}")
+    with contextlib.ExitStack() as stack:
+        if name == "flash" and platform() != "tpu":
+            from jax.experimental.pallas import tpu as pltpu
+
+            stack.enter_context(pltpu.force_tpu_interpret_mode())
+        _forced.append(name)
+        try:
+            yield
+        finally:
+            _forced.pop()
+
+
+def platform() -> str:
+    """Where arrays made now go: the device of a `jax.default_device(...)` block, else JAX's default backend."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
+
+
+def chosen_form(n: int, m: int, masked: bool) -> str:
+    """The form `attention` takes for n queries and m keys on `platform()` (see the module's text)."""
+    if _forced:
+        return _forced[-1]
+    backend = platform()
+    if backend == "cpu" and n > QUERY_BLOCK and n * m >= QUERY_BLOCKS_FROM:
+        return "query_blocks"
+    if backend == "tpu" and not masked and n >= FLASH_FROM and n % 128 == 0 and m % 128 == 0:
+        return "flash" if jax.device_count(backend) == 1 else "plain"
+    return "plain"
+
+
+def attention(
+    q: Float[Array, "b n h d"],
+    k: Float[Array, "b m h d"],
+    v: Float[Array, "b m h d"],
+    mask: Bool[Array, "b 1 n m"] | None = None,
+) -> Float[Array, "b n h d"]:
+    """softmax(q kᵀ / sqrt(d) + log mask) v per head; `mask` False removes a key (every form but flash takes
+    it; a masked call never takes flash). Output in v's dtype, named ATTENTION_NAME for remat policies."""
+    form = chosen_form(q.shape[1], k.shape[1], mask is not None)
+    if form == "flash":
+        if mask is not None:
+            raise ValueError("attention: the flash form takes no mask; use the plain form for masked attention")
+        out = flash(q, k, v)
+    elif form == "query_blocks":
+        out = query_blocks(q, k, v, mask)
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    return checkpoint_name(out, ATTENTION_NAME)
+
+
+def query_blocks(
+    q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"],
+    mask: Bool[Array, "b 1 n m"] | None = None,
+) -> Float[Array, "b n h d"]:  # fmt: skip
+    """The plain form, the queries QUERY_BLOCK at a time (a Python loop: unrolled); every row's softmax runs
+    over all m keys, so the rows are the plain form's."""
+    n, block = q.shape[1], QUERY_BLOCK
+    rows = lambda i: None if mask is None else mask[:, :, i : i + block]  # noqa: E731
+    blocks = [jax.nn.dot_product_attention(q[:, i : i + block], k, v, mask=rows(i)) for i in range(0, n, block)]
+    return jnp.concatenate(blocks, axis=1)
+
+
+def flash(q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"]) -> Float[Array, "b n h d"]:
+    """Pallas' TPU flash attention on `[b, n, h, d]` tokens (it takes `[b, h, n, d]`); n and m whole blocks of
+    128. Off a TPU it runs inside `attention_form("flash")` only, which turns Pallas' interpreter on."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    n, m, d = q.shape[1], k.shape[1], q.shape[-1]
+    bq, bk = min(n, FLASH_BLOCK), min(m, FLASH_BLOCK)
+    if n % 128 or m % 128 or n % bq or m % bk:
+        raise ValueError(f"attention: flash takes whole blocks of 128 queries and keys (up to {FLASH_BLOCK}); "
+                         f"got n={n}, m={m}")  # fmt: skip
+    sizes = pallas_flash.BlockSizes(
+        block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
+        block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
+        block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq,
+    )  # fmt: skip
+    heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+    out = pallas_flash.flash_attention(
+        heads_first(q), heads_first(k), heads_first(v), sm_scale=d**-0.5, block_sizes=sizes
+    )
+    return heads_first(out)

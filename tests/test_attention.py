@@ -1,0 +1,166 @@
+"""eqxdiff.nn.attention: every form against the plain one (XLA's `jax.nn.dot_product_attention`), which is itself held
+to softmax(q kᵀ/√d) v written out in float64; the form each backend and shape takes; the remat policies."""
+
+import contextlib
+import io
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import print_saved_residuals
+
+from eqxdiff.nn import attention as attention_module
+from eqxdiff.nn.attention import attention, attention_form, chosen_form
+from eqxdiff.nn.dit import DiTBlock
+from eqxdiff.nn.remat import REMAT_POLICIES, checkpointed, remat_policy, set_remat_policy
+
+
+def qkv(n, m, heads=2, d=72, seed=0, dtype=jnp.float32):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return tuple(jax.random.normal(k, (2, length, heads, d), dtype) for k, length in zip(keys, (n, m, m)))
+
+
+def written_out(q, k, v, mask=None):
+    """softmax(q kᵀ / sqrt(d)) v per head in float64 numpy, a masked key's weight exactly 0."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    logits = np.einsum("bnhd,bmhd->bhnm", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        logits = np.where(np.asarray(mask), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhnm,bmhd->bnhd", weights, v)
+
+
+def grads(form, q, k, v, mask=None):
+    loss = lambda q, k, v: jnp.sum(jnp.sin(attention(q, k, v, mask)))  # noqa: E731
+    with attention_form(form):
+        return jax.jit(attention)(q, k, v, mask), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def test_the_plain_form_is_the_softmax_written_out():
+    q, k, v = qkv(40, 24, d=8)
+    mask = jax.random.bernoulli(jax.random.key(1), 0.7, (2, 1, 40, 24)).at[..., 0].set(True)
+    for m in (None, mask):
+        with attention_form("plain"):
+            np.testing.assert_allclose(attention(q, k, v, m), written_out(q, k, v, m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_query_blocks_equal_the_plain_form(masked, monkeypatch):
+    """Blocks of 24 queries over 64 (24, 24, 16): the same rows, forward and gradient, with and without a mask."""
+    monkeypatch.setattr(attention_module, "QUERY_BLOCK", 24)
+    q, k, v = qkv(64, 40, d=8)
+    mask = jax.random.bernoulli(jax.random.key(1), 0.7, (2, 1, 64, 40)).at[..., 0].set(True) if masked else None
+    (out, g), (ref, g_ref) = grads("query_blocks", q, k, v, mask), grads("plain", q, k, v, mask)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-6)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("n", "m"), [(256, 256), (256, 128)])
+def test_flash_equals_the_plain_form_in_pallas_interpreter(n, m):
+    """Pallas' TPU flash kernel, forward and gradient, run by its interpreter on the CPU: DiT-XL's head size 72
+    (not a multiple of the TPU's 128 lanes), keys fewer than queries."""
+    q, k, v = qkv(n, m)
+    (out, g), (ref, g_ref) = grads("flash", q, k, v), grads("plain", q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * float(jnp.abs(b).max()))
+
+
+def test_flash_refuses_what_it_cannot_take():
+    q, k, v = qkv(256, 77)
+    with pytest.raises(ValueError, match="whole blocks of 128"), attention_form("flash"):
+        attention(q, k, v)
+    with pytest.raises(ValueError, match="takes no mask"), attention_form("flash"):
+        attention(*qkv(256, 256), mask=jnp.ones((2, 1, 256, 256), bool))
+    with pytest.raises(ValueError, match="Unknown attention form"), attention_form("fast"):
+        pass
+
+
+def test_each_backend_takes_its_form(monkeypatch):
+    """CPU: query blocks where a head's logits reach QUERY_BLOCKS_FROM (SD's 32² and 64² levels), else XLA's.
+    TPU: flash from FLASH_FROM queries in whole blocks of 128, unmasked, on one device; else XLA's. Others: XLA's."""
+    monkeypatch.setattr(attention_module, "platform", lambda: "cpu")
+    assert chosen_form(4096, 4096, False) == chosen_form(1024, 1024, True) == "query_blocks"
+    assert chosen_form(256, 256, False) == chosen_form(4096, 77, False) == chosen_form(64, 2**15, False) == "plain"
+    monkeypatch.setattr(attention_module, "platform", lambda: "tpu")
+    monkeypatch.setattr(jax, "device_count", lambda backend=None: 1)
+    assert chosen_form(4096, 4096, False) == chosen_form(1024, 1024, False) == "flash"
+    assert chosen_form(256, 256, False) == chosen_form(4096, 77, False) == chosen_form(4096, 4096, True) == "plain"
+    monkeypatch.setattr(jax, "device_count", lambda backend=None: 4)
+    assert chosen_form(4096, 4096, False) == "plain"  # GSPMD does not split a Pallas call
+    monkeypatch.setattr(attention_module, "platform", lambda: "gpu")
+    assert chosen_form(4096, 4096, False) == "plain"
+    with attention_form("flash"):
+        assert chosen_form(8, 8, False) == "flash"  # forced, whatever the shape
+
+
+def test_platform_follows_a_default_device_block():
+    assert attention_module.platform() == jax.default_backend()
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert attention_module.platform() == "cpu"
+
+
+def block_and_inputs():
+    block = DiTBlock(32, 2, 4.0, key=jax.random.key(0))
+    block = jax.tree.map(lambda a: a + 0.1 if eqx.is_inexact_array(a) else a, block)  # adaLN-Zero: not zero
+    x = jax.random.normal(jax.random.key(1), (2, 16, 32))
+    c = jax.random.normal(jax.random.key(2), (2, 32))
+    return block, x, c
+
+
+@pytest.mark.parametrize("policy", sorted(REMAT_POLICIES))
+def test_every_remat_policy_keeps_the_gradient(policy):
+    block, x, c = block_and_inputs()
+    loss = lambda blk, x, remat: jnp.sum(jnp.sin(checkpointed(blk, remat)(x, c)))  # noqa: E731
+    plain = eqx.filter_grad(loss)(block, x, False)
+    set_remat_policy(policy)
+    try:
+        rematted = eqx.filter_grad(loss)(block, x, True)
+    finally:
+        set_remat_policy(attention_module_default())
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(rematted)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def attention_module_default():
+    from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY
+
+    return DEFAULT_REMAT_POLICY
+
+
+def saved_shapes(policy: str) -> list[tuple]:
+    """The shapes of what a rematerialised DiT block keeps for its backward pass under `policy`, its own
+    input and parameters left out."""
+    block, x, c = block_and_inputs()
+    params, static = eqx.partition(block, eqx.is_array)
+    set_remat_policy(policy)
+    try:
+        fn = lambda p, x, c: jnp.sum(checkpointed(eqx.combine(p, static), True)(x, c))  # noqa: E731
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # jax's public view of the residuals: "f32[2,16,96] from ..."
+            print_saved_residuals(fn, params, x, c)
+    finally:
+        set_remat_policy(attention_module_default())
+    lines = [line for line in printed.getvalue().splitlines() if "argument" not in line]
+    return [tuple(int(d) for d in shape.split(",")) for line in lines for shape in re.findall(r"^f32\[([\d,]+)\]", line)]
+
+
+def test_the_policies_keep_what_their_names_say():
+    """nothing_saveable keeps nothing of the block's own; attention_saveable its attention's output [b, n, h, d]
+    alone; dots_with_no_batch_dims_saveable every per-token projection too (qkv [b, n, 3·32], the MLP's
+    [b, n, 128])."""
+    assert saved_shapes("nothing_saveable") == []
+    assert saved_shapes("attention_saveable") == [(2, 16, 2, 16)]
+    dots = saved_shapes("dots_with_no_batch_dims_saveable")
+    assert (2, 16, 96) in dots and (2, 16, 128) in dots and len(dots) > 3
+
+
+def test_an_unknown_remat_policy_is_refused_by_name():
+    with pytest.raises(ValueError, match="Unknown remat policy 'fast'.*nothing_saveable"):
+        set_remat_policy("fast")
+    assert remat_policy() == attention_module_default()
