@@ -243,7 +243,11 @@ def sqrt_term_loss(model, batch, key):
     return fit + 0.0 * jnp.sum(jnp.sqrt(jnp.abs(model.weight[0, 0]) * batch["p"]))
 
 
-def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise():
+@pytest.mark.parametrize("guard", ["cond", "where"])  # the CPU's form and the accelerators'
+def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise(guard, monkeypatch):
+    from eqxdiff.training import step as step_module
+
+    monkeypatch.setattr(step_module, "GUARD_FORM", guard)
     mesh = make_mesh(-1, 4)
     make_model = lambda key: eqx.nn.Linear(4, 4, key=key)  # noqa: E731 — a one-matmul step: a quick compile
     optimizer, schedule = adamw_cosine(1e-2, 100, 2)

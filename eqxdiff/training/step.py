@@ -28,12 +28,20 @@ PrepareFn = Callable[..., dict]
 LossFn = Callable[[eqx.Module, dict, jax.Array], jax.Array]
 
 
-def _select(pred, new, old):
-    """`new` if pred else `old` (arrays only; the static parts are shared). One lax.cond over the
-    whole tree, not a jnp.where per leaf: one conditional for XLA to compile instead of a select
-    per leaf (compile time: BENCHMARKS.md)."""
+# How a non-finite step keeps the old state: "cond", one lax.cond over the whole state (one conditional to
+# compile instead of a select per leaf: XLA:CPU's compile time, BENCHMARKS.md), or "where", a select per leaf,
+# which XLA fuses into the optimizer's and the EMA's elementwise update (on a TPU a conditional over the
+# state copies every leaf into its result: BENCHMARKS.md "On a TPU v5e"). None: "cond" on a CPU mesh, else
+# "where"; read when a step is built.
+GUARD_FORM: str | None = None
+
+
+def _select(pred, new, old, form: str):
+    """`new` if pred else `old` (arrays only; the static parts are shared), as `form` (GUARD_FORM) says."""
     new_arrays, static = eqx.partition(new, eqx.is_array)
     old_arrays = eqx.filter(old, eqx.is_array)
+    if form == "where":
+        return eqx.combine(jax.tree.map(lambda a, b: jnp.where(pred, a, b), new_arrays, old_arrays), static)
     return eqx.combine(jax.lax.cond(pred, lambda: new_arrays, lambda: old_arrays), static)
 
 
@@ -88,6 +96,10 @@ def make_train_step(
     A non-finite step leaves model, EMA and optimizer state bitwise unchanged.
     """
     k = grad_accum_steps
+    on_cpu = batch_sharding.mesh.devices.flat[0].platform == "cpu"
+    guard = GUARD_FORM or ("cond" if on_cpu else "where")
+    if guard not in ("cond", "where"):
+        raise ValueError(f"GUARD_FORM {guard!r}: 'cond' or 'where'")
 
     def loss_of(trained, micro_batch, key, frozen):
         model = trained if model_of is None else model_of(trained, frozen)
@@ -138,7 +150,7 @@ def make_train_step(
         )
         updated = TrainState(model, eqx.combine(ema_params, state.ema), opt_state, state.step, state.bad_steps)
         kept = TrainState(state.model, state.ema, state.opt_state, state.step, state.bad_steps)  # phema: below
-        new_state = _select(finite, updated, kept)
+        new_state = _select(finite, updated, kept, guard)
         new_state = TrainState(
             new_state.model, new_state.ema, new_state.opt_state, state.step + 1,
             jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype),
