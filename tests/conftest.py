@@ -11,6 +11,17 @@ jax.config.update("jax_num_cpu_devices", 8)
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from accelerators import accelerator_platform  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
+
+# On a machine with an accelerator the unit tests still run on the CPU's 8 simulated devices: the CPU is
+# the default backend, the accelerator started beside it for the `accelerator` tier (tests/test_accelerator.py).
+# Subprocesses (scripts, notebooks) run on the CPU: one process at a time can hold a TPU. A JAX_PLATFORMS set
+# by the user wins.
+ACCELERATOR = accelerator_platform()
+if ACCELERATOR and not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", f"cpu,{ACCELERATOR}")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
 # The edit loop reruns the suite: programs the edit did not touch load from a persistent XLA cache
 # instead of compiling again (the quick tier is mostly compiles; BENCHMARKS.md "Test suite" has
 # both timings). Keyed by the program, its flags and jax's version, so a stale entry is never hit;
