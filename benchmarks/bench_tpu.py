@@ -1,0 +1,305 @@
+"""Per-chip figures on an accelerator, one JSON line per case (BENCHMARKS.md "On a TPU v5e"):
+
+    python benchmarks/bench_tpu.py                       # every case of the record, on the chip
+    python benchmarks/bench_tpu.py dit_train:size=XL,batch=32,attention=flash dit_sample:steps=250
+    python benchmarks/bench_tpu.py --tiny dit_train sd_forward   # the same programs at toy sizes (a CPU check)
+
+A case is NAME[:key=value,...] (the keywords of the function NAME below). Each line holds the case, the device,
+images (or steps) per second, model-FLOP utilisation (MFU: the papers' FLOP counts, multiply-adds ×2, over the
+device's datasheet bf16 peak), XLA's own count (`cost_analysis`, which also counts the optimizer, the EMA and
+elementwise work, so it reads higher), and memory: XLA's `memory_analysis` of the compiled program (arguments,
+outputs, temporaries) and the device's peak bytes in use where the runtime reports them.
+
+Model FLOPs: DiT's forward per image is what the DiT paper tables (Peebles & Xie 2023, Table 4: XL/2 118.6, B/2
+23.0 GMACs), here counted from the shapes (`dit_forward_macs`), a training image 3× its forward; sampling counts
+one forward per image per network evaluation (two with guidance). The SD UNets have no paper count: XLA's count
+of their forward is reported alone.
+"""
+
+import argparse
+import contextlib
+import datetime
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sd_unet_configs import SD15_UNET, SDXL_BASE_UNET  # noqa: E402
+
+from eqxdiff.diffusion import EDMSchedule, parameterization_by_name  # noqa: E402
+from eqxdiff.diffusion.guidance import drop_condition  # noqa: E402
+from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise  # noqa: E402
+from eqxdiff.diffusion.parameterization import loss_weight  # noqa: E402
+from eqxdiff.nn import DiT, SDUNet  # noqa: E402
+from eqxdiff.nn.attention import attention_form  # noqa: E402
+from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, set_remat_policy  # noqa: E402
+from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
+from eqxdiff.training import abstract_train_state, create_train_state, make_train_step, peak_flops_per_device  # noqa: E402
+from eqxdiff.training import step as step_module  # noqa: E402
+from eqxdiff.training.optimizer import adamw_cosine  # noqa: E402
+
+# hidden, depth, heads (DiT's Table 1); "tiny" keeps 256 tokens at 32² so every attention form applies.
+DIT_SIZES = {"XL": (1152, 28, 16), "L": (1024, 24, 16), "B": (768, 12, 12), "S": (384, 12, 6), "tiny": (144, 2, 2)}
+TINY = False  # --tiny: toy sizes of every case, to check the programs on a CPU
+
+
+def dit_forward_macs(hidden: int, depth: int, tokens: int, patch: int = 2, channels: int = 4) -> float:
+    """Multiply-adds of one DiT forward per image: per block the qkv, out, and MLP projections (12·d² per token),
+    the attention's two products (2·n·d per token) and adaLN's 6·d² per image; the patch embedding and the final
+    layer per token; the timestep and label embeddings are left out, as the paper's count leaves them."""
+    d, n, p2c = hidden, tokens, patch * patch * channels
+    block = n * (12 * d * d + 2 * n * d) + 6 * d * d
+    return depth * block + n * p2c * d + n * d * p2c + 2 * d * d
+
+
+def device_record() -> dict:
+    device = jax.devices()[0]
+    peak, _ = peak_flops_per_device(device, "bf16") if device.platform != "cpu" else (float("nan"), "")
+    return {"date": datetime.date.today().isoformat(), "device": device.device_kind, "platform": device.platform,
+            "jax": jax.__version__, "peak_bf16_flops": peak}  # fmt: skip
+
+
+def memory(compiled) -> dict:
+    m = compiled.memory_analysis()
+    out = {}
+    if m is not None:
+        for name in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "alias_size_in_bytes"):
+            out[name.replace("_size_in_bytes", "_gib")] = round(getattr(m, name) / 2**30, 3)
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        out["peak_in_use_gib"] = round(stats["peak_bytes_in_use"] / 2**30, 3)
+    return out
+
+
+def xla_flops(compiled) -> float:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float((cost or {}).get("flops", float("nan")))
+
+
+def jitted(fn, module):
+    """jax.jit of `fn(module, *args)` over the module's arrays (equinox's Compiled has no cost analysis)."""
+    arrays, static = eqx.partition(module, eqx.is_array)
+    return jax.jit(lambda a, *args: fn(eqx.combine(a, static), *args)), arrays
+
+
+def timed(fn, calls: int) -> float:
+    """Seconds per call of `fn()` (each call's output blocked on before the next), after one warm-up call."""
+    jax.block_until_ready(fn())
+    start = time.perf_counter()
+    for _ in range(calls):
+        jax.block_until_ready(fn())
+    return (time.perf_counter() - start) / calls
+
+
+def forms(attention: str, remat_policy: str):
+    """The context a case runs in: the attention form forced ("auto": chosen by backend and shape)."""
+    if remat_policy:
+        set_remat_policy(remat_policy)
+    return attention_form(attention) if attention != "auto" else contextlib.nullcontext()
+
+
+def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1, steps=10, precision="bf16"):
+    """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
+    decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
+    "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update."""
+    hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
+    batch = min(batch, 4) if TINY else batch
+    if guard:
+        step_module.GUARD_FORM = guard
+    schedule, parameterization = EDMSchedule(), parameterization_by_name("edm", 1.0)
+    optimizer, lr = adamw_cosine(1e-4, 10**6, 0, 0.0)
+    make_model = functools.partial(DiT, 32, 2, 4, hidden, depth, heads, num_classes=1000, remat=bool(remat))
+
+    def prepare(batch, key):
+        k1, k2 = jax.random.split(key)
+        sigma, noise = draw_sigma_and_noise(schedule, batch["x0"], k1)
+        cond = drop_condition(k2, batch["label"], 0.1, jnp.full_like(batch["label"], 1000))
+        return dict(x0=batch["x0"], cond=cond, sigma=sigma, noise=noise)
+
+    def loss_fn(model, batch, key):
+        pred = denoising_prediction(model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"],
+                                    batch["cond"], key=key)  # fmt: skip
+        return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
+
+    mesh = make_mesh(devices=jax.devices()[:1])
+    with forms(attention, remat):
+        abstract, shardings = abstract_train_state(lambda key: make_model(key=key), optimizer, mesh, 2**12)
+        step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr,
+                               ema_decay=0.9999, state_shardings=shardings, batch_sharding=batch_sharding(mesh),
+                               seed=0, grad_accum_steps=accum, precision=precision)  # fmt: skip
+        spec = dict(x0=jax.ShapeDtypeStruct((batch, 32, 32, 4), jnp.float32),
+                    label=jax.ShapeDtypeStruct((batch,), jnp.int32))  # fmt: skip
+        start = time.perf_counter()
+        compiled = step.compile(abstract, spec)
+        compile_s = time.perf_counter() - start
+    step_module.GUARD_FORM = None
+    set_remat_policy(DEFAULT_REMAT_POLICY)
+    out = dict(compile_s=round(compile_s, 1), xla_flops_per_step=xla_flops(compiled), **memory(compiled))
+    state, _ = create_train_state(lambda key: make_model(key=key), optimizer, jax.random.key(0), mesh, 2**12,
+                                  shardings=shardings)  # fmt: skip
+    rng = np.random.default_rng(0)
+    data = jax.device_put(dict(x0=rng.normal(size=(batch, 32, 32, 4)).astype(np.float32),
+                               label=rng.integers(0, 1000, batch).astype(np.int32)), batch_sharding(mesh))  # fmt: skip
+    state, metrics = step(state, data)  # warm-up
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    previous = None
+    for _ in range(steps):  # as train/main.py's loop: at most 2 steps in flight
+        state, metrics = step(state, data)
+        if previous is not None:
+            jax.block_until_ready(previous["loss"])
+        previous = metrics
+    jax.block_until_ready((state, metrics))
+    seconds = (time.perf_counter() - start) / steps
+    assert bool(metrics["finite"]), "non-finite step"
+    macs = dit_forward_macs(hidden, depth, 256)
+    out.update(step_s=round(seconds, 4), images_per_s=round(batch / seconds, 2), model_flops_per_image=6 * macs,
+               **utilisation(6 * macs * batch, out["xla_flops_per_step"], seconds, compiled))  # fmt: skip
+    out.update(memory(compiled))  # the device's peak after the steps ran
+    return out
+
+
+def utilisation(model_flops: float, xla: float, seconds: float, compiled=None) -> dict:
+    peak = device_record()["peak_bf16_flops"]
+    return {"mfu_model": round(model_flops / seconds / peak, 4), "mfu_xla": round(xla / seconds / peak, 4)}
+
+
+def dit_forward(size="XL", batch=64, attention="auto"):
+    """DiT-{size}/2's bf16 forward on a batch of 32×32×4 latents (labels), as sampling calls it."""
+    hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
+    batch = min(batch, 4) if TINY else batch
+    model = DiT(32, 2, 4, hidden, depth, heads, num_classes=1000, learn_sigma=True, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, 32, 32, 4)), jnp.bfloat16)
+    t, y = jnp.full((batch,), 0.5), jnp.arange(batch) % 1000
+    with forms(attention, ""):
+        fn, arrays = jitted(lambda m, x, t, y: m(x, t, y), model)
+        compiled = fn.lower(arrays, x, t, y).compile()
+        seconds = timed(lambda: compiled(arrays, x, t, y), 20)
+    macs = dit_forward_macs(hidden, depth, 256)
+    return dict(images_per_s=round(batch / seconds, 2), **utilisation(2 * macs * batch, xla_flops(compiled), seconds),
+                **memory(compiled))  # fmt: skip
+
+
+def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto"):
+    """`sample_dit` as DiT's sample.py: DDPM over `steps` respaced steps, guidance `cfg` on 3 channels, bf16
+    weights, one lax.scan."""
+    from eqxdiff.pretrained.dit_sampling import sample_dit
+
+    hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
+    batch, steps = (min(batch, 4), min(steps, 5)) if TINY else (batch, steps)
+    model = DiT(32, 2, 4, hidden, depth, heads, num_classes=1000, learn_sigma=True, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model)
+    labels = jnp.arange(batch) % 1000
+    noise = jnp.asarray(np.random.default_rng(0).normal(size=(batch, 32, 32, 4)), jnp.float32)
+    with forms(attention, ""):
+        run, arrays = jitted(lambda m, y, z, k: sample_dit(m, y, z, steps=steps, cfg_scale=cfg, key=k), model)
+        start = time.perf_counter()
+        compiled = run.lower(arrays, labels, noise, jax.random.key(1)).compile()
+        compile_s = time.perf_counter() - start
+        seconds = timed(lambda: compiled(arrays, labels, noise, jax.random.key(1)), 2)
+    evaluations = steps * batch * (2 if cfg > 1 else 1)
+    macs = dit_forward_macs(hidden, depth, 256)
+    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 3),
+                **utilisation(2 * macs * evaluations, xla_flops(compiled), seconds))  # fmt: skip
+
+
+def sd_forward(config="sd15", batch=8, attention="auto"):
+    """The SD 1.5 (or SDXL base) UNet's bf16 forward at its native latent size (64², 128²) with a text context."""
+    cfg = dict(SD15_UNET if config == "sd15" else SDXL_BASE_UNET)
+    if TINY:
+        cfg.update(block_out_channels=[32, 64] if config == "sd15" else [32, 64, 64], layers_per_block=1,
+                   sample_size=32, **({"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]}
+                                      if config != "sd15" else {}))  # fmt: skip
+        cfg.update(down_block_types=cfg["down_block_types"][: len(cfg["block_out_channels"])],
+                   up_block_types=cfg["up_block_types"][-len(cfg["block_out_channels"]):])  # fmt: skip
+        batch = 2
+    unet = SDUNet.from_config(cfg, key=jax.random.key(0))
+    unet = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, unet)
+    size = cfg["sample_size"]
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, size, size, 4)), jnp.bfloat16)
+    t = jnp.full((batch,), 500.0)
+    cond = sd_cond(unet, batch)
+    with forms(attention, ""):
+        fn, arrays = jitted(lambda m, x, t, c: m(x, t, c), unet)
+        start = time.perf_counter()
+        compiled = fn.lower(arrays, x, t, cond).compile()
+        compile_s = time.perf_counter() - start
+        seconds = timed(lambda: compiled(arrays, x, t, cond), 10)
+    peak = device_record()["peak_bf16_flops"]
+    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 2),
+                mfu_xla=round(xla_flops(compiled) / seconds / peak, 4), **memory(compiled))  # fmt: skip
+
+
+def sd_cond(unet, batch: int):
+    """A random text condition of the UNet's kind: SD's context, or SDXL's context, pooled vector and time ids."""
+    from eqxdiff.nn.sdxl_cond import SDXLCond
+    from eqxdiff.nn.text_cond import TextCond
+
+    config = json.loads(unet.config)
+    rng = np.random.default_rng(1)
+    context = jnp.asarray(rng.normal(size=(batch, 77, config["cross_attention_dim"])), jnp.bfloat16)
+    mask = jnp.ones((batch, 77), jnp.int32)
+    if config.get("addition_embed_type") != "text_time":
+        return TextCond(context, mask, None)
+    pooled_dim = config["projection_class_embeddings_input_dim"] - 6 * config["addition_time_embed_dim"]
+    pooled = jnp.asarray(rng.normal(size=(batch, pooled_dim)), jnp.bfloat16)
+    return SDXLCond(TextCond(context, mask, pooled), jnp.tile(jnp.array([[1024.0, 1024, 0, 0, 1024, 1024]]), (batch, 1)))
+
+
+CASES = {"dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
+RECORD = ["dit_train:size=XL,batch=32", "dit_train:size=B,batch=256", "dit_forward:size=XL,batch=256",
+          "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8"]  # fmt: skip
+
+
+def parse_case(text: str) -> tuple[str, dict]:
+    name, _, rest = text.partition(":")
+    if name not in CASES:
+        raise SystemExit(f"unknown case {name!r}; choose from {sorted(CASES)}")
+    kwargs = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = int(value) if value.lstrip("-").isdigit() else float(value) if _is_float(value) else value
+    return name, kwargs
+
+
+def _is_float(value: str) -> bool:
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv=None) -> None:
+    global TINY
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cases", nargs="*", default=RECORD, help="NAME[:key=value,...]; default: the record's")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes of every case (checks the programs on a CPU)")
+    parser.add_argument("--out", default="", help="also append each JSON line to this file")
+    args = parser.parse_args(argv)
+    TINY = args.tiny
+    record = device_record()
+    for text in args.cases:
+        name, kwargs = parse_case(text)
+        try:
+            result = CASES[name](**kwargs)
+        except Exception as e:  # one case's failure (e.g. out of memory) is its line, the others still run
+            result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        line = json.dumps({"bench": "tpu", "case": text, **record, **result})
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
