@@ -71,3 +71,12 @@ def test_bench_xla_cpu_option_sides_add_typed_options_to_the_shipped_set(monkeyp
         bench.side_options("option:xla_cpu_enable_fast_math")
     with pytest.raises(SystemExit, match="--cpu_devices"):
         bench.side_devices("devices:99")
+
+
+def test_the_tpu_benchmarks_dit_flops_are_the_papers():
+    """bench_tpu's model FLOPs: the DiT paper's Table 4 forward GFLOPs (multiply-adds) at 256² (32×32×4 latents,
+    patch 2, 256 tokens): S/2 6.06, B/2 23.01, L/2 80.71, XL/2 118.64 — counted from the shapes."""
+    bench = script_module("benchmarks/bench_tpu.py")
+    for size, paper in (("S", 6.06), ("B", 23.01), ("L", 80.71), ("XL", 118.64)):
+        hidden, depth, _ = bench.DIT_SIZES[size]
+        assert abs(bench.dit_forward_macs(hidden, depth, 256) / 1e9 - paper) < 0.03, size

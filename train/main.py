@@ -46,6 +46,7 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.codecs import Latents, Pixels
 from eqxdiff.nn import force_weight_normalization
+from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, REMAT_POLICIES, set_remat_policy
 from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -93,6 +94,7 @@ class Config(FineTuneFlags, Launch):
     model: str = "unet"  # the network, train/models.py
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
     remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
+    remat_policy: str = DEFAULT_REMAT_POLICY  # with --remat: what each block keeps for the backward pass (eqxdiff/nn/remat.py)
     fsdp_size: int = 1  # devices each parameter is split over (the mesh's 'fsdp' axis; the rest is 'data')
     fsdp_min_param_size: int = 2**12  # leaves with fewer elements are replicated
     # diffusion: the noise training draws, what the network predicts, classifier-free dropout
@@ -158,6 +160,7 @@ CHOICES = {
     "schedule": sorted(SCHEDULES),
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
+    "remat_policy": sorted(REMAT_POLICIES),
     "sample_method": METHODS,  # live: a sampler registered below (SAMPLERS["midpoint"] = ...) is a choice
     "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
@@ -288,6 +291,7 @@ def main(cfg: Config, features_fn=None) -> None:
     args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
+    set_remat_policy(cfg.remat_policy)  # read as the step traces each block
     make_model = tune.trained(functools.partial(build_model, args, cfg.remat, condition=condition))  # trained part
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
