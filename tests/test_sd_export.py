@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SDUNet
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.lora import LoRALinear, add_lora, map_layers, merge_lora
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 from eqxdiff.pretrained import save_diffusers, save_transformers
 
 DATA = Path(__file__).parent / "data"

@@ -29,7 +29,7 @@ from eqxdiff.nn.sd_unet_config import parse_config
 from eqxdiff.nn.sdxl_cond import SDXLCond
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.torch_weights import Place, load_safetensors
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 

@@ -21,7 +21,7 @@ from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.sd_unet import SDUNet
 from eqxdiff.pretrained.clip_export import save_transformers
-from eqxdiff.pretrained.model_folder import check_writable, write_json
+from eqxdiff.weights.model_folder import check_writable, write_json
 from eqxdiff.pretrained.sd_export import save_diffusers
 from eqxdiff.pretrained.sd_pipeline import SDPipeline
 
