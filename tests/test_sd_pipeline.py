@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eqxdiff.pretrained import load_sd
+from eqxdiff.sd import load_sd
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent

@@ -12,7 +12,7 @@ import pytest
 from safetensors import safe_open
 from test_sd_pipeline import CFG, NEGATIVE, PROMPTS, STEPS, TOLERANCE, assemble, nhwc, reference, relative
 
-from eqxdiff.pretrained import load_sd, save_pipeline
+from eqxdiff.sd import load_sd, save_pipeline
 
 UNET = "diffusion_pytorch_model.safetensors"
 

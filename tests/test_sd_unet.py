@@ -17,7 +17,8 @@ import pytest
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file, save_file
 
-from eqxdiff.nn import ClassLabelCond, SDUNet, SDXLCond, TextCond, sdxl_time_ids
+from eqxdiff.nn import ClassLabelCond, TextCond
+from eqxdiff.sd import SDUNet, SDXLCond, sdxl_time_ids
 from eqxdiff.nn.torch_weights import leaf_layouts
 from eqxdiff.weights.weight_files import weight_files
 from eqxdiff.sharding import make_mesh, placement, state_shardings
@@ -244,7 +245,7 @@ def test_bfloat16_parameters_run_in_bfloat16():
 def test_attention_in_query_blocks_is_the_same(monkeypatch):
     """Self- and cross-attention over more pixels than QUERY_CHUNK run in query blocks (a block's logits in cache at
     SD's 64x64 and larger latents): the same output as one block."""
-    from eqxdiff.nn import sd_unet_attention
+    from eqxdiff.sd import attention as sd_unet_attention
 
     ref = np.load(DATA / "sd2_like" / "reference.npz")  # only_cross_attention too: both attentions read the text
     unet = SDUNet.from_diffusers(DATA / "sd2_like")

@@ -46,7 +46,7 @@ def write(run_dir: Path, out: Path) -> None:
     from eqxdiff.data.tokenizer import WORD_SPECIALS
     from eqxdiff.data.tokenizer_files import save_tokenizer
     from eqxdiff.nn import AutoencoderKL
-    from eqxdiff.pretrained import load_sd, save_pipeline
+    from eqxdiff.sd import load_sd, save_pipeline
     from eqxdiff.sharding import make_mesh
 
     run = load_run(run_dir, mesh=make_mesh(1, devices=jax.devices()[:1]))

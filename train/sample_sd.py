@@ -1,5 +1,5 @@
 """train/sample.py --pretrained sd:FOLDER: a diffusers Stable Diffusion 1.x/2.x or XL pipeline folder (as
-`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.pretrained.load_sd`), one image per
+`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.sd.load_sd`), one image per
 prompt, as diffusers' pipeline makes them from the same noise.
 
     python train/sample.py --pretrained sd:stable-diffusion-v1-5/ --prompts "a photo of a cat" "a red car" \\
@@ -21,7 +21,7 @@ import numpy as np
 from startup import start_jax
 
 from eqxdiff.images import save_image_grid, to_uint8
-from eqxdiff.pretrained import load_sd
+from eqxdiff.sd import load_sd
 
 METHODS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 

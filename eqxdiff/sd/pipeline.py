@@ -25,9 +25,12 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
 from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
-from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SDUNet, SDXLCond, TextCond, sd_prompt_embeds, sdxl_time_ids
-from eqxdiff.pretrained.diffusers_scheduler import METHODS, DiffusersScheduler, scheduler_from_diffusers
-from eqxdiff.text.sdxl_prompts import SDXLPrompts
+from eqxdiff.nn import AutoencoderKL, CLIPTextModel, TextCond
+from eqxdiff.sd.prompt_embeds import sd_prompt_embeds
+from eqxdiff.sd.scheduler import METHODS, DiffusersScheduler, scheduler_from_diffusers
+from eqxdiff.sd.sdxl_cond import SDXLCond, sdxl_time_ids
+from eqxdiff.sd.sdxl_prompts import SDXLPrompts
+from eqxdiff.sd.unet import SDUNet
 
 PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
 SCHEDULER_OF_METHOD = {method: name for name, method in METHODS.items() if name != "PNDMScheduler"}
