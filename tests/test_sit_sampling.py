@@ -16,8 +16,7 @@ import pytest
 from eqxdiff.diffusion import samplers
 from eqxdiff.diffusion.samplers import Step, sample
 from eqxdiff.pretrained import load_sit, sample_sit, sit_denoiser
-from eqxdiff.pretrained.sit_dopri5 import first_step
-from eqxdiff.pretrained.sit_sampling import SDE_SAMPLERS, SiTVelocity, sit_sigmas, sit_time_grid
+from eqxdiff.pretrained.sit_sampling import SDE_SAMPLERS, SiTVelocity, first_step, sit_sigmas, sit_time_grid
 
 DATA = Path(__file__).parent / "data"
 CASES = json.loads((DATA / "sit_sampling" / "cases.json").read_text())

@@ -13,12 +13,11 @@ from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.dit import DiT, DiTBlock
-from eqxdiff.nn.edm2 import EDM2UNet
+from eqxdiff.nn.edm2 import EDM2UNet, MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.layers import (
     Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
-from eqxdiff.nn.mp_layers import MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond

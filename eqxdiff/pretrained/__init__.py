@@ -11,12 +11,11 @@ safetensors) as an eqxdiff `DiT`, without torch and without running anything the
 Stable Diffusion's pipelines, their schedulers and their export are eqxdiff.sd's.
 """
 
-from eqxdiff.pretrained.dit import load_dit
+from eqxdiff.pretrained.dit_checkpoints import load_dit
 from eqxdiff.pretrained.dit_export import save_dit
-from eqxdiff.pretrained.edm2 import load_edm2
+from eqxdiff.pretrained.edm2_checkpoints import load_edm2
 from eqxdiff.pretrained.dit_sampling import dit_schedule, sample_dit
-from eqxdiff.pretrained.sit import load_sit
-from eqxdiff.pretrained.sit_denoiser import sit_denoiser
+from eqxdiff.pretrained.sit import load_sit, sit_denoiser
 from eqxdiff.pretrained.sit_sampling import sample_sit
 
 __all__ = ["load_dit", "load_edm2", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "save_dit", "sit_denoiser"]
