@@ -86,7 +86,7 @@ def write(out: Path) -> None:
         ref = reference(family)
         micro = MICRO if family == "sdxl" else {}
         again = load_sd(folder)  # eqxdiff samples the folder it wrote
-        cases[f"pipeline/{family}"] = np.asarray(again.latents(PROMPTS, NEGATIVE, steps=STEPS, cfg=CFG,
+        cases[f"pipeline/{family}"] = np.asarray(again.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG,
                                                                initial_latents=nhwc(ref["latents"]), **micro))
         cases[f"pipeline/{family}/fixture"] = nhwc(ref["euler_latents" if family == "sdxl" else "ddim_latents"])
         cases[f"pipeline/{family}/initial"] = ref["latents"]

@@ -105,7 +105,7 @@ def write(run_dir: Path, out: Path) -> None:
     for model, pipe in pipes.items():
         for name, texts in prompts.items():
             for cfg in CFGS:
-                latents = pipe.latents(texts, steps=STEPS, cfg=cfg, initial_latents=noise)
+                latents = pipe.latents(texts, steps=STEPS, guidance=cfg, initial_latents=noise)
                 cases[f"eqxdiff_{model}_{name}_cfg{cfg}"] = np.asarray(latents)
     np.savez(out / "eqxdiff.npz", **cases)
     (out / "prompts.json").write_text(json.dumps({**prompts, "run_dir": str(run_dir)}))

@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> None:
             pipe = pipe.with_scheduler(args.method)
     except (ValueError, OSError) as e:  # another pipeline class, a missing part, an unported scheduler option
         raise SystemExit(f"--pretrained sd:{folder}: {e}") from e
-    latents = pipe.latents(args.prompts, negative, steps=args.steps, cfg=args.guidance, key=jax.random.key(args.seed))
+    latents = pipe.latents(args.prompts, negative, steps=args.steps, guidance=args.guidance, key=jax.random.key(args.seed))
     images = np.asarray(pipe.decode(latents))
     if Path(args.out).suffix == ".npz":
         np.savez(args.out, images=to_uint8(images), latents=np.asarray(latents), prompts=np.asarray(args.prompts))

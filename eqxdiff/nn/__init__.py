@@ -28,7 +28,8 @@ from eqxdiff.nn.upsample import nearest_upsample, nearest_upsample_conv
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
     "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "EDM2UNet",
-    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet",
+    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SelfAttention", "SpaceToDepth", "TextCond",
+    "TextConditioned", "TimestepEmbedding", "UNet",
     "force_weight_normalization", "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample",
     "nearest_upsample_conv", "normalize", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

@@ -240,29 +240,29 @@ SDE_SAMPLERS = {"euler": sde_euler, "heun": sde_heun}
 
 class SiTVelocity(eqx.Module):
     """SiT's network as the velocity v(x_τ, τ) its samplers integrate: `model.forward` (the first c
-    channels) on b rows, or with `cfg_scale` > 1 `forward_with_cfg` on the doubled batch of 2b rows."""
+    channels) on b rows, or with `guidance` > 1 `forward_with_cfg` on the doubled batch of 2b rows."""
 
     model: DiT
     labels: Int[Array, " rows"]
-    cfg_scale: float | None = eqx.field(static=True)
+    guidance: float | None = eqx.field(static=True)
     guided_channels: int | None = eqx.field(static=True)
 
-    def __init__(self, model: DiT, labels: Int[Array, " b"], cfg_scale: float = 1.0, guided_channels: int | None = 3):
+    def __init__(self, model: DiT, labels: Int[Array, " b"], guidance: float = 1.0, guided_channels: int | None = 3):
         self.model, self.guided_channels = model, guided_channels
-        if cfg_scale > 1:
-            self.cfg_scale, self.labels = float(cfg_scale), jnp.concatenate([labels, model.null_cond(labels.shape[0])])
+        if guidance > 1:
+            self.guidance, self.labels = float(guidance), jnp.concatenate([labels, model.null_cond(labels.shape[0])])
         else:
-            self.cfg_scale, self.labels = None, labels
+            self.guidance, self.labels = None, labels
 
     def __call__(self, x: Float[Array, "rows h w c"], tau: Float[Array, ""]) -> Float[Array, "rows h w c"]:
         t = jnp.full(x.shape[:1], tau, x.dtype)
-        if self.cfg_scale is None:
+        if self.guidance is None:
             return self.model(x, t, self.labels)[..., : x.shape[-1]]
         half = x[: x.shape[0] // 2]
         out = self.model(jnp.concatenate([half, half]), t, self.labels)[..., : x.shape[-1]]
         k = self.guided_channels or x.shape[-1]
         cond, uncond = jnp.split(out[..., :k], 2)
-        guided = uncond + self.cfg_scale * (cond - uncond)
+        guided = uncond + self.guidance * (cond - uncond)
         return jnp.concatenate([jnp.concatenate([guided, guided]), out[..., k:]], axis=-1)
 
 
@@ -289,7 +289,7 @@ def sample_sit(
     steps: int | None = None,
     method: str = "ode",
     sampler: str | None = None,
-    cfg_scale: float = 1.0,
+    guidance: float = 1.0,
     guided_channels: int | None = 3,
     key: PRNGKeyArray | None = None,
     atol: float = 1e-6,
@@ -309,7 +309,7 @@ def sample_sit(
     "linear", "decreasing"), `diffusion_norm`, `last_step` ("Mean", "Tweedie", "Euler" or None) and
     `last_step_size`; needs `key`, or `brownian`: the unit normals of each SDE step, [steps - 1 (steps
     without a last step), rows, h, w, c], rows = 2b with cfg). `steps` is SiT's --num-sampling-steps
-    (module docstring); dopri5 needs none. `cfg_scale` > 1 guides the first `guided_channels` latent
+    (module docstring); dopri5 needs none. `guidance` > 1 guides the first `guided_channels` latent
     channels as SiT's forward_with_cfg (None: all of them). Returns the samples at τ = 1, [b, h, w, c].
     """
     if method not in ("ode", "sde"):
@@ -322,10 +322,10 @@ def sample_sit(
         raise ValueError(
             f"noise must be [b, h, w, {model.in_channels}] (NHWC) and labels [b]; got {noise.shape}, {labels.shape}."
         )
-    if cfg_scale < 1:
-        raise ValueError(f"cfg_scale {cfg_scale}: SiT's sample_ddp.py asserts cfg_scale >= 1 (1: no guidance).")
-    velocity = SiTVelocity(model, labels, cfg_scale, guided_channels)
-    x = jnp.concatenate([noise, noise]) if velocity.cfg_scale is not None else noise
+    if guidance < 1:
+        raise ValueError(f"guidance {guidance}: SiT's sample_ddp.py asserts cfg_scale >= 1 (1: no guidance).")
+    velocity = SiTVelocity(model, labels, guidance, guided_channels)
+    x = jnp.concatenate([noise, noise]) if velocity.guidance is not None else noise
     if sampler == "dopri5":
         return dopri5(velocity, x, rtol, atol, max_steps)[: noise.shape[0]]
     if not isinstance(steps, int) or steps < 2:
