@@ -109,7 +109,7 @@ def child(path: str, dtype: str, min_size: int, sample_steps: int) -> dict:
         noise = jax.random.normal(jax.random.key(0), (1, model.image_size, model.image_size, model.in_channels))
         start = time.perf_counter()
         latents = np.asarray(sample_dit(model, jnp.array([207]), noise, steps=sample_steps, method="ddpm",
-                                        cfg_scale=1.5, key=jax.random.key(1)))  # fmt: skip
+                                        guidance=1.5, key=jax.random.key(1)))  # fmt: skip
         assert latents.shape == noise.shape and np.isfinite(latents).all() and latents.std() > 0
         sampled = dict(sample_steps=sample_steps, sample_s=time.perf_counter() - start, latents_std=float(latents.std()))
     return dict(dtype=dtype, baseline_mib=before / MIB, peak_mib=peak / MIB, load_s=seconds, **sampled,

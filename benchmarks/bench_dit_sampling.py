@@ -5,7 +5,7 @@ the torch peer (benchmarks/dit_sampling_torch_peer.py, in tools/.venv, a clone o
 builds DiT's `models.DiT` with every parameter moved off its init (seeded) and writes its state_dict as
 safetensors; eqxdiff loads that file with `load_dit`, so both sides run the SAME weights. Per model, both
 get the same x_T and labels, batch, respacing, method and cfg scale:
-- eqxdiff: `sample_dit(model, labels, noise, steps=, method=, cfg_scale=, key=)` (one lax.scan in one jit);
+- eqxdiff: `sample_dit(model, labels, noise, steps=, method=, guidance=, key=)` (one lax.scan in one jit);
   the first call (compile + run) reported apart, `xla_cpu.enable()` as the train scripts do;
 - torch: `create_diffusion(steps)`'s `p_sample_loop` / `ddim_sample_loop` on `forward_with_cfg` (the doubled
   batch, as DiT's sample.py; `forward` at cfg 1), `torch.set_num_threads(--threads)`, inference mode, one
@@ -60,7 +60,7 @@ def run_model(args, peer: TorchPeer, tmp: Path, name: str, config: dict, rng) ->
     key = jax.random.key(args.seed)
 
     def run():
-        return sample_dit(model, labels, noise, steps=args.steps, method=args.method, cfg_scale=args.cfg, key=key)
+        return sample_dit(model, labels, noise, steps=args.steps, method=args.method, guidance=args.cfg, key=key)
 
     start = time.perf_counter()
     ours = np.asarray(jax.block_until_ready(run()))

@@ -50,7 +50,8 @@ def main() -> None:
     import jax
     import optax
 
-    from eqxdiff.nn import SDUNet, TextCond
+    from eqxdiff.nn import TextCond
+    from eqxdiff.sd import SDUNet
     from eqxdiff.nn.lora import add_lora, partition_lora
 
     config = TINY if args.quick else FIFTH

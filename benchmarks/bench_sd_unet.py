@@ -115,7 +115,7 @@ def main() -> None:
     from eqxdiff import xla_cpu
 
     xla_cpu.enable(switches(args.xla_cpu))  # before JAX starts: YNNPACK's process flag
-    from eqxdiff.nn import SDUNet
+    from eqxdiff.sd import SDUNet
 
     config = SMALL if args.quick else SD15_UNET
     if args.quick:

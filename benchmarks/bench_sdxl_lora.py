@@ -53,7 +53,7 @@ def write_random_folder(config: dict, folder: Path, seed: int) -> dict:
     import ml_dtypes
     from safetensors.numpy import save_file
 
-    from eqxdiff.nn import SDUNet
+    from eqxdiff.sd import SDUNet
     from eqxdiff.nn.torch_weights import leaf_layouts
 
     start = time.perf_counter()
@@ -129,7 +129,8 @@ def main() -> None:
     import jax.numpy as jnp
     import optax
 
-    from eqxdiff.nn import SDUNet, SDXLCond, TextCond, sdxl_time_ids
+    from eqxdiff.nn import TextCond
+    from eqxdiff.sd import SDUNet, SDXLCond, sdxl_time_ids
     from eqxdiff.nn.lora import add_lora, partition_lora
     from eqxdiff.sharding import HEAD_LAYOUT_RULES, batch_sharding, make_mesh, state_shardings
     from harness import report

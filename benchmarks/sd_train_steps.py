@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqxdiff import xla_cpu
-from eqxdiff.pretrained.diffusers_scheduler import diffusers_alphas_cumprod
+from eqxdiff.sd.scheduler import diffusers_alphas_cumprod
 
 SD_SCHEDULER = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012, "num_train_timesteps": 1000}
 

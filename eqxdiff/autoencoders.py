@@ -32,7 +32,7 @@ from jax.sharding import Mesh
 from eqxdiff.local_copies import canonical, local_copy
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 from eqxdiff.sharding import Rule, placement
 
 PIXELS_PER_BATCH = 512 * 512  # auto batch: one 512² image, four 256² ones, 256 of 32² per VAE call

@@ -46,9 +46,9 @@ def generate(
     mesh: Mesh,
     steps: int,
     method: str = "heun",
-    cfg_scale: float = 1.0,
+    guidance: float = 1.0,
     null_cond: Any = None,
-    cfg_interval: tuple[float, float] | None = None,
+    guidance_interval: tuple[float, float] | None = None,
     weak_denoiser: Any = None,
     guide_scale: float = 1.0,
     seed: int = 0,
@@ -57,8 +57,8 @@ def generate(
     EMA) on a Karras grid of `steps` steps with sampler `method`.
 
     `cond`: a condition pytree of host arrays with `num` rows (labels `(num,)`, ...), or None
-    (unconditional). `cfg_scale` != 1 applies classifier-free guidance against `null_cond`
-    (default: `model.null_cond(num)`), only for σ in `cfg_interval` (σ_lo, σ_hi] if given. `weak_denoiser`
+    (unconditional). `guidance` != 1 applies classifier-free guidance against `null_cond`
+    (default: `model.null_cond(num)`), only for σ in `guidance_interval` (σ_lo, σ_hi] if given. `weak_denoiser`
     (`Denoiser(x, sigma, cond)` of a weaker model of the same task): autoguidance at `guide_scale` instead of
     classifier-free guidance, both models in the one sampler program. Every process must call it with the same
     arguments (the models may be sharded over all of them) and every process gets all the images.
@@ -66,13 +66,13 @@ def generate(
     to_global = functools.partial(global_rows, mesh=mesh)
     denoise = Denoiser(model, schedule, parameterization)
     if weak_denoiser is not None:
-        if cfg_scale != 1:
-            raise ValueError("Autoguidance (weak_denoiser) replaces classifier-free guidance: pass cfg_scale=1.")
+        if guidance != 1:
+            raise ValueError("Autoguidance (weak_denoiser) replaces classifier-free guidance: pass guidance=1.")
         denoise = AutoGuidance(denoise, weak_denoiser, guide_scale, jax.tree.map(to_global, cond))
     elif cond is not None:
-        null_cond = model.null_cond(num) if null_cond is None and cfg_scale != 1 else null_cond
+        null_cond = model.null_cond(num) if null_cond is None and guidance != 1 else null_cond
         cond, null_cond = jax.tree.map(to_global, (cond, null_cond))
-        denoise = ClassifierFreeGuidance(denoise, cond, cfg_scale, null_cond, interval=cfg_interval)
+        denoise = ClassifierFreeGuidance(denoise, cond, guidance, null_cond, interval=guidance_interval)
     sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
     noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
     out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
@@ -93,7 +93,7 @@ def generate_images(
     method: str = "heun",
     guidance: float = 1.0,
     null_cond: Any = None,
-    cfg_interval: tuple[float, float] | None = None,
+    guidance_interval: tuple[float, float] | None = None,
     weak_denoiser: Any = None,
     guide_scale: float = 1.0,
     seed: int = 0,
@@ -102,12 +102,11 @@ def generate_images(
     """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
     `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/codecs.py: pixels are the
     images themselves, the same array; latents go through the autoencoder, `tiling` "auto" | "on" |
-    "off"). `guidance`: `generate`'s `cfg_scale`, the classifier-free guidance scale (1: none); `cfg_interval`,
-    `weak_denoiser`, `guide_scale`: `generate`'s. Every
-    process calls it alike and gets all the images."""
+    "off"). `guidance` (the classifier-free guidance scale, 1: none), `guidance_interval`, `weak_denoiser`,
+    `guide_scale`: `generate`'s. Every process calls it alike and gets all the images."""
     drawn = generate(
         model, schedule, parameterization, cond, num, sample_shape, mesh=mesh, steps=steps, method=method,
-        cfg_scale=guidance, null_cond=null_cond, cfg_interval=cfg_interval, weak_denoiser=weak_denoiser,
+        guidance=guidance, null_cond=null_cond, guidance_interval=guidance_interval, weak_denoiser=weak_denoiser,
         guide_scale=guide_scale, seed=seed,
     )  # fmt: skip
     return codec.decode(drawn, mesh=mesh, tiling=tiling), drawn

@@ -15,9 +15,9 @@ import pytest
 from safetensors import safe_open
 
 from eqxdiff.nn import DiT
-from eqxdiff.nn.torch_pickle import read_torch_file
+from eqxdiff.weights.torch_pickle import read_torch_file
 from eqxdiff.pretrained import load_dit, save_dit
-from eqxdiff.pretrained.dit import OFFICIAL_SIZES
+from eqxdiff.pretrained.dit_checkpoints import OFFICIAL_SIZES
 from eqxdiff.pretrained.dit_export import official_state
 from eqxdiff.sharding import make_mesh, placement
 from models import MODELS  # train/models.py (conftest puts train/ on sys.path)

@@ -83,7 +83,7 @@ def test_the_network_sees_the_kept_timesteps():
 def test_ddim_equals_the_official_loop(model, steps, cfg_scale, cfg_channels):
     """ddim_sample_loop (eta 0) from the same x_T; guidance on DiT's 3 channels, and on all 4 (None)."""
     name = f"ddim_{steps}_cfg{cfg_scale}" + ("_all" if cfg_channels is None else "")
-    out = sample_dit(model, LABELS, NOISE, steps=steps, method="ddim", cfg_scale=cfg_scale, cfg_channels=cfg_channels)
+    out = sample_dit(model, LABELS, NOISE, steps=steps, method="ddim", guidance=cfg_scale, guided_channels=cfg_channels)
     assert relative_error(out, REF[name]) <= 1e-3  # measured ≤ 7e-5
 
 
@@ -110,10 +110,10 @@ def test_the_ddpm_loop_replaying_the_official_noise_is_p_sample_loop(model):
     """p_sample_loop at "25" steps and cfg 4 (sample.py's protocol but the step count), the unit noise of
     every step the one the official loop drew; a fresh key's noise gives another sample."""
     noises = jnp.asarray(REF["ddpm_25_noises"])
-    out = sample_dit(model, LABELS, NOISE, steps=25, method="ddpm", cfg_scale=4.0, noises=noises)
+    out = sample_dit(model, LABELS, NOISE, steps=25, method="ddpm", guidance=4.0, noises=noises)
     official = REF["ddpm_25_cfg4.0"]
     assert relative_error(out, official) <= 1e-3  # measured 4e-5
-    drawn = sample_dit(model, LABELS, NOISE, steps=25, method="ddpm", cfg_scale=4.0, key=jax.random.key(0))
+    drawn = sample_dit(model, LABELS, NOISE, steps=25, method="ddpm", guidance=4.0, key=jax.random.key(0))
     assert relative_error(drawn, official) > 0.05
 
 
@@ -133,8 +133,8 @@ def test_bad_arguments_name_the_fix(model):
         sample_dit(model, LABELS, NOISE, steps=10, method="heun")
     with pytest.raises(ValueError, match="pass key="):
         sample_dit(model, LABELS, NOISE, steps=10)
-    with pytest.raises(ValueError, match="cfg_channels=5"):
-        sample_dit(model, LABELS, NOISE, steps=10, method="ddim", cfg_channels=5)
+    with pytest.raises(ValueError, match="guided_channels=5"):
+        sample_dit(model, LABELS, NOISE, steps=10, method="ddim", guided_channels=5)
     with pytest.raises(ValueError, match=r"noise must be \[b, 8, 8, 4\]"):
         sample_dit(model, LABELS, NOISE[:, :4], steps=10, method="ddim")
     with pytest.raises(ValueError, match="noises .* per step"):
@@ -147,7 +147,7 @@ def test_sampling_compiles_once_per_shape_and_protocol(model):
     for seed in range(3):
         noise = jax.random.normal(jax.random.key(seed), NOISE.shape)
         labels = LABELS.at[0].set(seed)
-        sample_dit(model, labels, noise, steps="ddim5", method="ddpm", cfg_scale=1.5, key=jax.random.key(seed))
+        sample_dit(model, labels, noise, steps="ddim5", method="ddpm", guidance=1.5, key=jax.random.key(seed))
     assert eqx.debug.get_num_traces(samplers_module._sample_traced) - before == 1
 
 

@@ -30,7 +30,7 @@ from eqxdiff.nn import (
 )
 from eqxdiff.nn.torch_weights import leaf_layouts
 from eqxdiff.pretrained import load_edm2
-from eqxdiff.pretrained.edm2 import eqxdiff_name
+from eqxdiff.pretrained.edm2_checkpoints import eqxdiff_name
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adam_edm2, create_train_state, edm2_lr_schedule, make_train_step
 

@@ -28,11 +28,11 @@ from eqxdiff.conditions import EncodedText
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.local_copies import local_copy
-from eqxdiff.nn import SDUNet
+from eqxdiff.sd import SDUNet
 from eqxdiff.nn.lora import partition_lora
-from eqxdiff.nn.lora_files import load_lora
+from eqxdiff.sd.lora_files import load_lora
 from eqxdiff.paths import as_path
-from eqxdiff.pretrained import save_diffusers
+from eqxdiff.sd import save_diffusers
 from eqxdiff.sharding import make_mesh
 
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.

@@ -21,9 +21,9 @@ from test_finetune import captioned_latents
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.data.latents import LatentSource
-from eqxdiff.nn import SDUNet, SDXLCond
+from eqxdiff.sd import SDUNet, SDXLCond
 from eqxdiff.nn.lora import partition_lora
-from eqxdiff.nn.lora_files import load_lora
+from eqxdiff.sd.lora_files import load_lora
 from eqxdiff.text.sdxl_condition import SDXLText
 from eqxdiff.sharding import make_mesh
 

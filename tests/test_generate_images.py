@@ -37,7 +37,7 @@ def sampled(codec, sample_shape: tuple) -> tuple[tuple, dict]:
 def test_pixels_are_what_generate_draws():
     (model, *rest), kwargs = sampled(Pixels(), (4, 4, 1))
     images, drawn = generate_images(model, Pixels(), *rest, guidance=2.5, **kwargs)
-    expected = generate(model, *rest, cfg_scale=2.5, **kwargs)
+    expected = generate(model, *rest, guidance=2.5, **kwargs)
     np.testing.assert_array_equal(images, expected)
     assert drawn is images  # nothing to decode
     unguided, _ = generate_images(model, Pixels(), *rest, guidance=1.0, **kwargs)
@@ -50,7 +50,7 @@ def test_latents_are_decoded_by_the_autoencoder_from_what_generate_draws():
     assert isinstance(codec, Latents)
     (model, *rest), kwargs = sampled(codec, (4, 4, 16))
     images, drawn = generate_images(model, codec, *rest, guidance=2.5, tiling="off", **kwargs)
-    latents = generate(model, *rest, cfg_scale=2.5, **kwargs)
+    latents = generate(model, *rest, guidance=2.5, **kwargs)
     np.testing.assert_array_equal(drawn, latents)
     np.testing.assert_array_equal(images, decode_latents(codec.autoencoder, latents, mesh=mesh, tiling="off"))
     assert images.shape == (8, 8, 8, 3)  # the VAE's images, not the latents

@@ -97,3 +97,23 @@ def test_nn_and_diffusion_import_no_data_training_or_sharding():
     )
     assert "eqxdiff.nn.torch_weights" in modules and "eqxdiff.sharding" in modules
     assert not upward, "imports that point up (pass what they need in from the caller instead): " + "; ".join(upward)
+
+
+# The weight-file formats are the bottom layer (bytes on disk <-> numpy): networks, ports and loaders read
+# through them, so they read nothing of those. And nn/ holds networks any run uses: the Stable Diffusion
+# family (sd/) and the published checkpoints (pretrained/) build on it, never the other way.
+BELOW = {"eqxdiff.weights": ("eqxdiff",), "eqxdiff.nn": ("eqxdiff.sd", "eqxdiff.pretrained")}
+
+
+def test_weights_import_no_eqxdiff_and_nn_no_sd_or_pretrained():
+    modules = module_names()
+    assert "eqxdiff.weights.torch_pickle" in modules and "eqxdiff.sd.unet" in modules
+    upward = sorted(
+        f"{name} -> {target}"
+        for package, forbidden in BELOW.items()
+        for name, path in modules.items()
+        if under(name, (package,))
+        for target in imported(path, modules)
+        if under(target, forbidden) and not under(target, (package,))
+    )
+    assert not upward, "imports that point up: " + "; ".join(upward)

@@ -147,7 +147,7 @@ def pytorch_fid_legacy_pth(path: Path, state: dict[str, np.ndarray]) -> Path:
 
 
 def test_pytorch_fids_pth_loads_as_its_safetensors_copy(net, state, tmp_path):
-    """from_pytorch_fid reads pytorch-fid's .pth itself (eqxdiff.nn.torch_pickle): every leaf equals
+    """from_pytorch_fid reads pytorch-fid's .pth itself (eqxdiff.weights.torch_pickle): every leaf equals
     the one loaded from the safetensors copy of the same state_dict."""
     pth = pytorch_fid_legacy_pth(tmp_path / "pt_inception-2015-12-05-6726825d.pth", state)
     leaves = [jax.tree.leaves(eqx.filter(n, eqx.is_array)) for n in (InceptionV3.from_pytorch_fid(pth), net)]

@@ -13,9 +13,10 @@ import pytest
 from jax.sharding import PartitionSpec
 from safetensors.numpy import save_file
 
-from eqxdiff.nn import Dense, SDUNet, TextCond
+from eqxdiff.nn import Dense, TextCond
+from eqxdiff.sd import SDUNet
 from eqxdiff.nn.lora import LoRALinear, add_lora, layer_names, lora_filter, lora_layers, merge_lora, partition_lora
-from eqxdiff.nn.lora_files import load_lora, save_lora
+from eqxdiff.sd.lora_files import load_lora, save_lora
 from eqxdiff.sharding import make_mesh, state_shardings
 
 DATA = Path(__file__).parent / "data" / "sd_unet" / "sd1_like"

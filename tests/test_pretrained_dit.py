@@ -19,9 +19,9 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn import DiT
 from eqxdiff.nn.dit import layer_norm as dit_layer_norm
-from eqxdiff.nn.torch_pickle import Skipped, TorchFileError, read_torch_file
+from eqxdiff.weights.torch_pickle import Skipped, TorchFileError, read_torch_file
 from eqxdiff.pretrained import load_dit
-from eqxdiff.pretrained.dit import dit_config
+from eqxdiff.pretrained.dit_checkpoints import dit_config
 from official_fixtures import call, reference, safetensors_state  # tests/official_fixtures.py
 from official_fixtures import relative_errors as official_relative_errors
 

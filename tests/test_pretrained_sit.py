@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from eqxdiff.nn.torch_pickle import TorchFileError, read_torch_file
+from eqxdiff.weights.torch_pickle import TorchFileError, read_torch_file
 from eqxdiff.pretrained import load_sit
 from official_fixtures import call, reference, safetensors_state  # tests/official_fixtures.py
 from official_fixtures import relative_errors as official_relative_errors

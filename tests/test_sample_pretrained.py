@@ -53,9 +53,9 @@ def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
     noise_key, sampler_key = jax.random.split(chunk_key(3, 0))
     noise = jax.random.normal(noise_key, (8, 8, 8, 4))
     if family == "dit":
-        latents = sample_dit(load_dit(DIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ddpm", cfg_scale=2.0, key=sampler_key)
+        latents = sample_dit(load_dit(DIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ddpm", guidance=2.0, key=sampler_key)
     else:
-        latents = sample_sit(load_sit(SIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ode", sampler="heun", cfg_scale=2.0)
+        latents = sample_sit(load_sit(SIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ode", sampler="heun", guidance=2.0)
     want = decoded_as_sample_ddp(latents)
     assert np.abs(images[:8].astype(int) - want).max() <= 1  # one level: sharded vs one-device rounding at .5
     assert np.mean(images[:8] == want) > 0.99

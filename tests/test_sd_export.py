@@ -15,11 +15,12 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
-from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SDUNet
+from eqxdiff.nn import AutoencoderKL, CLIPTextModel
+from eqxdiff.sd import SDUNet
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.lora import LoRALinear, add_lora, map_layers, merge_lora
-from eqxdiff.nn.weight_files import weight_files
-from eqxdiff.pretrained import save_diffusers, save_transformers
+from eqxdiff.weights.weight_files import weight_files
+from eqxdiff.sd import save_diffusers, save_transformers
 
 DATA = Path(__file__).parent / "data"
 UNET = "diffusion_pytorch_model.safetensors"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eqxdiff.pretrained import load_sd
+from eqxdiff.sd import load_sd
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
@@ -102,7 +102,7 @@ def test_sd1_latents_equal_diffusers(sd1, case):
     ref = reference("sd1")
     scheduler, overrides, negative, cfg = SD1_CASES[case]
     pipe = sd1 if scheduler is None else sd1.with_scheduler(scheduler, **overrides)
-    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, cfg=cfg,
+    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=cfg,
                         initial_latents=nhwc(ref["latents"]))  # fmt: skip
     assert ours.shape == (2, 8, 8, 4)
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
@@ -121,7 +121,7 @@ def test_sdxl_latents_equal_diffusers(sdxl, case):
     ref = reference("sdxl")
     scheduler, negative, micro = SDXL_CASES[case]
     pipe = sdxl if scheduler is None else sdxl.with_scheduler(scheduler)
-    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, cfg=CFG,
+    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=CFG,
                         initial_latents=nhwc(ref["latents"]), **micro)  # fmt: skip
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
 
@@ -136,11 +136,11 @@ def test_the_cases_are_told_apart():
 
 
 def test_drawn_latents_and_images(sd1):
-    images = sd1.images(["a cat"], steps=2, cfg=3.0, key=jax.random.key(0), height=16, width=24)
+    images = sd1.images(["a cat"], steps=2, guidance=3.0, key=jax.random.key(0), height=16, width=24)
     assert images.shape == (1, 16, 24, 3) and np.isfinite(np.asarray(images)).all()
     # from the same initial latents, Euler ancestral's step noise comes from the key (Euler's does not exist)
     noise = np.asarray(jax.random.normal(jax.random.key(5), (1, 8, 8, 4)))
-    draw = lambda method, seed: np.asarray(sd1.latents(["a cat"], steps=3, cfg=3.0, initial_latents=noise,  # noqa: E731
+    draw = lambda method, seed: np.asarray(sd1.latents(["a cat"], steps=3, guidance=3.0, initial_latents=noise,  # noqa: E731
                                                        key=jax.random.key(seed), method=method))  # fmt: skip
     a = draw("euler_ancestral", 0)
     assert np.isfinite(a).all() and relative(draw("euler_ancestral", 1), a) > 0.1

@@ -12,7 +12,7 @@ import pytest
 from safetensors import safe_open
 from test_sd_pipeline import CFG, NEGATIVE, PROMPTS, STEPS, TOLERANCE, assemble, nhwc, reference, relative
 
-from eqxdiff.pretrained import load_sd, save_pipeline
+from eqxdiff.sd import load_sd, save_pipeline
 
 UNET = "diffusion_pytorch_model.safetensors"
 
@@ -49,7 +49,7 @@ def test_a_loaded_pipeline_saves_as_the_folder_diffusers_wrote(family, tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(weights(again), weights(pipe), strict=True))
     if family == "sd1":  # the saved folder samples diffusers' latents, as the source does (the same arrays)
         ref = reference("sd1")
-        sample = lambda p: np.asarray(p.latents(PROMPTS, NEGATIVE, steps=STEPS, cfg=CFG,  # noqa: E731
+        sample = lambda p: np.asarray(p.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG,  # noqa: E731
                                                 initial_latents=nhwc(ref["latents"])))  # fmt: skip
         ours = sample(again)
         assert relative(ours, nhwc(ref["ddim_latents"])) < TOLERANCE and np.array_equal(ours, sample(pipe))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eqxdiff.diffusion import Denoiser, VPSchedule
-from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
+from eqxdiff.sd.scheduler import scheduler_from_diffusers
 
 DATA = Path(__file__).parent / "data" / "sd_scheduler"
 CASES = json.loads((DATA / "cases.json").read_text())

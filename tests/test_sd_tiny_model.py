@@ -9,7 +9,7 @@ import jax
 import pytest
 from models import CONSTRUCTORS, MODELS  # train/models.py (conftest puts train/ on sys.path)
 
-from eqxdiff.nn import SDUNet
+from eqxdiff.sd import SDUNet
 
 
 def test_sd_tiny_is_a_diffusers_unet_for_the_runs_text():

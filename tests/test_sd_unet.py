@@ -17,9 +17,10 @@ import pytest
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file, save_file
 
-from eqxdiff.nn import ClassLabelCond, SDUNet, SDXLCond, TextCond, sdxl_time_ids
+from eqxdiff.nn import ClassLabelCond, TextCond
+from eqxdiff.sd import SDUNet, SDXLCond, sdxl_time_ids
 from eqxdiff.nn.torch_weights import leaf_layouts
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 from eqxdiff.sharding import make_mesh, placement, state_shardings
 
 DATA = Path(__file__).parent / "data" / "sd_unet"

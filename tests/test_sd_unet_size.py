@@ -14,8 +14,9 @@ import numpy as np
 
 from runs import script_module
 
-from eqxdiff.nn import SDUNet, TextCond
-from eqxdiff.nn.sd_unet_config import parse_config
+from eqxdiff.nn import TextCond
+from eqxdiff.sd import SDUNet
+from eqxdiff.sd.unet_config import parse_config
 from eqxdiff.sharding import make_mesh, state_shardings
 
 ROOT = Path(__file__).parent.parent

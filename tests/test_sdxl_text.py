@@ -18,9 +18,9 @@ from jax.sharding import PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from eqxdiff.nn import SDUNet, SDXLCond, SDXLTextEncoders, sd_prompt_embeds, sdxl_time_ids
+from eqxdiff.sd import SDUNet, SDXLCond, SDXLTextEncoders, sd_prompt_embeds, sdxl_time_ids
 from eqxdiff.sharding import make_mesh, placement, state_shardings
-from eqxdiff.text.sdxl_prompts import SDXLPrompts
+from eqxdiff.sd.sdxl_prompts import SDXLPrompts
 
 DATA = Path(__file__).parent / "data"
 FOLDER = DATA / "sdxl_text"

@@ -186,7 +186,7 @@ def test_head_layout_rules_split_attention_outputs_along_their_output_axis():
     import json
     from pathlib import Path
 
-    from eqxdiff.nn import SDUNet
+    from eqxdiff.sd import SDUNet
     from eqxdiff.nn.lora import add_lora
     from eqxdiff.sharding import HEAD_LAYOUT_RULES, output_axis_spec, state_shardings
 

@@ -16,8 +16,7 @@ import pytest
 from eqxdiff.diffusion import samplers
 from eqxdiff.diffusion.samplers import Step, sample
 from eqxdiff.pretrained import load_sit, sample_sit, sit_denoiser
-from eqxdiff.pretrained.sit_dopri5 import first_step
-from eqxdiff.pretrained.sit_sampling import SDE_SAMPLERS, SiTVelocity, sit_sigmas, sit_time_grid
+from eqxdiff.pretrained.sit_sampling import SDE_SAMPLERS, SiTVelocity, first_step, sit_sigmas, sit_time_grid
 
 DATA = Path(__file__).parent / "data"
 CASES = json.loads((DATA / "sit_sampling" / "cases.json").read_text())
@@ -39,7 +38,7 @@ def relative_error(ours, official) -> float:
 def settings(name: str) -> dict:
     """sample_sit's keywords for a fixture case (SiT's CLI names lower-cased)."""
     case = CASES[name]
-    kw = dict(method=case["mode"].lower(), sampler=case["sampling_method"].lower(), cfg_scale=case["cfg_scale"])
+    kw = dict(method=case["mode"].lower(), sampler=case["sampling_method"].lower(), guidance=case["cfg_scale"])
     if kw["sampler"] == "dopri5":
         return kw | dict(atol=case["atol"], rtol=case["rtol"])
     kw["steps"] = case["num_steps"]
@@ -76,7 +75,7 @@ def test_sde_step_by_step(model, name):
     sigmas = jnp.asarray(sit_sigmas(sit_time_grid(kw["steps"], "sde", kw["last_step"], kw["last_step_size"])))
     n = sigmas.shape[0] - 1
     assert n == xs.shape[0]
-    velocity = SiTVelocity(model, Y, kw["cfg_scale"])
+    velocity = SiTVelocity(model, Y, kw["guidance"])
     options = {k: kw[k] for k in ("diffusion_form", "diffusion_norm", "last_step")}
     options["brownian"] = jnp.asarray(kw["brownian"])
 
@@ -152,7 +151,7 @@ def test_sit_denoiser_runs_eqxdiffs_sigma_space_samplers(model):
 def test_sde_key_draws_what_brownian_replays(model):
     """With `key` each SDE step draws its normal from its own split of the key (eqxdiff's `sample`); passing
     those normals as `brownian` gives the same sample, and another key another one, without a new compile."""
-    kw = dict(method="sde", steps=6, cfg_scale=1.5)
+    kw = dict(method="sde", steps=6, guidance=1.5)
     key = jax.random.key(3)
     drawn = sample_sit(model, Y, Z, key=key, **kw)
     keys = jax.random.split(key, 6)  # 5 SDE steps and the last step
@@ -175,7 +174,7 @@ def test_sde_key_draws_what_brownian_replays(model):
         (dict(method="sde", steps=5, diffusion_form="constant", key=jax.random.key(0)), "Linear path runs"),
         (dict(method="sde", steps=5, last_step="Median", key=jax.random.key(0)), "SiT's are"),
         (dict(method="sde", steps=5, last_step_size=0.0, key=jax.random.key(0)), "from 1 - last_step_size to 1"),
-        (dict(cfg_scale=0.5), "cfg_scale >= 1"),
+        (dict(guidance=0.5), "cfg_scale >= 1"),
     ],
 )
 def test_errors_name_the_fix(model, kw, match):

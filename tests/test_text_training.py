@@ -60,7 +60,7 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
 
     def generate(*args, null_cond=None, **kwargs):
         nulls.append(null_cond)
-        scales.append(kwargs["cfg_scale"])
+        scales.append(kwargs["guidance"])
         return real_generate(*args, null_cond=null_cond, **kwargs)
 
     real_generate = eqxdiff.generate.generate  # what sample.py's generate_images samples with

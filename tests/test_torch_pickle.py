@@ -1,4 +1,4 @@
-"""eqxdiff.nn.torch_pickle against files torch.save wrote (tools/make_torch_pickle_fixtures.py): every
+"""eqxdiff.weights.torch_pickle against files torch.save wrote (tools/make_torch_pickle_fixtures.py): every
 tensor equal to torch's own, in both formats, with views and shared storages kept; files that name
 code (os.system, eval) refused by name without running it; tensors that point outside their storage
 refused. (InceptionV3 from pytorch-fid's .pth: tests/test_inception.py.)"""
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eqxdiff.nn.torch_pickle import TorchFileError, read_state_dict, read_torch_file
+from eqxdiff.weights.torch_pickle import TorchFileError, read_state_dict, read_torch_file
 
 DATA = Path(__file__).parent / "data" / "torch_pickle"
 REF = json.loads((DATA / "reference.json").read_text())

@@ -1,4 +1,4 @@
-"""eqxdiff.nn.torch_save: numpy state_dicts in torch's zip format, read back by eqxdiff's torch reader
+"""eqxdiff.weights.torch_save: numpy state_dicts in torch's zip format, read back by eqxdiff's torch reader
 (torch itself reads them in tools/check_dit_export.py, which torch.load-s save_dit's .pt files)."""
 
 import pickle
@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from eqxdiff.nn.torch_pickle import read_torch_file
-from eqxdiff.nn.torch_save import ALIGNMENT, _int, save_torch_state_dict
+from eqxdiff.weights.torch_pickle import read_torch_file
+from eqxdiff.weights.torch_save import ALIGNMENT, _int, save_torch_state_dict
 
 
 def test_a_state_dict_comes_back_as_written(tmp_path):

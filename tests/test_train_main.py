@@ -286,7 +286,7 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
     ])  # fmt: skip
     # The run's schedule, parameterization (σ_data 0.5: pixels) and guidance (--cfg_scale 1.5); sample.py's seed 0.
     expected = generate(ema, schedule_by_name("edm"), parameterization_by_name("edm", 0.5), labels, 8, (8, 8, 1),
-                        mesh=mesh, steps=2, method="euler", cfg_scale=1.5, seed=0)  # fmt: skip
+                        mesh=mesh, steps=2, method="euler", guidance=1.5, seed=0)  # fmt: skip
     np.testing.assert_array_equal(images, to_uint8(expected))
 
     with Image.open(tmp_path / "s.png") as png:

@@ -69,7 +69,7 @@ def write(out: Path) -> None:
         if model.learn_sigma:  # DiT's protocol samples learn_sigma DiTs (its create_diffusion's default)
             labels = y[:3]  # real classes only
             arrays[f"{name}/sampled"] = np.asarray(sample_dit(model, jnp.asarray(labels), jnp.asarray(x[:3]),
-                                                              steps=STEPS, method="ddim", cfg_scale=CFG))  # fmt: skip
+                                                              steps=STEPS, method="ddim", guidance=CFG))  # fmt: skip
         (out / f"{name}.json").write_text(json.dumps(official))
     np.savez(out / "cases.npz", **arrays)
     print(f"wrote {', '.join(cases)} to {out}")

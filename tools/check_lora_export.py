@@ -1,4 +1,4 @@
-"""Check `eqxdiff.nn.lora_files.save_lora` against diffusers: `StableDiffusionPipeline.load_lora_weights` reads
+"""Check `eqxdiff.sd.lora_files.save_lora` against diffusers: `StableDiffusionPipeline.load_lora_weights` reads
 the file eqxdiff wrote into the pipeline's UNet (the SD 1.x-like fixture, tests/data/sd_unet/sd1_like), and the
 UNet's output is compared with eqxdiff's on the same inputs. Two halves, two venvs:
 
@@ -30,9 +30,10 @@ def write(out: Path) -> None:
     import jax
     import jax.numpy as jnp
 
-    from eqxdiff.nn import SDUNet, TextCond
+    from eqxdiff.nn import TextCond
+    from eqxdiff.sd import SDUNet
     from eqxdiff.nn.lora import add_lora, lora_layers
-    from eqxdiff.nn.lora_files import save_lora
+    from eqxdiff.sd.lora_files import save_lora
 
     ref = {k: jnp.asarray(v) for k, v in np.load(BASE / "reference.npz").items()}
     unet = SDUNet.from_diffusers(BASE)

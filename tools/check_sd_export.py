@@ -1,4 +1,4 @@
-"""Check `eqxdiff.pretrained.save_diffusers` / `save_pipeline` against diffusers: the folders eqxdiff writes are
+"""Check `eqxdiff.sd.save_diffusers` / `save_pipeline` against diffusers: the folders eqxdiff writes are
 loaded by diffusers' `UNet2DConditionModel.from_pretrained`, `AutoencoderKL.from_pretrained`,
 `StableDiffusionPipeline.from_pretrained` and `StableDiffusionXLPipeline.from_pretrained`, and their outputs
 compared with eqxdiff's on the same inputs. Two halves, two venvs:
@@ -42,8 +42,9 @@ def write(out: Path) -> None:
     from test_sd_pipeline import assemble, nhwc, reference
     from test_sd_unet import cond_of
 
-    from eqxdiff.nn import AutoencoderKL, SDUNet
-    from eqxdiff.pretrained import load_sd, save_diffusers, save_pipeline
+    from eqxdiff.nn import AutoencoderKL
+    from eqxdiff.sd import SDUNet
+    from eqxdiff.sd import load_sd, save_diffusers, save_pipeline
 
     def moved(model, seed: int):  # every weight moved by 10% of its leaf's spread (or 0.01 for a constant leaf)
         params, static = eqx.partition(model, eqx.is_array)
@@ -85,7 +86,7 @@ def write(out: Path) -> None:
         ref = reference(family)
         micro = MICRO if family == "sdxl" else {}
         again = load_sd(folder)  # eqxdiff samples the folder it wrote
-        cases[f"pipeline/{family}"] = np.asarray(again.latents(PROMPTS, NEGATIVE, steps=STEPS, cfg=CFG,
+        cases[f"pipeline/{family}"] = np.asarray(again.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG,
                                                                initial_latents=nhwc(ref["latents"]), **micro))
         cases[f"pipeline/{family}/fixture"] = nhwc(ref["euler_latents" if family == "sdxl" else "ddim_latents"])
         cases[f"pipeline/{family}/initial"] = ref["latents"]

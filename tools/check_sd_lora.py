@@ -94,8 +94,8 @@ def write(run_dir: Path, out: Path) -> None:
     """eqxdiff's side (the main venv): the base and the LoRA'd pipeline sample both prompt sets."""
     import jax
 
-    from eqxdiff.nn.lora_files import load_lora
-    from eqxdiff.pretrained import load_sd
+    from eqxdiff.sd.lora_files import load_lora
+    from eqxdiff.sd import load_sd
 
     base = load_sd(out / "pipeline")
     pipes = {"base": base, "lora": dataclasses.replace(base, unet=load_lora(base.unet, run_dir / "lora"))}
@@ -105,7 +105,7 @@ def write(run_dir: Path, out: Path) -> None:
     for model, pipe in pipes.items():
         for name, texts in prompts.items():
             for cfg in CFGS:
-                latents = pipe.latents(texts, steps=STEPS, cfg=cfg, initial_latents=noise)
+                latents = pipe.latents(texts, steps=STEPS, guidance=cfg, initial_latents=noise)
                 cases[f"eqxdiff_{model}_{name}_cfg{cfg}"] = np.asarray(latents)
     np.savez(out / "eqxdiff.npz", **cases)
     (out / "prompts.json").write_text(json.dumps({**prompts, "run_dir": str(run_dir)}))

@@ -46,7 +46,7 @@ def write(run_dir: Path, out: Path) -> None:
     from eqxdiff.data.tokenizer import WORD_SPECIALS
     from eqxdiff.data.tokenizer_files import save_tokenizer
     from eqxdiff.nn import AutoencoderKL
-    from eqxdiff.pretrained import load_sd, save_pipeline
+    from eqxdiff.sd import load_sd, save_pipeline
     from eqxdiff.sharding import make_mesh
 
     run = load_run(run_dir, mesh=make_mesh(1, devices=jax.devices()[:1]))
@@ -61,7 +61,7 @@ def write(run_dir: Path, out: Path) -> None:
     noise = np.asarray(jax.random.normal(jax.random.key(SEED), (len(prompts), 8, 16, 1)))
     cases = {"noise": noise, "digits": digits}
     for cfg in CFGS:
-        cases[f"eqxdiff_cfg{cfg}"] = np.asarray(pipe.latents(prompts, steps=STEPS, cfg=cfg, initial_latents=noise))
+        cases[f"eqxdiff_cfg{cfg}"] = np.asarray(pipe.latents(prompts, steps=STEPS, guidance=cfg, initial_latents=noise))
     np.savez(out / "eqxdiff.npz", **cases)
     (out / "prompts.json").write_text(json.dumps({"prompts": prompts, "run_dir": str(run_dir), "step": run.step}))
     print(f"exported step {run.step} of {run_dir} to {folder}; eqxdiff's samples in {out / 'eqxdiff.npz'}")

@@ -1,6 +1,6 @@
 """pytorch-fid's FID Inception weights (a pickled state_dict, `pt_inception-2015-12-05-6726825d.pth`)
 -> a safetensors file with the same keys, dtypes and values. eqxdiff does not need it: it reads the .pth
-itself (eqxdiff.nn.torch_pickle, tensors only); this copy is for tools that want safetensors, and the
+itself (eqxdiff.weights.torch_pickle, tensors only); this copy is for tools that want safetensors, and the
 torch-side check of tools/make_fid_fixtures.py.
 
     tools/.venv/bin/python tools/convert_pytorch_fid.py \

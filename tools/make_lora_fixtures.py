@@ -1,4 +1,4 @@
-"""Write the LoRA fixtures of `eqxdiff.nn.lora_files.load_lora` under tests/data/lora/<case>/: diffusers/PEFT
+"""Write the LoRA fixtures of `eqxdiff.sd.lora_files.load_lora` under tests/data/lora/<case>/: diffusers/PEFT
 adapters on the SD 1.x-like UNet fixture (tests/data/sd_unet/sd1_like), saved by diffusers' own
 `StableDiffusionPipeline.save_lora_weights` (pytorch_lora_weights.safetensors), and reference.npz with the
 UNet's output with the LoRA on, on that fixture's inputs (NHWC float32: `out`).

@@ -1,4 +1,4 @@
-"""Write the parity fixtures of `eqxdiff.nn.SDUNet` with diffusers' `UNet2DConditionModel` under
+"""Write the parity fixtures of `eqxdiff.sd.SDUNet` with diffusers' `UNet2DConditionModel` under
 tests/data/sd_unet/<family>/: small seeded random configs of the Stable Diffusion families (SD 1.x, 2.x,
 XL, and the x4 upscaler's and 2.x unCLIP's class embeddings), saved by diffusers' own `save_pretrained`
 (config.json + diffusion_pytorch_model.safetensors; `sd1_like` also as the `fp16` variant, `sdxl_like` in

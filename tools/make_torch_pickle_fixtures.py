@@ -1,5 +1,5 @@
 """Write tests/data/torch_pickle/: torch files written by torch.save, for tests/test_torch_pickle.py
-(eqxdiff.nn.torch_pickle reads them without torch).
+(eqxdiff.weights.torch_pickle reads them without torch).
 
 - `state_dict.pth` (zip format) and `state_dict_legacy.pth` (`_use_new_zipfile_serialization=False`):
   one OrderedDict holding a Conv2d's own state_dict (with its `_metadata`), float32 / float16 /

@@ -22,7 +22,7 @@ def write_sample_grid(step: int, state, *, cfg, codec, condition, schedule, para
     images, _ = generate_images(
         state.ema, codec, schedule, parameterization, cond, len(rows) * 10, sample_shape, mesh=mesh,
         steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale, null_cond=null_cond,
-        cfg_interval=parse_interval(cfg.cfg_interval), seed=cfg.seed + step,
+        guidance_interval=parse_interval(cfg.cfg_interval), seed=cfg.seed + step,
     )  # fmt: skip
     if jax.process_index() == 0:
         path = save_image_grid(as_path(cfg.run_dir) / "samples" / f"step_{step:06d}.png", images, ncols=10, upscale=4,
@@ -56,7 +56,7 @@ def evaluate_fid(step: int, state, *, cfg, codec, condition, schedule, parameter
         images, _ = generate_images(
             state.ema, codec, schedule, parameterization, jax.tree.map(lambda a: a[rows], cond), cfg.batch_size,
             sample_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale,
-            null_cond=null_cond, cfg_interval=parse_interval(cfg.cfg_interval), seed=chunk_seed(cfg.seed, start),
+            null_cond=null_cond, guidance_interval=parse_interval(cfg.cfg_interval), seed=chunk_seed(cfg.seed, start),
         )  # fmt: skip
         return to_uint8(images[:size])
 

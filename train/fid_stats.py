@@ -6,7 +6,7 @@ features (pytorch-fid's network and weights), written as the .npz pytorch-fid re
     python train/fid_stats.py --dataset digits --inception pt_inception-2015-12-05-6726825d.pth --out runs/digits_fid.npz
 
 --inception is pytorch-fid's pt_inception-2015-12-05-6726825d.pth as downloaded (read as tensors
-only, eqxdiff.nn.torch_pickle: nothing in the file runs), or a .safetensors copy of it.
+only, eqxdiff.weights.torch_pickle: nothing in the file runs), or a .safetensors copy of it.
 
 Every example of the source goes through the network once, as uint8 RGB at the dataset's size
 (grayscale repeated to three channels; the network resizes as pytorch-fid's does). Each process

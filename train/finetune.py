@@ -8,7 +8,7 @@ the frozen text tower (--text_encoder: its text_encoder/; an SDXL folder's is th
 tokenizers and size/crop time_ids train/run_condition.py makes the run's condition, eqxdiff/text/sdxl_condition.py),
 the data (--dataset latents:DIR encoded by train/encode.py with its vae/; a folder without vae/ is a pixel-space
 UNet, trained on images of its in_channels) and the noise (its scheduler config: SD 1.x's ε-prediction on the
-scaled_linear VP schedule, eqxdiff/pretrained/diffusers_scheduler.py, in place of --schedule and
+scaled_linear VP schedule, eqxdiff/sd/scheduler.py, in place of --schedule and
 --parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
 
 With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradient) is the adapters alone; the base
@@ -31,11 +31,11 @@ from tqdm import tqdm
 
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.local_copies import upload
-from eqxdiff.nn import SDUNet
+from eqxdiff.sd import SDUNet
 from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
-from eqxdiff.nn.lora_files import save_lora
+from eqxdiff.sd.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url
-from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
+from eqxdiff.sd.scheduler import scheduler_from_diffusers
 from eqxdiff.text.sdxl_condition import is_sdxl_folder
 from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
 from eqxdiff.training.state import state_around

@@ -4,7 +4,8 @@ trained with the model). Used by train/main.py and train/sample.py."""
 
 import json
 
-from eqxdiff.nn import DiT, EDM2UNet, SDUNet, UNet
+from eqxdiff.nn import DiT, EDM2UNet, UNet
+from eqxdiff.sd import SDUNet
 
 
 def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim: int = 0, num_classes: int = 0):

@@ -199,7 +199,7 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
         sample_images = functools.partial(
             generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
             mesh=mesh, steps=args.steps, method=how.method, guidance=how.guidance, null_cond=null_cond,
-            cfg_interval=parse_interval(how.cfg_interval),
+            guidance_interval=parse_interval(how.cfg_interval),
         )  # fmt: skip
         image_shape = run.codec.image_shape(run.image_shape)
         opened = opened or open_fid_flags(how, image_shape, features_fn, run.image_dataset)  # one network, one read

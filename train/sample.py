@@ -286,7 +286,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     sample_images = functools.partial(
         generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
         mesh=mesh, steps=args.steps, method=args.method, guidance=args.guidance, null_cond=null_cond,
-        cfg_interval=parse_interval(args.cfg_interval), weak_denoiser=weak_denoiser,
+        guidance_interval=parse_interval(args.cfg_interval), weak_denoiser=weak_denoiser,
         guide_scale=args.guide_scale or 1.0, tiling=args.vae_tiling,
     )  # fmt: skip
 

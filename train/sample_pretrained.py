@@ -79,12 +79,12 @@ def latents_fn(family: str, model, args: argparse.Namespace):
     """(labels [b], x_T [b, s, s, c]) -> latents, one jitted program (the sampler's own scan inside)."""
     if family == "dit":
         def run(model, labels, noise, key):
-            return sample_dit(model, labels, noise, steps=args.steps, method=args.method, cfg_scale=args.guidance,
+            return sample_dit(model, labels, noise, steps=args.steps, method=args.method, guidance=args.guidance,
                               key=key)  # fmt: skip
     else:
         def run(model, labels, noise, key):
             return sample_sit(model, labels, noise, steps=args.steps, method=args.method, sampler=args.sampler,
-                              cfg_scale=args.guidance, key=key)  # fmt: skip
+                              guidance=args.guidance, key=key)  # fmt: skip
     return eqx.filter_jit(run)
 
 

@@ -1,5 +1,5 @@
 """train/sample.py --pretrained sd:FOLDER: a diffusers Stable Diffusion 1.x/2.x or XL pipeline folder (as
-`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.pretrained.load_sd`), one image per
+`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.sd.load_sd`), one image per
 prompt, as diffusers' pipeline makes them from the same noise.
 
     python train/sample.py --pretrained sd:stable-diffusion-v1-5/ --prompts "a photo of a cat" "a red car" \\
@@ -21,7 +21,7 @@ import numpy as np
 from startup import start_jax
 
 from eqxdiff.images import save_image_grid, to_uint8
-from eqxdiff.pretrained import load_sd
+from eqxdiff.sd import load_sd
 
 METHODS = ("ddim", "euler", "euler_ancestral", "dpmpp_2m")
 
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> None:
             pipe = pipe.with_scheduler(args.method)
     except (ValueError, OSError) as e:  # another pipeline class, a missing part, an unported scheduler option
         raise SystemExit(f"--pretrained sd:{folder}: {e}") from e
-    latents = pipe.latents(args.prompts, negative, steps=args.steps, cfg=args.guidance, key=jax.random.key(args.seed))
+    latents = pipe.latents(args.prompts, negative, steps=args.steps, guidance=args.guidance, key=jax.random.key(args.seed))
     images = np.asarray(pipe.decode(latents))
     if Path(args.out).suffix == ".npz":
         np.savez(args.out, images=to_uint8(images), latents=np.asarray(latents), prompts=np.asarray(args.prompts))

@@ -8,7 +8,7 @@ padding out of the mean (`count_include_pad=False`), and Mixed_7c's pool branch 
 Preprocessing is pytorch-fid's: /255, a bilinear resize to 299×299 (`F.interpolate`,
 align_corners=False, no antialiasing), then 2x - 1. Field names are torchvision's, so leaf paths
 are the state_dict keys of pytorch-fid's weights (pt_inception-2015-12-05-6726825d.pth, read as it is
-downloaded by eqxdiff.nn.torch_pickle: tensors only, nothing in the file runs; or a safetensors copy).
+downloaded by eqxdiff.weights.torch_pickle: tensors only, nothing in the file runs; or a safetensors copy).
 """
 
 import math

@@ -1,6 +1,6 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
-transformers' CLIP text towers (and the prompt embeddings SD and SDXL take from them), diffusers' Stable
-Diffusion UNet (SD 1.x/2.x/XL), EDM2's magnitude-preserving UNet and an exact space-to-depth "autoencoder".
+transformers' CLIP text towers, EDM2's magnitude-preserving UNet and an exact space-to-depth "autoencoder".
+Stable Diffusion's UNet and prompt embeddings are eqxdiff.sd's.
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
 `model(x[b,h,w,c], t[b], cond, *, key=None) -> [b,h,w,c]`, `cond` any pytree of batch-first
@@ -13,16 +13,12 @@ from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.dit import DiT, DiTBlock
-from eqxdiff.nn.edm2 import EDM2UNet
+from eqxdiff.nn.edm2 import EDM2UNet, MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.layers import (
     Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
     sincos_pos_embed_2d, timestep_embedding, zero_init,
 )  # fmt: skip
-from eqxdiff.nn.mp_layers import MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
-from eqxdiff.nn.sd_unet import SDUNet
-from eqxdiff.nn.sd_text import SDXLTextEncoders, sd_prompt_embeds
-from eqxdiff.nn.sdxl_cond import SDXLCond, sdxl_time_ids
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.text_conditioned import TextConditioned
@@ -32,9 +28,8 @@ from eqxdiff.nn.upsample import nearest_upsample, nearest_upsample_conv
 __all__ = [
     "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
     "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "EDM2UNet",
-    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SDUNet", "SDXLCond", "SDXLTextEncoders",
-    "SelfAttention", "SpaceToDepth", "TextCond", "TextConditioned", "TimestepEmbedding", "UNet",
+    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SelfAttention", "SpaceToDepth", "TextCond",
+    "TextConditioned", "TimestepEmbedding", "UNet",
     "force_weight_normalization", "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample",
-    "nearest_upsample_conv", "normalize", "null_cond_of", "sd_prompt_embeds", "sdxl_time_ids",
-    "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
+    "nearest_upsample_conv", "normalize", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
 ]  # fmt: skip

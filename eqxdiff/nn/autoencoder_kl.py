@@ -24,7 +24,7 @@ from eqxdiff.nn.layers import Conv2d, GroupNorm
 from eqxdiff.nn.ldm_vae import config_from_shapes, diffusers_name, vae_prefix
 from eqxdiff.nn.torch_weights import Place, load_safetensors
 from eqxdiff.nn.vae_blocks import EPS, DownEncoderBlock, MidBlock, UpDecoderBlock
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 # diffusers' AutoencoderKL.__init__ defaults, for fields a config.json leaves out.

@@ -22,7 +22,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import Dense, Embedding, layer_norm
 from eqxdiff.nn.torch_weights import Place, load_safetensors
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 
 WEIGHTS_FILE = "model.safetensors"
 PREFIX = "text_model."

@@ -17,7 +17,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from eqxdiff.nn.clip_text import BUFFERS, PREFIX, WEIGHTS_FILE, CLIPTextModel, parse_config, text_config
 from eqxdiff.nn.layers import Dense
 from eqxdiff.nn.torch_weights import Place, load_safetensors
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 
 PROJECTION_DIM = 512  # transformers' CLIPTextConfig default
 # A full CLIPModel's keys outside the text tower and its head: left unread.

@@ -1,5 +1,12 @@
-"""EDM2's magnitude-preserving U-Net (Karras et al. 2024, Fig. 21; NVlabs/edm2 training/networks_edm2.py),
-channels-last, under eqxdiff's model contract, with its uncertainty (`logvar`) head.
+"""EDM2's magnitude-preserving U-Net (Karras et al. 2024, "Analyzing and Improving the Training Dynamics of
+Diffusion Models", Fig. 21; NVlabs/edm2 training/networks_edm2.py), channels-last, under eqxdiff's model
+contract, with its uncertainty (`logvar`) head. One file in networks_edm2.py's order: the magnitude-preserving
+layers, the block, the U-Net.
+
+The layers (App. B) keep unit-variance inputs at unit variance: `mp_silu` (eq. 81), `mp_sum` (eq. 88), `mp_cat`
+(eq. 103), `MPFourier` (eq. 75) and `MPConv`, a convolution or linear layer without bias whose weight is
+normalised to unit norm per output channel in every forward pass (eq. 47) and, during training, also in storage
+after every optimizer step (forced weight normalisation, eq. 66: `force_weight_normalization`).
 
 EDM2's `Precond` is eqxdiff's `Denoiser(EDM2UNet, EDMSchedule(), EDMPreconditioning(sigma_data))`: the same
 c_skip, c_out, c_in, and the network's time t is the schedule's `sigma_to_t`, c_noise = ln(σ)/4. The
@@ -7,6 +14,7 @@ Precond's own parameters, the logvar head (`logvar_fourier`, `logvar_linear`: u(
 as `EDM2UNet.logvar(t)`, read by the training loss (`eqxdiff.diffusion.uncertainty_weighted`).
 """
 
+import math
 from typing import ClassVar
 
 import equinox as eqx
@@ -15,9 +23,170 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from eqxdiff.nn.edm2_block import EDM2Block
-from eqxdiff.nn.mp_layers import MPConv, MPFourier, mp_cat, mp_silu, mp_sum
 from eqxdiff.nn.remat import checkpointed
+from eqxdiff.nn.upsample import nearest_upsample
+
+
+def normalize(x: Array, axis: int | tuple[int, ...] | None = None, eps: float = 1e-4) -> Array:
+    """x / (eps + ‖x‖/sqrt(n)) over `axis` (default: all but the first), n the elements per norm: unit RMS.
+    The norm is taken in float32 whatever x's dtype (networks_edm2.py's `normalize`)."""
+    axis = tuple(range(1, x.ndim)) if axis is None else axis
+    axis = (axis,) if isinstance(axis, int) else axis
+    norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axis, keepdims=True))
+    n = math.prod(x.shape[a] for a in axis)
+    return x / (eps + norm / math.sqrt(n)).astype(x.dtype)
+
+
+def resample(x: Float[Array, "b h w c"], mode: str) -> Array:
+    """EDM2's `resample` with its [1, 1] filter: 'down' averages 2×2 blocks, 'up' repeats each pixel 2×2."""
+    if mode == "keep":
+        return x
+    b, h, w, c = x.shape
+    if mode == "down":
+        return x.reshape(b, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+    return nearest_upsample(x)
+
+
+def mp_silu(x: Array) -> Array:
+    """SiLU scaled back to unit variance for unit-normal input (eq. 81)."""
+    return jax.nn.silu(x) / 0.596
+
+
+def mp_sum(a: Array, b: Array, t: float = 0.5) -> Array:
+    """(1 - t)·a + t·b, rescaled to unit variance for independent unit-variance a, b (eq. 88)."""
+    return (a + t * (b - a)) / math.sqrt((1 - t) ** 2 + t**2)
+
+
+def mp_cat(a: Array, b: Array, t: float = 0.5) -> Array:
+    """[a, b] along channels, weighted (1 - t) : t and scaled to keep unit variance (eq. 103)."""
+    na, nb = a.shape[-1], b.shape[-1]
+    c = math.sqrt((na + nb) / ((1 - t) ** 2 + t**2))
+    return jnp.concatenate([c / math.sqrt(na) * (1 - t) * a, c / math.sqrt(nb) * t * b], axis=-1)
+
+
+class MPFourier(eqx.Module):
+    """cos(2π(f·x) + φ)·sqrt(2) with fixed random frequencies f ~ N(0, bandwidth²) and phases φ ~ U[0, 1)
+    (eq. 75): float[b] -> float[b, n]. `freqs` and `phases` are constants (EDM2's buffers): no gradient
+    reaches them, so Adam without weight decay (EDM2's, --lr_ref_steps) never moves them; AdamW's decoupled
+    decay would shrink them by lr·wd a step."""
+
+    freqs: Float[Array, " n"]  # 2π·f
+    phases: Float[Array, " n"]  # 2π·φ
+
+    def __init__(self, num_channels: int, bandwidth: float = 1.0, *, key: PRNGKeyArray):
+        key_f, key_p = jax.random.split(key)
+        self.freqs = 2 * np.pi * jax.random.normal(key_f, (num_channels,)) * bandwidth
+        self.phases = 2 * np.pi * jax.random.uniform(key_p, (num_channels,))
+
+    def __call__(self, x: Float[Array, " b"]) -> Float[Array, "b n"]:
+        freqs, phases = jax.lax.stop_gradient((self.freqs, self.phases))
+        y = x.astype(jnp.float32)[:, None] * freqs.astype(jnp.float32) + phases.astype(jnp.float32)
+        return (jnp.cos(y) * math.sqrt(2)).astype(x.dtype)
+
+
+class MPConv(eqx.Module):
+    """A magnitude-preserving convolution (weight [out, in, k, k], "same" padding, NHWC input) or linear layer
+    (weight [out, in]): the weight normalised per output channel, times gain/sqrt(fan-in) (eq. 47), no bias.
+    The weight keeps PyTorch's layout, so EDM2's state_dict loads as it is."""
+
+    weight: Float[Array, "out in *kernel"]
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: tuple[int, ...], *, key: PRNGKeyArray):
+        # Stored normalised from the start: EDM2 normalises it in storage at its first training forward.
+        self.weight = normalize(jax.random.normal(key, (out_channels, in_channels, *kernel)))
+
+    def __call__(self, x: Array, gain: float | Array = 1.0) -> Array:
+        w = normalize(self.weight.astype(jnp.float32))  # traditional weight normalisation
+        w = (w * (gain / math.sqrt(math.prod(w.shape[1:])))).astype(x.dtype)  # magnitude-preserving scale
+        if w.ndim == 2:
+            return x @ w.T
+        pad = w.shape[-1] // 2
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), [(pad, pad), (pad, pad)], dimension_numbers=("NHWC", "OIHW", "NHWC")
+        )
+
+
+def force_weight_normalization(tree):
+    """`tree` (a model, or any pytree holding them) with every `MPConv` weight replaced by `normalize(weight)`:
+    EDM2's forced weight normalisation (eq. 66), applied after each optimizer step (make_train_step's
+    `after_update`), so the stored weights stay on the unit sphere and Adam's steps shrink relative to them
+    as training proceeds. Leaves everything else as it is (a network without MPConv: unchanged)."""
+    is_mp = lambda x: isinstance(x, MPConv)  # noqa: E731
+    return jax.tree.map(lambda m: eqx.tree_at(lambda c: c.weight, m, normalize(m.weight)) if is_mp(m) else m,
+                        tree, is_leaf=is_mp)  # fmt: skip
+
+
+class EDM2Block(eqx.Module):
+    """An encoder ('enc': skip conv and pixel norm on the main branch first) or decoder ('dec': skip conv
+    where the branches join) block: resample, a residual branch of two 3×3 MPConvs modulated by the
+    embedding (gain `emb_gain`, zero at init), `mp_sum` with the main branch, optional self-attention on
+    pixel-normalised q, k, v, and activations clipped to ±`clip_act`."""
+
+    conv_res0: MPConv
+    emb_linear: MPConv
+    conv_res1: MPConv
+    conv_skip: MPConv | None
+    attn_qkv: MPConv | None
+    attn_proj: MPConv | None
+    emb_gain: Float[Array, ""]
+    out_channels: int = eqx.field(static=True)
+    flavor: str = eqx.field(static=True)
+    resample_mode: str = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    dropout: float | int = eqx.field(static=True)
+    res_balance: float = eqx.field(static=True)
+    attn_balance: float = eqx.field(static=True)
+    clip_act: float | int | None = eqx.field(static=True)
+
+    def __init__(self, in_channels: int, out_channels: int, emb_channels: int, flavor: str = "enc",
+                 resample_mode: str = "keep", attention: bool = False, channels_per_head: int = 64,
+                 dropout: float | int = 0.0, res_balance: float = 0.3, attn_balance: float = 0.3,
+                 clip_act: float | int | None = 256, *, key: PRNGKeyArray):  # fmt: skip
+        keys = jax.random.split(key, 6)
+        self.out_channels, self.flavor, self.resample_mode = out_channels, flavor, resample_mode
+        self.num_heads = out_channels // channels_per_head if attention else 0
+        self.dropout, self.res_balance, self.attn_balance, self.clip_act = dropout, res_balance, attn_balance, clip_act
+        self.emb_gain = jnp.zeros(())
+        self.conv_res0 = MPConv(out_channels if flavor == "enc" else in_channels, out_channels, (3, 3), key=keys[0])
+        self.emb_linear = MPConv(emb_channels, out_channels, (), key=keys[1])
+        self.conv_res1 = MPConv(out_channels, out_channels, (3, 3), key=keys[2])
+        self.conv_skip = MPConv(in_channels, out_channels, (1, 1), key=keys[3]) if in_channels != out_channels else None
+        self.attn_qkv = MPConv(out_channels, out_channels * 3, (1, 1), key=keys[4]) if self.num_heads else None
+        self.attn_proj = MPConv(out_channels, out_channels, (1, 1), key=keys[5]) if self.num_heads else None
+
+    def __call__(self, x: Float[Array, "b h w ci"], emb: Float[Array, "b e"], *,
+                 key: PRNGKeyArray | None = None) -> Float[Array, "b h2 w2 co"]:  # fmt: skip
+        """`key`: dropout's (training); None: no dropout."""
+        x = resample(x, self.resample_mode)
+        if self.flavor == "enc":
+            if self.conv_skip is not None:
+                x = self.conv_skip(x)
+            x = normalize(x, axis=-1)  # pixel norm
+
+        y = self.conv_res0(mp_silu(x))
+        c = self.emb_linear(emb, gain=self.emb_gain) + 1
+        y = mp_silu(y * c[:, None, None, :].astype(y.dtype))
+        if key is not None and self.dropout:
+            keep = jax.random.bernoulli(key, 1 - self.dropout, y.shape)
+            y = jnp.where(keep, y / (1 - self.dropout), 0).astype(y.dtype)
+        y = self.conv_res1(y)
+
+        if self.flavor == "dec" and self.conv_skip is not None:
+            x = self.conv_skip(x)
+        x = mp_sum(x, y, t=self.res_balance)
+
+        if self.num_heads:
+            b, h, w, c = x.shape
+            # Channels as EDM2 splits them: head, channel within the head, then q/k/v.
+            y = self.attn_qkv(x).reshape(b, h * w, self.num_heads, -1, 3)
+            q, k, v = (a[..., 0] for a in jnp.split(normalize(y, axis=3), 3, axis=-1))  # pixel norm per head
+            att = jax.nn.softmax(jnp.einsum("bqhc,bkhc->bhqk", q, k / math.sqrt(q.shape[-1])), axis=-1)
+            y = jnp.einsum("bhqk,bkhc->bqhc", att, v).reshape(b, h, w, c)
+            x = mp_sum(x, self.attn_proj(y), t=self.attn_balance)
+
+        if self.clip_act is not None:
+            x = jnp.clip(x, -self.clip_act, self.clip_act)
+        return x
 
 
 class EDM2UNet(eqx.Module):

@@ -8,7 +8,7 @@ convolution to r channels with the base's stride and padding, B a 1x1 one); B ze
 at init. Field names follow PEFT's (`base_layer`, `lora_A`, `lora_B`), so a wrapped leaf's path is
 `...to_q.lora_A` (PEFT's state_dict key less `.weight`). `lora_filter` gives the trainable part (the
 adapters only), `merge_lora` folds them into the base weights. Files in diffusers' format:
-eqxdiff/nn/lora_files.py.
+eqxdiff/sd/lora_files.py.
 """
 
 import re

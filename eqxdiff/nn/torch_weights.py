@@ -1,4 +1,4 @@
-"""PyTorch state_dicts (safetensors files, or torch files read by eqxdiff.nn.torch_pickle) into
+"""PyTorch state_dicts (safetensors files, or torch files read by eqxdiff.weights.torch_pickle) into
 Equinox modules, by parameter name.
 
 A module whose field names follow the PyTorch module's attribute names has leaf paths equal to
@@ -26,7 +26,7 @@ from jax.typing import DTypeLike
 from safetensors import safe_open
 
 from eqxdiff.nn.layers import Conv2d, Dense
-from eqxdiff.nn.tensor_readers import Tensors, TorchFile
+from eqxdiff.weights.tensor_readers import Tensors, TorchFile
 
 # Per layer type, per field: `perm` with ours = np.transpose(torch's, perm).
 LAYOUTS: dict[type, dict[str, tuple[int, ...]]] = {
@@ -111,7 +111,7 @@ def load_safetensors(
 
 def open_weights(path: str | Path | Tensors):
     """A reader of the file's tensors by name (`keys`, `get_slice`, `get_tensor`): safetensors'
-    for a safetensors file, a `TorchFile` (eqxdiff.nn.tensor_readers over eqxdiff.nn.torch_pickle) for
+    for a safetensors file, a `TorchFile` (eqxdiff.weights.tensor_readers over eqxdiff.weights.torch_pickle) for
     a torch file; an open reader as it is."""
     if isinstance(path, Tensors):
         return path

@@ -3,7 +3,7 @@
 Field names are diffusers' attribute names, so a leaf's path is its state_dict key
 (`resnets.0.norm1.weight`, `attentions.0.to_out.0.bias`). Every GroupNorm here has eps 1e-6,
 as in diffusers' `Encoder`, `Decoder` and their blocks; no VAE block takes a time embedding (the SD UNet's
-blocks, eqxdiff/nn/sd_unet_blocks.py, reuse `ResnetBlock` with one and `Upsample` to a skip's size).
+blocks, eqxdiff/sd/unet_blocks.py, reuse `ResnetBlock` with one and `Upsample` to a skip's size).
 """
 
 import equinox as eqx

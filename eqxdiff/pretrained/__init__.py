@@ -7,26 +7,15 @@ safetensors) as an eqxdiff `DiT`, without torch and without running anything the
 `sample_sit`: SiT's sampling protocols (its `transport/` ODE and SDE samplers, `forward_with_cfg`);
 `sit_denoiser`: a SiT as an eqxdiff σ-space denoiser, for eqxdiff's own samplers.
 `save_dit`: an eqxdiff `DiT` back in DiT's layout (`.pt` or `.safetensors`), for the official code to load.
-`scheduler_from_diffusers`: a diffusers scheduler config (DDIM, Euler, Euler a, DPM++ 2M, PNDM) in σ-space.
 `load_edm2`: NVlabs/edm2's networks (converted from its pickles by tools/convert_edm2.py) as eqxdiff denoisers.
-`load_sd`: a diffusers Stable Diffusion (1.x/2.x, XL) pipeline folder as an `SDPipeline` (prompts -> latents, images).
-`save_diffusers` / `save_transformers` / `save_pipeline`: an SD UNet or VAE, a CLIP text tower, a whole pipeline
-written back as the diffusers / transformers folders those loaders (and diffusers) read.
+Stable Diffusion's pipelines, their schedulers and their export are eqxdiff.sd's.
 """
 
-from eqxdiff.pretrained.clip_export import save_transformers
-from eqxdiff.pretrained.diffusers_scheduler import scheduler_from_diffusers
-from eqxdiff.pretrained.dit import load_dit
+from eqxdiff.pretrained.dit_checkpoints import load_dit
 from eqxdiff.pretrained.dit_export import save_dit
-from eqxdiff.pretrained.edm2 import load_edm2
+from eqxdiff.pretrained.edm2_checkpoints import load_edm2
 from eqxdiff.pretrained.dit_sampling import dit_schedule, sample_dit
-from eqxdiff.pretrained.sd_export import save_diffusers
-from eqxdiff.pretrained.sd_pipeline import SDPipeline, load_sd
-from eqxdiff.pretrained.sd_pipeline_export import save_pipeline
-from eqxdiff.pretrained.sit import load_sit
-from eqxdiff.pretrained.sit_denoiser import sit_denoiser
+from eqxdiff.pretrained.sit import load_sit, sit_denoiser
 from eqxdiff.pretrained.sit_sampling import sample_sit
 
-__all__ = ["load_dit", "load_edm2", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "save_dit", "sit_denoiser",
-           "scheduler_from_diffusers", "load_sd", "SDPipeline", "save_diffusers", "save_transformers",
-           "save_pipeline"]
+__all__ = ["load_dit", "load_edm2", "load_sit", "dit_schedule", "sample_dit", "sample_sit", "save_dit", "sit_denoiser"]

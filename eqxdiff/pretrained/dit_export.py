@@ -19,9 +19,9 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn.dit import DiT
 from eqxdiff.nn.layers import sincos_pos_embed_2d
-from eqxdiff.nn.torch_save import save_torch_state_dict
+from eqxdiff.weights.torch_save import save_torch_state_dict
 from eqxdiff.nn.torch_weights import is_array_like, leaf_layouts
-from eqxdiff.pretrained.dit import OFFICIAL_NAMES, OFFICIAL_SIZES, eqxdiff_name
+from eqxdiff.pretrained.dit_checkpoints import OFFICIAL_NAMES, OFFICIAL_SIZES, eqxdiff_name
 
 
 def _backwards(pattern: str, name: str) -> tuple[str, str]:

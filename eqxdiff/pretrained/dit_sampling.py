@@ -27,7 +27,7 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.nn.dit import DiT
 
-METHODS = ("ddpm", "ddim")
+DIT_METHODS = ("ddpm", "ddim")  # the samplers of DiT's protocol (its p_sample_loop, ddim_sample_loop)
 
 
 def dit_schedule(diffusion_steps: int = 1000) -> VPSchedule:
@@ -39,21 +39,22 @@ def dit_schedule(diffusion_steps: int = 1000) -> VPSchedule:
 def dit_denoiser(
     model: DiT,
     labels: Int[Array, " b"],
-    cfg_scale: float = 1.0,
-    cfg_channels: int | None = 3,
+    guidance: float = 1.0,
+    guided_channels: int | None = 3,
     diffusion_steps: int = 1000,
 ) -> ClassifierFreeGuidance:
     """DiT's guided model as a σ-space denoiser: `(x [b, h, w, c], σ) -> [b, h, w, 2c]`, D(x; σ) then the learned
-    variance's v, the first `cfg_channels` of D guided at `cfg_scale` (`forward_with_cfg`; None: all c)."""
+    variance's v, the first `guided_channels` of D guided at `guidance` (`forward_with_cfg`; None: all c)."""
     if not isinstance(model, DiT) or not model.learn_sigma or model.num_classes < 1:
         raise ValueError("DiT's protocol samples a class-conditional DiT with learn_sigma=True (load_dit's); for "
                          "another model use eqxdiff.diffusion.sample.")  # fmt: skip
     c = model.in_channels
-    if cfg_channels is not None and not 1 <= cfg_channels <= c:
-        raise ValueError(f"cfg_channels={cfg_channels}: guide 1 to {c} latent channels (DiT's 3), or None for all.")
+    if guided_channels is not None and not 1 <= guided_channels <= c:
+        raise ValueError(f"guided_channels={guided_channels}: guide 1 to {c} latent channels (DiT's 3), "
+                         "or None for all.")  # fmt: skip
     denoiser = LearnedVarianceDenoiser(model, dit_schedule(diffusion_steps), EpsilonPrediction())
-    channels = c if cfg_channels is None else cfg_channels
-    return ClassifierFreeGuidance(denoiser, labels, cfg_scale, model.null_cond(labels.shape[0]), channels)
+    channels = c if guided_channels is None else guided_channels
+    return ClassifierFreeGuidance(denoiser, labels, guidance, model.null_cond(labels.shape[0]), channels)
 
 
 def sample_dit(
@@ -63,9 +64,9 @@ def sample_dit(
     *,
     steps: int | str,
     method: str = "ddpm",
-    cfg_scale: float = 1.0,
+    guidance: float = 1.0,
     key: PRNGKeyArray | None = None,
-    cfg_channels: int | None = 3,
+    guided_channels: int | None = 3,
     eta: float = 0.0,
     diffusion_steps: int = 1000,
     noises: Float[Array, "n b h w c"] | None = None,
@@ -74,15 +75,15 @@ def sample_dit(
     class ids (`model.num_classes` is the null one), `steps` a respacing (250, "250", "ddim50", "10,15,20").
 
     `method`: "ddpm", ancestral with the learned variance (`p_sample_loop`; needs `key`), or "ddim"
-    (`ddim_sample_loop`, deterministic at `eta` 0). `cfg_scale` > 1 evaluates the batch and its null-class copy
-    in one call and guides the first `cfg_channels` latent channels (DiT's 3; None: all c), the rest of the
+    (`ddim_sample_loop`, deterministic at `eta` 0). `guidance` > 1 evaluates the batch and its null-class copy
+    in one call and guides the first `guided_channels` latent channels (DiT's 3; None: all c), the rest of the
     output from the conditional half. Decode with the SD VAE at `latents / 0.18215`, as sample.py does.
     `noises` [steps, b, h, w, c] (ddpm): each step's unit noise given instead of drawn from `key`, e.g. the
     official loop's draws, to replay it.
     """
-    guided = dit_denoiser(model, labels, cfg_scale, cfg_channels, diffusion_steps)
-    if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}; DiT's protocol has {METHODS}.")
+    guided = dit_denoiser(model, labels, guidance, guided_channels, diffusion_steps)
+    if method not in DIT_METHODS:
+        raise ValueError(f"Unknown method {method!r}; DiT's protocol has {DIT_METHODS}.")
     size, c = model.image_size, model.in_channels
     if noise.ndim != 4 or noise.shape[1:] != (size, size, c) or labels.shape != noise.shape[:1]:
         raise ValueError(f"noise must be [b, {size}, {size}, {c}] (NHWC) and labels [b]; got {noise.shape} and "

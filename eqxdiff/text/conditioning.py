@@ -27,7 +27,7 @@ from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
 from eqxdiff.local_copies import local_copy
 from eqxdiff.nn import CLIPTextModel, TextCond
 from eqxdiff.nn.clip_text import WEIGHTS_FILE
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.weights.weight_files import weight_files
 from eqxdiff.paths import is_url
 from eqxdiff.sharding import Rule, placement
 

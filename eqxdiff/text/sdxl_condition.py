@@ -1,6 +1,6 @@
 """SDXL's condition for fine-tuning its UNet (train/main.py --init sd:SDXL_FOLDER), read from the pipeline folder:
 both frozen towers (`text_encoder/`, `text_encoder_2/`) and tokenizers, the condition an `SDXLCond` as
-`StableDiffusionXLPipeline` builds it (eqxdiff/pretrained/sd_pipeline.py): the towers' penultimate states
+`StableDiffusionXLPipeline` builds it (eqxdiff/sd/pipeline.py): the towers' penultimate states
 concatenated, tower 2's projected `text_embeds` as the pooled vector, and the size/crop `time_ids`.
 
 The images of a run are one fixed size, so every row's time_ids are original size = target size = the images'
@@ -24,11 +24,12 @@ from jax.sharding import Mesh
 from eqxdiff.conditions import TextCondition, repeat_rows
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import TextField, describe_fields
-from eqxdiff.nn import SDXLCond, TextCond, sdxl_time_ids
-from eqxdiff.nn.sd_text import SDXLTextEncoders
+from eqxdiff.nn import TextCond
+from eqxdiff.sd import SDXLCond, sdxl_time_ids
+from eqxdiff.sd.prompt_embeds import SDXLTextEncoders
+from eqxdiff.sd.sdxl_prompts import SDXLPrompts
 from eqxdiff.sharding import Rule, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
-from eqxdiff.text.sdxl_prompts import SDXLPrompts
 
 SDXL_PIPELINE = "StableDiffusionXLPipeline"
 STORED_TEXT = ("input_ids", "attention_mask", "context", "pooled")  # an SD 1.x encode's text fields, not read here

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eqxdiff.nn.torch_pickle import STORAGE_DTYPES
+from eqxdiff.weights.torch_pickle import STORAGE_DTYPES
 
 # numpy dtype -> torch's storage class name (the typed storages of torch's legacy pickles, still what it writes).
 STORAGES = {np.dtype(dtype): name for name, dtype in STORAGE_DTYPES.items() if name != "UntypedStorage"}

@@ -22,8 +22,8 @@ from safetensors import safe_open
 
 from eqxdiff.nn.dit import DiT
 from eqxdiff.nn.layers import sincos_pos_embed_2d
-from eqxdiff.nn.tensor_readers import Tensors
-from eqxdiff.nn.torch_pickle import TorchFileError, read_torch_file
+from eqxdiff.weights.tensor_readers import Tensors
+from eqxdiff.weights.torch_pickle import TorchFileError, read_torch_file
 from eqxdiff.nn.torch_weights import TORCH_SUFFIXES, Place, load_safetensors
 
 # The official configurations (models.py's DiT_models): (depth, hidden size) -> (size name, heads).

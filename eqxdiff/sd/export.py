@@ -18,11 +18,11 @@ from jax.typing import DTypeLike
 
 from eqxdiff.nn.autoencoder_kl import WEIGHTS_FILE, AutoencoderKL
 from eqxdiff.nn.lora import merge_lora
-from eqxdiff.nn.sd_unet import SDUNet
-from eqxdiff.nn.sd_unet_config import parse_config
 from eqxdiff.nn.torch_state import torch_state_dict
 from eqxdiff.nn.torch_weights import leaf_layouts
-from eqxdiff.pretrained.model_folder import check_writable, write_model_folder
+from eqxdiff.sd.unet import SDUNet
+from eqxdiff.sd.unet_config import parse_config
+from eqxdiff.weights.model_folder import check_writable, write_model_folder
 
 PROJECTIONS = r".*attentions\.\d+\.proj_(in|out)\.weight"  # Transformer2DModel's, conv 1x1 or Linear in the file
 

@@ -1,6 +1,6 @@
 """A Stable Diffusion pipeline written as the folder diffusers' `save_pretrained` writes (the inverse of `load_sd`).
 
-`save_pipeline(pipeline_or_parts, folder)`: `unet/` and `vae/` (sd_export.py), `text_encoder[_2]/`
+`save_pipeline(pipeline_or_parts, folder)`: `unet/` and `vae/` (export.py), `text_encoder[_2]/`
 (clip_export.py), `tokenizer[_2]/` (the tokenizer files, copied: eqxdiff's tokenizer does not keep them),
 `scheduler/scheduler_config.json` and `model_index.json`, which names each part's library and class as
 diffusers does; `StableDiffusionPipeline.from_pretrained` / `StableDiffusionXLPipeline.from_pretrained` and
@@ -19,11 +19,11 @@ from jax.typing import DTypeLike
 from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
-from eqxdiff.nn.sd_unet import SDUNet
-from eqxdiff.pretrained.clip_export import save_transformers
-from eqxdiff.pretrained.model_folder import check_writable, write_json
-from eqxdiff.pretrained.sd_export import save_diffusers
-from eqxdiff.pretrained.sd_pipeline import SDPipeline
+from eqxdiff.sd.clip_export import save_transformers
+from eqxdiff.sd.export import save_diffusers
+from eqxdiff.sd.pipeline import SDPipeline
+from eqxdiff.sd.unet import SDUNet
+from eqxdiff.weights.model_folder import check_writable, write_json
 
 # The parts each pipeline class holds, with the type each must be (tokenizers: folders of tokenizer files).
 PARTS = {

@@ -17,7 +17,7 @@ from eqxdiff.nn.clip_text import PREFIX, WEIGHTS_FILE, CLIPTextModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.lora import merge_lora
 from eqxdiff.nn.torch_state import file_dtype, torch_state_dict
-from eqxdiff.pretrained.model_folder import check_writable, write_model_folder
+from eqxdiff.weights.model_folder import check_writable, write_model_folder
 
 
 def clip_text_config(tower: CLIPTextModel | CLIPTextModelWithProjection, dtype: DTypeLike | str = "float32") -> dict:

@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn.layers import Conv2d
 from eqxdiff.nn.lora import LoRAConv2d, LoRALinear, lora_layers, map_layers, module_name
-from eqxdiff.nn.sd_unet_attention import Transformer2DModel
+from eqxdiff.sd.attention import Transformer2DModel
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
 METADATA_KEY = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY

@@ -6,10 +6,10 @@
 `_class_name` is refused. `latents(...)` is what diffusers' `__call__(..., output_type="latent")` returns for the same
 unit noise, NHWC: the prompts and negative prompts encoded as its `encode_prompt` does, the UNet as an eqxdiff
 `Denoiser` (the scheduler config's schedule and parameterization) and the scheduler's σ grid sampled by eqxdiff's
-samplers (`DiffusersScheduler.sample`). Guidance: diffusers mixes the UNet's outputs, `F_u + cfg·(F_c − F_u)`;
+samplers (`DiffusersScheduler.sample`). Guidance: diffusers mixes the UNet's outputs, `F_u + guidance·(F_c − F_u)`;
 eqxdiff's `ClassifierFreeGuidance` mixes D = c_skip·x + c_out·F, whose c_skip and c_out do not depend on the
-condition, so D_u + cfg·(D_c − D_u) = c_skip·x + c_out·(F_u + cfg·(F_c − F_u)) for ε and v alike: the same step.
-As diffusers, cfg ≤ 1 runs the conditional half alone (no negative prompt is read).
+condition, so D_u + guidance·(D_c − D_u) = c_skip·x + c_out·(F_u + guidance·(F_c − F_u)) for ε and v alike: the
+same step. As diffusers, guidance ≤ 1 runs the conditional half alone (no negative prompt is read).
 """
 
 import dataclasses
@@ -25,12 +25,15 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
 from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
-from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SDUNet, SDXLCond, TextCond, sd_prompt_embeds, sdxl_time_ids
-from eqxdiff.pretrained.diffusers_scheduler import METHODS, DiffusersScheduler, scheduler_from_diffusers
-from eqxdiff.text.sdxl_prompts import SDXLPrompts
+from eqxdiff.nn import AutoencoderKL, CLIPTextModel, TextCond
+from eqxdiff.sd.prompt_embeds import sd_prompt_embeds
+from eqxdiff.sd.scheduler import METHOD_OF_SCHEDULER, DiffusersScheduler, scheduler_from_diffusers
+from eqxdiff.sd.sdxl_cond import SDXLCond, sdxl_time_ids
+from eqxdiff.sd.sdxl_prompts import SDXLPrompts
+from eqxdiff.sd.unet import SDUNet
 
 PIPELINES = {"StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
-SCHEDULER_OF_METHOD = {method: name for name, method in METHODS.items() if name != "PNDMScheduler"}
+SCHEDULER_OF_METHOD = {method: name for name, method in METHOD_OF_SCHEDULER.items() if name != "PNDMScheduler"}
 
 
 @eqx.filter_jit
@@ -61,12 +64,12 @@ class SDPrompts:
 
 
 @eqx.filter_jit
-def _sample(unet, scheduler: DiffusersScheduler, cond, null_cond, cfg, noise, steps: int, key):
+def _sample(unet, scheduler: DiffusersScheduler, cond, null_cond, guidance, noise, steps: int, key):
     denoiser = Denoiser(unet, scheduler.schedule, scheduler.parameterization)
-    if null_cond is None:  # diffusers' do_classifier_free_guidance is False for cfg <= 1
+    if null_cond is None:  # diffusers' do_classifier_free_guidance is False for guidance <= 1
         denoise = lambda x, sigma: denoiser(x, sigma, cond)  # noqa: E731
     else:
-        denoise = ClassifierFreeGuidance(denoiser, cond, cfg, null_cond)
+        denoise = ClassifierFreeGuidance(denoiser, cond, guidance, null_cond)
     return scheduler.sample(denoise, noise, steps, key)
 
 
@@ -101,7 +104,7 @@ class SDPipeline:
         negative_prompts: Sequence[str] | None = None,
         *,
         steps: int = 30,
-        cfg: float = 7.5,
+        guidance: float = 7.5,
         initial_latents: Float[Array | np.ndarray, "b h w c"] | None = None,
         key: PRNGKeyArray | None = None,
         height: int | None = None,
@@ -114,7 +117,7 @@ class SDPipeline:
         guidance_rescale: float = 0.0,
     ) -> Float[Array, "b h w c"]:
         """What diffusers' pipeline `__call__(prompts, negative_prompts, num_inference_steps=steps,
-        guidance_scale=cfg, latents=..., output_type="latent")` returns, NHWC [b, height/f, width/f, c].
+        guidance_scale=guidance, latents=..., output_type="latent")` returns, NHWC [b, height/f, width/f, c].
 
         `initial_latents`: diffusers' `latents=` (unit noise) as NHWC, else drawn from `key` (which also drives
         Euler ancestral's noise). height/width (pixels) default to the initial latents' size·f, or the UNet's
@@ -145,7 +148,7 @@ class SDPipeline:
             raise ValueError(f"{initial_latents.shape[0]} initial latents for {b} prompts: one row per prompt")
         height = height or initial_latents.shape[1] * f
         width = width or initial_latents.shape[2] * f
-        guided = cfg > 1
+        guided = guidance > 1
         if self.family == "sd":
             cond = self.prompts.encode(prompts, clip_skip=clip_skip)
             null = self.prompts.negative(b, negative_prompts) if guided else None
@@ -155,7 +158,7 @@ class SDPipeline:
             cond = SDXLCond(self.prompts.encode(prompts, clip_skip=clip_skip), time_ids)
             null = SDXLCond(self.prompts.negative(b, negative_prompts), time_ids) if guided else None
         scheduler = self.scheduler if method is None else self.with_scheduler(method).scheduler
-        return _sample(self.unet, scheduler, cond, null, cfg, initial_latents, steps, key)
+        return _sample(self.unet, scheduler, cond, null, guidance, initial_latents, steps, key)
 
     def images(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
                **kwargs) -> Float[Array, "b H W 3"]:  # fmt: skip

@@ -41,8 +41,10 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.diffusion.samplers import DenoiseFn
 
-METHODS = {"DDIMScheduler": "ddim", "PNDMScheduler": "ddim", "EulerDiscreteScheduler": "euler",
-           "EulerAncestralDiscreteScheduler": "euler_ancestral", "DPMSolverMultistepScheduler": "dpmpp_2m"}  # fmt: skip
+# a diffusers scheduler class -> the eqxdiff sampler (`eqxdiff.diffusion.METHODS`) that steps as it does
+METHOD_OF_SCHEDULER = {"DDIMScheduler": "ddim", "PNDMScheduler": "ddim", "EulerDiscreteScheduler": "euler",
+                       "EulerAncestralDiscreteScheduler": "euler_ancestral",
+                       "DPMSolverMultistepScheduler": "dpmpp_2m"}  # fmt: skip
 DEFAULT_SPACING = {"DDIMScheduler": "leading", "PNDMScheduler": "leading", "EulerDiscreteScheduler": "linspace",
                    "EulerAncestralDiscreteScheduler": "linspace",
                    "DPMSolverMultistepScheduler": "linspace"}  # fmt: skip
@@ -229,8 +231,8 @@ def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersSc
     `DiffusersScheduler`; a value this mapping does not reproduce is refused naming its key."""
     config = _read_config(folder_or_config)
     name = config.get("_class_name")
-    if name not in METHODS:
-        raise _refuse("_class_name", name, f"choose one of {sorted(METHODS)}")
+    if name not in METHOD_OF_SCHEDULER:
+        raise _refuse("_class_name", name, f"choose one of {sorted(METHOD_OF_SCHEDULER)}")
     defaults = dict(clip_sample=name == "DDIMScheduler")
     for key, (value, why) in FIXED.items():
         if config.get(key, defaults.get(key, value)) != value:
@@ -272,7 +274,7 @@ def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersSc
         class_name=name,
         schedule=schedule,
         parameterization=PARAMETERIZATIONS[prediction](),
-        method=METHODS[name],
+        method=METHOD_OF_SCHEDULER[name],
         spacing=spacing,
         steps_offset=int(config.get("steps_offset", 0)),
         karras=karras,

@@ -1,4 +1,4 @@
-"""diffusers' `UNet2DConditionModel` config.json read for eqxdiff.nn.SDUNet: the options Stable Diffusion
+"""diffusers' `UNet2DConditionModel` config.json read for eqxdiff.sd.SDUNet: the options Stable Diffusion
 1.x, 2.x, SDXL, the x4 upscaler and 2.x unCLIP use are taken, per level where diffusers allows it; any other
 option at a value that would change the network raises a ValueError naming it (never a silently different
 model).

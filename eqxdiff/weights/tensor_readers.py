@@ -1,6 +1,6 @@
 """A `{name: array}` state_dict behind safetensors' reader interface (`keys`, `get_slice`,
 `get_tensor`, a context manager), so eqxdiff.nn.torch_weights loads safetensors files, torch files
-(read by eqxdiff.nn.torch_pickle) and state_dicts taken out of larger checkpoints alike."""
+(read by eqxdiff.weights.torch_pickle) and state_dicts taken out of larger checkpoints alike."""
 
 from collections.abc import Mapping
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from eqxdiff.nn.torch_pickle import read_state_dict
+from eqxdiff.weights.torch_pickle import read_state_dict
 
 # numpy dtype -> safetensors' dtype names, for `get_slice(...).get_dtype()`
 SAFETENSORS_NAMES = {

@@ -8,7 +8,7 @@ is not applied and its pooled vector not read, as diffusers' SD pipelines), an `
 (`addition_embed_type="text_time"`: the pooled `text_embeds` and the size/crop `time_ids` too) or a
 `ClassLabelCond` (a class embedding: the x4 upscaler's noise level, SD 2.x unCLIP's image embedding). The
 output is what the UNet predicts (epsilon or v, per the scheduler's prediction_type). Field names are
-diffusers', so leaf paths are state_dict keys; config parsing and refusals: eqxdiff/nn/sd_unet_config.py.
+diffusers', so leaf paths are state_dict keys; config parsing and refusals: eqxdiff/sd/unet_config.py.
 """
 
 import json
@@ -24,12 +24,12 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.layers import Conv2d, Embedding, GroupNorm
-from eqxdiff.nn.sd_unet_blocks import DownBlock, MidBlock, TimestepEmbedding, UpBlock, timestep_features
-from eqxdiff.nn.sd_unet_config import parse_config
-from eqxdiff.nn.sdxl_cond import SDXLCond
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.torch_weights import Place, load_safetensors
-from eqxdiff.nn.weight_files import weight_files
+from eqxdiff.sd.sdxl_cond import SDXLCond
+from eqxdiff.sd.unet_blocks import DownBlock, MidBlock, TimestepEmbedding, UpBlock, timestep_features
+from eqxdiff.sd.unet_config import parse_config
+from eqxdiff.weights.weight_files import weight_files
 
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 

@@ -18,9 +18,9 @@ import equinox as eqx
 import numpy as np
 
 from eqxdiff.data.tokenizer import TextTokenizer, load_tokenizer
-from eqxdiff.nn.sd_text import SDXLTextEncoders
 from eqxdiff.nn.text_cond import TextCond
 from eqxdiff.nn.torch_weights import Place
+from eqxdiff.sd.prompt_embeds import SDXLTextEncoders
 
 FORCE_ZEROS_DEFAULT = True  # StableDiffusionXLPipeline's own default, for a model_index.json without the field
 

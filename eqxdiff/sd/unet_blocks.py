@@ -19,8 +19,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from eqxdiff.nn.layers import Conv2d, Dense
 from eqxdiff.nn.remat import checkpointed
-from eqxdiff.nn.sd_unet_attention import Transformer2DModel
 from eqxdiff.nn.vae_blocks import ResnetBlock, Upsample
+from eqxdiff.sd.attention import Transformer2DModel
 
 
 def timestep_features(
