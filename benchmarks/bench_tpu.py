@@ -37,7 +37,8 @@ from eqxdiff.diffusion import EDMSchedule, parameterization_by_name  # noqa: E40
 from eqxdiff.diffusion.guidance import drop_condition  # noqa: E402
 from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise  # noqa: E402
 from eqxdiff.diffusion.parameterization import loss_weight  # noqa: E402
-from eqxdiff.nn import DiT, SDUNet  # noqa: E402
+from eqxdiff.nn import DiT  # noqa: E402
+from eqxdiff.sd import SDUNet  # noqa: E402
 from eqxdiff.nn.attention import attention_form  # noqa: E402
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, set_remat_policy  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
@@ -106,10 +107,13 @@ def forms(attention: str, remat_policy: str):
     return attention_form(attention) if attention != "auto" else contextlib.nullcontext()
 
 
-def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1, steps=10, precision="bf16"):
+def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1, steps=10, precision="bf16",
+              fsdp=1, compile_only=0):  # fmt: skip
     """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
     decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
-    "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update."""
+    "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update. `fsdp` N:
+    the state split over N devices (a mesh of N; `--cpu_devices 8` simulates them); `compile_only`: XLA's memory
+    analysis per device, nothing run."""
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
     batch = min(batch, 4) if TINY else batch
     if guard:
@@ -129,7 +133,7 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
                                     batch["cond"], key=key)  # fmt: skip
         return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
 
-    mesh = make_mesh(devices=jax.devices()[:1])
+    mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
     with forms(attention, remat):
         abstract, shardings = abstract_train_state(lambda key: make_model(key=key), optimizer, mesh, 2**12)
         step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr,
@@ -143,6 +147,8 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
     step_module.GUARD_FORM = None
     set_remat_policy(DEFAULT_REMAT_POLICY)
     out = dict(compile_s=round(compile_s, 1), xla_flops_per_step=xla_flops(compiled), **memory(compiled))
+    if compile_only:
+        return out
     state, _ = create_train_state(lambda key: make_model(key=key), optimizer, jax.random.key(0), mesh, 2**12,
                                   shardings=shardings)  # fmt: skip
     rng = np.random.default_rng(0)
@@ -201,7 +207,7 @@ def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto"):
     labels = jnp.arange(batch) % 1000
     noise = jnp.asarray(np.random.default_rng(0).normal(size=(batch, 32, 32, 4)), jnp.float32)
     with forms(attention, ""):
-        run, arrays = jitted(lambda m, y, z, k: sample_dit(m, y, z, steps=steps, cfg_scale=cfg, key=k), model)
+        run, arrays = jitted(lambda m, y, z, k: sample_dit(m, y, z, steps=steps, guidance=cfg, key=k), model)
         start = time.perf_counter()
         compiled = run.lower(arrays, labels, noise, jax.random.key(1)).compile()
         compile_s = time.perf_counter() - start
@@ -241,7 +247,7 @@ def sd_forward(config="sd15", batch=8, attention="auto"):
 
 def sd_cond(unet, batch: int):
     """A random text condition of the UNet's kind: SD's context, or SDXL's context, pooled vector and time ids."""
-    from eqxdiff.nn.sdxl_cond import SDXLCond
+    from eqxdiff.sd.sdxl_cond import SDXLCond
     from eqxdiff.nn.text_cond import TextCond
 
     config = json.loads(unet.config)
@@ -255,9 +261,85 @@ def sd_cond(unet, batch: int):
     return SDXLCond(TextCond(context, mask, pooled), jnp.tile(jnp.array([[1024.0, 1024, 0, 0, 1024, 1024]]), (batch, 1)))
 
 
-CASES = {"dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
+# SDXL base's towers and VAE (stabilityai/stable-diffusion-xl-base-1.0's config.json files, the fields eqxdiff reads).
+SDXL_TEXT = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                 max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, eos_token_id=2,
+                 bos_token_id=0, pad_token_id=1, projection_dim=768)  # fmt: skip
+SDXL_TEXT_2 = dict(SDXL_TEXT, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                   hidden_act="gelu", projection_dim=1280)  # fmt: skip
+SDXL_VAE = {"_class_name": "AutoencoderKL", "act_fn": "silu", "block_out_channels": [128, 256, 512, 512],
+            "down_block_types": ["DownEncoderBlock2D"] * 4, "force_upcast": True, "in_channels": 3, "latent_channels": 4,
+            "latents_mean": None, "latents_std": None, "layers_per_block": 2, "mid_block_add_attention": True,
+            "norm_num_groups": 32, "out_channels": 3, "sample_size": 1024, "scaling_factor": 0.13025,
+            "shift_factor": None, "up_block_types": ["UpDecoderBlock2D"] * 4, "use_post_quant_conv": True,
+            "use_quant_conv": True}  # fmt: skip
+SDXL_SCHEDULER = {"_class_name": "EulerDiscreteScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
+                  "beta_start": 0.00085, "num_train_timesteps": 1000, "prediction_type": "epsilon",
+                  "steps_offset": 1, "timestep_spacing": "leading", "interpolation_type": "linear",
+                  "use_karras_sigmas": False}  # fmt: skip
+
+
+def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
+    """SDXL base text-to-image as its pipeline computes it, random weights of its shapes, bf16: both text towers on
+    the prompts and the negative ones (penultimate layer, pooled projection), `steps` Euler steps (the folder's
+    EulerDiscreteScheduler) with classifier-free guidance in one UNet call on the doubled batch, the VAE's decode
+    at `size`² (its fp32 upcast, as diffusers' force_upcast). Images per second over `calls` whole batches."""
+    from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
+    from eqxdiff.nn import AutoencoderKL, CLIPTextModel
+    from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
+    from eqxdiff.sd.sdxl_cond import SDXLCond
+    from eqxdiff.nn.text_cond import TextCond
+    from eqxdiff.sd.scheduler import scheduler_from_diffusers
+
+    unet_config, text, text2, vae_config = dict(SDXL_BASE_UNET), dict(SDXL_TEXT), dict(SDXL_TEXT_2), dict(SDXL_VAE)
+    if TINY:
+        unet_config.update(block_out_channels=[32, 64, 64], transformer_layers_per_block=[0, 1, 1],
+                           attention_head_dim=[2, 2, 2], layers_per_block=1, sample_size=16,
+                           projection_class_embeddings_input_dim=32 + 6 * 256, cross_attention_dim=32 + 32)  # fmt: skip
+        text.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
+        text2.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
+        vae_config.update(block_out_channels=[8, 8, 8, 8], norm_num_groups=4, layers_per_block=1)
+        size, steps = 128, min(steps, 3)
+    bf16 = lambda m: jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, m)  # noqa: E731
+    keys = jax.random.split(jax.random.key(0), 4)
+    unet = bf16(SDUNet.from_config(unet_config, key=keys[0]))
+    tower, tower2 = bf16(CLIPTextModel.from_config(text, key=keys[1])), bf16(
+        CLIPTextModelWithProjection.from_config(text2, key=keys[2]))
+    vae = AutoencoderKL.from_config(vae_config, key=keys[3])
+    scheduler = scheduler_from_diffusers(SDXL_SCHEDULER)
+    f = 2 ** (len(vae_config["block_out_channels"]) - 1)
+
+    def encode(towers, ids):  # [2b, 77] ids: the prompts, then the negative ones
+        one, two = towers
+        hidden, _ = one(ids, hidden_layer=-2)
+        hidden2, pooled = two(ids, hidden_layer=-2)
+        return jnp.concatenate([hidden, hidden2], axis=-1), pooled
+
+    def generate(unet, towers, vae, ids, noise):
+        context, pooled = encode(towers, ids)
+        b = noise.shape[0]
+        time_ids = jnp.tile(jnp.array([[size, size, 0, 0, size, size]], jnp.float32), (b, 1))
+        cond = lambda rows: SDXLCond(TextCond(context[rows], jnp.ones((b, 77), jnp.int32), pooled[rows]), time_ids)  # noqa: E731
+        denoiser = Denoiser(unet, scheduler.schedule, scheduler.parameterization)
+        guided = ClassifierFreeGuidance(denoiser, cond(slice(0, b)), guidance, cond(slice(b, 2 * b)))
+        latents = scheduler.sample(guided, noise, steps)
+        return vae.decode(latents / vae.scaling_factor)
+
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, text["vocab_size"], (2 * batch, 77)), jnp.int32)
+    noise = jnp.asarray(np.random.default_rng(1).normal(size=(batch, size // f, size // f, 4)), jnp.float32)
+    run, arrays = jitted(lambda m, ids, noise: generate(m[0], m[1], m[2], ids, noise), (unet, (tower, tower2), vae))
+    start = time.perf_counter()
+    compiled = run.lower(arrays, ids, noise).compile()
+    compile_s = time.perf_counter() - start
+    seconds = timed(lambda: compiled(arrays, ids, noise), calls)
+    peak = device_record()["peak_bf16_flops"]
+    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 3),
+                mfu_xla=round(xla_flops(compiled) / seconds / peak, 4), **memory(compiled))  # fmt: skip
+
+
+CASES = {"sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
 RECORD = ["dit_train:size=XL,batch=32", "dit_train:size=B,batch=256", "dit_forward:size=XL,batch=256",
-          "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8"]  # fmt: skip
+          "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8", "sdxl_t2i:batch=1"]  # fmt: skip
 
 
 def parse_case(text: str) -> tuple[str, dict]:
@@ -285,7 +367,14 @@ def main(argv=None) -> None:
     parser.add_argument("cases", nargs="*", default=RECORD, help="NAME[:key=value,...]; default: the record's")
     parser.add_argument("--tiny", action="store_true", help="toy sizes of every case (checks the programs on a CPU)")
     parser.add_argument("--out", default="", help="also append each JSON line to this file")
+    parser.add_argument("--cpu_devices", type=int, default=0, help="simulate N CPU devices (fsdp=N, compile_only=1)")
     args = parser.parse_args(argv)
+    if args.cpu_devices:  # FSDP on paper: XLA:CPU's memory-optimised scheduler frees buffers as a TPU's does
+        from eqxdiff import xla_cpu
+
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+        xla_cpu.enable(xla_cpu.shipped(remat=True))
     TINY = args.tiny
     record = device_record()
     for text in args.cases:

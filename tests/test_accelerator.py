@@ -120,7 +120,7 @@ def test_dit_sampling_on_the_accelerator_matches_the_cpu():
 
     model = tiny_dit(jax.random.key(0), learn_sigma=True)  # DiT's protocol: the published models' variance
     labels, noise = jnp.arange(4) % 10, np.random.default_rng(2).normal(size=(4, 32, 32, 4)).astype(np.float32)
-    run = lambda m, y, z: sample_dit(m, y, z, steps="ddim10", method="ddim", cfg_scale=1.5)  # noqa: E731
+    run = lambda m, y, z: sample_dit(m, y, z, steps="ddim10", method="ddim", guidance=1.5)  # noqa: E731
     cpu, chip = both(run, model, labels, noise)
     assert np.isfinite(chip).all()
     np.testing.assert_allclose(chip, cpu, rtol=0, atol=2e-3 * np.abs(cpu).max())
@@ -130,14 +130,14 @@ def test_sd_pipeline_on_the_accelerator_matches_the_cpu(tmp_path):
     """The tiny SD 1.x pipeline of tests/data (4 steps, cfg 5): the same latents on both."""
     from test_sd_pipeline import NEGATIVE, PROMPTS, assemble
 
-    from eqxdiff.pretrained import load_sd
+    from eqxdiff.sd import load_sd
 
     pipe = load_sd(assemble("sd1", tmp_path / "sd1"))
     unit = np.random.default_rng(3).normal(size=(len(PROMPTS), 8, 8, 4)).astype(np.float32)
     outs = []
     for device in (CPU, ACCELERATORS[0]):
         with jax.default_device(device), jax.default_matmul_precision("highest"):  # uncommitted weights follow
-            outs.append(np.asarray(pipe.latents(PROMPTS, NEGATIVE, steps=4, cfg=5.0, initial_latents=unit)))
+            outs.append(np.asarray(pipe.latents(PROMPTS, NEGATIVE, steps=4, guidance=5.0, initial_latents=unit)))
     np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-3 * np.abs(outs[0]).max())
 
 

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from eqxdiff.nn.attention import attention
 from eqxdiff.nn.clip_text import LayerNorm, gelu
 from eqxdiff.nn.layers import Dense, GroupNorm
+
 LAYER_NORM_EPS = 1e-5  # BasicTransformerBlock's norm_eps default, which Transformer2DModel keeps
 GROUP_NORM_EPS = 1e-6  # Transformer2DModel's input GroupNorm, whatever the UNet's norm_eps
 
