@@ -337,7 +337,56 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
                 mfu_xla=round(xla_flops(compiled) / seconds / peak, 4), **memory(compiled))  # fmt: skip
 
 
-CASES = {"sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
+def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile_only=1, steps=5):
+    """The SD 1.5 or SDXL base UNet's training step (ε-prediction on diffusers' scaled-linear VP schedule, text
+    conditions given pre-encoded, AdamW over fp32 masters, EMA, the NaN guard) on its native latents, the state
+    split over `fsdp` devices. `compile_only`: XLA's memory analysis per device (FSDP on paper with
+    `--cpu_devices 8`)."""
+    from eqxdiff.diffusion import schedule_by_name
+
+    cfg = dict(SD15_UNET if config == "sd15" else SDXL_BASE_UNET)
+    if TINY:
+        cfg.update(block_out_channels=[32, 64, 64], layers_per_block=1, sample_size=16,
+                   **({"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]}
+                      if config != "sd15" else {"attention_head_dim": 2}))  # fmt: skip
+        cfg.update(down_block_types=cfg["down_block_types"][:3], up_block_types=cfg["up_block_types"][-3:])
+        batch = max(fsdp, 2)
+    schedule, parameterization = schedule_by_name("vp_linear"), parameterization_by_name("eps", 1.0)
+    optimizer, lr = adamw_cosine(1e-5, 10**6, 0, 1e-2)
+    make_model = lambda key: SDUNet.from_config(cfg, remat=bool(remat), key=key)  # noqa: E731
+
+    def prepare(batch, key):
+        sigma, noise = draw_sigma_and_noise(schedule, batch["x0"], key)
+        return dict(x0=batch["x0"], cond=batch["cond"], sigma=sigma, noise=noise)
+
+    def loss_fn(model, batch, key):
+        pred = denoising_prediction(model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"],
+                                    batch["cond"], key=key)  # fmt: skip
+        return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
+
+    mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
+    size = cfg["sample_size"]
+    abstract_model = eqx.filter_eval_shape(make_model, jax.random.key(0))
+    cond = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype),
+                        sd_cond(abstract_model, batch))  # fmt: skip
+    with forms("auto", remat):
+        abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**12)
+        step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr,
+                               ema_decay=0.9999, state_shardings=shardings, batch_sharding=batch_sharding(mesh),
+                               seed=0, precision=precision)  # fmt: skip
+        spec = dict(x0=jax.ShapeDtypeStruct((batch, size, size, 4), jnp.float32), cond=cond)
+        start = time.perf_counter()
+        compiled = step.compile(abstract, spec)
+        compile_s = time.perf_counter() - start
+    set_remat_policy(DEFAULT_REMAT_POLICY)
+    params = sum(x.size for x in jax.tree.leaves(abstract.model) if hasattr(x, "size"))
+    out = dict(params=int(params), compile_s=round(compile_s, 1), **memory(compiled))
+    if compile_only:
+        return out
+    raise SystemExit("sd_train runs compile_only=1 only: the state of SDXL needs more than one chip")
+
+
+CASES = {"sd_train": sd_train, "sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
 RECORD = ["dit_train:size=XL,batch=32", "dit_train:size=B,batch=256", "dit_forward:size=XL,batch=256",
           "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8", "sdxl_t2i:batch=1"]  # fmt: skip
 
