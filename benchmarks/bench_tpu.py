@@ -108,12 +108,13 @@ def forms(attention: str, remat_policy: str):
 
 
 def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1, steps=10, precision="bf16",
-              fsdp=1, compile_only=0):  # fmt: skip
+              fsdp=1, compile_only=0, profile=0):  # fmt: skip
     """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
     decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
     "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update. `fsdp` N:
     the state split over N devices (a mesh of N; `--cpu_devices 8` simulates them); `compile_only`: XLA's memory
-    analysis per device, nothing run."""
+    analysis per device, nothing run; `profile` N: N more steps traced, their op time by kind and phase
+    (benchmarks/hlo_ops.py)."""
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
     batch = min(batch, 4) if TINY else batch
     if guard:
@@ -170,7 +171,36 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
     out.update(step_s=round(seconds, 4), images_per_s=round(batch / seconds, 2), model_flops_per_image=6 * macs,
                **utilisation(6 * macs * batch, out["xla_flops_per_step"], seconds, compiled))  # fmt: skip
     out.update(memory(compiled))  # the device's peak after the steps ran
+    if profile:
+        held = [state]  # the state is donated: each traced step takes the last one's
+
+        def run_step():
+            held[0], metrics = step(held[0], data)
+            jax.block_until_ready(metrics)
+
+        out["profile"] = profiled(run_step, profile, compiled)
     return out
+
+
+def profiled(run_step, steps: int, compiled) -> dict:
+    """Where `steps` calls of `run_step()` spend their device time, op by op (jax.profiler's trace read back with
+    jax.profiler.ProfileData), grouped by kind and phase as benchmarks/hlo_ops.py classifies the compiled HLO."""
+    import tempfile
+
+    from hlo_ops import instructions, module_name, op_events, summarise
+
+    text = compiled.as_text()
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        try:
+            for _ in range(steps):
+                run_step()
+        finally:
+            jax.profiler.stop_trace()
+        trace = sorted(Path(folder).rglob("*.xplane.pb"))[-1]
+        events, others = op_events(trace, module_name(text))
+    summary = summarise(events, instructions(text, ("eqxdiff/training/step.py",)), steps)
+    return {**summary, "other_modules_ms": {k: round(v / 1e6 / steps, 2) for k, v in others.items()}}
 
 
 def utilisation(model_flops: float, xla: float, seconds: float, compiled=None) -> dict:
