@@ -100,7 +100,7 @@ def generate_images(
     tiling: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
-    `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/codecs.py: pixels are the
+    `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/run/codecs.py: pixels are the
     images themselves, the same array; latents go through the autoencoder, `tiling` "auto" | "on" |
     "off"). `guidance`: `generate`'s `cfg_scale`, the classifier-free guidance scale (1: none); `cfg_interval`,
     `weak_denoiser`, `guide_scale`: `generate`'s. Every
