@@ -1,7 +1,8 @@
 """A checkpoint written before checkpoints stored their model's constructor arguments still samples.
 
 tests/data/legacy_digits_unet_tiny.tar.xz is the run directory of, at commit a734ac8 (the last whose
-checkpoints named their model only by its eqxdiff/run/models.py key), in an empty folder:
+checkpoints named their model only by its train/models.py key; the table is eqxdiff/run/models.py now), in an
+empty folder:
 
     python train/main.py --run_dir legacy_digits_unet_tiny --model unet_tiny --batch_size 16 --steps 2 \
         --warmup_steps 1 --sample_every 0 --wandb disabled --log_every 1
@@ -56,4 +57,5 @@ def test_every_flag_an_old_checkpoint_lacks_reads_as_its_absence_meant(tmp_path)
     assert lacking and lacking <= LATER_FLAGS.keys(), sorted(lacking - LATER_FLAGS.keys())
     assert {name: getattr(defaults, name) for name in LATER_FLAGS} == LATER_FLAGS
     flags = stored_flags(stored)
-    assert all(getattr(flags, f.name) == stored.get(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(main.Config))
+    fields = dataclasses.fields(main.Config)
+    assert all(getattr(flags, f.name) == stored.get(f.name, getattr(defaults, f.name)) for f in fields)
