@@ -15,9 +15,11 @@ With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradie
 rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
 on resume) and `model_of` combines the two for `loss_fn` (eqxdiff.training.make_train_step). Sample grids use the
 combined EMA; each checkpoint also writes RUN_DIR/lora/pytorch_lora_weights.safetensors (the EMA's adapters, in
-the format diffusers' `load_lora_weights` reads). Without --init, `NoInit` leaves every hook the identity.
+the format diffusers' `load_lora_weights` reads). The three kinds, `Scratch`, `Pretrained` and `LoRA`, answer
+train/main.py's hooks; without --init (`Scratch`) each leaves what it is handed as it is.
 """
 
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -100,14 +102,19 @@ def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-    """The run's `SDInit` (--init), else `NoInit`. `source`: the training data, checked to be what the folder's
+    """The run's fine-tuning kind, where its weights come from and what trains: `Scratch` (no --init), `Pretrained`
+    (--init sd:FOLDER) or `LoRA` (with --lora_rank). `source`: the training data, checked to be what the folder's
     UNet takes (`check_data`; None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base
     (False: the state's structure is all that is asked)."""
-    return SDInit(cfg, mesh, min_size, rules, source, base=base) if cfg.init else NoInit()
+    if not cfg.init:
+        return Scratch()
+    if not cfg.lora_rank:
+        return Pretrained(cfg, source)
+    return LoRA(cfg, mesh, min_size, rules, source, base=base)
 
 
-class NoInit:
-    """A run trained from scratch: every hook leaves what it is handed as it is."""
+class Scratch:
+    """Weights drawn from --seed, the whole network trained: every hook leaves what it is handed as it is."""
 
     model_of = None  # make_train_step's default: the trained part is the network
 
@@ -150,10 +157,11 @@ def with_base(trained, frozen: dict):
     return eqx.combine(trained, frozen["unet"])
 
 
-class SDInit(NoInit):
-    """--init sd:FOLDER (module docstring): the UNet's config and scheduler, and with --lora_rank the base."""
+class Pretrained(Scratch):
+    """--init sd:FOLDER (module docstring): the folder's UNet trained whole, its config the network, its scheduler
+    the noise, its weights the start."""
 
-    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+    def __init__(self, cfg, source=None):
         self.folders, self.cfg = parts(cfg.init), cfg
         self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
         if source is not None:
@@ -162,13 +170,47 @@ class SDInit(NoInit):
         if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
             tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
                        "betas 0.00085..0.012, epsilon)")  # fmt: skip
-        try:
+        with self.refusing():
             self.scheduler = scheduler_from_diffusers(scheduler)
-            # LoRA: the fresh adapters and the frozen base (the rest of the adapted UNet); else None, None.
-            self.adapters, self.base = (self.lora_base(mesh, min_size, self.rules(rules)) if cfg.lora_rank and base
-                                        else (None, None))  # fmt: skip
-        except (FileNotFoundError, ValueError) as e:  # a config this port refuses, weights that do not fit it
-            raise SystemExit(f"--init {cfg.init}: {e}") from e
+
+    @contextlib.contextmanager
+    def refusing(self):
+        """A config this port refuses, or weights that do not fit it: one line naming --init."""
+        try:
+            yield
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"--init {self.cfg.init}: {e}") from e
+
+    def rules(self, rules) -> list:
+        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
+        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
+        return [*rules, *HEAD_LAYOUT_RULES]
+
+    def model_args(self, args: dict) -> dict:
+        """The network's constructor arguments, as checkpoints store them: SDUNet of the folder's config."""
+        return {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
+
+    def noise(self, schedule, parameterization) -> tuple:
+        """The folder's scheduler's VP schedule (training draws its discrete timesteps) and prediction type."""
+        return self.scheduler.schedule, self.scheduler.parameterization
+
+    def fresh_state(self, optimizer, shardings):
+        """A new run's state: the folder's UNet read straight into the model's shardings, its EMA and optimizer
+        state made on the devices."""
+        place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
+        model = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
+        return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+
+
+class LoRA(Pretrained):
+    """--init sd:FOLDER --lora_rank R (module docstring): rank-R adapters trained (--lora_targets, --lora_alpha),
+    the folder's UNet frozen as the step's frozen `unet`; each checkpoint also writes the EMA's adapters as
+    diffusers reads them."""
+
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        super().__init__(cfg, source)
+        with self.refusing():  # the fresh adapters and the frozen base (the rest of the adapted UNet), or None, None
+            self.adapters, self.base = self.lora_base(mesh, min_size, self.rules(rules)) if base else (None, None)
 
     def lora_base(self, mesh, min_size: int, rules) -> tuple:
         """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
@@ -182,42 +224,23 @@ class SDInit(NoInit):
         return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
                         alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
 
-    def rules(self, rules) -> list:
-        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
-        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
-        return [*rules, *HEAD_LAYOUT_RULES]
-
     @property
     def model_of(self):
         return None if self.base is None else with_base
 
-    def model_args(self, args: dict) -> dict:
-        """The network's constructor arguments, as checkpoints store them: SDUNet of the folder's config."""
-        return {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
-
-    def noise(self, schedule, parameterization) -> tuple:
-        """The folder's scheduler's VP schedule (training draws its discrete timesteps) and prediction type."""
-        return self.scheduler.schedule, self.scheduler.parameterization
-
     def trained(self, make_model):
-        """key -> the trained part: the network, or (LoRA) its adapters alone."""
-        if not self.cfg.lora_rank:
-            return make_model
+        """key -> the trained part: the adapters alone."""
         return lambda key: partition_lora(self.adapted(make_model(key), key))[0]
 
     def frozen(self, frozen):
         return frozen if self.base is None else {**(frozen or {}), "unet": self.base}
 
     def fresh_state(self, optimizer, shardings):
-        """A new run's state: the folder's UNet read straight into the model's shardings (or the fresh adapters),
-        its EMA and optimizer state made on the devices."""
-        place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
-        model = self.adapters if self.base is not None else SDUNet.from_diffusers(self.folders["unet"], place=place,
-                                                                                 remat=self.cfg.remat)
-        return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+        """A new run's state: the fresh adapters, their EMA and optimizer state made on the devices."""
+        return state_around(jax.device_put(self.adapters, shardings.model), optimizer, shardings)
 
     def whole(self, model):
-        """The network of a trained part (the EMA's, for sampling): LoRA's adapters put into the base."""
+        """The network of a trained part (the EMA's, for sampling): the adapters put into the base."""
         return model if self.base is None else with_base(model, {"unet": self.base})
 
     def sampling(self, write_samples):
@@ -225,7 +248,7 @@ class SDInit(NoInit):
         return lambda step, state: write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
 
     def saving(self, save_checkpoint):
-        """save_checkpoint, and (LoRA) the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
+        """save_checkpoint, and the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
         if self.base is None:
             return save_checkpoint
 
