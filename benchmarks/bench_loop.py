@@ -33,9 +33,7 @@ from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow, peak_flops_per_device, step_flops
 from eqxdiff.training.preemption import StopRequest
 from harness import param_count, report, steps_in_flight
-from unconditional_edm import train_main  # train/main.py
-
-from loop import train_loop  # train/loop.py (unconditional_edm put train/ on sys.path)
+from unconditional_edm import train_main  # train/main.py, whose loop (train/loop.py) this times
 
 xla_cpu.enable()  # XLA:CPU workarounds on, as in train/main.py (eqxdiff/xla_cpu.py)
 
@@ -82,7 +80,7 @@ def main() -> None:
         """train/main.py's own loop (train/loop.py), without sampling, checkpoints or profiling."""
         cfg = train_main.Config(steps=steps, log_every=args.log_every, sample_every=0, ckpt_every=10**9)
         with StopRequest() as stop:
-            state = train_loop(
+            state = train_main.train_loop(
                 cfg, state, train_step, batches, logger, start_step=0,
                 log_window=LogWindow(args.batch, flops_per_device, peak), profile=ProfileWindow("", Path(".")),
                 write_samples=lambda step, state: None, save_checkpoint=lambda step, state: None, stop=stop,

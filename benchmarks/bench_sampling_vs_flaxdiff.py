@@ -39,8 +39,6 @@ from eqxdiff.diffusion import Denoiser, EDMPreconditioning, EDMSchedule, karras_
 from eqxdiff.nn import UNet  # noqa: E402
 from flaxdiff_peer import UNET, input_config, simple_unet  # noqa: E402
 from harness import alternate, param_count, report  # noqa: E402
-from unconditional_edm import unconditional_edm  # noqa: E402, F401  (puts train/ on sys.path)
-from startup import xla_cpu_switches  # noqa: E402  (train/startup.py)
 
 
 class EqxdiffSide:
@@ -101,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.num, args.image_size, args.steps, args.rounds = 8, 8, 5, 2
-    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))  # before the backend starts: XLA_FLAGS hold for both sides
+    xla_cpu.enable(xla_cpu.named_switches(args.xla_cpu))  # before the backend starts: XLA_FLAGS hold for both sides
 
     order = ["flaxdiff", "eqxdiff"] if args.flaxdiff_first else ["eqxdiff", "flaxdiff"]
     builders = {"eqxdiff": EqxdiffSide, "flaxdiff": FlaxdiffSide}

@@ -48,7 +48,6 @@ from eqxdiff.training import TrainState, adamw_cosine, cast_for_compute, create_
 from eqxdiff.training.step import _select, _updates_applied
 from harness import alternate, report, steps_in_flight  # benchmarks/ is on sys.path when run as a script
 from unconditional_edm import unconditional_edm  # puts train/ on sys.path
-from startup import xla_cpu_switches  # train/startup.py: --xla_cpu as the scripts read it
 
 EMA_DECAY = 0.995
 VARIANTS = {  # side -> (guard, ema, donate) of the step built here
@@ -143,7 +142,7 @@ def main() -> None:
     if unknown := set(sides) - {"shipped", *BASELINE}:
         raise SystemExit(f"--sides: unknown {sorted(unknown)}; choose from shipped, {', '.join(BASELINE)}")
     sides = list(dict.fromkeys(["shipped", "replica", *sides]))  # the baselines always run
-    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))  # before JAX's backend starts, as train/main.py
+    xla_cpu.enable(xla_cpu.named_switches(args.xla_cpu))  # before JAX's backend starts, as train/main.py
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
     data_sharding = batch_sharding(mesh)

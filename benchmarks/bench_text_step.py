@@ -5,7 +5,7 @@ the step by a frozen CLIP text tower (the step's argument), alternated in one pr
     python benchmarks/bench_text_step.py [--image_size 32 --batch 16 --rounds 3 --steps 10]
     python benchmarks/bench_text_step.py --tower clip_l     # the frozen tower at CLIP-L/14 size (123M)
 
-One device, fp32, train/main.py's `prepare`/`loss_fn` and eqxdiff/conditions.py's conditions, AdamW. The UNet is
+One device, fp32, train/main.py's `prepare`/`loss_fn` and eqxdiff/run/conditions.py's conditions, AdamW. The UNet is
 (64, 128) channels, 2 blocks per level, attention at level 1 in all three (so the text steps
 add only the cross-attention, the pooled projection and the text itself); the text models
 cross-attend to 77 tokens of width 768 (CLIP-L's). The tower has random weights (speed does not
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from eqxdiff import xla_cpu
-from eqxdiff.conditions import EncodedText, FrozenText, Labels
+from eqxdiff.run.conditions import EncodedText, FrozenText, Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import CLIPTextModel, TextCond, UNet
 from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings

@@ -88,7 +88,6 @@ from eqxdiff.training.metrics import step_flops  # noqa: E402
 from harness import PACKAGES, alternate, matmul_gflops, param_count, report, steps_in_flight  # noqa: E402
 from flaxdiff_peer import UNET  # noqa: E402
 from unconditional_edm import unconditional_edm  # noqa: E402  (puts train/ on sys.path)
-from startup import xla_cpu_switches  # noqa: E402  (train/startup.py: --xla_cpu as the scripts read it)
 
 WARMUP_STEPS = 2  # the first (compile) step + one more, per side
 
@@ -226,7 +225,7 @@ def main() -> None:
         args.image_size, args.batch, args.steps, args.rounds, args.num_batches = 8, 4, 3, 2, 2
     # Before JAX's backend starts, as train/main.py: the process-level part (YNNPACK off in XLA_FLAGS)
     # holds for both sides alike; the report prints XLA_FLAGS and each side's compiler options.
-    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))
+    xla_cpu.enable(xla_cpu.named_switches(args.xla_cpu))
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     rng = np.random.default_rng(args.seed)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import jax
 
 from unconditional_edm import train_main  # train/main.py (the module puts train/ on sys.path)
-from eqxdiff.conditions import Labels
+from eqxdiff.run.conditions import Labels
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import UNet

@@ -44,7 +44,6 @@ from eqxdiff import xla_cpu  # noqa: E402
 from eqxdiff.training import adamw_cosine  # noqa: E402
 from harness import report  # noqa: E402
 from hlo_ops import instructions, module_name, op_events, summarise  # noqa: E402
-from startup import xla_cpu_switches  # noqa: E402  (train/startup.py, on the path through bench_train_vs_flaxdiff)
 
 STEP_FILES = {  # the step's own file(s): ops there outside the gradient are the EMA, the NaN guard, the metrics
     "eqxdiff": ("eqxdiff/training/step.py",),
@@ -103,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.image_size, args.batch, args.steps, args.warmup, args.num_batches = 8, 4, 2, 1, 2
-    xla_cpu.enable(xla_cpu_switches(args.xla_cpu))  # before JAX's backend starts: both sides get these flags
+    xla_cpu.enable(xla_cpu.named_switches(args.xla_cpu))  # before JAX's backend starts: both sides get these flags
 
     rng = np.random.default_rng(args.seed)
     shape = (args.batch, args.image_size, args.image_size, args.channels)

@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
 import main as train_main  # noqa: E402  (train/main.py)
 
-from eqxdiff.conditions import NoCondition  # noqa: E402
+from eqxdiff.run.conditions import NoCondition  # noqa: E402
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule  # noqa: E402
 
 

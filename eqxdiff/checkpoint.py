@@ -190,8 +190,8 @@ class Checkpoints:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
                 "which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags (or the model's "
-                "entry in train/models.py) changed since it was written, use the original flags or a new --run_dir; "
-                "another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
+                "entry in eqxdiff/run/models.py) changed since it was written, use the original flags or a new "
+                "--run_dir; another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
             state=ocp.args.PyTreeRestore(_as_saved(target),
@@ -205,8 +205,8 @@ class Checkpoints:
             raise CheckpointError(
                 f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
                 f"{type(e).__name__}: {_without_traceback(e)}. If the model or optimizer flags (or the model's entry "
-                "in train/models.py) changed since it was written, use the original flags or a new --run_dir; another "
-                "step restores with --resume_step (train/main.py) or --step (train/sample.py)."
+                "in eqxdiff/run/models.py) changed since it was written, use the original flags or a new --run_dir; "
+                "another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             ) from e
         return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
 

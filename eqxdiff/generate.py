@@ -100,7 +100,7 @@ def generate_images(
     tiling: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
-    `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/codecs.py: pixels are the
+    `[num, *sample_shape]`): `generate`'s samples, decoded by `codec` (eqxdiff/run/codecs.py: pixels are the
     images themselves, the same array; latents go through the autoencoder, `tiling` "auto" | "on" |
     "off"). `guidance` (the classifier-free guidance scale, 1: none), `guidance_interval`, `weak_denoiser`,
     `guide_scale`: `generate`'s. Every process calls it alike and gets all the images."""

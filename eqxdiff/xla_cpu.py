@@ -89,6 +89,19 @@ def shipped(remat: bool = False) -> frozenset[str]:
 _on: frozenset[str] = frozenset()
 
 
+def named_switches(flag: str, remat: bool = False) -> frozenset[str]:
+    """The workarounds a `--xla_cpu` flag names (the scripts' and the benchmarks'): "on" the shipped set
+    (`shipped(remat)`), "off" none, else a comma list of SWITCHES' names ("auto" is train/main.py's: the
+    shipped set here). An unknown name is a SystemExit listing the known ones."""
+    if flag in ("on", "off", "auto"):
+        return frozenset() if flag == "off" else shipped(remat)
+    names = frozenset(name.strip() for name in flag.split(",") if name.strip())
+    if unknown := names - SWITCHES.keys():
+        raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off, auto or a comma list of "
+                         f"{', '.join(SWITCHES)}.")  # fmt: skip
+    return names
+
+
 def _checked(switches) -> frozenset[str]:
     switches = frozenset(switches)
     if unknown := switches - SWITCHES.keys():

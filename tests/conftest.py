@@ -79,9 +79,6 @@ import gc  # noqa: E402
 import pytest  # noqa: E402
 from bucket import bucket, gcs_server  # noqa: E402, F401 -- tests/bucket.py: a local GCS server for gs:// tests
 
-# Tests use train/main.py's own prepare and loss_fn (`import main as train_main`).
-sys.path.insert(0, str(Path(__file__).parent.parent / "train"))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):

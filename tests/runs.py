@@ -53,7 +53,8 @@ def train_here(*args, features_fn=None) -> None:
     """train/main.py's own parse_config and main in this process: the test process's 8 devices, jit
     caches and import hook, without a process start. Runs that must be processes of their own
     (killed, resumed, several processes, the persistent compile cache) go through `run`."""
-    import main as train_main  # train/ is on sys.path (conftest)
+    import train_scripts  # noqa: F401 — train/ on sys.path: the caller is a test of the scripts
+    import main as train_main
 
     train_main.main(train_main.parse_config([*map(str, args)]), features_fn=features_fn)
 

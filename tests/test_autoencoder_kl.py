@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
 from eqxdiff import generate
 from eqxdiff.autoencoders import describe_autoencoder, open_autoencoder
-from eqxdiff.codecs import Latents
-from eqxdiff.conditions import Labels
+from eqxdiff.run.codecs import Latents
+from eqxdiff.run.conditions import Labels
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.nn import AutoencoderKL
 from eqxdiff.nn.torch_weights import leaf_layouts

@@ -10,7 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode as train_encode  # train/encode.py
 import equinox as eqx
 import fid_stats  # train/fid_stats.py
 import fsspec
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from fsspec.asyn import sync
 from PIL import Image
-from rebuild import load_run
+from eqxdiff.run.rebuild import load_run
 from runs import (
     REFERENCE,
     REFERENCE_STEPS,

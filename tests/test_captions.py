@@ -110,7 +110,7 @@ def test_arrayrecord_and_npz_captions_round_trip(tmp_path: Path):
 def test_sample_grid_prompts_are_spread_over_the_data(tmp_path: Path):
     """A captioned dataset in class order (a sorted folder): the grid's ten prompts come from every part of
     it, not ten captions of its first class."""
-    from run_condition import sample_prompts  # train/run_condition.py
+    from eqxdiff.run.open_condition import sample_prompts
 
     kinds = ["apple", "boat", "cat", "dog", "eel"]
     captions = [f"a {kind}, photo {i}" for kind in kinds for i in range(10)]

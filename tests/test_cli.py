@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import main as train_main  # train/ is on sys.path (conftest)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main
 import sample
-from eqxdiff import xla_cpu
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import open_source
 from eqxdiff.training import LogWindow, MetricsLogger, ProfileWindow
 from eqxdiff.training.preemption import StopRequest
 from runs import command
-from startup import LeftoverAsyncErrors, exit_on_user_error, xla_cpu_switches
+from startup import LeftoverAsyncErrors, exit_on_user_error
 
 ROOT = Path(__file__).parent.parent
 
@@ -303,20 +303,12 @@ def test_eval_scorecard_says_what_each_row_means():
 
 def test_scripts_have_json_readable_checkpoint_configs(tmp_path):
     """train/resume.py reads the config as JSON where orbax put it, without orbax (before JAX starts)."""
-    from resume import saved_config  # train/resume.py
+    from eqxdiff.run.run_dir import saved_config
 
     config = saved_run(tmp_path, 4, model="unet_tiny")
     assert saved_config(tmp_path) == (4, json.loads(json.dumps(config)))
     assert saved_config(tmp_path / "empty") is None
     assert sys.modules["resume"].checkpoint_steps(tmp_path) == [4]
-
-
-def test_the_xla_cpu_flag_names_switches_and_refuses_unknown_ones():
-    assert xla_cpu_switches("on") == xla_cpu.DEFAULT and xla_cpu_switches("off") == frozenset()
-    assert xla_cpu_switches("on", remat=True) == xla_cpu.DEFAULT | {"memory_scheduler"} != xla_cpu.DEFAULT
-    assert xla_cpu_switches("llvm_o1, memory_scheduler") == {"llvm_o1", "memory_scheduler"}
-    with pytest.raises(SystemExit, match="--xla_cpu: unknown switch.*'fast'.*conv_grad_matmul"):
-        xla_cpu_switches("llvm_o1,fast")
 
 
 def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():

@@ -1,10 +1,10 @@
-"""eqxdiff.codecs: what x0 is, and its round trip through a checkpoint's config.
+"""eqxdiff.run.codecs: what x0 is, and its round trip through a checkpoint's config.
 (Latents' posterior draw against float64: tests/test_latent_training.py.)"""
 
 import jax
 import numpy as np
 
-from eqxdiff.codecs import Latents, Pixels, codec_from_config
+from eqxdiff.run.codecs import Latents, Pixels, codec_from_config
 from eqxdiff.sharding import make_mesh
 
 

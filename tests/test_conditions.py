@@ -1,5 +1,5 @@
-"""eqxdiff/conditions.py: one null per condition, for dropout and guidance alike, and configs that rebuild
-the condition (train/run_condition.py). (The step with a frozen tower: tests/test_text_step.py.)"""
+"""eqxdiff/run/conditions.py: one null per condition, for dropout and guidance alike, and configs that rebuild
+the condition (eqxdiff/run/open_condition.py). (The step with a frozen tower: tests/test_text_step.py.)"""
 
 from pathlib import Path
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from eqxdiff.conditions import EncodedText, Labels, NoCondition, ScratchText
+from eqxdiff.run.conditions import EncodedText, Labels, NoCondition, ScratchText
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import drop_condition
 from eqxdiff.nn import CLIPTextModel, TextCond, UNet
 from eqxdiff.sharding import make_mesh
-from run_condition import condition_from_config, open_text, stored_condition  # train/run_condition.py
+from eqxdiff.run.open_condition import condition_from_config, open_text, stored_condition
 from runs import train_here
 
 
@@ -112,11 +112,11 @@ def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
     and train/sample.py's rebuild finds it through the row it adds to CONDITION_KINDS; a kind with no row is
     refused naming the table."""
     import jax.numpy as jnp
-    import run_condition
+    from eqxdiff.run import open_condition
 
-    kinds = dict(run_condition.CONDITION_KINDS)
-    monkeypatch.setattr(run_condition, "CONDITION_KINDS", kinds)
-    with pytest.raises(KeyError, match="'image_embedding', which CONDITION_KINDS in train/run_condition.py does not"):
+    kinds = dict(open_condition.CONDITION_KINDS)
+    monkeypatch.setattr(open_condition, "CONDITION_KINDS", kinds)
+    with pytest.raises(KeyError, match="'image_embedding', which CONDITION_KINDS in eqxdiff/run/open_condition.py does not"):
         condition_from_config({"kind": "image_embedding", "dim": 6}, mesh=None)
     scope = {"NoCondition": NoCondition, "TextCond": TextCond, "jnp": jnp, "np": np, "CONDITION_KINDS": kinds}
     exec(readme_condition_example(), scope)

@@ -1,5 +1,5 @@
 """eqxdiff.pretrained.save_dit: an eqxdiff DiT in facebookresearch/DiT's layout. The official checkpoint
-loaded and saved again is the same file's tensors; a DiT built as train/models.py builds one comes back
+loaded and saved again is the same file's tensors; a DiT built as eqxdiff/run/models.py builds one comes back
 from load_dit leaf for leaf; the official sizes' keys and shapes are models.py's (tests/data/dit/
 official_shapes.json, written by the official code); what models.py cannot hold is refused. (The
 official forward on a saved file: tools/check_dit_export.py.)"""
@@ -20,7 +20,7 @@ from eqxdiff.pretrained import load_dit, save_dit
 from eqxdiff.pretrained.dit_checkpoints import OFFICIAL_SIZES
 from eqxdiff.pretrained.dit_export import official_state
 from eqxdiff.sharding import make_mesh, placement
-from models import MODELS  # train/models.py (conftest puts train/ on sys.path)
+from eqxdiff.run.models import MODELS
 
 DATA = Path(__file__).parent / "data" / "dit"
 

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from eqxdiff.conditions import Labels
+from eqxdiff.run.conditions import Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule, uncertainty_weighted
 from eqxdiff.nn import (
     ConditionalModel,
@@ -34,8 +34,9 @@ from eqxdiff.pretrained.edm2_checkpoints import eqxdiff_name
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adam_edm2, create_train_state, edm2_lr_schedule, make_train_step
 
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
-import models  # train/models.py
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
+from eqxdiff.run import models
 
 DATA = Path(__file__).parent / "data" / "edm2"
 
@@ -241,7 +242,7 @@ def test_models_table_builds_edm2():
 def test_a_run_is_rebuilt_with_its_own_optimizer():
     """train/sample.py rebuilds a --lr_ref_steps run's state with EDM2's Adam (its checkpoint holds Adam's state,
     not AdamW-cosine's clip + decay chain), through the one `run_optimizer` train/main.py trains with."""
-    import rebuild  # noqa: PLC0415 — train/rebuild.py
+    from eqxdiff.run import rebuild
 
     stored = {"image_shape": [8, 8, 1], "model_args": models.model_args("edm2_tiny", (8, 8, 1), Labels(10))}
     for lr_ref_steps, adam_first in ((300, True), (0, False)):

@@ -13,7 +13,8 @@ import pytest
 from safetensors.numpy import save_file
 from test_inception import fid_weights
 
-import evaluate  # train/evaluate.py (conftest puts train/ on the path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import evaluate  # train/evaluate.py
 from eqxdiff.eval import adm_eval
 from eqxdiff.eval.adm_inception import ADMInception
 from runs import ROOT, command

@@ -2,7 +2,8 @@
 batches, with a large offset, merged from parts and gathered over processes; pytorch-fid's npz layout
 and the errors for bad files; train/fid_stats.py on digits with a stand-in feature network."""
 
-import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import fid_stats  # train/fid_stats.py
 import numpy as np
 import pytest
 from jaxtyping import TypeCheckError

@@ -5,7 +5,8 @@ run of train/sample.py --fid on a checkpoint with a stand-in feature network."""
 
 import json
 
-import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import fid_stats  # train/fid_stats.py
 import numpy as np
 import pytest
 

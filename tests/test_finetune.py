@@ -1,4 +1,4 @@
-"""train/main.py --init sd:FOLDER (train/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline: the
+"""train/main.py --init sd:FOLDER (eqxdiff/run/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline: the
 whole UNet fine-tuned from the folder's weights; --lora_rank trains adapters alone (the checkpointed state and the
 optimizer hold adapter-sized leaves only, the base stays the folder's), resumes bitwise, and writes a diffusers LoRA
 file that loads back into the base as the trained model; a folder without vae/ trains in pixels; the flags and data
@@ -9,7 +9,8 @@ import re
 import shutil
 from pathlib import Path
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode as train_encode  # train/encode.py
 import equinox as eqx
 import fsspec
 import jax
@@ -17,14 +18,14 @@ import main as train_main  # train/main.py
 import numpy as np
 import pytest
 from PIL import Image
-from rebuild import load_run  # train/rebuild.py
-from resume import saved_config  # train/resume.py
+from eqxdiff.run.rebuild import load_run
+from eqxdiff.run.run_dir import saved_config
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
-from run_condition import condition_from_config, run_condition  # train/run_condition.py
+from eqxdiff.run.open_condition import condition_from_config, run_condition
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
-from eqxdiff.conditions import EncodedText
+from eqxdiff.run.conditions import EncodedText
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.local_copies import local_copy
@@ -135,7 +136,7 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
     for path, weight in zip(paths, jax.tree.leaves(folder), strict=True):
         assert np.array_equal(arrays["['ema']" + path], weight), path
     assert any(not np.array_equal(arrays["['model']" + p], w) for p, w in zip(paths, jax.tree.leaves(folder)))
-    # The checkpoint says what the network is: SDUNet of the folder's config (train/models.py's CONSTRUCTORS).
+    # The checkpoint says what the network is: SDUNet of the folder's config (eqxdiff/run/models.py's CONSTRUCTORS).
     config = json.loads((sd_data[0] / "unet" / "config.json").read_text())
     assert saved_config(run_dir, 1)[1]["model_args"] == {"constructor": "SDUNet", "kwargs": {"config": config}}
 

@@ -1,4 +1,4 @@
-"""train/main.py --init sd:SDXL_FOLDER (train/finetune.py, eqxdiff/text/sdxl_condition.py) on the tiny random SDXL pipeline
+"""train/main.py --init sd:SDXL_FOLDER (eqxdiff/run/finetune.py, eqxdiff/run/sdxl_condition.py) on the tiny random SDXL pipeline
 of tests/data/sd_pipeline: the condition the step builds from a batch's captions is diffusers' (encode_prompt's
 embeddings of the fixture, time_ids written out by hand); with --lora_rank its adapters alone train, resume bitwise,
 sample (grids, train/sample.py --run_dir) and write a LoRA file that loads back as the model; what stays unsupported
@@ -8,14 +8,15 @@ built: tests/test_finetune.py's SD 1.x test covers it (an SDXL copy of it cost ~
 import shutil
 from pathlib import Path
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode as train_encode  # train/encode.py
 import equinox as eqx
 import jax
 import main as train_main  # train/main.py
 import numpy as np
 import pytest
-from rebuild import load_run  # train/rebuild.py
-from run_condition import run_condition  # train/run_condition.py
+from eqxdiff.run.rebuild import load_run
+from eqxdiff.run.open_condition import run_condition
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from test_finetune import captioned_latents
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
@@ -24,7 +25,7 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.sd import SDUNet, SDXLCond
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.sd.lora_files import load_lora
-from eqxdiff.text.sdxl_condition import SDXLText
+from eqxdiff.run.sdxl_condition import SDXLText
 from eqxdiff.sharding import make_mesh
 
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,

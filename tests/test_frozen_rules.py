@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import encode  # train/encode.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode  # train/encode.py
 import main as train_main
 from eqxdiff.sharding import check_rules_match, fsdp_spec, leaf_names
 from eqxdiff.data import load_tokenizer

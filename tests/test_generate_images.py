@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqxdiff.codecs import Latents, Pixels, codec_from_config
+from eqxdiff.run.codecs import Latents, Pixels, codec_from_config
 from eqxdiff.diffusion import parameterization_by_name, schedule_by_name
 from eqxdiff.generate import decode_latents, generate, generate_images
 from eqxdiff.sharding import make_mesh

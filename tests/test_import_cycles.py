@@ -1,8 +1,10 @@
 """No two eqxdiff modules import each other, directly or round a loop (DESIGN.md: imports point down
 only). Read from the source with `ast`, so an import inside a function (which Python resolves only
-when it runs, and so never fails on a cycle) counts as much as one at the top."""
+when it runs, and so never fails on a cycle) counts as much as one at the top. Packages do not import each
+other either, and only the tests of the scripts import from train/ (the library is eqxdiff/)."""
 
 import ast
+import json
 from pathlib import Path
 
 import eqxdiff
@@ -96,6 +98,105 @@ def test_nn_and_diffusion_import_no_data_training_or_sharding():
         if under(target, ABOVE_THEM)
     )
     assert "eqxdiff.nn.torch_weights" in modules and "eqxdiff.sharding" in modules
+    assert not upward, "imports that point up (pass what they need in from the caller instead): " + "; ".join(upward)
+
+
+def package_of(name: str) -> str:
+    """A module's package at the first level under eqxdiff: eqxdiff.text.conditioning -> eqxdiff.text; a
+    module directly in eqxdiff/ is its own (eqxdiff.checkpoint), as DESIGN.md's layout draws them."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_no_two_eqxdiff_packages_import_each_other():
+    """Imports point down between packages too: eqxdiff.run -> eqxdiff.text, never back (a loop of two packages
+    is a loop of modules spread over them: eqxdiff.conditions -> text.conditioning, text.sdxl_condition -> it)."""
+    modules = module_names()
+    graph = {package_of(name): set() for name in modules}
+    for name, path in modules.items():
+        graph[package_of(name)] |= {package_of(t) for t in imported(path, modules)} - {package_of(name)}
+    assert {"eqxdiff.text", "eqxdiff.run", "eqxdiff.checkpoint"} <= graph.keys()
+    assert "eqxdiff.text" in graph["eqxdiff.run"]  # the reader sees a package's imports
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    assert not cycles(graph), "eqxdiff packages that import each other: " + "; ".join(" <-> ".join(c) for c in cycles(graph))
+
+
+# train/ holds the scripts; only the tests of the scripts themselves reach into it: those that run a script's
+# CLI or its `main` in-process, or test what a researcher edits in train/main.py (its prepare and loss_fn).
+ROOT = PACKAGE.parent
+SCRIPT_TESTS = {
+    # helpers: put train/ on sys.path, run main in-process (`train_here`), run a script under the type checker
+    "train_scripts.py", "runs.py", "sample_stand_in.py",
+    # main.py's prepare and loss_fn, the functions a researcher edits
+    "test_autoencoder_kl.py", "test_edm2.py", "test_loss.py", "test_model_contract.py", "test_text_step.py",
+    "test_train_step.py",
+    # a script's CLI or main
+    "test_bucket.py", "test_cli.py", "test_conditions.py", "test_evaluate_script.py", "test_feature_stats.py",
+    "test_fid.py", "test_finetune.py", "test_finetune_sdxl.py", "test_frozen_rules.py", "test_latent_training.py",
+    "test_latents.py", "test_legacy_checkpoint.py", "test_model_args.py", "test_phema.py", "test_rebuild.py",
+    "test_sample_batches.py", "test_sample_guidance.py", "test_sample_pretrained.py", "test_samplers.py",
+    "test_script_errors.py", "test_sd_pipeline.py", "test_text_training.py", "test_torch_pickle.py",
+    "test_train_main.py", "test_typecheck_hook.py", "test_vae_sizes.py", "test_xla_cpu_auto.py",
+}  # fmt: skip
+# Benchmarks of a script itself: main.py's own step (prepare, loss_fn, its loop) for the others, through
+# unconditional_edm.py's `train_main`; train/encode.py's pipeline, timed in-process.
+SCRIPT_BENCHMARKS = {"unconditional_edm.py", "bench_encode_pipeline.py"}
+
+
+def code_of(path: Path) -> str:
+    """A file's Python: a notebook's code cells, without their shell (!) and magic (%) lines."""
+    if path.suffix != ".ipynb":
+        return path.read_text()
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    lines = "\n".join("".join(c["source"]) for c in cells).splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith(("!", "%")))
+
+
+def on_sys_path(node: ast.AST) -> bool:
+    """Whether `node` adds to sys.path: sys.path.insert/append/extend(...), or sys.path[...] = ... ."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return ast.unparse(node.func) in ("sys.path.insert", "sys.path.append", "sys.path.extend")
+    return isinstance(node, ast.Assign) and any(ast.unparse(t).startswith("sys.path") for t in node.targets)
+
+
+def reaches_train(code: str) -> list[str]:
+    """How `code` reaches into train/: a sys.path entry naming train, an import of tests/train_scripts.py (which
+    makes one) or of a train/ module by its name (found only through such an entry), or `train_here` (runs.py:
+    train/main.py's main in-process)."""
+    scripts = {p.stem for p in (ROOT / "train").glob("*.py")} | {"train_scripts"}
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] in scripts]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in scripts:
+            found.append(f"from {node.module} import")  # its names (aliases) are walked below
+        elif on_sys_path(node) and "train" in ast.unparse(node).lower():
+            found.append(ast.unparse(node))
+        elif isinstance(node, ast.Name) and node.id == "train_here" or isinstance(node, ast.alias) and node.name == "train_here":
+            found.append("train_here")
+    return found
+
+
+def test_reaches_train_sees_each_way_in():
+    assert reaches_train("import main as m\nfrom startup import Launch") == ["import main", "from startup import"]
+    assert reaches_train("import sys\nsys.path.insert(0, str(ROOT / 'train'))") == ["sys.path.insert(0, str(ROOT / 'train'))"]
+    assert reaches_train("import sys\nsys.path[:0] = ['../train']") == ["sys.path[:0] = ['../train']"]
+    assert reaches_train("import train_scripts\nfrom runs import train_here") == ["import train_scripts", "train_here"]
+    assert reaches_train("sys.path.append(TRAIN)") == ["sys.path.append(TRAIN)"]
+    assert reaches_train("check(\"sys.path.insert(0, 'train')\")") == []  # a string that only names it
+    assert reaches_train("from eqxdiff.run.rebuild import load_run\nimport harness\nsys.path.insert(0, ROOT)") == []
+
+
+def test_only_the_tests_of_the_scripts_reach_into_train():
+    """Nothing in eqxdiff, notebooks or benchmarks (but SCRIPT_BENCHMARKS), and no test but SCRIPT_TESTS, puts train/
+    on sys.path or imports from it: what they need of a run is in the library (eqxdiff/run/)."""
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks").glob("*.ipynb"),
+             *(ROOT / "benchmarks").glob("*.py")]  # fmt: skip
+    reach = {path.relative_to(ROOT).as_posix(): reaches_train(code_of(path)) for path in files}
+    allowed = {f"tests/{name}" for name in SCRIPT_TESTS} | {f"benchmarks/{name}" for name in SCRIPT_BENCHMARKS}
+    outside = {path: how for path, how in reach.items() if how and path not in allowed}
+    assert not outside, f"reach into train/ (move what they use into eqxdiff/, or name a script test): {outside}"
+    stale = sorted(path for path in allowed if not reach.get(path))
+    assert not stale, f"named as script tests but reaching no script (drop them from the list): {stale}"
     assert not upward, "imports that point up (pass what they need in from the caller instead): " + "; ".join(upward)
 
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode as train_encode  # train/encode.py
 import main as train_main  # train/main.py
 import sample as train_sample  # train/sample.py
-from eqxdiff.codecs import Latents, Pixels
-from eqxdiff.conditions import Labels
+from eqxdiff.run.codecs import Latents, Pixels
+from eqxdiff.run.conditions import Labels
 from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.images import to_uint8

@@ -20,11 +20,12 @@ from eqxdiff.data.captioned_digits import CaptionedDigitsSource, captioned_digit
 from eqxdiff.data.latents import META, LatentSource, null_npz_bytes, shard_name, tokenizer_files_sha256
 from eqxdiff.data.records import TextField
 from eqxdiff.nn import AutoencoderKL, CLIPTextModel, SpaceToDepth, TextCond
-from run_condition import run_condition, sample_prompts  # train/run_condition.py
+from eqxdiff.run.open_condition import run_condition, sample_prompts
 
 from eqxdiff.autoencoders import Autoencoder, check_autoencoder, describe_autoencoder, open_autoencoder
 
-import encode  # train/encode.py (conftest puts train/ on the path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode  # train/encode.py
 import runs
 
 SD_LIKE = Path(__file__).parent / "data" / "autoencoder_kl" / "sd_like"
@@ -455,7 +456,7 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
     """main.py on latents encoded with --encode_text: the tower and tokenizer of meta.json, no tower in
     the step (only the stored null), the stored float16 context read as the condition."""
     import main as train_main  # train/main.py
-    from eqxdiff.conditions import EncodedText
+    from eqxdiff.run.conditions import EncodedText
     from eqxdiff.sharding import make_mesh
 
     spec = f"latents:{text_setup['out']}"

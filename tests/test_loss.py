@@ -22,7 +22,8 @@ from eqxdiff.diffusion import (
     parameterization_by_name,
 )
 
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
 
 B, H, W, C = 6, 4, 4, 2
 
@@ -178,3 +179,15 @@ def test_sigma_data_reaches_edm_preconditioning_by_name():
     np.testing.assert_allclose(loss_weight(sigma, edm, EDMSchedule()), (sigma**2 + 1) / sigma**2, rtol=1e-5)
     assert parameterization_by_name("edm").sigma_data == 0.5  # EDM's value for images in [-1, 1]
     assert parameterization_by_name("eps", sigma_data=1.0) == EpsilonPrediction()  # no σ_d to set
+
+
+def test_the_quickstart_trains_main_py_s_loss_fn():
+    """notebooks/quickstart.ipynb writes main.py's loss_fn out (notebooks import nothing from train/): the same
+    function, line for line, so the tutorial trains what train/main.py trains."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    notebook = json.loads((Path(__file__).parent.parent / "notebooks" / "quickstart.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    assert inspect.getsource(train_main.loss_fn) in code

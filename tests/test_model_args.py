@@ -1,4 +1,4 @@
-"""A checkpoint describes its network: the constructor arguments its MODELS entry gave (train/models.py),
+"""A checkpoint describes its network: the constructor arguments its MODELS entry gave (eqxdiff/run/models.py),
 so sample.py rebuilds what was trained after the entry is edited, and a resumed run refuses the edit.
 (Checkpoints from before: tests/test_legacy_checkpoint.py.)"""
 
@@ -7,11 +7,12 @@ import json
 import pytest
 
 from runs import TINY, train_here
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 
 @pytest.mark.slow  # reason: a training step's compile and a sampler's (~20 s)
 def test_sample_rebuilds_the_trained_network_after_its_entry_changed_and_resume_refuses_it(tmp_path, monkeypatch):
-    import models  # train/models.py
+    from eqxdiff.run import models
     import sample  # train/sample.py
 
     run_dir = tmp_path / "run"

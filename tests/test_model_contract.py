@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
-from eqxdiff.conditions import Labels
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
+from eqxdiff.run.conditions import Labels
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import Batched, ConditionalModel, DiffusionModel, DiT, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh

@@ -1,11 +1,10 @@
-"""train/offline.py, the pipeline of encode.py and fid_stats.py: every example once, in order, through
+"""eqxdiff/data/offline.py, the pipeline of encode.py and fid_stats.py: every example once, in order, through
 one shape of batch (the last padded), its results cut back to the real rows."""
 
 import jax
 import numpy as np
-import pytest
-from offline import open_dataset, pad_rows, run_offline  # train/offline.py (conftest puts train/ on the path)
 
+from eqxdiff.data.offline import pad_rows, run_offline
 from eqxdiff.sharding import batch_sharding, make_mesh
 
 
@@ -36,8 +35,3 @@ def test_every_example_once_in_order_through_one_batch_shape():
     assert shapes == [(batch, 2)] * 3
     assert kept == [f"#{g}" for g in indices]
     assert rows == [[10 * g, -10 * g] for g in indices]  # the padding's repeats of the last row cut off
-
-
-def test_an_unreadable_dataset_is_one_line():
-    with pytest.raises(SystemExit, match="npz"):
-        open_dataset("npz:no/such/file.npz", 8)

@@ -28,6 +28,7 @@ from eqxdiff.training.phema import (
     sigma_rel_to_gamma,
     update_power_emas,
 )
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 
 # ---- The reference: NVlabs/edm2, training/phema.py (Karras et al., "Analyzing and Improving the Training
@@ -270,7 +271,7 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     --ema loads the rebuilt model; (3) stopped at step 6 and resumed, the run's checkpoint and every snapshot
     equal the uninterrupted run's bitwise."""
     import posthoc_ema  # train/posthoc_ema.py
-    from rebuild import load_run
+    from eqxdiff.run.rebuild import load_run
 
     steps, flags = 12, [*TINY, "--phema_sigma_rels", "0.05,0.07,0.10", "--phema_every", 1, "--ckpt_every", 6]
     whole, split = tmp_path / "whole", tmp_path / "split"

@@ -1,4 +1,4 @@
-"""train/rebuild.py: `load_run` rebuilds a trained run from its directory alone, the EMA weights as saved and
+"""eqxdiff/run/rebuild.py: `load_run` rebuilds a trained run from its directory alone, the EMA weights as saved and
 the codec, condition, schedule and parameterization the run trained with. (A checkpoint from before model
 arguments were stored: tests/test_legacy_checkpoint.py.)"""
 
@@ -7,13 +7,14 @@ import json
 import numpy as np
 import pytest
 
-import encode as train_encode  # train/encode.py (conftest puts train/ on sys.path)
-from eqxdiff.codecs import Latents, Pixels
-from eqxdiff.conditions import Labels, ScratchText
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode as train_encode  # train/encode.py
+from eqxdiff.run.codecs import Latents, Pixels
+from eqxdiff.run.conditions import Labels, ScratchText
 from eqxdiff.data import CaptionedDigitsSource
 from eqxdiff.diffusion import EDMPreconditioning, VPSchedule
 from eqxdiff.sharding import make_mesh
-from rebuild import load_run  # train/rebuild.py
+from eqxdiff.run.rebuild import load_run
 from runs import TINY, saved_arrays, train_here
 from test_train_main import leaf_paths
 

@@ -1,4 +1,4 @@
-"""train/sample_batches.py: ADM's sample batch (arr_0 uint8 NHWC, arr_1 int64 labels), balanced classes,
+"""eqxdiff/eval/sample_batches.py: ADM's sample batch (arr_0 uint8 NHWC, arr_1 int64 labels), balanced classes,
 chunks that a restart skips (after an exception, a SIGKILL, a torn temp file) with a result equal byte for
 byte to an uninterrupted run's, other flags refused by name; and train/sample.py --format adm on a run."""
 
@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-import sample_batches  # train/sample_batches.py (conftest puts train/ on sys.path)
-
+from eqxdiff.eval import sample_batches
+from eqxdiff.eval.sample_batches import balanced_labels, chunk_key, parts_dir, write_sample_batches
 from runs import ROOT, TINY, Started, kill, train_here, wait_for
-from sample_batches import balanced_labels, chunk_key, parts_dir, write_sample_batches  # train/ (conftest: on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 # A stand-in sampler: images that depend on the chunk's labels and key, as a model's do.
 SAMPLER = textwrap.dedent("""
@@ -140,7 +140,7 @@ def test_a_killed_process_restarted_writes_the_same_batch(tmp_path):
     out = tmp_path / "s.npz"
     script = SAMPLER + textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(ROOT / "train")!r})
-        from sample_batches import write_sample_batches
+        from eqxdiff.eval.sample_batches import write_sample_batches
         delay = float(sys.argv[1])
         write_sample_batches(lambda labels, key: sample_chunk(labels, key, delay), {str(out)!r}, num=40, chunk_size=4,
                              seed=3, classes=[0, 1, 2, 3, 4], flags={FLAGS!r})

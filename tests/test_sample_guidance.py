@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import main as train_main  # train/main.py
 import sample  # train/sample.py
 from guidance_flags import parse_interval
-from rebuild import load_run
+from eqxdiff.run.rebuild import load_run
 from runs import TINY, train_here
 
 from eqxdiff.diffusion import AutoGuidance, ClassifierFreeGuidance, Denoiser, karras_sigmas

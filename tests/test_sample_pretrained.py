@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-import sample  # train/sample.py (conftest puts train/ on the path)
-from sample_batches import chunk_key
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import sample  # train/sample.py
+from eqxdiff.eval.sample_batches import chunk_key
 from sample_pretrained import to_uint8_official
 
 from eqxdiff.nn import AutoencoderKL

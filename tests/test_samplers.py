@@ -14,6 +14,7 @@ import pytest
 
 from eqxdiff.diffusion import METHODS, VPSchedule, karras_sigmas, sample, vp_sigmas
 from eqxdiff.diffusion import samplers as samplers_module
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 MU = np.array([0.3, -1.0, 0.0])
 VAR = np.array([0.25, 0.04, 1.0])
@@ -264,7 +265,7 @@ def test_registry_is_the_one_list_of_methods(monkeypatch):
 def test_sampler_registered_from_train_is_a_flag_choice(monkeypatch, tmp_path, capsys):
     """`SAMPLERS["midpoint"] = ...` in train/main.py (after its flag table is built) makes
     `--sample_method midpoint` and `train/sample.py --method midpoint` valid; before, both refuse."""
-    import main as train_main  # train/ is on sys.path (conftest)
+    import main as train_main
     import sample as train_sample
 
     def parse():

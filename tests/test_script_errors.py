@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import encode  # train/ is on sys.path (conftest)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode
 import fid_stats
 import main as train_main
 import sample
+from offline import open_dataset
 
 from runs import ROOT, command
 
@@ -230,3 +232,9 @@ def test_a_user_error_is_its_one_line_even_when_the_failed_work_leaves_cleanup_b
                             timeout=60)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == "error: the checkpoint cannot be restored: use another step\n"
+
+
+def test_an_unreadable_dataset_is_one_line():
+    """train/encode.py's and train/fid_stats.py's dataset (train/offline.py)."""
+    with pytest.raises(SystemExit, match="npz"):
+        open_dataset("npz:no/such/file.npz", 8)

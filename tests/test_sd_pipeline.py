@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from eqxdiff.sd import load_sd
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
@@ -189,7 +190,7 @@ def test_cli_writes_a_png(family, request, tmp_path):
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
-    import sample  # train/sample.py (conftest puts train/ on the path)
+    import sample  # train/sample.py
 
     other = tmp_path / "img2img"
     shutil.copytree(sd1_folder, other, ignore=shutil.ignore_patterns("unet", "vae", "text_encoder"))

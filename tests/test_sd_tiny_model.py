@@ -1,4 +1,4 @@
-"""`--model sd_tiny` (train/models.py): diffusers' UNet2DConditionModel as an eqxdiff SDUNet for a text run, its
+"""`--model sd_tiny` (eqxdiff/run/models.py): diffusers' UNet2DConditionModel as an eqxdiff SDUNet for a text run, its
 cross_attention_dim the run's text width, so that `save_pipeline` writes it as a pipeline's unet/ (the run exported
 and sampled by diffusers: tools/check_sd_scratch.py); what it cannot take is refused by name."""
 
@@ -7,7 +7,7 @@ import json
 import equinox as eqx
 import jax
 import pytest
-from models import CONSTRUCTORS, MODELS  # train/models.py (conftest puts train/ on sys.path)
+from eqxdiff.run.models import CONSTRUCTORS, MODELS
 
 from eqxdiff.sd import SDUNet
 

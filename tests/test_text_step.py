@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
-from eqxdiff.conditions import FrozenText
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
+from eqxdiff.run.conditions import FrozenText
 from eqxdiff.data import load_tokenizer
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import CLIPTextModel, TextCond

@@ -14,8 +14,9 @@ import eqxdiff.generate
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.data import load_tokenizer
 from eqxdiff.sharding import make_mesh
-from run_condition import open_text  # train/run_condition.py
+from eqxdiff.run.open_condition import open_text
 from runs import ROOT, assert_finite_training, metric_rows, random_clip_folder, run, train_here
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 TOKENIZER = ROOT / "tests" / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids, CLIP's real first merges
 SMOKE = ["--model", "unet_tiny", "--batch_size", 16, "--log_every", 1, "--sample_steps", 1, "--wandb", "disabled"]

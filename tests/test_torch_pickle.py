@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from eqxdiff.weights.torch_pickle import TorchFileError, read_state_dict, read_torch_file
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 DATA = Path(__file__).parent / "data" / "torch_pickle"
 REF = json.loads((DATA / "reference.json").read_text())
@@ -114,7 +115,7 @@ def test_not_a_torch_file_is_refused(tmp_path):
 def test_fid_stats_refuses_a_malicious_inception_in_one_line(tmp_path, monkeypatch, capsys):
     """train/fid_stats.py --inception FILE.pth: a file that names code is one line, status 2, before
     any image is read; nothing runs and nothing is written."""
-    import fid_stats  # train/fid_stats.py (conftest puts train/ on the path)
+    import fid_stats  # train/fid_stats.py
     from startup import exit_on_user_error
 
     monkeypatch.chdir(tmp_path)

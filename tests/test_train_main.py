@@ -17,6 +17,7 @@ from eqxdiff.data import open_source
 from eqxdiff.images import add_row_labels
 from eqxdiff.sharding import make_mesh
 from runs import saved_arrays, train_here
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 ROOT = Path(__file__).parent.parent
 SMALL = ["--model", "unet_tiny", "--batch_size", "16", "--sample_steps", "2", "--wandb", "disabled"]
@@ -163,7 +164,7 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
 
     # sample.py restores the EMA weights, not the raw model's (its runs: tests/test_multihost.py,
     # tests/test_latent_training.py).
-    from rebuild import load_run  # train/rebuild.py
+    from eqxdiff.run.rebuild import load_run
 
     ema = load_run(tmp_path, mesh=make_mesh(data=-1, fsdp=1)).ema
     on_disk = leaf_paths(saved_arrays(tmp_path, 20))
@@ -260,7 +261,7 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
     samples are the library's generate of step 12's EMA (read from the checkpoint's files) with labels
     3 and 7 and the Euler sampler, and the PNG holds them as tiles, a row per class."""
     import sample  # train/sample.py
-    from rebuild import load_run  # train/rebuild.py
+    from eqxdiff.run.rebuild import load_run
 
     from eqxdiff.diffusion import parameterization_by_name, schedule_by_name
     from eqxdiff.generate import generate

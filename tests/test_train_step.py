@@ -18,9 +18,10 @@ from jax.sharding import PartitionSpec as P
 
 from eqxdiff import xla_cpu
 from eqxdiff.data import open_source
-import main as train_main  # train/main.py (conftest puts train/ on sys.path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
 from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
-from eqxdiff.conditions import Labels
+from eqxdiff.run.conditions import Labels
 from eqxdiff.nn import UNet
 from eqxdiff.nn.layers import Dense, Embedding
 from eqxdiff.sharding import batch_sharding, make_mesh
@@ -321,7 +322,7 @@ def test_remat_shrinks_the_compiled_steps_temp_memory():
 @pytest.mark.parametrize("prefix", [False, True])
 def test_model_of_trains_the_trained_part_and_reads_the_frozen_one(prefix):
     """make_train_step(model_of=...): the loss sees eqx.combine(trained, frozen part), the gradient, optimizer and EMA
-    hold the trained part alone (here a Dense's bias; LoRA's adapters in train/finetune.py), the frozen weight is the
+    hold the trained part alone (here a Dense's bias; LoRA's adapters in eqxdiff/run/finetune.py), the frozen weight is the
     step's argument, left as it was. `prefix`: frozen_shardings a prefix of the frozen argument, as jit's
     in_shardings take them (one sharding for a whole module, None for a subtree of two arrays)."""
     mesh = make_mesh(data=-1, fsdp=1)

@@ -9,9 +9,11 @@ import sys
 import eqxdiff
 from jaxtyping._import_hook import _JaxtypingLoader  # the hook's loader (jaxtyping has no public test for it)
 
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+
 
 def test_every_eqxdiff_module_is_loaded_through_the_jaxtyping_hook():
-    # The train/ scripts import eqxdiff modules of their own (conftest puts train/ on sys.path).
+    # The train/ scripts import eqxdiff modules of their own.
     for script in ("main", "sample", "encode", "fid_stats", "launch_local"):
         importlib.import_module(script)
     for module in pkgutil.walk_packages(eqxdiff.__path__, "eqxdiff."):

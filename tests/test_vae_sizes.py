@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-import encode  # train/encode.py (conftest puts train/ on the path)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode  # train/encode.py
 from eqxdiff.autoencoders import MAX_AUTO_BATCH, PIXELS_PER_BATCH, auto_batch_size, use_tiling
 from eqxdiff.data import stack_records
 from eqxdiff.data.latents import LatentSource

@@ -329,3 +329,11 @@ def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shif
         want = grads()
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_the_xla_cpu_flag_names_switches_and_refuses_unknown_ones():
+    assert xla_cpu.named_switches("on") == xla_cpu.DEFAULT and xla_cpu.named_switches("off") == frozenset()
+    assert xla_cpu.named_switches("on", remat=True) == xla_cpu.DEFAULT | {"memory_scheduler"} != xla_cpu.DEFAULT
+    assert xla_cpu.named_switches("llvm_o1, memory_scheduler") == {"llvm_o1", "memory_scheduler"}
+    with pytest.raises(SystemExit, match="--xla_cpu: unknown switch.*'fast'.*conv_grad_matmul"):
+        xla_cpu.named_switches("llvm_o1,fast")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-import xla_cpu_auto  # train/ is on sys.path (conftest)
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import xla_cpu_auto
 from eqxdiff import xla_cpu
 from eqxdiff.sharding import make_mesh
 from runs import TINY, train_here

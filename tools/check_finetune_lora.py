@@ -1,7 +1,7 @@
 """Check a LoRA run of train/main.py (--init sd:FOLDER --lora_rank R) against diffusers: the run's
 RUN_DIR/lora/pytorch_lora_weights.safetensors, read by the pipeline's `load_lora_weights` (StableDiffusionPipeline,
 or StableDiffusionXLPipeline: the UNet's adapters under the same PEFT names) into --init's pipeline, gives the UNet
-output of eqxdiff's rebuilt run (train/rebuild.py: the EMA's adapters in the base). Two halves, two venvs:
+output of eqxdiff's rebuilt run (eqxdiff/run/rebuild.py: the EMA's adapters in the base). Two halves, two venvs:
 
     PYTHONPATH=. .venv/bin/python tools/check_finetune_lora.py write --run_dir RUN --out /tmp/ft   # eqxdiff's side
     tools/.venv/bin/python tools/check_finetune_lora.py check --run_dir RUN --out /tmp/ft         # diffusers' (+ peft)
@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 from two_halves import run_halves  # tools/two_halves.py: the write/check command line
 
-ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-5  # relative to the output's largest value; SDUNet's own parity is 4e-6
 
 
@@ -29,11 +28,10 @@ def write(run_dir: Path, out: Path) -> None:
     import equinox as eqx
     import jax.numpy as jnp
 
-    sys.path.insert(0, str(ROOT / "train"))
-    from rebuild import load_run  # train/rebuild.py
+    from eqxdiff.run.rebuild import load_run
 
     from eqxdiff.nn import TextCond
-    from eqxdiff.text.sdxl_condition import SDXLText
+    from eqxdiff.run.sdxl_condition import SDXLText
     from eqxdiff.sharding import make_mesh
 
     run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))

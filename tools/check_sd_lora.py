@@ -14,7 +14,7 @@ ones; the run's LoRA file loaded into diffusers' pipeline samples what eqxdiff s
 
 `data` copies the exported pipeline to OUT/pipeline (what load_sd and diffusers sample) and its unet/,
 text_encoder/, tokenizer/ and scheduler/ to OUT/pixels, without the placeholder vae/: a folder without a VAE is a
-pixel-space UNet, which --init trains on images (train/finetune.py). It writes the training set, an npz of
+pixel-space UNet, which --init trains on images (eqxdiff/run/finetune.py). It writes the training set, an npz of
 captioned_digits examples: half inverted (255 - image) with "inverted " before a caption of the short templates
 ("inverted 3 then 7"; the tower has 8 positions, so the longest captions leave no room for a word), half as they
 were, so the old captions are still trained on. "inverted" is not in the word tokenizer's vocabulary: it is read

@@ -39,8 +39,7 @@ def write(run_dir: Path, out: Path) -> None:
     """eqxdiff's side (the main venv): export, then sample the exported folder."""
     import jax
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
-    from rebuild import load_run
+    from eqxdiff.run.rebuild import load_run
 
     from eqxdiff.data.captioned_digits import captioned_digits_prompts, captioned_digits_tokenizer
     from eqxdiff.data.tokenizer import WORD_SPECIALS

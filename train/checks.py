@@ -6,7 +6,8 @@ from pathlib import Path
 from guidance_flags import parse_interval  # train/guidance_flags.py
 
 from eqxdiff.diffusion import EDMSchedule
-from eqxdiff.text.sdxl_condition import is_sdxl_folder
+from eqxdiff.run.conditions import TextCondition
+from eqxdiff.run.sdxl_condition import is_sdxl_folder
 from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range
 from eqxdiff.training.phema import parse_sigma_rels
@@ -77,3 +78,10 @@ def check_text_folders_exist(cfg) -> None:
             check_text_folders(tower, tokenizer)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(str(e)) from e
+
+
+def check_eval_condition(cfg, condition) -> None:
+    """--eval_every's samples are class-conditional or unconditional."""
+    if cfg.eval_every > 0 and isinstance(condition, TextCondition):
+        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
+                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip

@@ -47,6 +47,7 @@ from eqxdiff.data.latents import (
     META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
     tokenizer_files_sha256, write_shard,
 )  # fmt: skip
+from eqxdiff.data.offline import run_offline  # a dataset through the devices once
 from eqxdiff.images import from_uint8
 from eqxdiff.local_copies import canonical, local_copy
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
@@ -57,7 +58,7 @@ from eqxdiff.text.conditioning import (
     NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
     tokenizer_location,
 )  # fmt: skip
-from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
+from offline import open_dataset  # train/offline.py: the dataset named, or one line why not
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from eqxdiff.data.offline import run_offline  # a dataset through the devices once
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
 from eqxdiff.eval.fid import (
     KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
 )  # fmt: skip
 from eqxdiff.paths import as_path
 from eqxdiff.sharding import batch_sharding, make_mesh
-from offline import open_dataset, run_offline  # train/offline.py: a dataset through the devices once
+from offline import open_dataset  # train/offline.py: the dataset named, or one line why not
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 

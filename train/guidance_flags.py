@@ -1,7 +1,7 @@
 """The guidance flags of train/main.py and train/sample.py: `--cfg_interval LO,HI` parsed, and `--guide_run`'s
 weak model checked against the run it guides (autoguidance needs a weaker model of the same task)."""
 
-from run_condition import stored_condition  # train/run_condition.py
+from eqxdiff.run.open_condition import stored_condition
 
 
 def parse_interval(text: str) -> tuple[float, float] | None:

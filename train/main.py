@@ -12,7 +12,7 @@ exits 0; an expected error (data, flags, a checkpoint that does not fit) prints 
 
 Everything a researcher changes is in this file: the Config, the sharding rules, `prepare` (a
 batch of records -> the model's input and condition), `loss_fn` (its weighting is one line) and
-the run's setup in `main`; the model table is train/models.py, the loop train/loop.py. The step
+the run's setup in `main`; the model table is eqxdiff/run/models.py, the loop train/loop.py. The step
 itself (sharding, donation, NaN guard, accumulation) is `eqxdiff.training.make_train_step`.
 """
 
@@ -44,9 +44,13 @@ from eqxdiff.diffusion import (
     schedule_by_name,
     uncertainty_weighted,
 )
-from eqxdiff.codecs import Latents, Pixels
 from eqxdiff.nn import force_weight_normalization
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, REMAT_POLICIES, set_remat_policy
+from eqxdiff.run.codecs import Latents, Pixels  # what x0 is
+from eqxdiff.run.finetune import open_init  # --init sd:FOLDER: the pretrained UNet, LoRA
+from eqxdiff.run.models import MODELS, build_model, model_args  # the model table
+from eqxdiff.run.open_condition import run_condition, sample_grid_rows  # the condition, from flags and data
+from eqxdiff.run.run_dir import checkpoint_steps
 from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -66,13 +70,13 @@ from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
-from checks import check_batch, check_eval, check_schedule, check_text_folders_exist, flag_value_error  # train/checks.py
-from finetune import FineTuneFlags, open_init, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
+from checks import (  # train/checks.py
+    check_batch, check_eval, check_eval_condition, check_schedule, check_text_folders_exist, flag_value_error,
+)  # fmt: skip
+from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
-from models import MODELS, build_model, model_args  # train/models.py: the model table
-from resume import check_model_args, checkpoint_steps, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
-from run_condition import check_eval_condition, run_condition, sample_grid_rows  # train/run_condition.py: the condition
+from resume import check_model_args, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
@@ -91,7 +95,7 @@ class Config(FineTuneFlags, Launch):
     allow_dataset_change: bool = False  # resume on other data, from the saved example count
     hflip: bool = False  # random horizontal flips (not for digits)
     # model: the network, its arithmetic and its layout over the devices
-    model: str = "unet"  # the network, train/models.py
+    model: str = "unet"  # the network, eqxdiff/run/models.py
     precision: str = "fp32"  # fp32 | bf16 (bf16 compute, fp32 parameters and optimizer state)
     remat: bool = False  # recompute activations in the backward pass (less memory, more compute)
     remat_policy: str = DEFAULT_REMAT_POLICY  # with --remat: what each block keeps for the backward pass (eqxdiff/nn/remat.py)
@@ -171,11 +175,11 @@ CHOICES = {
 def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition, schedule,
             cond_dropout: float) -> dict:  # fmt: skip
     """A record batch -> what `loss_fn` reads: x0 (`codec`: images in [-1, 1], or latents), the condition
-    (`condition`, eqxdiff/conditions.py: labels, tokens, or text encoded by the step's frozen tower; each
+    (`condition`, eqxdiff/run/conditions.py: labels, tokens, or text encoded by the step's frozen tower; each
     example's replaced by the condition's null with probability `cond_dropout` for classifier-free
     guidance), and the training draw σ, ε. Runs
     inside the step on the whole global batch. Latent records (train/encode.py) hold the VAE
-    posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/codecs.py)."""
+    posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/run/codecs.py)."""
     key_draw, key_drop = jax.random.split(key)
     key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw alike for pixels and latents
     x0 = codec.x0(batch, key_latent)
@@ -259,12 +263,12 @@ def main(cfg: Config, features_fn=None) -> None:
     rules = tune.rules(SHARDING_RULES)  # the network's: --init adds SD's attention layout after these
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
-    condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/conditions.py)
+    condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/run/conditions.py)
     check_eval_condition(cfg, condition)
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
     sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
-    # What x0 is: pixels, or latents (eqxdiff/codecs.py) of a VAE laid out by the run's rules.
+    # What x0 is: pixels, or latents (eqxdiff/run/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)

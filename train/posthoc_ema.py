@@ -15,21 +15,19 @@ run), as train/sample.py --ema sigma_rel=S --fid STATS.npz does: the same sample
 """
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import equinox as eqx
 import jax
 import numpy as np
 
-from finetune import open_init  # train/finetune.py: a LoRA run's state holds its adapters only
-from rebuild import abstract_run_state, posthoc_dir, stored_run, stored_run_condition  # train/rebuild.py
-from main import Config  # train/main.py: the run's flags
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.paths import as_path
+from eqxdiff.run.finetune import open_init  # a LoRA run's state holds its adapters only
+from eqxdiff.run.rebuild import abstract_run_state, posthoc_dir, stored_flags, stored_run, stored_run_condition
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
 
@@ -124,7 +122,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         stored = checkpoints.restore_config(ckpt_step)
     if args.sweep:  # what the sweep cannot score is refused before the solve
         check_sweep(args, stored)
-    cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+    cfg = stored_flags(stored)
     condition = stored_run_condition(run_dir, stored, mesh)
     trained = open_init(cfg, mesh, 2**62, base=False).trained  # a LoRA run's state: the adapters
     abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, trained)
@@ -158,7 +156,7 @@ def check_sweep(args: argparse.Namespace, stored: dict) -> None:
     """--sweep scores a digits run with the scorecard, or any class-conditional or unconditional run with --fid;
     anything else is one line naming the flag that would."""
     from outputs import check_writable  # train/outputs.py
-    from run_condition import stored_condition  # train/run_condition.py
+    from eqxdiff.run.open_condition import stored_condition
 
     dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
     kind = stored_condition(stored)["kind"]
@@ -181,7 +179,7 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
 
     import sample  # train/sample.py; imported here: the reconstruction alone does not need it
     from guidance_flags import parse_interval  # train/guidance_flags.py
-    from rebuild import load_run
+    from eqxdiff.run.rebuild import load_run
     from sample_many import measure_fid, open_fid_flags
 
     from eqxdiff.generate import generate_images
@@ -224,7 +222,7 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
     from eqxdiff.eval import digits_sample_metrics
     from eqxdiff.generate import generate_images
     from eqxdiff.images import to_uint8
-    from rebuild import load_run
+    from eqxdiff.run.rebuild import load_run
 
     mesh = make_mesh(data=-1, fsdp=1)
     keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")

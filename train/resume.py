@@ -8,14 +8,12 @@ read as plain JSON, before JAX starts: flags like --cpu_devices must be set befo
 """
 
 import dataclasses
-import difflib
-import json
 import re
 from pathlib import Path
 
-from eqxdiff.paths import as_path, is_url, url_error
-
-from models import changed_args  # train/models.py
+from eqxdiff.paths import is_url, url_error
+from eqxdiff.run.models import changed_args
+from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
 
 # What a checkpoint's arrays and data order were made for (lr_ref_steps: Adam's state or AdamW's): a change is a
 # different run.
@@ -43,35 +41,6 @@ def default_run_dir(dataset: str, model: str) -> str:
     return f"runs/{dataset_name(dataset)}-{model}"
 
 
-def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    """The saved steps under RUN_DIR/checkpoints, oldest first. On disk orbax writes a step under a temporary
-    name and renames it when complete, so a numeric folder is a committed one; in a bucket, which cannot
-    rename, it writes the step in place and commit_success.txt into it last."""
-    folder = as_path(run_dir) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    committed = (lambda d: (d / "commit_success.txt").exists()) if is_url(folder) else Path.is_dir
-    return sorted(int(d.name) for d in folder.iterdir() if d.name.isdigit() and committed(d))
-
-
-def saved_config(run_dir: str | Path, step: int = -1) -> tuple[int, dict] | None:
-    """(step, its saved config) of checkpoint `step` of the run (-1: the newest), None when the run
-    has no checkpoint yet."""
-    steps = checkpoint_steps(run_dir)
-    if step >= 0 and step not in steps:
-        saved = ", ".join(map(str, steps)) or "none"
-        raise SystemExit(f"--resume_step {step}: {run_dir} holds no checkpoint of step {step} (saved: {saved}).")
-    if not steps:
-        return None
-    step = steps[-1] if step < 0 else step
-    path = as_path(run_dir) / "checkpoints" / str(step) / "config" / "metadata"
-    try:
-        return step, json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"Checkpoint step {step} of {run_dir}: cannot read its config {path} ({e}); pass "
-                         f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
-
-
 def saved_run(run_dir: str, step: int = -1) -> tuple[int, dict] | None:
     """`saved_config`, where a bucket that cannot be read (no credentials, no access, a server's error) is one
     line naming it: the run's first request to its bucket."""
@@ -84,19 +53,6 @@ def saved_run(run_dir: str, step: int = -1) -> tuple[int, dict] | None:
     except Exception as e:  # the client libraries raise many kinds (HTTP, credentials, network)
         raise SystemExit(f"--run_dir {run_dir}: cannot read the bucket: {type(e).__name__}: {e}; check the bucket "
                          f"and the credentials, or pass another --run_dir.") from e  # fmt: skip
-
-
-def close_runs(run_dir: str | Path) -> list[Path]:
-    """Runs beside `run_dir` (folders holding checkpoints/) whose names are close to its name: what a
-    mistyped --run_dir most likely meant."""
-    if is_url(run_dir):  # suggestions from the local disk only: a bucket's listing is a request
-        return []
-    run_dir = Path(run_dir).expanduser()
-    parent = run_dir.parent if run_dir.parent.is_dir() else None
-    if parent is None:
-        return []
-    runs = {d.name: d for d in parent.iterdir() if (d / "checkpoints").is_dir()}
-    return [runs[name] for name in difflib.get_close_matches(run_dir.name, list(runs), n=3, cutoff=0.75)]
 
 
 def refuse_mistyped_run_dir(run_dir: str, given: dict) -> None:
@@ -166,5 +122,5 @@ def check_model_args(run_dir: str, model: str, step: int, args: dict) -> None:
     changed = [] if saved is None else changed_args(saved, args)
     if changed:
         raise SystemExit(f"{run_dir} trained --model {model} with other arguments than its entry in "
-                         f"train/models.py gives now ({', '.join(changed)}): restore the entry to continue the run, "
+                         f"eqxdiff/run/models.py gives now ({', '.join(changed)}): restore the entry to continue the run, "
                          f"or pass a new --run_dir to train the edited model.")  # fmt: skip

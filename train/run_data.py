@@ -3,7 +3,7 @@ or the latents of an autoencoder)."""
 
 import numpy as np
 
-from eqxdiff.codecs import Pixels, codec_from_config
+from eqxdiff.run.codecs import Pixels, codec_from_config
 from eqxdiff.data import describe_source, open_source
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.sharding import RuleError

@@ -36,7 +36,7 @@ pytorch-fid's InceptionV3 (`--inception pt_inception-2015-12-05-6726825d.pth`), 
 repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
 precision and recall when the statistics keep features, ref, sampler, guidance) appended to `--fid_out`.
 
-`--format adm --out FILE.npz` writes ADM's sample batch instead (train/sample_batches.py): `arr_0` uint8
+`--format adm --out FILE.npz` writes ADM's sample batch instead (eqxdiff/eval/sample_batches.py): `arr_0` uint8
 NHWC, `arr_1` int64 labels balanced over `--classes`, made `--batch_size` at a time on every device of
 every process in chunks kept in FILE.npz.parts/, which a restart with the same flags skips (the result
 equals an uninterrupted run's); what ADM's evaluator and train/evaluate.py read.
@@ -52,14 +52,14 @@ import numpy as np
 
 from guidance_flags import check_same_task, parse_interval  # train/guidance_flags.py
 from outputs import check_writable
-from rebuild import load_run, stored_run  # train/rebuild.py: a run from its checkpoint
+from eqxdiff.run.rebuild import load_run, stored_run  # a run from its checkpoint
 from sample_many import guidance_record, measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
 import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
-from run_condition import stored_condition
+from eqxdiff.run.open_condition import stored_condition
 from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
-from eqxdiff.conditions import TextCondition
+from eqxdiff.run.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError
 from eqxdiff.data import open_source
 from eqxdiff.data.specs import BUILTIN_SOURCES

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from sample_batches import write_sample_batches
+from eqxdiff.eval.sample_batches import write_sample_batches
 
 from eqxdiff.images import to_uint8
 from eqxdiff.paths import append_text, as_path, is_url

@@ -14,7 +14,7 @@ What each flag means for each family, with their official scripts' defaults:
   `eqxdiff.pretrained.sample_sit`.
 Latents decode as `vae.decode(z / 0.18215)` (the folder's `scaling_factor`), images become uint8 as
 theirs do, `clamp(127.5·x + 128, 0, 255)` truncated. An .npz is ADM's sample batch, made in chunks a
-restart skips (train/sample_batches.py: labels balanced over `--classes`, each chunk's noise from
+restart skips (eqxdiff/eval/sample_batches.py: labels balanced over `--classes`, each chunk's noise from
 (seed, chunk)); a .png is a grid of the `--num` images, a row per class. FID and the rest of ADM's
 table: `train/evaluate.py REF.npz OUT.npz`.
 """
@@ -29,10 +29,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import sample_sd  # train/sample_sd.py: --pretrained sd:FOLDER, a diffusers Stable Diffusion pipeline
-from sample_batches import balanced_labels, chunk_key, write_sample_batches
 from startup import start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.eval.sample_batches import balanced_labels, chunk_key, write_sample_batches
 from eqxdiff.generate import decode_latents
 from eqxdiff.images import save_image_grid
 from eqxdiff.pretrained import load_dit, load_sit, sample_dit, sample_sit

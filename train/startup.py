@@ -156,16 +156,4 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
     # Same results; which pay off depends on the CPU (BENCHMARKS.md). "auto" starts with the shipped set but
     # YNNPACK's process flag, and train/main.py times its step under each candidate (train/xla_cpu_auto.py).
     auto = launch.xla_cpu == "auto"
-    xla_cpu.enable(xla_cpu_switches(launch.xla_cpu, remat), process_flags=not auto)
-
-
-def xla_cpu_switches(flag: str, remat: bool = False) -> frozenset[str]:
-    """The workarounds `--xla_cpu` names: "on" the shipped set (`xla_cpu.shipped(remat)`), "off" none, else a
-    comma list of names ("auto" is train/main.py's: the shipped set here)."""
-    if flag in ("on", "off", "auto"):
-        return frozenset() if flag == "off" else xla_cpu.shipped(remat)
-    names = frozenset(name.strip() for name in flag.split(",") if name.strip())
-    if unknown := names - xla_cpu.SWITCHES.keys():
-        raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off, auto or a comma list of "
-                         f"{', '.join(xla_cpu.SWITCHES)}.")  # fmt: skip
-    return names
+    xla_cpu.enable(xla_cpu.named_switches(launch.xla_cpu, remat), process_flags=not auto)

@@ -70,7 +70,7 @@ class CaptionedDigitsSource:
         self.fields = {"image": jax.ShapeDtypeStruct(self.image_shape, np.uint8), "caption": TEXT}
         self.spec = "captioned_digits"
 
-    # What a run on these captions uses unless its flags say otherwise (train/run_condition.py asks): a
+    # What a run on these captions uses unless its flags say otherwise (eqxdiff/run/open_condition.py asks): a
     # tower trained from scratch, reading the grammar's word-level tokenizer (`captioned_digits_tokenizer`,
     # named so in checkpoints). A flip would swap the digits the captions place left and right.
     text_defaults = {"text_encoder": "scratch", "tokenizer": "captioned_digits"}

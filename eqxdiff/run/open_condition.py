@@ -1,24 +1,25 @@
-"""A run's condition (eqxdiff/conditions.py) from its flags and its data, and back from a checkpoint's
+"""A run's condition (eqxdiff/run/conditions.py) from its flags and its data, and back from a checkpoint's
 config: which tower and tokenizer, the null the step and the sampler share, the sample grids' prompts.
-Script glue: a flag or folder that does not fit is a SystemExit naming the fix."""
+`cfg` is train/main.py's Config, read by its field names; a flag or folder that does not fit is a
+SystemExit naming the fix, as the scripts report it."""
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from jax.sharding import Mesh
 
-from eqxdiff.conditions import EncodedText, FrozenText, Labels, NoCondition, ScratchText, TextCondition
 from eqxdiff.data.captioned_digits import captioned_digits_tokenizer
 from eqxdiff.data.latents import LatentSource
-from eqxdiff.sharding import RuleError
 from eqxdiff.local_copies import canonical
-from eqxdiff.text.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
+from eqxdiff.run.conditions import EncodedText, FrozenText, Labels, NoCondition, ScratchText, TextCondition
+from eqxdiff.run.models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER
+from eqxdiff.run.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
+from eqxdiff.sharding import RuleError
 from eqxdiff.text.conditioning import (
     SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder, tokenizer_location,
 )  # fmt: skip
-
-from models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH_TEXT_TOWER  # train/models.py
 
 # Tokenizers built into a dataset, by the name a dataset's `text_defaults` and checkpoints give them.
 BUILTIN_TOKENIZERS = {"captioned_digits": captioned_digits_tokenizer}
@@ -28,7 +29,7 @@ TEXT_KINDS = {"scratch_text": ScratchText, "frozen_text": FrozenText, "encoded_t
 CONDITION_KINDS = {"none": NoCondition, "labels": Labels}
 
 
-def run_condition(cfg, source, mesh: Mesh, rules: tuple = ()):
+def run_condition(cfg, source, mesh: Mesh, rules: Sequence = ()):
     """The condition of a run of `cfg` (train/main.py's Config) on `source`: a frozen CLIP tower from
     --text_encoder (a folder), the one latents were encoded with (their meta.json), a tower trained with
     the model (--text_encoder scratch, or the dataset's own `text_defaults`), else its labels, else none.
@@ -79,8 +80,8 @@ def padding_mismatch(cfg, encoded: dict) -> str:
             "them, for a fine-tune (--init sd:FOLDER): pass --init, or encode again without --attend_padding.")
 
 
-def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
-    """SDXL's condition (eqxdiff/text/sdxl_condition.py) for latents of its VAE that keep their raw captions (any
+def sdxl_condition(cfg, source, mesh: Mesh, rules: Sequence = ()) -> SDXLText:
+    """SDXL's condition (eqxdiff/run/sdxl_condition.py) for latents of its VAE that keep their raw captions (any
     tokens or encoded text stored beside them are not read): each caption tokenized twice on the host and read
     by both towers in the step, time_ids of the images' size."""
     folder = cfg.text_encoder
@@ -101,8 +102,8 @@ def sdxl_condition(cfg, source, mesh: Mesh, rules: tuple = ()) -> SDXLText:
         raise SystemExit(f"--init {cfg.init}: {e}") from e
 
 
-def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh,
-              min_size: int, rules: tuple = (), attend_padding: bool = False) -> TextConditioning:  # fmt: skip
+def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh | None,
+              min_size: int, rules: Sequence = (), attend_padding: bool = False) -> TextConditioning:  # fmt: skip
     """`tower` "scratch" (of `scratch_config`) or a folder; `tokenizer` a built-in one's name
     (BUILTIN_TOKENIZERS), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
     absolute specs, for checkpoints. A folder that does not fit is a SystemExit naming it."""
@@ -131,7 +132,7 @@ def stored_condition(stored: dict) -> dict:
     return {"kind": "labels", "num_classes": stored["num_classes"]} if stored["num_classes"] else {"kind": "none"}
 
 
-def condition_from_config(config: dict, *, mesh: Mesh):
+def condition_from_config(config: dict, *, mesh: Mesh | None):
     """The condition `to_config` described, for sampling: a frozen or encoding tower replicated over `mesh`,
     its null the encoded "" (or zeros) of `null_text`. Raises FileNotFoundError or ValueError when a
     tower or tokenizer folder cannot be read, KeyError for a kind neither table names."""
@@ -141,7 +142,7 @@ def condition_from_config(config: dict, *, mesh: Mesh):
     if kind in CONDITION_KINDS:
         return CONDITION_KINDS[kind](**{name: value for name, value in config.items() if name != "kind"})
     if kind not in TEXT_KINDS:
-        raise KeyError(f"a condition of kind {kind!r}, which CONDITION_KINDS in train/run_condition.py does not "
+        raise KeyError(f"a condition of kind {kind!r}, which CONDITION_KINDS in eqxdiff/run/open_condition.py does not "
                        "name: add its class there")  # fmt: skip
     text = open_text(config["text_encoder"], config["tokenizer"], config["null_text"],
                      scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62,
@@ -178,10 +179,3 @@ def sample_grid_rows(cfg, condition, source) -> tuple[list, list[str] | None]:
     if isinstance(condition, Labels):
         return list(range(condition.num_classes)), getattr(source, "class_names", None)
     return list(range(10)), None
-
-
-def check_eval_condition(cfg, condition) -> None:
-    """--eval_every's samples are class-conditional or unconditional."""
-    if cfg.eval_every > 0 and isinstance(condition, TextCondition):
-        raise SystemExit("--eval_every measures FID of class-conditional and unconditional runs; measure a text "
-                         "run's checkpoints with train/sample.py --fid --prompts ...")  # fmt: skip

@@ -1,15 +1,18 @@
 """The model table: a name (--model) -> a diffusion network for the run's image shape and
 condition (class labels, a pretrained tower's encoded text, or tokens read by a text tower
-trained with the model). Used by train/main.py and train/sample.py."""
+trained with the model). Data a script extends: train/main.py adds its own entries to MODELS and
+CONSTRUCTORS (README, "plug in your own model"); a checkpoint stores the constructor's name and
+arguments, which `build_model` (and eqxdiff/run/rebuild.py's `load_run`) read back."""
 
 import json
+from collections.abc import Sequence
 
 from eqxdiff.nn import DiT, EDM2UNet, UNet
 from eqxdiff.sd import SDUNet
 
 
 def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim: int = 0, num_classes: int = 0):
-    """diffusers' UNet2DConditionModel of `config` (its config.json as a dict; train/finetune.py's --init sd:FOLDER
+    """diffusers' UNet2DConditionModel of `config` (its config.json as a dict; eqxdiff/run/finetune.py's --init sd:FOLDER
     stores it as the model's arguments), random weights; the condition's text width must be its cross_attention_dim."""
     del pooled_dim  # SD 1.x/2.x's UNet reads the context only
     model = None if num_classes or not context_dim else SDUNet.from_config(config, remat=remat, key=key)
@@ -90,18 +93,19 @@ def text_options(self_levels: tuple[int, ...], cross_levels: tuple[int, ...], co
     return dict(attention_levels=self_levels, cross_attention_levels=cross_levels, position_embedding=True)
 
 
-def model_args(name: str, image_shape: tuple, condition) -> dict:
-    """What MODELS[name] declares for the run's image shape and condition (eqxdiff/conditions.py): the
+def model_args(name: str, image_shape: Sequence[int], condition) -> dict:
+    """What MODELS[name] declares for the run's image shape and condition (eqxdiff/run/conditions.py): the
     constructor's name and its keyword arguments, as a checkpoint stores them (JSON: tuples as lists)."""
     constructor, kwargs = MODELS[name](tuple(image_shape), **condition.model_kwargs())
     return json.loads(json.dumps({"constructor": constructor, "kwargs": kwargs}))
 
 
-def build_model(args: dict, remat: bool, key, condition):
+def build_model(args: dict, remat: bool, key, condition, constructors: dict | None = None):
     """The network `model_args` described, for the run's condition: where the condition trains its own text
-    tower, that tower around it. JSON's lists become tuples again (static fields must hash)."""
+    tower, that tower around it. JSON's lists become tuples again (static fields must hash). `constructors`:
+    the table that names it (default CONSTRUCTORS)."""
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in args["kwargs"].items()}
-    construct = CONSTRUCTORS[args["constructor"]]
+    construct = (constructors or CONSTRUCTORS)[args["constructor"]]
     return condition.build(lambda k, **sizes: construct(**(kwargs | sizes), remat=remat, key=k), key)
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from eqxdiff.conditions import TextCondition, repeat_rows
+from eqxdiff.run.conditions import TextCondition, repeat_rows
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.data.records import TextField, describe_fields
 from eqxdiff.nn import TextCond

@@ -1,27 +1,31 @@
 """A trained run rebuilt from its directory alone: `load_run(run_dir, step)` restores a checkpoint's EMA
-model with everything needed to sample it (its Config, codec, condition, schedule, parameterization,
-sample shape), as train/main.py stored them. Used by train/sample.py and the notebooks."""
+model with everything needed to sample it (its flags, codec, condition, schedule, parameterization,
+sample shape), as train/main.py stored them, without importing any script. Used by train/sample.py,
+train/posthoc_ema.py and the notebooks."""
 
-import dataclasses
+import os
 from dataclasses import dataclass
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from jax.sharding import Mesh
 
 from eqxdiff.checkpoint import Checkpoints
+from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.paths import absolute, as_path
-from eqxdiff.codecs import codec_from_config
-from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
+from eqxdiff.run.codecs import codec_from_config
+from eqxdiff.run.finetune import open_init
+from eqxdiff.run.models import CONSTRUCTORS, build_model, model_args
+from eqxdiff.run.open_condition import condition_from_config, stored_condition
+from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
 from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
 
-from finetune import open_init
-from main import Config, sigma_data  # train/ is on sys.path as a script
-from models import build_model, model_args
-from resume import checkpoint_steps, close_runs, saved_config
-from run_condition import condition_from_config, stored_condition
+# The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
+# default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
+LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
+                   phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,11 @@ class Run:
     """A checkpoint of a train/main.py run, ready to sample."""
 
     ema: Any  # the EMA model, replicated over the mesh it was loaded onto
-    cfg: Config  # the run's flags
-    stored: dict  # the config the checkpoint stores (Config's fields, image_shape, model_args, codec, condition, ...)
+    cfg: SimpleNamespace  # the run's flags (`stored_flags`): cfg.model, cfg.cfg_scale, ...
+    stored: dict  # the config the checkpoint stores (the flags, image_shape, model_args, codec, condition, ...)
     step: int
-    condition: Any  # eqxdiff/conditions.py: what the network is conditioned on, with its tower and null
-    codec: Any  # eqxdiff/codecs.py: what x0 is, and how samples decode to images
+    condition: Any  # eqxdiff/run/conditions.py: what the network is conditioned on, with its tower and null
+    codec: Any  # eqxdiff/run/codecs.py: what x0 is, and how samples decode to images
     schedule: Schedule  # the run's noise schedule (its σ range and scale s(σ))
     parameterization: Parameterization  # with the run's σ_data
     image_shape: tuple[int, ...]  # one sample as the model draws it, [h, w, c] (a latent run: the latent's)
@@ -41,7 +45,19 @@ class Run:
     class_names: list[str] | None  # a folder's sub-folders (index = label), else None
 
 
-def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
+def stored_flags(stored: dict) -> SimpleNamespace:
+    """The flags of a run as its checkpoint's config stores them (train/main.py's Config, as attributes), with
+    LATER_FLAGS' values for those a checkpoint from before them lacks. The config's other entries (image_shape,
+    model_args, codec, ...) come along; the rebuild reads them from `stored`."""
+    return SimpleNamespace(**(LATER_FLAGS | stored))
+
+
+def sigma_data(flags: Any, codec) -> float:
+    """--sigma_data, else the codec's: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents (train/main.py's rule)."""
+    return flags.sigma_data or codec.sigma_data
+
+
+def stored_run(run_dir: str | os.PathLike, step: int) -> tuple[int, dict]:
     """(the step, the config train/main.py saved with it) of checkpoint `step` (< 0: the newest), read as
     plain JSON before JAX starts; a missing run or step named in one line."""
     saved = checkpoint_steps(run_dir)  # before orbax opens anything
@@ -55,7 +71,7 @@ def stored_run(run_dir: str | Path, step: int) -> tuple[int, dict]:
     return saved_config(run_dir, step)
 
 
-def stored_codec(run_dir: str | Path, stored: dict, mesh: Mesh):
+def stored_codec(run_dir: str | os.PathLike, stored: dict, mesh: Mesh):
     """The codec a checkpoint's config describes (before codecs were stored: its `autoencoder`, if any)."""
     config = stored.get("codec") or ({"kind": "latents", "autoencoder": stored["autoencoder"]}
                                      if "autoencoder" in stored else None)  # fmt: skip
@@ -66,7 +82,7 @@ def stored_codec(run_dir: str | Path, stored: dict, mesh: Mesh):
                          "put it back there.") from e  # fmt: skip
 
 
-def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
+def stored_run_condition(run_dir: str | os.PathLike, stored: dict, mesh: Mesh):
     """The condition a checkpoint's config describes (`stored_condition`: also one from before they were stored)."""
     config = stored_condition(stored)
     try:
@@ -78,26 +94,28 @@ def stored_run_condition(run_dir: str | Path, stored: dict, mesh: Mesh):
                          f"now ({e}); put it back there.") from e  # fmt: skip
 
 
-def posthoc_dir(run_dir: str | Path, sigma_rel: float) -> Path:
+def posthoc_dir(run_dir: str | os.PathLike, sigma_rel: float) -> os.PathLike:
     """Where train/posthoc_ema.py keeps the post-hoc EMAs of `sigma_rel` (eqxdiff.ema_snapshots, by step)."""
     return as_path(run_dir) / "posthoc_ema" / f"{sigma_rel:g}"
 
 
-def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | None = None) -> Run:
+def load_run(run_dir: str | os.PathLike, step: int = -1, *, mesh: Mesh, ema: float | None = None,
+             constructors: dict | None = None) -> Run:  # fmt: skip
     """Checkpoint `step` (< 0: the newest) of `run_dir`: its EMA model rebuilt from the stored constructor
     arguments (a checkpoint from before they were stored: its MODELS entry now) and replicated over `mesh`
     (the run may have trained on another mesh); a run, step, tower or VAE that cannot be read is a
     SystemExit naming it; a checkpoint that does not fit raises CheckpointError. `ema`: a σ_rel; the model
     is then train/posthoc_ema.py's post-hoc EMA of that profile at `step` (< 0: its newest) instead, built
-    as the newest checkpoint describes it."""
+    as the newest checkpoint describes it. `constructors`: the networks by the name checkpoints store
+    (default eqxdiff/run/models.py's CONSTRUCTORS; a script that registers its own passes its table)."""
     asked, (step, _) = step, stored_run(run_dir, -1 if ema is not None else step)
     with Checkpoints(as_path(run_dir) / "checkpoints", read_only=True) as checkpoints:
         stored = checkpoints.restore_config(step)
-        cfg = Config(**{f.name: stored[f.name] for f in dataclasses.fields(Config) if f.name in stored})
+        cfg = stored_flags(stored)
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
         # --init: its scheduler; a LoRA's base read again from the folder, without remat as the model here
-        tune = open_init(dataclasses.replace(cfg, remat=False), mesh, 2**62)
-        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained)
+        tune = open_init(SimpleNamespace(**vars(cfg) | {"remat": False}), mesh, 2**62)
+        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained, constructors)
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
     if ema is not None:
@@ -114,15 +132,17 @@ def load_run(run_dir: str | Path, step: int = -1, *, mesh: Mesh, ema: float | No
     )  # fmt: skip
 
 
-def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh, trained=lambda make: make) -> tuple:
-    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config;
-    `trained(make_model)`: the part the state trains (train/finetune.py: a LoRA run's adapters)."""
+def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, trained=lambda make: make,
+                       constructors: dict | None = None) -> tuple:  # fmt: skip
+    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config
+    (`cfg`: `stored_flags(stored)`); `trained(make_model)`: the part the state trains (eqxdiff/run/finetune.py: a
+    LoRA run's adapters); `constructors`: `load_run`'s."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
 
     @trained
     def make_model(key):
-        return build_model(args, False, key, condition)
+        return build_model(args, False, key, condition, constructors or CONSTRUCTORS)
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
     optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, cfg.lr_ref_steps)[0]
@@ -130,7 +150,8 @@ def abstract_run_state(cfg: Config, stored: dict, condition, mesh: Mesh, trained
     return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
 
 
-def load_posthoc_ema(run_dir: str | Path, sigma_rel: float, step: int, abstract_ema, sharding) -> tuple[int, Any]:
+def load_posthoc_ema(run_dir: str | os.PathLike, sigma_rel: float, step: int, abstract_ema,
+                     sharding) -> tuple[int, Any]:  # fmt: skip
     """(step, model) of train/posthoc_ema.py's post-hoc EMA of `sigma_rel` at `step` (< 0: its newest)."""
     folder = posthoc_dir(run_dir, sigma_rel)
     with EmaSnapshots(folder, read_only=True) as saved:

@@ -1,7 +1,7 @@
 """What a run's network is conditioned on: nothing, class labels, or text read by a tower trained with
 the model, by a frozen pretrained tower, or encoded ahead of time (train/encode.py).
 
-A condition is decided once from the data and the flags (train/run_condition.py) and owns every
+A condition is decided once from the data and the flags (eqxdiff/run/open_condition.py) and owns every
 question a run asks about it:
 
     model_kwargs()            the network's sizes: num_classes= or context_dim=, pooled_dim=
@@ -13,7 +13,7 @@ question a run asks about it:
     null(frozen)              THE null condition of classifier-free guidance, one row: caption and label
                               dropout in training and the unconditional half of guided sampling read it
     for_sampling(rows, per)   (condition, null) of sample rows (labels or prompts), `per` images each
-    to_config()               every constructor argument, for the checkpoint (train/run_condition.py
+    to_config()               every constructor argument, for the checkpoint (eqxdiff/run/open_condition.py
                               rebuilds it)
 
 A new kind (a class label and a caption together, an image embedding) is one class (README, edit (f)).

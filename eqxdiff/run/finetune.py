@@ -1,0 +1,272 @@
+"""train/main.py --init sd:FOLDER: fine-tune a pretrained Stable Diffusion UNet (a diffusers folder), all of it or,
+with --lora_rank R, low-rank adapters around its layers (eqxdiff/nn/lora.py; Hu et al. 2021).
+
+FOLDER is a pipeline folder as diffusers saves it (model_index.json, unet/, vae/, text_encoder/, tokenizer/,
+scheduler/) or its bare unet/ (the rest then read beside it, when there). The folder decides, and a flag that
+disagrees is refused naming the fix (train/finetune.py, before JAX starts): the network (its unet/ config, loaded
+straight into the run's shardings), the frozen text tower (--text_encoder: its text_encoder/; an SDXL folder's is
+the folder itself, whose two towers, tokenizers and size/crop time_ids eqxdiff/run/open_condition.py makes the
+run's condition, eqxdiff/run/sdxl_condition.py), the data (--dataset latents:DIR encoded by train/encode.py with
+its vae/; a folder without vae/ is a pixel-space UNet, trained on images of its in_channels) and the noise (its
+scheduler config: SD 1.x's ε-prediction on the scaled_linear VP schedule, eqxdiff/sd/scheduler.py,
+in place of --schedule and --parameterization). A bare SDXL unet/ (no pipeline folder around it) and the refiner are refused.
+
+With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradient) is the adapters alone; the base
+rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
+on resume) and `model_of` combines the two for `loss_fn` (eqxdiff.training.make_train_step). Sample grids use the
+combined EMA; each checkpoint also writes RUN_DIR/lora/pytorch_lora_weights.safetensors (the EMA's adapters, in
+the format diffusers' `load_lora_weights` reads). The three kinds, `Scratch`, `Pretrained` and `LoRA`, answer
+train/main.py's hooks; without --init (`Scratch`) each leaves what it is handed as it is.
+"""
+
+import contextlib
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.local_copies import upload
+from eqxdiff.sd import SDUNet
+from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
+from eqxdiff.sd.lora_files import save_lora
+from eqxdiff.paths import as_path, is_url
+from eqxdiff.sd.scheduler import scheduler_from_diffusers
+from eqxdiff.run.sdxl_condition import is_sdxl_folder
+from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
+from eqxdiff.training.state import state_around
+
+PREFIX = "sd:"
+SDXL_TEXT = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")  # an SDXL folder's text side
+
+
+# A bare unet/ folder with no scheduler/ beside it: Stable Diffusion 1.x's training noise (its DDPMScheduler).
+SD1_SCHEDULER = {"_class_name": "DDIMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
+                 "beta_end": 0.012, "num_train_timesteps": 1000, "prediction_type": "epsilon", "clip_sample": False,
+                 "set_alpha_to_one": False, "steps_offset": 1}  # fmt: skip
+
+
+def parts(init: str) -> dict[str, Path | None]:
+    """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder (SDXL: the pipeline
+    folder, which holds both towers), scheduler."""
+    if not init.startswith(PREFIX):
+        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/.")
+    folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
+    config = folder / "config.json"
+    bare = config.is_file() and json.loads(config.read_text()).get("_class_name") == "UNet2DConditionModel"
+    root = folder.parent if bare else folder
+    if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
+        raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
+                         "...) nor a UNet folder (config.json of a UNet2DConditionModel); check the path.")  # fmt: skip
+    unet = folder if bare else folder / "unet"
+    sdxl = is_sdxl_folder(root)  # its text side: the whole folder (both towers and tokenizers)
+    if sdxl and not all((root / name).is_dir() for name in SDXL_TEXT):
+        raise SystemExit(f"--init {init}: the SDXL folder {root} lacks one of {', '.join(SDXL_TEXT)}; SDXL fine-tunes "
+                         "from the base model's whole pipeline folder.")  # fmt: skip
+    unet_config = json.loads((unet / "config.json").read_text())
+    if not sdxl and unet_config.get("addition_embed_type") == "text_time":
+        raise SystemExit(f"--init {init}: an SDXL UNet (addition_embed_type text_time) conditions on two text towers "
+                         "and the images' sizes: give the StableDiffusionXLPipeline folder it came in.")  # fmt: skip
+    found = {name: root / name for name in ("vae", "text_encoder", "scheduler")}
+    found = {k: p if p.is_dir() else None for k, p in found.items()}
+    return {"unet": unet} | found | ({"text_encoder": root} if sdxl else {})
+
+
+def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
+    """A SystemExit naming the fix unless `source` is what --init's UNet was trained on: latents of its `vae`, or,
+    for a folder without vae/ (a pixel-space UNet, as diffusers' pipelines without a VAE), images with the UNet's
+    in_channels."""
+    if vae is None:
+        channels = unet_config.get("in_channels", 4)
+        if isinstance(source, LatentSource):
+            raise SystemExit(f"--init {cfg.init} has no vae/: its UNet works in pixels; train it on images of its "
+                             f"in_channels ({channels}), not --dataset {cfg.dataset}.")  # fmt: skip
+        if source.image_shape[-1] != channels:
+            raise SystemExit(f"--dataset {cfg.dataset} holds {source.image_shape[-1]}-channel images; --init "
+                             f"{cfg.init}'s pixel-space UNet (no vae/) takes in_channels {channels}.")  # fmt: skip
+        return
+    if not isinstance(source, LatentSource):
+        raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
+                         f"train/encode.py --dataset {cfg.dataset} --vae {vae} --out DIR) and pass --dataset "
+                         "latents:DIR.")  # fmt: skip
+    used = source.meta["vae"]["path"]  # the encode's VAE folder
+    if not used or Path(used).resolve() != vae:
+        raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
+                         f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+
+
+def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+    """The run's fine-tuning kind, where its weights come from and what trains: `Scratch` (no --init), `Pretrained`
+    (--init sd:FOLDER) or `LoRA` (with --lora_rank). `source`: the training data, checked to be what the folder's
+    UNet takes (`check_data`; None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base
+    (False: the state's structure is all that is asked)."""
+    if not cfg.init:
+        return Scratch()
+    if not cfg.lora_rank:
+        return Pretrained(cfg, source)
+    return LoRA(cfg, mesh, min_size, rules, source, base=base)
+
+
+class Scratch:
+    """Weights drawn from --seed, the whole network trained: every hook leaves what it is handed as it is."""
+
+    model_of = None  # make_train_step's default: the trained part is the network
+
+    def model_args(self, args: dict) -> dict:
+        return args
+
+    def rules(self, rules) -> list:
+        """The sharding rules of the network (and a LoRA's frozen base): train/main.py's own."""
+        return list(rules)
+
+    def noise(self, schedule, parameterization) -> tuple:
+        return schedule, parameterization
+
+    def trained(self, make_model):
+        return make_model
+
+    def frozen(self, frozen):
+        return frozen
+
+    def fresh_state(self, optimizer, shardings):
+        return None  # main's create_train_state draws the network
+
+    def whole(self, model):
+        return model
+
+    def sampling(self, write_samples):
+        return write_samples
+
+    def saving(self, save_checkpoint):
+        return save_checkpoint
+
+
+def host_value(x: jax.Array) -> np.ndarray:
+    """A global array's value on the host; one spread over several processes gathered (all of them call this)."""
+    return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x)
+
+
+def with_base(trained, frozen: dict):
+    """`model_of` of a LoRA run: the adapters (the trained part) put back into the frozen base."""
+    return eqx.combine(trained, frozen["unet"])
+
+
+class Pretrained(Scratch):
+    """--init sd:FOLDER (module docstring): the folder's UNet trained whole, its config the network, its scheduler
+    the noise, its weights the start."""
+
+    def __init__(self, cfg, source=None):
+        self.folders, self.cfg = parts(cfg.init), cfg
+        self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
+        if source is not None:
+            check_data(cfg, source, self.folders["vae"], self.unet_config)
+        scheduler = self.folders["scheduler"] / "scheduler_config.json" if self.folders["scheduler"] else SD1_SCHEDULER
+        if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
+            tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
+                       "betas 0.00085..0.012, epsilon)")  # fmt: skip
+        with self.refusing():
+            self.scheduler = scheduler_from_diffusers(scheduler)
+
+    @contextlib.contextmanager
+    def refusing(self):
+        """A config this port refuses, or weights that do not fit it: one line naming --init."""
+        try:
+            yield
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"--init {self.cfg.init}: {e}") from e
+
+    def rules(self, rules) -> list:
+        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
+        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
+        return [*rules, *HEAD_LAYOUT_RULES]
+
+    def model_args(self, args: dict) -> dict:
+        """The network's constructor arguments, as checkpoints store them: SDUNet of the folder's config."""
+        return {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
+
+    def noise(self, schedule, parameterization) -> tuple:
+        """The folder's scheduler's VP schedule (training draws its discrete timesteps) and prediction type."""
+        return self.scheduler.schedule, self.scheduler.parameterization
+
+    def fresh_state(self, optimizer, shardings):
+        """A new run's state: the folder's UNet read straight into the model's shardings, its EMA and optimizer
+        state made on the devices."""
+        place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
+        model = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
+        return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+
+
+class LoRA(Pretrained):
+    """--init sd:FOLDER --lora_rank R (module docstring): rank-R adapters trained (--lora_targets, --lora_alpha),
+    the folder's UNet frozen as the step's frozen `unet`; each checkpoint also writes the EMA's adapters as
+    diffusers reads them."""
+
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        super().__init__(cfg, source)
+        with self.refusing():  # the fresh adapters and the frozen base (the rest of the adapted UNet), or None, None
+            self.adapters, self.base = self.lora_base(mesh, min_size, self.rules(rules)) if base else (None, None)
+
+    def lora_base(self, mesh, min_size: int, rules) -> tuple:
+        """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
+        frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
+        place = placement(mesh, min_size, rules=rules, name="unet")
+        unet = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
+        return partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
+
+    def adapted(self, unet, key):
+        cfg = self.cfg
+        return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
+                        alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
+
+    @property
+    def model_of(self):
+        return None if self.base is None else with_base
+
+    def trained(self, make_model):
+        """key -> the trained part: the adapters alone."""
+        return lambda key: partition_lora(self.adapted(make_model(key), key))[0]
+
+    def frozen(self, frozen):
+        return frozen if self.base is None else {**(frozen or {}), "unet": self.base}
+
+    def fresh_state(self, optimizer, shardings):
+        """A new run's state: the fresh adapters, their EMA and optimizer state made on the devices."""
+        return state_around(jax.device_put(self.adapters, shardings.model), optimizer, shardings)
+
+    def whole(self, model):
+        """The network of a trained part (the EMA's, for sampling): the adapters put into the base."""
+        return model if self.base is None else with_base(model, {"unet": self.base})
+
+    def sampling(self, write_samples):
+        """write_samples(step, state) of the state's whole EMA."""
+        return lambda step, state: write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
+
+    def saving(self, save_checkpoint):
+        """save_checkpoint, and the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
+        if self.base is None:
+            return save_checkpoint
+
+        def save(step: int, state) -> None:
+            save_checkpoint(step, state)
+            adapters = jax.tree.map(host_value, eqx.filter(state.ema, eqx.is_array))  # every process takes part
+            if jax.process_index() == 0:
+                path = self.write_lora(self.whole(adapters))
+                tqdm.write(f"step {step}: LoRA -> {path}")
+
+        return save
+
+    def write_lora(self, model):
+        """RUN_DIR/lora/pytorch_lora_weights.safetensors, in a gs:// run's bucket as one upload of a local file."""
+        run_dir = as_path(self.cfg.run_dir)
+        if not is_url(run_dir):
+            return save_lora(model, run_dir / "lora", overwrite=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = save_lora(model, Path(tmp))
+            upload(local, run_dir / "lora" / local.name)
+        return run_dir / "lora" / local.name
