@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
 from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY
 from eqxdiff.paths import absolute, as_path
 from eqxdiff.run.codecs import codec_from_config
 from eqxdiff.run.finetune import open_init
@@ -25,7 +26,8 @@ from eqxdiff.training.phema import parse_sigma_rels
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
 LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
-                   phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on")  # fmt: skip
+                   phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on",
+                   remat_policy=DEFAULT_REMAT_POLICY)  # fmt: skip
 
 
 @dataclass(frozen=True)
