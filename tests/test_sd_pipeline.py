@@ -126,6 +126,21 @@ def test_sdxl_latents_equal_diffusers(sdxl, case):
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
 
 
+def test_sdxl_default_sizes_are_height_width_of_a_non_square_image(sdxl):
+    """diffusers' defaults: original_size = target_size = (height, width). On 32×16-pixel latents (8×4, the VAE's
+    factor 4), sizes left out, or only height/width given, sample as (32, 16) given; (16, 32) samples otherwise."""
+    noise = np.asarray(jax.random.normal(jax.random.key(7), (1, 8, 4, 4)))
+    draw = lambda **sizes: np.asarray(sdxl.latents(["a cat"], steps=2, cfg=CFG, initial_latents=noise,  # noqa: E731
+                                                   **sizes))  # fmt: skip
+    given = draw(original_size=(32, 16), target_size=(32, 16))
+    assert given.shape == (1, 8, 4, 4)
+    np.testing.assert_array_equal(draw(), given)
+    np.testing.assert_array_equal(draw(height=32, width=16), given)
+    np.testing.assert_array_equal(draw(original_size=(32, 16)), given)
+    np.testing.assert_array_equal(draw(target_size=(32, 16)), given)
+    assert relative(draw(original_size=(16, 32), target_size=(16, 32)), given) > 10 * TOLERANCE
+
+
 def test_the_cases_are_told_apart():
     """Each reference differs from its neighbours by far more than the tolerance, so the parity tests can fail."""
     for family, pairs in (("sd1", [("ddim", "ddim_no_negative"), ("ddim", "ddim_unguided"), ("ddim", "ddim_v")]),
