@@ -29,7 +29,7 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.local_copies import local_copy
 from eqxdiff.nn import SDUNet
-from eqxdiff.nn.lora import partition_lora
+from eqxdiff.nn.lora import lora_layers, partition_lora
 from eqxdiff.nn.lora_files import load_lora
 from eqxdiff.paths import as_path
 from eqxdiff.pretrained import save_diffusers
@@ -38,7 +38,8 @@ from eqxdiff.sharding import make_mesh
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
          "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
-LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2, "--remat"]  # remat: the base and adapters agree
+# remat: the base and adapters agree; alpha 3 ≠ rank 2: the adapters' scale 1.5, which the run must keep
+LORA = ["--lora_rank", 2, "--lora_alpha", 3, "--steps", 4, "--ckpt_every", 2, "--remat"]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,9 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     # same structure, adapters (alpha among the static fields) and weights.
     host = lambda model: jax.tree.map(np.asarray, model)  # noqa: E731 — one device and the mesh's compare as values
     assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
+    # --lora_alpha 3: every adapter of the trained and rebuilt model at alpha 3 (scale 3/2), and the file says so
+    assert {layer.alpha for layer in lora_layers(run.ema).values()} == {3.0}
+    assert json.loads(lora_file(lora_run)[1]["lora_adapter_metadata"])["unet.lora_alpha"] == 3
 
 
 def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path, bucket):
