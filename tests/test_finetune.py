@@ -22,6 +22,7 @@ from resume import saved_config  # train/resume.py
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
 from run_condition import condition_from_config, run_condition  # train/run_condition.py
+from test_script_errors import refused
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.conditions import EncodedText
@@ -219,8 +220,46 @@ def test_captions_encoded_ahead_of_time_are_read_as_they_were_encoded(sd_data, t
 
 def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
     with pytest.raises(SystemExit, match=r"trains on latents of its VAE: encode the images first \(python "
-                                         r"train/encode.py --dataset captioned_digits --vae .*vae"):  # fmt: skip
+                                         r"train/encode.py --dataset captioned_digits --image_size 32 --vae .*vae --text_encoder "
+                                         r".*text_encoder --out DIR\)"):  # fmt: skip
         train_here("--run_dir", tmp_path / "run", "--init", f"sd:{sd_data[0]}", "--dataset", "captioned_digits", *STEPS)
+
+
+def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_data, tmp_path):
+    """Images for --init: refused through the script (one line, status 2, no RUN_DIR) with an encode command that,
+    run as given (DIR named), writes latents of the asked --image_size with the captions the folder's tower reads:
+    what the fine-tunes here train on."""
+    folder, latents = sd_data
+    images, run_dir = latents.parent / "latents_images", tmp_path / "run"
+    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"folder:{images}",
+                   "--image_size", 16, *STEPS)  # fmt: skip
+    assert not run_dir.exists()
+    suggested = re.search(r"\(python train/encode.py (.*) --out DIR\)", line)
+    assert suggested and f"--text_encoder {folder / 'text_encoder'}" in line and "--image_size 16" in line, line
+    encoded = tmp_path / "encoded"
+    train_encode.main(train_encode.parse_config([*suggested.group(1).split(), "--out", str(encoded)]))
+    ours, fixture = LatentSource(encoded, "latents:"), LatentSource(latents, "latents:")
+    assert ours.image_shape == fixture.image_shape == (4, 4, 4)
+    assert ours.record_fields.keys() == fixture.record_fields.keys() and "caption" in ours.record_fields
+    assert ours.meta["text"] == fixture.meta["text"]
+
+
+def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp_path):
+    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line through the script
+    (status 2), naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
+    folder, latents = sd_data
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for png in sorted((latents.parent / "latents_images").glob("*.png")):
+        shutil.copy(png, bare / png.name)
+    uncaptioned, run_dir = tmp_path / "uncaptioned", tmp_path / "run"
+    train_encode.main(train_encode.parse_config(["--dataset", f"folder:{bare}", "--image_size", "16", "--vae",
+                                                 str(folder / "vae"), "--out", str(uncaptioned)]))  # fmt: skip
+    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"latents:{uncaptioned}",
+                   "--sample_prompts", "a cat", *STEPS)  # fmt: skip
+    assert "holds latents without captions" in line and f"--dataset folder:{bare} --image_size 16" in line, line
+    assert f"--text_encoder {folder / 'text_encoder'}" in line
+    assert not run_dir.exists()
 
 
 @pytest.fixture(scope="module")

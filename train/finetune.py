@@ -130,12 +130,25 @@ def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
         return
     if not isinstance(source, LatentSource):
         raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
-                         f"train/encode.py --dataset {cfg.dataset} --vae {vae} --out DIR) and pass --dataset "
-                         "latents:DIR.")  # fmt: skip
+                         f"{encode_command(cfg, cfg.dataset, vae)}) and pass --dataset latents:DIR.")  # fmt: skip
     used = source.meta["vae"]["path"]  # the encode's VAE folder
     if not used or Path(used).resolve() != vae:
         raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
                          f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+    if "caption" not in source.record_fields and not source.meta.get("text"):  # the UNet cross-attends to text
+        raise SystemExit(f"--dataset {cfg.dataset} holds latents without captions; --init {cfg.init}'s UNet is "
+                         f"conditioned on text: encode captioned images (a .txt beside each) with python "
+                         f"{encode_command(cfg, source.meta['source'], vae, source.meta['image_shape'][0])}.")
+
+
+def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) -> str:
+    """The train/encode.py command that writes what this fine-tune reads: `dataset`'s images at `image_size`
+    (default --image_size), latents of the folder's `vae`, the captions kept for its text tower (an SDXL folder's:
+    its text_encoder/)."""
+    tower = Path(cfg.text_encoder)
+    tower = tower / "text_encoder" if is_sdxl_folder(tower) else tower
+    return (f"train/encode.py --dataset {dataset} --image_size {image_size or cfg.image_size} --vae {vae} "
+            f"--text_encoder {tower} --out DIR")
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
