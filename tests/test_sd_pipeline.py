@@ -195,12 +195,36 @@ def test_cli_writes_a_png(family, request, tmp_path):
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 images (euler, 2 steps, cfg 5)" in done.stdout
+    assert "2 images (1 per prompt, euler, 2 steps, cfg 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
                          capture_output=True, text=True, env=env)  # fmt: skip
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
+    """--per_prompt 3 (or --num 6) for two prompts: six images, prompt-major, each its own noise from --seed (the
+    three of a prompt differ), the same whatever --batch_size splits them into; the default is one per prompt, image
+    0 the same; a --num that the prompts do not divide is refused."""
+    import sample  # train/sample.py (conftest puts train/ on the path)
+
+    def run(name, *flags) -> dict:
+        out = tmp_path / f"{name}.npz"
+        sample.main(sample.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat", "a dog", "--steps",
+                                       "2", "--cfg", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
+        return dict(np.load(out))
+
+    three = run("three", "--per_prompt", "3")
+    assert three["images"].shape == (6, 32, 32, 3) and list(three["prompts"]) == ["a cat"] * 3 + ["a dog"] * 3
+    z = three["latents"]
+    assert min(relative(z[i], z[j]) for i, j in ((0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5))) > 0.1
+    chunked = run("chunked", "--num", "6", "--batch_size", "4")
+    assert relative(chunked["latents"], z) < 1e-5
+    one = run("one")
+    assert one["latents"].shape[0] == 2 and relative(one["latents"][0], z[0]) < 1e-5
+    with pytest.raises(SystemExit, match="--num 5: .* each of the 2 prompts"):
+        run("five", "--num", "5")
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):

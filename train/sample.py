@@ -86,13 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ema", default="",
                         help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
                              "run's --ema_decay EMA")  # fmt: skip
-    parser.add_argument("--num", type=int, default=100, help="number of images")
+    parser.add_argument("--num", type=int, default=None,
+                        help="number of images (default 100; text-to-image: --per_prompt for each prompt)")  # fmt: skip
     parser.add_argument("--classes", default="",
                         help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
                              "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--negative_prompts", nargs="+", default=None, help="--pretrained sd: one per prompt, or one")
-    parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
+    parser.add_argument("--per_prompt", type=int, default=None,
+                        help="images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)")
     parser.add_argument("--method", default=None,
                         help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
                              f"dit ddpm|ddim, sit ode|sde")  # fmt: skip
@@ -121,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
+    args.given = {name for name in ("num", "per_prompt") if getattr(args, name) is not None}  # sd: which decides
+    args.num = 100 if args.num is None else args.num
+    args.per_prompt = (1 if args.pretrained.startswith("sd:") else 10) if args.per_prompt is None else args.per_prompt
     text, (kind, _, value) = args.ema, args.ema.partition("=")
     try:
         args.ema = float(value) if text else None
