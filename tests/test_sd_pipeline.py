@@ -227,6 +227,29 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
         run("five", "--num", "5")
 
 
+def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
+    """A pipeline folder holding only `*.fp16.safetensors` (as `huggingface-cli download --include "*.fp16.*"` leaves
+    it) samples through the script as the plain folder does, each model's file named in a warning."""
+    import sample  # train/sample.py (conftest puts train/ on the path)
+
+    fp16 = tmp_path / "fp16_only"
+    shutil.copytree(sd1_folder, fp16)
+    for file in [*fp16.glob("*/diffusion_pytorch_model.safetensors"), *fp16.glob("*/model.safetensors")]:
+        file.rename(file.with_name(file.name.replace(".safetensors", ".fp16.safetensors")))
+
+    def run(folder) -> np.ndarray:
+        out = tmp_path / f"{folder.name}.npz"
+        sample.main(sample.parse_args(["--pretrained", f"sd:{folder}", "--prompts", "a cat", "--steps", "2",
+                                       "--out", str(out)]))  # fmt: skip
+        return np.load(out)["latents"]
+
+    with pytest.warns(UserWarning) as said:
+        ours = run(fp16)
+    named = {str(w.message).partition(" holds only its 'fp16' weights")[0] for w in said}
+    assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
+    np.testing.assert_array_equal(ours, run(sd1_folder))
+
+
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
     import sample  # train/sample.py (conftest puts train/ on the path)
 
