@@ -60,7 +60,11 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--num NUM number of images (default: 100)" in text
+    assert "--num NUM number of images (default 100; text-to-image: --per_prompt for each prompt)" in text
+    # each family's own default, as each uses it (sd: diffusers' 30 steps, one image per prompt)
+    assert "--steps STEPS sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)" in text
+    assert "--per_prompt PER_PROMPT images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)" in (
+        text)  # fmt: skip
     assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
 
 

@@ -56,7 +56,7 @@ from rebuild import load_run, stored_run  # train/rebuild.py: a run from its che
 from sample_many import guidance_record, measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
 import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
 from run_condition import stored_condition
-from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
+from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
 from eqxdiff.conditions import TextCondition
@@ -70,7 +70,7 @@ from eqxdiff.paths import as_path
 from eqxdiff.sharding import make_mesh
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = Parser(description=__doc__)
     parser.add_argument("--run_dir", default="",
                         help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--pretrained", default="",
@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default=None,
                         help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
                              f"dit ddpm|ddim, sit ode|sde")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default 18; --pretrained 250)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)")  # fmt: skip
     parser.add_argument("--guidance", "--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
     parser.add_argument("--cfg_interval", default="",

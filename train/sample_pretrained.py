@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 
 import sample_sd  # train/sample_sd.py: --pretrained sd:FOLDER, a diffusers Stable Diffusion pipeline
 from sample_batches import balanced_labels, chunk_key, write_sample_batches
-from startup import start_jax
+from startup import Parser, start_jax
 
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.generate import decode_latents
@@ -136,3 +136,10 @@ def main(args: argparse.Namespace) -> None:
     if jax.process_index() == 0:
         print(f"{args.pretrained}: {args.num} samples ({args.method}{f' {args.sampler}' if args.sampler else ''}, "
               f"{args.steps} steps, cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+
+
+if __name__ == "__main__":  # sample.py's --pretrained part: --help says what it does, anything else where to run it
+    parser = Parser(description=__doc__, usage="python train/sample.py --pretrained dit:FILE|sit:FILE --vae VAE ...")
+    parser.parse_known_args()
+    parser.error("this file is train/sample.py's --pretrained part: run python train/sample.py --pretrained "
+                 "dit:FILE|sit:FILE --vae VAE ... (python train/sample.py --help lists the flags)")

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from startup import start_jax
+from startup import Parser, start_jax
 
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.pretrained import load_sd
@@ -93,3 +93,10 @@ def main(args: argparse.Namespace) -> None:
         save_image_grid(args.out, images, ncols=args.per_prompt, row_labels=args.prompts)
     print(f"{args.pretrained}: {len(prompts)} {'image' if len(prompts) == 1 else 'images'} ({args.per_prompt} per "
           f"prompt, {pipe.scheduler.method}, {args.steps} steps, cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+
+
+if __name__ == "__main__":  # sample.py's --pretrained part: --help says what it does, anything else where to run it
+    parser = Parser(description=__doc__, usage="python train/sample.py --pretrained sd:FOLDER --prompts PROMPT ...")
+    parser.parse_known_args()
+    parser.error("this file is train/sample.py's --pretrained part: run python train/sample.py --pretrained "
+                 "sd:FOLDER --prompts PROMPT ... (python train/sample.py --help lists the flags)")

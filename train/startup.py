@@ -4,6 +4,7 @@ cache, jax.distributed, the XLA:CPU workarounds), before the backend exists."""
 
 import argparse
 import dataclasses
+import difflib
 import inspect
 import logging
 import re
@@ -96,11 +97,28 @@ def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None
     return parser
 
 
+class Parser(argparse.ArgumentParser):
+    """Every script's parser: a flag is spelt whole (no prefix matching: `--step 3` is not `--steps 3`), and a
+    mistake is argparse's one line without the usage block, an unknown flag naming the closest one there is."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            given = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("-")]
+            close = [m for w in given for m in difflib.get_close_matches(w, flags, n=1, cutoff=0.6)]
+            message += f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else " (--help lists the flags)"
+        self.exit(2, f"error: {message}\n")
+
+
 def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
                      given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
     """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
-    return add_flags(parser, config_type, choices, required, given_only)
+    return add_flags(Parser(description=description), config_type, choices, required, given_only)
 
 
 class LeftoverAsyncErrors(logging.Filter):
