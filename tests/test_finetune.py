@@ -129,9 +129,12 @@ def lora_file(run_dir) -> tuple[dict, dict]:
         return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
 
 
-def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
+def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path, capsys):
     run_dir = tmp_path / "full"
     train(run_dir, sd_data, "--steps", 1, "--ema_decay", 1.0)  # the EMA stays the start
+    said = capsys.readouterr().out
+    assert f"new run in {run_dir}: the UNet of sd:{sd_data[0]} on latents:" in said  # not --model's default
+    assert "--sigma_data" not in said  # the folder's scheduler has none, and the run refuses the flag
     assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
     arrays = saved_arrays(run_dir, 1)
     folder = SDUNet.from_diffusers(sd_data[0] / "unet")
