@@ -51,6 +51,19 @@ def absolute(path: str | os.PathLike) -> os.PathLike:
     return path if is_url(path) else path.absolute()
 
 
+def new_file_mode() -> int:
+    """The permissions `open(path, "w")` gives a new file: 0o666 less the process's umask. For files made another
+    way (`tempfile.mkstemp`, safetensors: 0o600) and renamed into place, so that they read as any other file would.
+    The umask from /proc (reading it with os.umask sets it for a moment, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_whole(path: os.PathLike, text: str) -> None:
     """Replace the file at `path` by `text` so that a reader never sees half of it: a temporary
     file renamed over it on disk; one upload in a bucket (an object appears whole, or not at all)."""
@@ -59,6 +72,7 @@ def write_whole(path: os.PathLike, text: str) -> None:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0o600: the umask's, as a file written in place
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

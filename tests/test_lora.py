@@ -2,6 +2,7 @@
 update is (alpha/r)·x Aᵀ Bᵀ against numpy, the default targets are the attention projections, merging keeps
 the output, and the trainable part (gradient, optimizer step) holds the adapters only."""
 
+import os
 from pathlib import Path
 
 import equinox as eqx
@@ -154,7 +155,12 @@ def test_save_then_load_is_the_same_model(unet_and_inputs, tmp_path):
     assert {layer.alpha for layer in lora_layers(again).values()} == {5.0}
     with pytest.raises(FileExistsError, match="overwrite=True"):
         save_lora(lora, tmp_path)
-    assert save_lora(lora, tmp_path, overwrite=True) == file
+    before = os.umask(0o027)  # the file's permissions: the umask's, as a file written in place (not 0o600)
+    try:
+        assert save_lora(lora, tmp_path, overwrite=True) == file
+    finally:
+        os.umask(before)
+    assert file.stat().st_mode & 0o777 == 0o640
 
 
 def test_saved_file_has_the_names_and_shapes_diffusers_writes(unet_and_inputs, tmp_path):
