@@ -155,11 +155,16 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path, c
         (["--init", "sd:FOLDER", "--schedule", "vp_linear"], "decides the network and its noise .* drop --schedule"),
         (["--init", "sd:FOLDER", "--text_encoder", "OTHER"], "conditions on its own .*text_encoder; drop"),
         (["--init", "sd:FOLDER", "--lora_targets", "to_q"], "need --lora_rank R >= 1"),
-        (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder"),
+        (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder .*: it does not exist"),
+        # what was given, named: a pipeline folder without sd:, a VAE folder, a file
+        (["--init", "FOLDER"], "pipeline folder or its unet/ \\(did you mean --init sd:FOLDER\\?\\)"),
+        (["--init", "sd:FOLDER/vae"], "nor a UNet folder .*: it is a model folder \\(config.json: AutoencoderKL\\)"),
+        (["--init", "sd:FOLDER/model_index.json"], "nor a UNet folder .*: it is a file"),
     ],
 )
 def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message):
     flags = [f.replace("FOLDER", str(sd_data[0])).replace("OTHER", str(tmp_path)) for f in flags]
+    message = message.replace("FOLDER", re.escape(str(sd_data[0])))
     with pytest.raises(SystemExit, match=message):
         train_main.parse_config(["--run_dir", str(tmp_path / "run"), *flags])
 

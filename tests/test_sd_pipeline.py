@@ -259,7 +259,10 @@ def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
     (other / "model_index.json").write_text(json.dumps(index | {"_class_name": "StableDiffusionImg2ImgPipeline"}))
     sd = ["--pretrained", f"sd:{sd1_folder}", "--out", str(tmp_path / "x.png")]
     for flags, phrase in [
-        (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there"),
+        (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there: "),
+        (["--pretrained", f"sd:{sd1_folder / 'unet'}", "--prompts", "a"], "is a model folder (config.json: UNet2D"),
+        (["--pretrained", f"sd:{sd1_folder / 'model_index.json'}", "--prompts", "a"],
+         f"is a file (did you mean dit:{sd1_folder / 'model_index.json'} or sit:"),
         ([*sd, "--prompts", "a", "--vae", str(sd1_folder / "vae")], "brings its own VAE"),
         (sd, "needs --prompts"),
         ([*sd, "--prompts", "a", "--method", "heun"], "samples with ddim, euler, euler_ancestral, dpmpp_2m"),

@@ -29,6 +29,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from startup import what_path_is  # train/startup.py
+
 from eqxdiff.data.latents import LatentSource
 from eqxdiff.local_copies import upload
 from eqxdiff.nn import SDUNet
@@ -64,14 +66,16 @@ def parts(init: str) -> dict[str, Path | None]:
     """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder (SDXL: the pipeline
     folder, which holds both towers), scheduler."""
     if not init.startswith(PREFIX):
-        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/.")
+        hint = f" (did you mean --init sd:{init}?)" if (Path(init).expanduser() / "model_index.json").is_file() else ""
+        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its "
+                         f"unet/{hint}.")  # fmt: skip
     folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
     config = folder / "config.json"
     bare = config.is_file() and json.loads(config.read_text()).get("_class_name") == "UNet2DConditionModel"
     root = folder.parent if bare else folder
     if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
         raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
-                         "...) nor a UNet folder (config.json of a UNet2DConditionModel); check the path.")  # fmt: skip
+                         f"...) nor a UNet folder (config.json of a UNet2DConditionModel): it {what_path_is(folder)}.")
     unet = folder if bare else folder / "unet"
     sdxl = is_sdxl_folder(root)  # its text side: the whole folder (both towers and tokenizers)
     if sdxl and not all((root / name).is_dir() for name in SDXL_TEXT):

@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from startup import Parser, start_jax
+from startup import Parser, start_jax, what_path_is
 
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.pretrained import load_sd
@@ -33,8 +33,10 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
     """The folder and the negative prompts (one per prompt), checked before JAX starts; defaults filled in."""
     folder = Path(args.pretrained.partition(":")[2]).expanduser()
     if not (folder / "model_index.json").is_file():
-        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there; give a diffusers pipeline folder "
-                         "(model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/).")  # fmt: skip
+        given = what_path_is(folder) + (f" (did you mean dit:{folder} or sit:{folder}?)" if folder.is_file() else "")
+        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there: {folder} {given}; give a diffusers "
+                         "pipeline folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
+                         "scheduler/).")  # fmt: skip
     if args.run_dir or args.vae or args.eval or args.fid or args.classes or args.sampler or args.format != "eqxdiff":
         raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --cfg, --steps, --method, --seed and "
                          "--out; the pipeline brings its own VAE (no --run_dir, --vae, --eval, --fid, --classes, "

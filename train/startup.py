@@ -6,9 +6,11 @@ import argparse
 import dataclasses
 import difflib
 import inspect
+import json
 import logging
 import re
 import sys
+from pathlib import Path
 
 import jax
 
@@ -119,6 +121,26 @@ def dataclass_parser(config_type, description: str, choices: dict | None = None,
                      given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
     """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
     return add_flags(Parser(description=description), config_type, choices, required, given_only)
+
+
+def what_path_is(path: str | Path) -> str:
+    """What a path a flag was given holds, for its refusal to say ("… X is a file"): nothing, a file, a diffusers
+    pipeline folder, a model folder (its config's class), or a folder and its first entries."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return "does not exist"
+    if path.is_file():
+        return "is a file"
+    if (path / "model_index.json").is_file():
+        return "is a diffusers pipeline folder (model_index.json)"
+    if (path / "config.json").is_file():
+        try:
+            kind = json.loads((path / "config.json").read_text()).get("_class_name") or "no _class_name"
+        except (ValueError, AttributeError):
+            kind = "unreadable"
+        return f"is a model folder (config.json: {kind})"
+    names = sorted(p.name for p in path.iterdir())
+    return f"is a folder holding {names[:4] + ['…'] * (len(names) > 4)}" if names else "is an empty folder"
 
 
 class LeftoverAsyncErrors(logging.Filter):
