@@ -208,11 +208,14 @@ def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
         sample.class_indices("10", None, 10)
     with pytest.raises(SystemExit, match="not class-conditional"):
         sample.class_indices("1", None, 0)
-    # 7 images of classes 1, 1, 1, 1, 3, 3, 3 (sorted) at most 3 a row: class 1 fills a row and one tile of the
-    # next, the rest blank (-1); each row labelled with its class.
+    # 7 images of classes 1, 1, 1, 1, 3, 3, 3 (sorted) at most 3 a row: 2 columns leave one blank (-1), 3 two;
+    # each row labelled with its class.
     tiles, ncols, labels = sample.grid_rows(np.array([1, 1, 1, 1, 3, 3, 3]), ["a", "b", "c", "d"], max_cols=3)
-    assert ncols == 3 and labels == ["b", "b", "d"]
-    assert tiles.tolist() == [0, 1, 2, 3, -1, -1, 4, 5, 6]
+    assert ncols == 2 and labels == ["b", "b", "d", "d"]
+    assert tiles.tolist() == [0, 1, 2, 3, 4, 5, 6, -1]
+    # --classes 3,5 at the default --num 100: 50 a class in 5 full rows of 10 each (not rows of 20, 20 and 10)
+    tiles, ncols, labels = sample.grid_rows(sample.balanced_labels(100, [3, 5]), [str(k) for k in range(10)])
+    assert ncols == 10 and labels == ["3"] * 5 + ["5"] * 5 and tiles.tolist() == list(range(100))
     assert sample.balanced_labels(7, [3, 1]).tolist() == [3, 3, 3, 3, 1, 1, 1]  # in the order asked for
 
 

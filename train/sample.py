@@ -201,9 +201,14 @@ def class_indices(classes: str, names: list[str] | None, num_classes: int) -> li
 def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[np.ndarray, int, list[str]]:
     """A grid of one block of rows per group of images: `keys` [n] (grouped) gives each image's group,
     `names[key]` its label. Returns (the image index at each tile, -1 for a blank one; ncols =
-    min(largest group, max_cols); one label per grid row: its group's name)."""
+    the largest group, or the width up to max_cols that leaves fewest blanks; one label per grid row: its group's
+    name)."""
     groups = [np.flatnonzero(keys == k) for k in dict.fromkeys(keys.tolist())]  # in order of first appearance
-    ncols = min(max(len(g) for g in groups), max_cols)
+    blanks = lambda c: sum(-(-len(g) // c) * c - len(g) for g in groups)  # noqa: E731
+    # A group wider than max_cols wraps: into rows as full as can be (50 a class: 5 rows of 10, not 20, 20, 10)
+    largest = max(len(g) for g in groups)
+    widths = range(-(-max_cols // 2), max_cols + 1)
+    ncols = largest if largest <= max_cols else min(widths, key=lambda c: (blanks(c), -c))
     tiles, labels = [], []
     for key, group in zip(dict.fromkeys(keys.tolist()), groups):
         rows = -(-len(group) // ncols)
