@@ -72,8 +72,10 @@ def test_invalid_mode_lists_valid_ones(tmp_path):
         MetricsLogger(tmp_path, wandb_mode="dryrun", config={})
 
 
-def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch, capfd):
+    """A local run, said in a few lines at its start and none at its end (wandb's history and summary of every
+    metric: ~30 lines after each run, which metrics.jsonl holds)."""
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     # Anything wandb sent would go to a closed loopback port, never off the machine.
@@ -84,6 +86,10 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
         log.log_once({"startup/step_flops": 1e9})
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    said = capfd.readouterr()
+    assert "Run data is saved locally in" in said.err + said.out
+    assert not {"Run history", "Run summary"} & set(line.removeprefix("wandb: ").rstrip(":") for line in
+                                                     (said.err + said.out).splitlines()), said  # fmt: skip
     assert [r["step"] for r in _rows(tmp_path / "metrics.jsonl")] == [0, 1]
 
 
