@@ -210,7 +210,7 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
     import sample  # train/sample.py (conftest puts train/ on the path)
 
     def run(name, *flags) -> dict:
-        out = tmp_path / f"{name}.npz"
+        out = tmp_path / name / "samples.npz"  # its folder made
         sample.main(sample.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat", "a dog", "--steps",
                                        "2", "--cfg", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
         return dict(np.load(out))

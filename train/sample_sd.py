@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from outputs import check_writable  # train/outputs.py
 from startup import Parser, start_jax, what_path_is
 
 from eqxdiff.images import save_image_grid, to_uint8
@@ -60,6 +61,7 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
                              f"{len(args.prompts)}.")  # fmt: skip
         args.per_prompt = per_prompt
     args.num = len(args.prompts) * args.per_prompt
+    check_writable(args.out, "--out")  # its folder made (the README's runs/sd15/), before the pipeline loads
     args.steps = args.steps or 30
     args.guidance = 7.5 if args.guidance is None else args.guidance
     return folder, negative
