@@ -248,6 +248,15 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     named = {str(w.message).partition(" holds only its 'fp16' weights")[0] for w in said}
     assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
     np.testing.assert_array_equal(ours, run(sd1_folder))
+    # As the script says it: one line each, at the start
+    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{fp16}", "--prompts", "a cat",
+           "--steps", "1", "--out", str(tmp_path / "cli.npz")]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "fp16" in line]
+    assert {line.partition(" holds only")[0] for line in lines} >= {f"warning: {fp16 / p}" for p in ("unet", "vae")}
+    assert all(line.startswith("warning: ") and line.endswith("reading those") for line in lines), lines
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):

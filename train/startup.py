@@ -10,11 +10,15 @@ import json
 import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import jax
 
+import eqxdiff
 from eqxdiff import xla_cpu
+
+EQXDIFF = Path(eqxdiff.__file__).parent  # the library's files: whose warnings are one line
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -156,6 +160,14 @@ class LeftoverAsyncErrors(logging.Filter):
         return not (leftover or closed)
 
 
+def one_line_warning(message, category, filename, lineno, line=None, _default=warnings.formatwarning) -> str:
+    """eqxdiff's warnings as a user reads them, `warning: MESSAGE` on one line (they say what was chosen or what to
+    check, as errors say the fix); any other library's as Python writes them (the file and line that warned)."""
+    if issubclass(category, UserWarning) and Path(filename).is_relative_to(EQXDIFF):
+        return f"warning: {message}\n"
+    return _default(message, category, filename, lineno, line)
+
+
 def exit_on_user_error(fn) -> None:
     """`fn()`, where an expected user error — a `SystemExit` with a message: a missing or bad
     dataset, a checkpoint that does not fit, a flag argparse could not check — prints that one line
@@ -163,6 +175,7 @@ def exit_on_user_error(fn) -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, LeftoverAsyncErrors) for f in asyncio_log.filters):
         asyncio_log.addFilter(LeftoverAsyncErrors())
+    warnings.formatwarning = one_line_warning
     try:
         fn()
     except SystemExit as e:
