@@ -6,8 +6,8 @@ Specs (`open_autoencoder`):
 - `PATH`: a diffusers autoencoder folder (config.json + diffusion_pytorch_model.safetensors, or
   the shards its `.safetensors.index.json` lists), e.g. the `vae/` folder of a Stable Diffusion
   checkpoint, read by the port its config's `_class_name` names in DIFFUSERS_AUTOENCODERS. A folder
-  holding only a variant (`.fp16.safetensors`) is named as such: load it with
-  `AutoencoderKL.from_diffusers(folder, variant="fp16")`, or save it plainly.
+  holding one variant alone (`.fp16.safetensors`) is read from it, with a warning naming the file
+  (eqxdiff/weights/weight_files.py); several variants and no plain weights are named as the choice.
 
 A new autoencoder is a module with the `Autoencoder` protocol's members and a `from_diffusers(folder,
 *, place)`, and one entry in DIFFUSERS_AUTOENCODERS.

@@ -8,6 +8,7 @@ What an object store lacks: appending to an object, renaming atomically, folders
 """
 
 import importlib.util
+import json
 import os
 import re
 import tempfile
@@ -51,6 +52,19 @@ def absolute(path: str | os.PathLike) -> os.PathLike:
     return path if is_url(path) else path.absolute()
 
 
+def new_file_mode() -> int:
+    """The permissions `open(path, "w")` gives a new file: 0o666 less the process's umask. For files made another
+    way (`tempfile.mkstemp`, safetensors: 0o600) and renamed into place, so that they read as any other file would.
+    The umask from /proc (reading it with os.umask sets it for a moment, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_whole(path: os.PathLike, text: str) -> None:
     """Replace the file at `path` by `text` so that a reader never sees half of it: a temporary
     file renamed over it on disk; one upload in a bucket (an object appears whole, or not at all)."""
@@ -59,6 +73,7 @@ def write_whole(path: os.PathLike, text: str) -> None:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0o600: the umask's, as a file written in place
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -75,3 +90,23 @@ def append_text(path: os.PathLike, text: str) -> None:
         return
     with open(path, "a") as f:
         f.write(text)
+
+
+def what_path_is(path: str | Path) -> str:
+    """What a path a flag was given holds, for its refusal to say ("… X is a file"): nothing, a file, a diffusers
+    pipeline folder, a model folder (its config's class), or a folder and its first entries."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return "does not exist"
+    if path.is_file():
+        return "is a file"
+    if (path / "model_index.json").is_file():
+        return "is a diffusers pipeline folder (model_index.json)"
+    if (path / "config.json").is_file():
+        try:
+            kind = json.loads((path / "config.json").read_text()).get("_class_name") or "no _class_name"
+        except (ValueError, AttributeError):
+            kind = "unreadable"
+        return f"is a model folder (config.json: {kind})"
+    names = sorted(p.name for p in path.iterdir())
+    return f"is a folder holding {names[:4] + ['…'] * (len(names) > 4)}" if names else "is an empty folder"

@@ -119,7 +119,8 @@ def test_missing_and_unexpected_keys_are_named(tmp_path):
 
 def test_missing_weights_file_is_named(tmp_path):
     shutil.copy(DATA / "sd_like" / "config.json", tmp_path / "config.json")
-    (tmp_path / "diffusion_pytorch_model.fp16.safetensors").touch()
+    for variant in ("bf16", "fp16"):  # two variants, no plain weights: the choice is named (one alone is read)
+        (tmp_path / f"diffusion_pytorch_model.{variant}.safetensors").touch()
     with pytest.raises(FileNotFoundError, match=r"diffusion_pytorch_model\.safetensors does not exist.*fp16"):
         AutoencoderKL.from_diffusers(tmp_path)
 

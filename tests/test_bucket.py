@@ -95,8 +95,9 @@ def test_npz_dataset_in_a_bucket_reads_as_its_local_copy(bucket, tmp_path):
 
 
 def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
-    """local_copy of a prefix: fetched into $EQXDIFF_CACHE, fetched again when an object changes, and a file
-    deleted from the bucket is gone from the copy."""
+    """local_copy of a prefix: fetched into $EQXDIFF_CACHE, fetched again when an object changes (rewritten at the
+    same size: the change is told by more than name and size), and a file deleted from the bucket is gone from the
+    copy; a single object's copy the same."""
     folder = as_path(f"{bucket}/weights")
     (folder / "a.bin").write_bytes(b"first")
     (folder / "sub" / "b.json").write_text("{}")
@@ -105,17 +106,21 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
     kept = (copy / "c.txt").stat().st_ino  # an unchanged object is not fetched again (a fetch renames a new file in)
     assert copy.is_relative_to(os.environ["EQXDIFF_CACHE"])
     assert (copy / "a.bin").read_bytes() == b"first" and (copy / "sub" / "b.json").read_text() == "{}"
-    (folder / "a.bin").write_bytes(b"second")
+    (folder / "a.bin").write_bytes(b"again")  # as many bytes as b"first"
     (folder / "sub" / "b.json").unlink()
     infos = []  # metadata requests: the prefix's listing has every object's, so none per file
     fs = fsspec.core.url_to_fs(str(folder))[0]  # gcsfs's cached instance: its sync `info` wraps the async `_info`
     monkeypatch.setattr(gcsfs.GCSFileSystem, "_info", counted(gcsfs.GCSFileSystem._info, infos))
     monkeypatch.setattr(fs, "info", lambda path, **kwargs: infos.append(path) or sync(fs.loop, fs._info, path, **kwargs))
-    assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"second"
+    assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"again"
     assert not (copy / "sub" / "b.json").exists() and (copy / "c.txt").stat().st_ino == kept
     assert not [p for p in infos if p.endswith("c.txt")]  # an unchanged object: no request of its own
     with pytest.raises(FileNotFoundError, match=f"{bucket}/nothing: no such object or prefix"):
         local_copy(f"{bucket}/nothing")
+    one = as_path(f"{bucket}/one.bin")
+    for content in (b"1234", b"abcd"):  # one size
+        one.write_bytes(content)
+        assert local_copy(one).read_bytes() == content
 
 
 def test_a_latent_run_reads_the_latents_encode_wrote_in_a_bucket(bucket, tmp_path):

@@ -60,7 +60,11 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--num NUM number of images (default: 100)" in text
+    assert "--num NUM number of images (default 100; text-to-image: --per_prompt for each prompt)" in text
+    # each family's own default, as each uses it (sd: diffusers' 30 steps, one image per prompt)
+    assert "--steps STEPS sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)" in text
+    assert "--per_prompt PER_PROMPT images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)" in (
+        text)  # fmt: skip
     assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
 
 
@@ -204,11 +208,14 @@ def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
         sample.class_indices("10", None, 10)
     with pytest.raises(SystemExit, match="not class-conditional"):
         sample.class_indices("1", None, 0)
-    # 7 images of classes 1, 1, 1, 1, 3, 3, 3 (sorted) at most 3 a row: class 1 fills a row and one tile of the
-    # next, the rest blank (-1); each row labelled with its class.
+    # 7 images of classes 1, 1, 1, 1, 3, 3, 3 (sorted) at most 3 a row: 2 columns leave one blank (-1), 3 two;
+    # each row labelled with its class.
     tiles, ncols, labels = sample.grid_rows(np.array([1, 1, 1, 1, 3, 3, 3]), ["a", "b", "c", "d"], max_cols=3)
-    assert ncols == 3 and labels == ["b", "b", "d"]
-    assert tiles.tolist() == [0, 1, 2, 3, -1, -1, 4, 5, 6]
+    assert ncols == 2 and labels == ["b", "b", "d", "d"]
+    assert tiles.tolist() == [0, 1, 2, 3, 4, 5, 6, -1]
+    # --classes 3,5 at the default --num 100: 50 a class in 5 full rows of 10 each (not rows of 20, 20 and 10)
+    tiles, ncols, labels = sample.grid_rows(sample.balanced_labels(100, [3, 5]), [str(k) for k in range(10)])
+    assert ncols == 10 and labels == ["3"] * 5 + ["5"] * 5 and tiles.tolist() == list(range(100))
     assert sample.balanced_labels(7, [3, 1]).tolist() == [3, 3, 3, 3, 1, 1, 1]  # in the order asked for
 
 

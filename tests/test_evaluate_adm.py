@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 from test_inception import fid_weights  # the random state_dict pytorch-fid's network ran with
 
-from eqxdiff.eval import fid_from_stats, gaussian_stats, precision_recall
+from eqxdiff.eval import BatchFeatures, adm_metrics, fid_from_stats, gaussian_stats, precision_recall
 from eqxdiff.eval.adm_inception import ADMInception
 from eqxdiff.eval.inception_score import inception_score
 from eqxdiff.eval.resize import resize_bilinear_tf1
@@ -101,3 +101,60 @@ def test_precision_recall_is_adms_manifold_estimator(ref):
     ours = precision_recall(ref["pr_real"], ref["pr_fake"], k=3)
     assert ours == tuple(ref["pr_adm32"])
     assert tuple(ref["pr_adm16"]) != tuple(ref["pr_adm32"])
+
+
+def adm_inception_score(logits: np.ndarray) -> float:
+    """ADM's evaluator.py compute_inception_score(activations, split_size=5000), written out for this test: softmax,
+    then per split of 5000 rows exp(mean of sum p·(log p - log mean p)), averaged over the splits."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    softmax_out = e / e.sum(axis=1, keepdims=True)
+    scores = []
+    for i in range(0, len(softmax_out), 5000):
+        part = softmax_out[i : i + 5000]
+        kl = part * (np.log(part) - np.log(np.expand_dims(np.mean(part, 0), 0)))
+        scores.append(np.exp(np.mean(np.sum(kl, 1))))
+    return float(np.mean(scores))
+
+
+def table(samples_pool3, samples_logits, reference_pool3=None) -> dict[str, float]:
+    """adm_metrics' table (what evaluate.py prints) of features given directly, without stored statistics."""
+    stats = lambda x: {w: gaussian_stats(np.asarray(x, np.float64)) for w in ("pool3", "spatial")}  # noqa: E731
+    samples = BatchFeatures(samples_pool3, samples_logits, stats(samples_pool3))
+    reference = None if reference_pool3 is None else BatchFeatures(reference_pool3, samples_logits,
+                                                                   stats(reference_pool3))  # fmt: skip
+    return adm_metrics(samples, reference, {})
+
+
+def test_the_tables_inception_score_is_over_splits_of_5000():
+    """12,000 images: ADM's splits of 5000, 5000 and 2000; a split of any other size scores otherwise here (the
+    logits' classes drift along the rows, so each split's p(y) differs)."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(12_000, 16)) * 3 + np.linspace(0, 6, 12_000)[:, None] * np.arange(16) / 16
+    expected = adm_inception_score(logits)
+    for other in (500, 1000, 12_000):
+        assert abs(inception_score(logits, other) - expected) > 1e-3 * expected, other
+    ours = table(rng.normal(size=(12_000, 2)), logits)["inception_score"]
+    assert abs(ours - expected) < 1e-9 * expected
+
+
+def manifold_estimate(real: np.ndarray, fake: np.ndarray, k: int) -> tuple[float, float]:
+    """ADM's ManifoldEstimator.evaluate_pr by brute force: each set's radii its k-th nearest other point's distance
+    (the full sorted distance matrix, column 0 the point itself), a point inside if within some radius."""
+    def radii(x):
+        return np.sort(np.linalg.norm(x[:, None] - x[None], axis=-1), axis=1)[:, k]
+
+    def inside(query, support):
+        return (np.linalg.norm(query[:, None] - support[None], axis=-1) <= radii(support)[None]).any(axis=1).mean()
+
+    return float(inside(fake, real)), float(inside(real, fake))
+
+
+def test_the_tables_precision_recall_take_3_neighbours():
+    """A fixture where the neighbourhood size matters: k = 2, 3 and 4 give three different (precision, recall);
+    the table's are k = 3's (ADM's nhood_sizes=(3,))."""
+    rng = np.random.default_rng(3)
+    real, fake = rng.normal(size=(60, 4)), rng.normal(size=(50, 4)) * 1.3 + 0.4
+    by_k = {k: manifold_estimate(real, fake, k) for k in (2, 3, 4)}
+    assert len(set(by_k.values())) == 3, by_k
+    metrics = table(fake, rng.normal(size=(50, 8)), real)
+    assert (metrics["precision"], metrics["recall"]) == by_k[3]

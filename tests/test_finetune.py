@@ -23,6 +23,7 @@ from eqxdiff.run.run_dir import saved_config
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
 from eqxdiff.run.open_condition import condition_from_config, run_condition
+from test_script_errors import refused
 from test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.run.conditions import EncodedText
@@ -30,7 +31,7 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.diffusion import EpsilonPrediction, VPSchedule
 from eqxdiff.local_copies import local_copy
 from eqxdiff.sd import SDUNet
-from eqxdiff.nn.lora import partition_lora
+from eqxdiff.nn.lora import lora_layers, partition_lora
 from eqxdiff.sd.lora_files import load_lora
 from eqxdiff.paths import as_path
 from eqxdiff.sd import save_diffusers
@@ -39,7 +40,8 @@ from eqxdiff.sharding import make_mesh
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
 STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
          "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
-LORA = ["--lora_rank", 2, "--steps", 4, "--ckpt_every", 2, "--remat"]  # remat: the base and adapters agree
+# remat: the base and adapters agree; alpha 3 ≠ rank 2: the adapters' scale 1.5, which the run must keep
+LORA = ["--lora_rank", 2, "--lora_alpha", 3, "--steps", 4, "--ckpt_every", 2, "--remat"]
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,9 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     # same structure, adapters (alpha among the static fields) and weights.
     host = lambda model: jax.tree.map(np.asarray, model)  # noqa: E731 — one device and the mesh's compare as values
     assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
+    # --lora_alpha 3: every adapter of the trained and rebuilt model at alpha 3 (scale 3/2), and the file says so
+    assert {layer.alpha for layer in lora_layers(run.ema).values()} == {3.0}
+    assert json.loads(lora_file(lora_run)[1]["lora_adapter_metadata"])["unet.lora_alpha"] == 3
 
 
 def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path, bucket):
@@ -125,9 +130,12 @@ def lora_file(run_dir) -> tuple[dict, dict]:
         return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
 
 
-def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
+def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path, capsys):
     run_dir = tmp_path / "full"
     train(run_dir, sd_data, "--steps", 1, "--ema_decay", 1.0)  # the EMA stays the start
+    said = capsys.readouterr().out
+    assert f"new run in {run_dir}: the UNet of sd:{sd_data[0]} on latents:" in said  # not --model's default
+    assert "--sigma_data" not in said  # the folder's scheduler has none, and the run refuses the flag
     assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
     arrays = saved_arrays(run_dir, 1)
     folder = SDUNet.from_diffusers(sd_data[0] / "unet")
@@ -148,11 +156,16 @@ def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path):
         (["--init", "sd:FOLDER", "--schedule", "vp_linear"], "decides the network and its noise .* drop --schedule"),
         (["--init", "sd:FOLDER", "--text_encoder", "OTHER"], "conditions on its own .*text_encoder; drop"),
         (["--init", "sd:FOLDER", "--lora_targets", "to_q"], "need --lora_rank R >= 1"),
-        (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder"),
+        (["--init", "sd:nowhere"], "is neither a diffusers pipeline folder .*: it does not exist"),
+        # what was given, named: a pipeline folder without sd:, a VAE folder, a file
+        (["--init", "FOLDER"], "pipeline folder or its unet/ \\(did you mean --init sd:FOLDER\\?\\)"),
+        (["--init", "sd:FOLDER/vae"], "nor a UNet folder .*: it is a model folder \\(config.json: AutoencoderKL\\)"),
+        (["--init", "sd:FOLDER/model_index.json"], "nor a UNet folder .*: it is a file"),
     ],
 )
 def test_flags_the_folder_decides_are_refused(sd_data, tmp_path, flags, message):
     flags = [f.replace("FOLDER", str(sd_data[0])).replace("OTHER", str(tmp_path)) for f in flags]
+    message = message.replace("FOLDER", re.escape(str(sd_data[0])))
     with pytest.raises(SystemExit, match=message):
         train_main.parse_config(["--run_dir", str(tmp_path / "run"), *flags])
 
@@ -216,8 +229,46 @@ def test_captions_encoded_ahead_of_time_are_read_as_they_were_encoded(sd_data, t
 
 def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
     with pytest.raises(SystemExit, match=r"trains on latents of its VAE: encode the images first \(python "
-                                         r"train/encode.py --dataset captioned_digits --vae .*vae"):  # fmt: skip
+                                         r"train/encode.py --dataset captioned_digits --image_size 32 --vae .*vae --text_encoder "
+                                         r".*text_encoder --out DIR\)"):  # fmt: skip
         train_here("--run_dir", tmp_path / "run", "--init", f"sd:{sd_data[0]}", "--dataset", "captioned_digits", *STEPS)
+
+
+def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_data, tmp_path):
+    """Images for --init: refused through the script (one line, status 2, no RUN_DIR) with an encode command that,
+    run as given (DIR named), writes latents of the asked --image_size with the captions the folder's tower reads:
+    what the fine-tunes here train on."""
+    folder, latents = sd_data
+    images, run_dir = latents.parent / "latents_images", tmp_path / "run"
+    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"folder:{images}",
+                   "--image_size", 16, *STEPS)  # fmt: skip
+    assert not run_dir.exists()
+    suggested = re.search(r"\(python train/encode.py (.*) --out DIR\)", line)
+    assert suggested and f"--text_encoder {folder / 'text_encoder'}" in line and "--image_size 16" in line, line
+    encoded = tmp_path / "encoded"
+    train_encode.main(train_encode.parse_config([*suggested.group(1).split(), "--out", str(encoded)]))
+    ours, fixture = LatentSource(encoded, "latents:"), LatentSource(latents, "latents:")
+    assert ours.image_shape == fixture.image_shape == (4, 4, 4)
+    assert ours.record_fields.keys() == fixture.record_fields.keys() and "caption" in ours.record_fields
+    assert ours.meta["text"] == fixture.meta["text"]
+
+
+def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp_path):
+    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line through the script
+    (status 2), naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
+    folder, latents = sd_data
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for png in sorted((latents.parent / "latents_images").glob("*.png")):
+        shutil.copy(png, bare / png.name)
+    uncaptioned, run_dir = tmp_path / "uncaptioned", tmp_path / "run"
+    train_encode.main(train_encode.parse_config(["--dataset", f"folder:{bare}", "--image_size", "16", "--vae",
+                                                 str(folder / "vae"), "--out", str(uncaptioned)]))  # fmt: skip
+    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"latents:{uncaptioned}",
+                   "--sample_prompts", "a cat", *STEPS)  # fmt: skip
+    assert "holds latents without captions" in line and f"--dataset folder:{bare} --image_size 16" in line, line
+    assert f"--text_encoder {folder / 'text_encoder'}" in line
+    assert not run_dir.exists()
 
 
 @pytest.fixture(scope="module")

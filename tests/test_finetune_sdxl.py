@@ -123,7 +123,8 @@ def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
     "flags, message",
     [
         (["--tokenizer", "OTHER"], "tokenizes with its own tokenizer/ and tokenizer_2/; drop --tokenizer"),
-        (["--dataset", "latents:UNCAPTIONED"], "reads latents that keep their raw captions .* --text_encoder"),
+        (["--dataset", "latents:UNCAPTIONED"], "holds latents without captions; .* --image_size 32 .* --text_encoder "
+                                               ".*/text_encoder --out DIR"),
     ],
 )
 def test_what_sdxl_fine_tuning_refuses_at_start(sdxl_data, tmp_path, flags, message):

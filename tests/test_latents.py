@@ -182,8 +182,10 @@ def test_a_folder_of_another_encode_is_refused(digits_latents, tmp_path):
     with pytest.raises(SystemExit, match="another encode.*hflip_copies"):
         run_encode(out, *DIGITS_FLAGS[:-1])
     (out / META).unlink()  # unfinished: encode.json, written at the start, still guards it
-    with pytest.raises(SystemExit, match="another encode.*latent_shape.*vae"):
+    with pytest.raises(SystemExit, match="another encode.*latent_shape.*vae") as refused:
         run_encode(out, *DIGITS_FLAGS[:3], "space_to_depth:4", *DIGITS_FLAGS[4:])
+    said = refused.value.code  # the differing values, each a few words: one line a user reads (not ~600 characters)
+    assert "latent_shape: [4, 4, 4] there, [2, 2, 16] now" in said and len(said) < 400, said
 
 
 def test_incomplete_folders_are_refused(digits_latents, tmp_path):

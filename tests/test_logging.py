@@ -1,6 +1,7 @@
 """MetricsLogger: jsonl rows, non-finite values, truncation, disabled processes, offline wandb."""
 
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,8 +72,10 @@ def test_invalid_mode_lists_valid_ones(tmp_path):
         MetricsLogger(tmp_path, wandb_mode="dryrun", config={})
 
 
-def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch, capfd):
+    """A local run, said in a few lines at its start and none at its end (wandb's history and summary of every
+    metric: ~30 lines after each run, which metrics.jsonl holds)."""
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     # Anything wandb sent would go to a closed loopback port, never off the machine.
@@ -83,4 +86,25 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
         log.log_once({"startup/step_flops": 1e9})
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    said = capfd.readouterr()
+    assert "Run data is saved locally in" in said.err + said.out
+    assert not {"Run history", "Run summary"} & set(line.removeprefix("wandb: ").rstrip(":") for line in
+                                                     (said.err + said.out).splitlines()), said  # fmt: skip
     assert [r["step"] for r in _rows(tmp_path / "metrics.jsonl")] == [0, 1]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_run_json_and_the_wandb_id_have_the_umasks_permissions(tmp_path, umask):
+    """Written whole (a temporary file renamed in), they read as a file written in place would: 0o666 less the
+    umask (mkstemp's own 0o600 kept a shared run's files from its group)."""
+    before = os.umask(umask)
+    try:
+        with MetricsLogger(tmp_path, wandb_mode="disabled", config={}) as log:
+            log.log_once({"startup/time_to_first_step_s": 6.5})
+            log.wandb_run_id()
+        (tmp_path / "in_place").write_text("")
+    finally:
+        os.umask(before)
+    modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("run.json", "wandb_run_id", "in_place")}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
+

@@ -2,6 +2,7 @@
 update is (alpha/r)·x Aᵀ Bᵀ against numpy, the default targets are the attention projections, merging keeps
 the output, and the trainable part (gradient, optimizer step) holds the adapters only."""
 
+import os
 from pathlib import Path
 
 import equinox as eqx
@@ -155,7 +156,32 @@ def test_save_then_load_is_the_same_model(unet_and_inputs, tmp_path):
     assert {layer.alpha for layer in lora_layers(again).values()} == {5.0}
     with pytest.raises(FileExistsError, match="overwrite=True"):
         save_lora(lora, tmp_path)
-    assert save_lora(lora, tmp_path, overwrite=True) == file
+    before = os.umask(0o027)  # the file's permissions: the umask's, as a file written in place (not 0o600)
+    try:
+        assert save_lora(lora, tmp_path, overwrite=True) == file
+    finally:
+        os.umask(before)
+    assert file.stat().st_mode & 0o777 == 0o640
+
+
+def test_saved_file_has_the_names_and_shapes_diffusers_writes(unet_and_inputs, tmp_path):
+    """The same adapters as tools/make_lora_fixtures.py's alpha8_meta (r 4 on the attention projections and on
+    SD 1.x's proj_in/proj_out, which diffusers holds as 1x1 convolutions: use_linear_projection false), saved
+    here: the file diffusers' save_lora_weights wrote for that UNet has the same keys and shapes, the 1x1 convs'
+    lora_A [r, in, 1, 1] and lora_B [out, r, 1, 1] (PEFT's Conv2d adapter), the linears' 2-D."""
+    from safetensors import safe_open
+
+    def shapes(file) -> dict[str, tuple]:
+        with safe_open(str(file), framework="numpy") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    unet, _ = unet_and_inputs
+    lora = add_lora(unet, 4, alpha=8, targets=r"(to_k|to_q|to_v|to_out\.0|proj_in|proj_out)$", key=jax.random.key(4))
+    ours = shapes(save_lora(lora, tmp_path))
+    diffusers = shapes(LORA_DATA / "alpha8_meta" / "pytorch_lora_weights.safetensors")
+    assert ours == diffusers
+    proj = {k: v for k, v in ours.items() if ".proj_in." in k or ".proj_out." in k}
+    assert len(proj) == 16 and all(len(v) == 4 and v[2:] == (1, 1) for v in proj.values())
 
 
 def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):

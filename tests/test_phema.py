@@ -189,6 +189,34 @@ def test_a_reconstruction_equals_the_ema_tracked_directly():
         assert error < (1e-12 if s == 0.05 else 1e-3), (s, error)
 
 
+def test_posthoc_sums_every_profile_of_each_snapshot(tmp_path):
+    """train/posthoc_ema.py's reconstruct: snapshots of two profiles at steps 100, 200, 300, each profile's model
+    its own numbers; σ_rel 0.07 and 0.2 are Σ_i w_i · snapshot_i over all six (w: posthoc_coefficients of their
+    steps and profiles), the sum written out here in float64 — each snapshot's first profile summed twice differs."""
+    from posthoc_ema import reconstruct  # train/posthoc_ema.py
+
+    rng = np.random.default_rng(0)
+    like = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+    inputs, arrays = [(s, r) for s in (100, 200, 300) for r in (0.05, 0.1)], []
+    with EmaSnapshots(tmp_path / "phema", async_save=False) as snapshots:
+        for step in (100, 200, 300):
+            emas = []
+            for _ in range(2):
+                w, b = rng.normal(size=(2, 3)).astype(np.float32), rng.normal(size=2).astype(np.float32)
+                emas.append(eqx.tree_at(lambda m: (m.weight, m.bias), like, (jnp.asarray(w), jnp.asarray(b))))
+                arrays.append(np.concatenate([b, w.ravel()]).astype(np.float64))  # bias, then weight, as compared below
+            snapshots.save(step, tuple(emas), {"sigma_rels": [0.05, 0.1]})
+        abstract = eqx.filter_eval_shape(lambda: like)
+        models, weights, got_inputs = reconstruct(snapshots, 300, (0.07, 0.2), abstract, None)
+    expected_weights = posthoc_coefficients([s for s, _ in inputs], [r for _, r in inputs], 300, [0.07, 0.2])
+    np.testing.assert_allclose(weights, expected_weights, rtol=1e-12)
+    assert [(s, r) for s, _, r in got_inputs] == inputs and [k for _, k, _ in got_inputs] == [0, 1] * 3
+    for k, model in enumerate(models):
+        expected = sum(expected_weights[i, k] * arrays[i] for i in range(len(inputs)))
+        ours = np.concatenate([np.asarray(model.bias, np.float64), np.asarray(model.weight, np.float64).ravel()])
+        np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("layout", [True, False], ids=["layout", "written_before_layouts"])
 def test_a_snapshot_that_does_not_fit_the_model_is_named_before_its_arrays_are_read(tmp_path, layout):
     """EmaSnapshots.restore checks the target against the step's layout item, or orbax's metadata for a snapshot

@@ -25,3 +25,16 @@ def test_every_timed_example_is_a_readme_command():
         dataset = ["--dataset folder:"] if "folder" in name else []  # the benchmark's folder stands in for ~/data/pets
         matching = [c for c in commands if " ".join(flags) in c and all(d in c for d in dataset)]
         assert matching, f"{name}: no README command has {' '.join(flags)}"
+
+
+def test_readme_sampling_commands_write_into_a_folder_not_the_repository_root():
+    """Every `python train/sample.py` command of the README (continued lines joined) writes its images or batch
+    under a folder (--out DIR/FILE): run from a clone, none leaves files in the repository's root (--fid writes
+    none: its line goes to RUN_DIR/fid.jsonl)."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    commands = [line[line.find("python train/sample.py") :].split("#")[0].split() for line in text.splitlines()
+                if "python train/sample.py " in line and "`" not in line]  # fmt: skip
+    assert len(commands) >= 15
+    for words in commands:
+        out = words[words.index("--out") + 1] if "--out" in words else None
+        assert "--fid" in words or (out and "/" in out), " ".join(words)

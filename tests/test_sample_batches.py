@@ -2,6 +2,7 @@
 chunks that a restart skips (after an exception, a SIGKILL, a torn temp file) with a result equal byte for
 byte to an uninterrupted run's, other flags refused by name; and train/sample.py --format adm on a run."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -114,6 +115,26 @@ def test_a_chunk_is_renamed_into_place_only_once_written(tmp_path, monkeypatch):
     assert not list(parts_dir(out).glob("chunk_*")) and (parts_dir(out) / "flags.json").exists()
     monkeypatch.undo()
     assert write(out).read_bytes() == write(tmp_path / "ref.npz").read_bytes()
+
+
+def test_a_second_writer_of_the_same_out_is_refused_in_one_line(tmp_path):
+    """While one process writes --out X.npz, another asked for the same X.npz is refused before it samples (the
+    first removes X.npz.parts/ when it finishes, under the other's feet); once it is done, X.npz can be written
+    again."""
+    out, said = tmp_path / "s.npz", []
+
+    def meanwhile(labels, key):  # the second writer starts while the first samples its first chunk
+        if not said:
+            with pytest.raises(SystemExit) as refused:
+                write(out, sampler=lambda *_: pytest.fail("the second writer sampled"))
+            said.append(str(refused.value.code))
+        return sample_chunk(labels, key)
+
+    reference = write(tmp_path / "ref.npz").read_bytes()
+    assert write(out, sampler=meanwhile).read_bytes() == reference  # the first writer is undisturbed
+    assert said == [f"--out {out}: process {os.getpid()} is writing it (its chunks in {parts_dir(out)}); wait for it "
+                    "to finish, or choose another --out."]  # fmt: skip
+    assert write(out).read_bytes() == reference and not parts_dir(out).exists()
 
 
 def test_a_restart_with_other_flags_is_refused_naming_them(tmp_path):

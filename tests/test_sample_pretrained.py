@@ -75,7 +75,8 @@ def test_pretrained_defaults_are_the_official_scripts(tmp_path, monkeypatch):
     "flags, phrase",
     [
         (["--pretrained", "dot:x.pt"], "give dit:FILE or sit:FILE"),
-        (["--pretrained", "dit:missing.pt"], "no file missing.pt"),
+        (["--pretrained", "dit:missing.pt"], "no file missing.pt: it does not exist"),
+        (["--pretrained", f"dit:{VAE}"], "it is a model folder (config.json: AutoencoderKL); give dit:FILE"),
         (["--pretrained", f"dit:{DIT}"], "needs --vae FOLDER"),
         (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--method", "ode"], "samples with ddpm or ddim"),
         (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--sampler", "heun"], "--sampler chooses SiT's"),

@@ -238,3 +238,32 @@ def test_an_unreadable_dataset_is_one_line():
     """train/encode.py's and train/fid_stats.py's dataset (train/offline.py)."""
     with pytest.raises(SystemExit, match="npz"):
         open_dataset("npz:no/such/file.npz", 8)
+
+
+def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(tmp_path, capsys):
+    """argparse's mistakes without its usage block: one line, status 2, the closest flag named; `--step 3` is not
+    taken as main.py's `--steps 3` (no prefix matching), nor anything written."""
+    assert refused("main.py", "--run_dir", tmp_path / "run", "--step", 3) == (
+        "error: unrecognized arguments: --step 3 (did you mean --steps?)")  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    for parse, args, said in (
+        (sample.parse_args, ["--run_dir", "r", "--stepz", "3"], "arguments: --stepz 3 (did you mean --step?)"),
+        (encode.parse_config, ["--vae", "v", "--out", "o", "--image_sise", "8"], "(did you mean --image_size?)"),
+        (fid_stats.parse_config, ["--inception", "i", "--out", "o", "--zzz"], "--zzz (--help lists the flags)"),
+        (train_main.parse_config, ["--model", "unet_tin"], "argument --model: invalid choice: 'unet_tin'"),
+        (train_main.parse_config, ["--lr_ref", "5"], "--lr_ref 5 (did you mean --lr_ref_steps?)"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            parse(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+
+
+@pytest.mark.parametrize("script", ["sample_sd.py", "sample_pretrained.py"])
+def test_the_pretrained_parts_show_their_help_and_point_to_sample_py(script):
+    """train/sample.py's --pretrained parts, run as files: --help shows what they do; anything else is one line
+    saying to run them through sample.py."""
+    shown = subprocess.run(command(script, "--help"), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python train/sample.py --pretrained ")
+    assert "train/sample.py --pretrained" in shown.stdout.splitlines()[2]  # the module docstring
+    assert "is train/sample.py's --pretrained part: run python train/sample.py" in refused(script, "--seed", 1)

@@ -127,6 +127,21 @@ def test_sdxl_latents_equal_diffusers(sdxl, case):
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
 
 
+def test_sdxl_default_sizes_are_height_width_of_a_non_square_image(sdxl):
+    """diffusers' defaults: original_size = target_size = (height, width). On 32×16-pixel latents (8×4, the VAE's
+    factor 4), sizes left out, or only height/width given, sample as (32, 16) given; (16, 32) samples otherwise."""
+    noise = np.asarray(jax.random.normal(jax.random.key(7), (1, 8, 4, 4)))
+    draw = lambda **sizes: np.asarray(sdxl.latents(["a cat"], steps=2, guidance=CFG, initial_latents=noise,  # noqa: E731
+                                                   **sizes))  # fmt: skip
+    given = draw(original_size=(32, 16), target_size=(32, 16))
+    assert given.shape == (1, 8, 4, 4)
+    np.testing.assert_array_equal(draw(), given)
+    np.testing.assert_array_equal(draw(height=32, width=16), given)
+    np.testing.assert_array_equal(draw(original_size=(32, 16)), given)
+    np.testing.assert_array_equal(draw(target_size=(32, 16)), given)
+    assert relative(draw(original_size=(16, 32), target_size=(16, 32)), given) > 10 * TOLERANCE
+
+
 def test_the_cases_are_told_apart():
     """Each reference differs from its neighbours by far more than the tolerance, so the parity tests can fail."""
     for family, pairs in (("sd1", [("ddim", "ddim_no_negative"), ("ddim", "ddim_unguided"), ("ddim", "ddim_v")]),
@@ -181,12 +196,68 @@ def test_cli_writes_a_png(family, request, tmp_path):
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 images (euler, 2 steps, cfg 5)" in done.stdout
+    assert "2 images (1 per prompt, euler, 2 steps, cfg 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
                          capture_output=True, text=True, env=env)  # fmt: skip
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
+    """--per_prompt 3 (or --num 6) for two prompts: six images, prompt-major, each its own noise from --seed (the
+    three of a prompt differ), the same whatever --batch_size splits them into; the default is one per prompt, image
+    0 the same; a --num that the prompts do not divide is refused."""
+    import sample  # train/sample.py (conftest puts train/ on the path)
+
+    def run(name, *flags) -> dict:
+        out = tmp_path / name / "samples.npz"  # its folder made
+        sample.main(sample.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat", "a dog", "--steps",
+                                       "2", "--cfg", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
+        return dict(np.load(out))
+
+    three = run("three", "--per_prompt", "3")
+    assert three["images"].shape == (6, 32, 32, 3) and list(three["prompts"]) == ["a cat"] * 3 + ["a dog"] * 3
+    z = three["latents"]
+    assert min(relative(z[i], z[j]) for i, j in ((0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5))) > 0.1
+    chunked = run("chunked", "--num", "6", "--batch_size", "4")
+    assert relative(chunked["latents"], z) < 1e-5
+    one = run("one")
+    assert one["latents"].shape[0] == 2 and relative(one["latents"][0], z[0]) < 1e-5
+    with pytest.raises(SystemExit, match="--num 5: .* each of the 2 prompts"):
+        run("five", "--num", "5")
+
+
+def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
+    """A pipeline folder holding only `*.fp16.safetensors` (as `huggingface-cli download --include "*.fp16.*"` leaves
+    it) samples through the script as the plain folder does, each model's file named in a warning."""
+    import sample  # train/sample.py (conftest puts train/ on the path)
+
+    fp16 = tmp_path / "fp16_only"
+    shutil.copytree(sd1_folder, fp16)
+    for file in [*fp16.glob("*/diffusion_pytorch_model.safetensors"), *fp16.glob("*/model.safetensors")]:
+        file.rename(file.with_name(file.name.replace(".safetensors", ".fp16.safetensors")))
+
+    def run(folder) -> np.ndarray:
+        out = tmp_path / f"{folder.name}.npz"
+        sample.main(sample.parse_args(["--pretrained", f"sd:{folder}", "--prompts", "a cat", "--steps", "2",
+                                       "--out", str(out)]))  # fmt: skip
+        return np.load(out)["latents"]
+
+    with pytest.warns(UserWarning) as said:
+        ours = run(fp16)
+    named = {str(w.message).partition(" holds only its 'fp16' weights")[0] for w in said}
+    assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
+    np.testing.assert_array_equal(ours, run(sd1_folder))
+    # As the script says it: one line each, at the start
+    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{fp16}", "--prompts", "a cat",
+           "--steps", "1", "--out", str(tmp_path / "cli.npz")]  # fmt: skip
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "fp16" in line]
+    assert {line.partition(" holds only")[0] for line in lines} >= {f"warning: {fp16 / p}" for p in ("unet", "vae")}
+    assert all(line.startswith("warning: ") and line.endswith("reading those") for line in lines), lines
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
@@ -198,7 +269,10 @@ def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
     (other / "model_index.json").write_text(json.dumps(index | {"_class_name": "StableDiffusionImg2ImgPipeline"}))
     sd = ["--pretrained", f"sd:{sd1_folder}", "--out", str(tmp_path / "x.png")]
     for flags, phrase in [
-        (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there"),
+        (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there: "),
+        (["--pretrained", f"sd:{sd1_folder / 'unet'}", "--prompts", "a"], "is a model folder (config.json: UNet2D"),
+        (["--pretrained", f"sd:{sd1_folder / 'model_index.json'}", "--prompts", "a"],
+         f"is a file (did you mean dit:{sd1_folder / 'model_index.json'} or sit:"),
         ([*sd, "--prompts", "a", "--vae", str(sd1_folder / "vae")], "brings its own VAE"),
         (sd, "needs --prompts"),
         ([*sd, "--prompts", "a", "--method", "heun"], "samples with ddim, euler, euler_ancestral, dpmpp_2m"),

@@ -220,12 +220,20 @@ def test_full_size_architecture_has_diffusers_keys_and_shapes(name):
 
 
 def test_variant_and_sharded_names_are_diffusers(tmp_path):
-    """A folder holding only the fp16 variant names the choice; the sharded fixture's index lists every key."""
+    """A folder holding only the fp16 variant reads it, saying so (no flag reaches variant=); with a second variant
+    beside it the choice is named; the sharded fixture's index lists every key."""
     folder = tmp_path / "variant_only"
     folder.mkdir()
     for file in ("config.json", "diffusion_pytorch_model.fp16.safetensors"):
         shutil.copy(DATA / "sd1_like" / file, folder / file)
-    with pytest.raises(FileNotFoundError, match=r"pass variant= one of \['fp16'\]"):
+    says = r"holds only its 'fp16' weights \(diffusion_pytorch_model\.fp16\.safetensors\): reading those"
+    with pytest.warns(UserWarning, match=says):
+        only = SDUNet.from_diffusers(folder)
+    asked = SDUNet.from_diffusers(DATA / "sd1_like", variant="fp16")
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(only), jax.tree.leaves(asked), strict=True))
+    fp16 = folder / "diffusion_pytorch_model.fp16.safetensors"
+    shutil.copy(fp16, fp16.with_name("diffusion_pytorch_model.bf16.safetensors"))
+    with pytest.raises(FileNotFoundError, match=r"pass variant= one of \['bf16', 'fp16'\]"):
         SDUNet.from_diffusers(folder)
     index = json.loads((DATA / "sdxl_like" / f"{WEIGHTS}.index.json").read_text())
     assert set(index["weight_map"]) == set(leaf_layouts(SDUNet.from_diffusers(DATA / "sdxl_like")))

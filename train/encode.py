@@ -153,11 +153,26 @@ def refuse_other_encode(out: os.PathLike, plan: dict) -> None:
             old, new = identity(json.loads((out / name).read_text())), identity(plan)
             differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             if differ:
-                raise SystemExit(
-                    f"{out} holds another encode ({name} differs in {', '.join(differ)}: "
-                    f"{[old.get(k) for k in differ]} there, {[new.get(k) for k in differ]} now); "
-                    "choose a new --out or delete that folder."
-                )
+                found = differences(old, new)
+                said = "; ".join(found[:3]) + (f"; {len(found) - 3} more" if len(found) > 3 else "")
+                raise SystemExit(f"{out} holds another encode ({name} differs in {', '.join(differ)}: {said}); choose "
+                                 "a new --out or delete that folder.")  # fmt: skip
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key.sub: THERE there, NOW now` for each differing leaf of two nested dicts, each value cut to a few words."""
+    def short(value) -> str:
+        text = "absent" if value is None else json.dumps(value)
+        return text if len(text) <= 32 else text[:31] + "…"
+
+    found = []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}: {short(a)} there, {short(b)} now")
+    return found
 
 
 def write_json(path: os.PathLike, obj: dict) -> None:

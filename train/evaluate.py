@@ -30,7 +30,7 @@ from eqxdiff.eval.adm_batches import IMAGES, STORED, array_names, image_shape, s
 from eqxdiff.eval.adm_eval import adm_metrics, batch_features
 from eqxdiff.eval.adm_inception import PREPROCESS, SPATIAL_DIM, ADMInception
 from eqxdiff.local_copies import local_copy
-from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax  # train/startup.py
+from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax  # train/startup.py
 
 ROWS = (  # (key, the row's name, which statistics or features the row compares the samples with)
     ("inception_score", "Inception Score", "the samples alone (splits of 5000)"),
@@ -44,7 +44,7 @@ ROWS = (  # (key, the row's name, which statistics or features the row compares 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = Parser(description=__doc__)
     parser.add_argument("ref_batch", help="reference batch .npz (arr_0 images; ADM's: also mu, sigma, mu_s, sigma_s)")
     parser.add_argument("sample_batch", help="the sample batch .npz (arr_0 uint8 images [n, h, w, 3])")
     parser.add_argument("--inception", default="",

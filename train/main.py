@@ -246,7 +246,9 @@ def main(cfg: Config, features_fn=None) -> None:
                        f"learning rate's cosine then stretches to it).")  # fmt: skip
         return
     if cfg.process_id == 0:  # which of the two a command does, first: a mistyped --run_dir shows here
-        tqdm.write(f"new run in {cfg.run_dir}: {cfg.model} on {cfg.dataset}" if resume is None else
+        network = f"the UNet of {cfg.init}" if cfg.init else cfg.model  # --init: the folder's, not --model's
+        network += f" with LoRA rank {cfg.lora_rank} adapters" if cfg.lora_rank else ""
+        tqdm.write(f"new run in {cfg.run_dir}: {network} on {cfg.dataset}" if resume is None else
                    f"resuming {cfg.run_dir} from step {resume}")  # fmt: skip
     start_jax(cfg)
     run_dir = as_path(cfg.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
@@ -270,7 +272,8 @@ def main(cfg: Config, features_fn=None) -> None:
     sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
     # What x0 is: pixels, or latents (eqxdiff/run/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
-    if isinstance(codec, Latents) and is_main:  # EDM's preconditioning assumes the data's std is --sigma_data
+    # EDM's preconditioning assumes the data's std is --sigma_data (--init: the folder's scheduler, no sigma_data)
+    if isinstance(codec, Latents) and is_main and not cfg.init:
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
         if not 0.5 <= std / sigma <= 2:
             tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "

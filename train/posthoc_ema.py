@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
+from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
@@ -33,7 +33,7 @@ from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = Parser(description=__doc__)
     parser.add_argument("--run_dir", required=True, help="a train/main.py run trained with --phema_sigma_rels")
     parser.add_argument("--sigma_rel", required=True, help="comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2")
     parser.add_argument("--step", type=int, default=-1, help="the snapshot step to rebuild at (default: the newest)")

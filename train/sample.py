@@ -56,7 +56,7 @@ from eqxdiff.run.rebuild import load_run, stored_run  # a run from its checkpoin
 from sample_many import guidance_record, measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
 import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
 from eqxdiff.run.open_condition import stored_condition
-from startup import HelpFormatter, Launch, add_flags, exit_on_user_error, start_jax
+from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
 from eqxdiff.run.conditions import TextCondition
@@ -70,7 +70,7 @@ from eqxdiff.paths import as_path
 from eqxdiff.sharding import make_mesh
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = Parser(description=__doc__)
     parser.add_argument("--run_dir", default="",
                         help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
     parser.add_argument("--pretrained", default="",
@@ -86,17 +86,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ema", default="",
                         help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
                              "run's --ema_decay EMA")  # fmt: skip
-    parser.add_argument("--num", type=int, default=100, help="number of images")
+    parser.add_argument("--num", type=int, default=None,
+                        help="number of images (default 100; text-to-image: --per_prompt for each prompt)")  # fmt: skip
     parser.add_argument("--classes", default="",
                         help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
                              "balanced)")  # fmt: skip
     parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
     parser.add_argument("--negative_prompts", nargs="+", default=None, help="--pretrained sd: one per prompt, or one")
-    parser.add_argument("--per_prompt", type=int, default=10, help="images per prompt (text-to-image runs)")
+    parser.add_argument("--per_prompt", type=int, default=None,
+                        help="images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)")
     parser.add_argument("--method", default=None,
                         help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
                              f"dit ddpm|ddim, sit ode|sde")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=None, help="sampler steps (default 18; --pretrained 250)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)")  # fmt: skip
     parser.add_argument("--guidance", "--cfg", type=float, default=None,
                         help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
     parser.add_argument("--cfg_interval", default="",
@@ -121,6 +124,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
     add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)
+    args.given = {name for name in ("num", "per_prompt") if getattr(args, name) is not None}  # sd: which decides
+    args.num = 100 if args.num is None else args.num
+    args.per_prompt = (1 if args.pretrained.startswith("sd:") else 10) if args.per_prompt is None else args.per_prompt
     text, (kind, _, value) = args.ema, args.ema.partition("=")
     try:
         args.ema = float(value) if text else None
@@ -195,9 +201,14 @@ def class_indices(classes: str, names: list[str] | None, num_classes: int) -> li
 def grid_rows(keys: np.ndarray, names: list[str], max_cols: int = 20) -> tuple[np.ndarray, int, list[str]]:
     """A grid of one block of rows per group of images: `keys` [n] (grouped) gives each image's group,
     `names[key]` its label. Returns (the image index at each tile, -1 for a blank one; ncols =
-    min(largest group, max_cols); one label per grid row: its group's name)."""
+    the largest group, or the width up to max_cols that leaves fewest blanks; one label per grid row: its group's
+    name)."""
     groups = [np.flatnonzero(keys == k) for k in dict.fromkeys(keys.tolist())]  # in order of first appearance
-    ncols = min(max(len(g) for g in groups), max_cols)
+    blanks = lambda c: sum(-(-len(g) // c) * c - len(g) for g in groups)  # noqa: E731
+    # A group wider than max_cols wraps: into rows as full as can be (50 a class: 5 rows of 10, not 20, 20, 10)
+    largest = max(len(g) for g in groups)
+    widths = range(-(-max_cols // 2), max_cols + 1)
+    ncols = largest if largest <= max_cols else min(widths, key=lambda c: (blanks(c), -c))
     tiles, labels = [], []
     for key, group in zip(dict.fromkeys(keys.tolist()), groups):
         rows = -(-len(group) // ncols)

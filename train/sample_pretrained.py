@@ -29,8 +29,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import sample_sd  # train/sample_sd.py: --pretrained sd:FOLDER, a diffusers Stable Diffusion pipeline
-from startup import start_jax
+from startup import Parser, start_jax
 
+from eqxdiff.paths import what_path_is
 from eqxdiff.autoencoders import open_autoencoder
 from eqxdiff.eval.sample_batches import balanced_labels, chunk_key, write_sample_batches
 from eqxdiff.generate import decode_latents
@@ -48,8 +49,11 @@ def parse_pretrained(spec: str) -> tuple[str, Path]:
         raise SystemExit(f"--pretrained {spec!r}: give dit:FILE or sit:FILE (a published .pt or .safetensors), or "
                          "sd:FOLDER (a diffusers Stable Diffusion pipeline).")  # fmt: skip
     if not Path(path).is_file():
-        raise SystemExit(f"--pretrained: no file {path} (DiT-XL-2-256x256.pt, SiT-XL-2-256x256.pt, a train.py "
-                         f"checkpoint, or one as .safetensors).")  # fmt: skip
+        given = what_path_is(path) + (f" (did you mean sd:{path}?)" if (Path(path) / "model_index.json").is_file()
+                                      else "")  # fmt: skip
+        raise SystemExit(f"--pretrained {family}:{path}: no file {path}: it {given}; give {family}:FILE "
+                         f"(DiT-XL-2-256x256.pt, SiT-XL-2-256x256.pt, a train.py checkpoint, or one as "
+                         f".safetensors).")  # fmt: skip
     return family, Path(path)
 
 
@@ -136,3 +140,10 @@ def main(args: argparse.Namespace) -> None:
     if jax.process_index() == 0:
         print(f"{args.pretrained}: {args.num} samples ({args.method}{f' {args.sampler}' if args.sampler else ''}, "
               f"{args.steps} steps, cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+
+
+if __name__ == "__main__":  # sample.py's --pretrained part: --help says what it does, anything else where to run it
+    parser = Parser(description=__doc__, usage="python train/sample.py --pretrained dit:FILE|sit:FILE --vae VAE ...")
+    parser.parse_known_args()
+    parser.error("this file is train/sample.py's --pretrained part: run python train/sample.py --pretrained "
+                 "dit:FILE|sit:FILE --vae VAE ... (python train/sample.py --help lists the flags)")

@@ -1,6 +1,7 @@
 """train/sample.py --pretrained sd:FOLDER: a diffusers Stable Diffusion 1.x/2.x or XL pipeline folder (as
-`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.sd.load_sd`), one image per
-prompt, as diffusers' pipeline makes them from the same noise.
+`save_pretrained` writes it, or a Hub snapshot) sampled by eqxdiff (`eqxdiff.sd.load_sd`), `--per_prompt`
+images for each prompt (default 1; or `--num` in all, a multiple of the prompts), as diffusers' pipeline makes them
+from the same noise.
 
     python train/sample.py --pretrained sd:stable-diffusion-v1-5/ --prompts "a photo of a cat" "a red car" \\
         --negative_prompts "blurry" "" --cfg 7.5 --steps 30 --method dpmpp_2m --out grid.png
@@ -8,18 +9,22 @@ prompt, as diffusers' pipeline makes them from the same noise.
 `--method` swaps the folder's scheduler for another class made from its config (diffusers' `from_config`): ddim,
 euler, euler_ancestral or dpmpp_2m (default: the folder's own). `--negative_prompts`: one per prompt, or one for all
 (default: SD 1.x/2.x "", SDXL zeros when its model_index.json says force_zeros_for_empty_prompt). `--seed` draws
-each image's noise; `--out` a .png grid (a row per prompt) or an .npz of `images` (uint8 NHWC), `latents` and
-`prompts`. Runs on the first device.
+each image's noise (image i's from fold_in(seed's noise key, i), whatever --batch_size: images per pipeline call);
+`--out` a .png grid (a row per prompt) or an .npz of `images` (uint8 NHWC), `latents` and `prompts` (one per image).
+Runs on the first device.
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from startup import start_jax
+from outputs import check_writable  # train/outputs.py
+from startup import Parser, start_jax
 
+from eqxdiff.paths import what_path_is
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.sd import load_sd
 
@@ -30,8 +35,10 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
     """The folder and the negative prompts (one per prompt), checked before JAX starts; defaults filled in."""
     folder = Path(args.pretrained.partition(":")[2]).expanduser()
     if not (folder / "model_index.json").is_file():
-        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there; give a diffusers pipeline folder "
-                         "(model_index.json, unet/, vae/, text_encoder/, tokenizer/, scheduler/).")  # fmt: skip
+        given = what_path_is(folder) + (f" (did you mean dit:{folder} or sit:{folder}?)" if folder.is_file() else "")
+        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there: {folder} {given}; give a diffusers "
+                         "pipeline folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
+                         "scheduler/).")  # fmt: skip
     if args.run_dir or args.vae or args.eval or args.fid or args.classes or args.sampler or args.format != "eqxdiff":
         raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --cfg, --steps, --method, --seed and "
                          "--out; the pipeline brings its own VAE (no --run_dir, --vae, --eval, --fid, --classes, "
@@ -47,6 +54,15 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
                          f"{len(negative)}.")  # fmt: skip
     if negative is not None and len(negative) == 1:
         negative = negative * len(args.prompts)
+    if "num" in args.given:  # --num images in all: as many for each prompt
+        per_prompt, rest = divmod(args.num, len(args.prompts))
+        if rest or ("per_prompt" in args.given and per_prompt != args.per_prompt):
+            raise SystemExit(f"--num {args.num}: --pretrained sd: makes --per_prompt images for each of the "
+                             f"{len(args.prompts)} prompts; pass --per_prompt N alone, or --num a multiple of "
+                             f"{len(args.prompts)}.")  # fmt: skip
+        args.per_prompt = per_prompt
+    args.num = len(args.prompts) * args.per_prompt
+    check_writable(args.out, "--out")  # its folder made (the README's runs/sd15/), before the pipeline loads
     args.steps = args.steps or 30
     args.guidance = 7.5 if args.guidance is None else args.guidance
     return folder, negative
@@ -61,11 +77,31 @@ def main(args: argparse.Namespace) -> None:
             pipe = pipe.with_scheduler(args.method)
     except (ValueError, OSError) as e:  # another pipeline class, a missing part, an unported scheduler option
         raise SystemExit(f"--pretrained sd:{folder}: {e}") from e
-    latents = pipe.latents(args.prompts, negative, steps=args.steps, guidance=args.guidance, key=jax.random.key(args.seed))
+    prompts = [p for p in args.prompts for _ in range(args.per_prompt)]  # prompt-major: a grid row per prompt
+    negative = None if negative is None else [n for n in negative for _ in range(args.per_prompt)]
+    config = json.loads(pipe.unet.config)
+    side = config["sample_size"]  # latents, as diffusers' default height/width
+    noise_key, step_key = jax.random.split(jax.random.key(args.seed))
+    noise = [jax.random.normal(jax.random.fold_in(noise_key, i), (1, side, side, config["in_channels"]))
+             for i in range(len(prompts))]  # fmt: skip
+    latents, batch = [], max(1, args.batch_size)  # images per pipeline call
+    for start in range(0, len(prompts), batch):
+        rows = slice(start, start + batch)
+        latents.append(pipe.latents(prompts[rows], None if negative is None else negative[rows], steps=args.steps,
+                                    guidance=args.guidance, initial_latents=np.concatenate(noise[rows]),
+                                    key=jax.random.fold_in(step_key, start)))  # fmt: skip
+    latents = np.concatenate([np.asarray(x) for x in latents])
     images = np.asarray(pipe.decode(latents))
     if Path(args.out).suffix == ".npz":
-        np.savez(args.out, images=to_uint8(images), latents=np.asarray(latents), prompts=np.asarray(args.prompts))
+        np.savez(args.out, images=to_uint8(images), latents=latents, prompts=np.asarray(prompts))
     else:
-        save_image_grid(args.out, images, ncols=1, row_labels=args.prompts)
-    print(f"{args.pretrained}: {len(args.prompts)} images ({pipe.scheduler.method}, {args.steps} steps, "
-          f"cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+        save_image_grid(args.out, images, ncols=args.per_prompt, row_labels=args.prompts)
+    print(f"{args.pretrained}: {len(prompts)} {'image' if len(prompts) == 1 else 'images'} ({args.per_prompt} per "
+          f"prompt, {pipe.scheduler.method}, {args.steps} steps, cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+
+
+if __name__ == "__main__":  # sample.py's --pretrained part: --help says what it does, anything else where to run it
+    parser = Parser(description=__doc__, usage="python train/sample.py --pretrained sd:FOLDER --prompts PROMPT ...")
+    parser.parse_known_args()
+    parser.error("this file is train/sample.py's --pretrained part: run python train/sample.py --pretrained "
+                 "sd:FOLDER --prompts PROMPT ... (python train/sample.py --help lists the flags)")

@@ -4,14 +4,21 @@ cache, jax.distributed, the XLA:CPU workarounds), before the backend exists."""
 
 import argparse
 import dataclasses
+import difflib
 import inspect
+import json
 import logging
 import re
 import sys
+import warnings
+from pathlib import Path
 
 import jax
 
+import eqxdiff
 from eqxdiff import xla_cpu
+
+EQXDIFF = Path(eqxdiff.__file__).parent  # the library's files: whose warnings are one line
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -96,11 +103,28 @@ def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None
     return parser
 
 
+class Parser(argparse.ArgumentParser):
+    """Every script's parser: a flag is spelt whole (no prefix matching: `--step 3` is not `--steps 3`), and a
+    mistake is argparse's one line without the usage block, an unknown flag naming the closest one there is."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            given = [w.partition("=")[0] for w in unknown.group(1).split() if w.startswith("-")]
+            close = [m for w in given for m in difflib.get_close_matches(w, flags, n=1, cutoff=0.6)]
+            message += f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else " (--help lists the flags)"
+        self.exit(2, f"error: {message}\n")
+
+
 def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
                      given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
     """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
-    return add_flags(parser, config_type, choices, required, given_only)
+    return add_flags(Parser(description=description), config_type, choices, required, given_only)
 
 
 class LeftoverAsyncErrors(logging.Filter):
@@ -116,6 +140,14 @@ class LeftoverAsyncErrors(logging.Filter):
         return not (leftover or closed)
 
 
+def one_line_warning(message, category, filename, lineno, line=None, _default=warnings.formatwarning) -> str:
+    """eqxdiff's warnings as a user reads them, `warning: MESSAGE` on one line (they say what was chosen or what to
+    check, as errors say the fix); any other library's as Python writes them (the file and line that warned)."""
+    if issubclass(category, UserWarning) and Path(filename).is_relative_to(EQXDIFF):
+        return f"warning: {message}\n"
+    return _default(message, category, filename, lineno, line)
+
+
 def exit_on_user_error(fn) -> None:
     """`fn()`, where an expected user error — a `SystemExit` with a message: a missing or bad
     dataset, a checkpoint that does not fit, a flag argparse could not check — prints that one line
@@ -123,6 +155,7 @@ def exit_on_user_error(fn) -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, LeftoverAsyncErrors) for f in asyncio_log.filters):
         asyncio_log.addFilter(LeftoverAsyncErrors())
+    warnings.formatwarning = one_line_warning
     try:
         fn()
     except SystemExit as e:

@@ -15,6 +15,7 @@ Process 0 alone writes because every process holds every image anyway (the calla
 the others learn which chunks are done from it, so OUT.parts/ need not be on a shared disk.
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -78,9 +79,10 @@ def write_sample_batches(
     record = {"flags": flags, "num": num, "chunk_size": chunk_size, "seed": seed,
               "classes": None if classes is None else [int(c) for c in classes]}  # fmt: skip
     record = json.loads(json.dumps(record))  # as it is read back (tuples are lists)
-    done, refusal = np.zeros(n_chunks, bool), ""
+    done, refusal, lock = np.zeros(n_chunks, bool), "", None
     if jax.process_index() == 0:
         refusal = _check_record(parts, record)
+        lock, refusal = (None, refusal) if refusal else _lock(parts, out)
         done = np.array([(parts / _chunk_name(i)).exists() for i in range(n_chunks)]) if not refusal else done
     if jax.process_count() > 1:  # every process samples the same chunks (the callable's collectives)
         refused = bool(multihost_utils.broadcast_one_to_all(np.int32(bool(refusal))))
@@ -88,6 +90,17 @@ def write_sample_batches(
         refusal = refusal or ("process 0 refused these flags (its output says why)" if refused else "")
     if refusal:
         raise SystemExit(refusal)
+    try:
+        return _sample_chunks(sample_chunk, out, parts, num, chunk_size, seed, labels, done)
+    finally:  # the lock released also when sampling fails (a restart in this process takes it again)
+        if lock is not None:
+            lock.close()
+
+
+def _sample_chunks(sample_chunk: SampleChunk, out: Path, parts: Path, num: int, chunk_size: int, seed: int,
+                   labels: np.ndarray | None, done: np.ndarray) -> Path:  # fmt: skip
+    """write_sample_batches' work once the flags are checked: the chunks not `done`, then the batch assembled."""
+    n_chunks = len(done)
     sizes = [min(chunk_size, num - i * chunk_size) for i in range(n_chunks)]
     bar = tqdm(total=num, initial=sum(s for s, d in zip(sizes, done) if d), unit="img", desc="samples",
                disable=jax.process_index() != 0, dynamic_ncols=True)  # fmt: skip
@@ -105,6 +118,25 @@ def write_sample_batches(
         _assemble(parts, out, n_chunks, num, labels is not None)
         shutil.rmtree(parts)
     return out
+
+
+def _lock(parts: Path, out: Path):
+    """(the open lock file of `parts`, "") while this process is the one writing `out`: another process that
+    writes the same --out would remove the chunks under it once it finished; else (None, the line refusing it).
+    The lock goes with its process (a killed one's too)."""
+    lock = open(parts / "lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another"
+        lock.close()
+        return None, (f"--out {out}: process {holder} is writing it (its chunks in {parts}); wait for it to finish, or "
+                      "choose another --out.")  # fmt: skip
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock, ""
 
 
 def _chunk_name(index: int) -> str:

@@ -36,7 +36,7 @@ from eqxdiff.local_copies import upload
 from eqxdiff.sd import SDUNet
 from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
 from eqxdiff.sd.lora_files import save_lora
-from eqxdiff.paths import as_path, is_url
+from eqxdiff.paths import as_path, is_url, what_path_is
 from eqxdiff.sd.scheduler import scheduler_from_diffusers
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
@@ -56,14 +56,16 @@ def parts(init: str) -> dict[str, Path | None]:
     """--init sd:FOLDER -> the folders of its parts (None: absent): unet, vae, text_encoder (SDXL: the pipeline
     folder, which holds both towers), scheduler."""
     if not init.startswith(PREFIX):
-        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/.")
+        hint = f" (did you mean --init sd:{init}?)" if (Path(init).expanduser() / "model_index.json").is_file() else ""
+        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its "
+                         f"unet/{hint}.")  # fmt: skip
     folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
     config = folder / "config.json"
     bare = config.is_file() and json.loads(config.read_text()).get("_class_name") == "UNet2DConditionModel"
     root = folder.parent if bare else folder
     if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
         raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
-                         "...) nor a UNet folder (config.json of a UNet2DConditionModel); check the path.")  # fmt: skip
+                         f"...) nor a UNet folder (config.json of a UNet2DConditionModel): it {what_path_is(folder)}.")
     unet = folder if bare else folder / "unet"
     sdxl = is_sdxl_folder(root)  # its text side: the whole folder (both towers and tokenizers)
     if sdxl and not all((root / name).is_dir() for name in SDXL_TEXT):
@@ -93,12 +95,25 @@ def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
         return
     if not isinstance(source, LatentSource):
         raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
-                         f"train/encode.py --dataset {cfg.dataset} --vae {vae} --out DIR) and pass --dataset "
-                         "latents:DIR.")  # fmt: skip
+                         f"{encode_command(cfg, cfg.dataset, vae)}) and pass --dataset latents:DIR.")  # fmt: skip
     used = source.meta["vae"]["path"]  # the encode's VAE folder
     if not used or Path(used).resolve() != vae:
         raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
                          f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+    if "caption" not in source.record_fields and not source.meta.get("text"):  # the UNet cross-attends to text
+        raise SystemExit(f"--dataset {cfg.dataset} holds latents without captions; --init {cfg.init}'s UNet is "
+                         f"conditioned on text: encode captioned images (a .txt beside each) with python "
+                         f"{encode_command(cfg, source.meta['source'], vae, source.meta['image_shape'][0])}.")
+
+
+def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) -> str:
+    """The train/encode.py command that writes what this fine-tune reads: `dataset`'s images at `image_size`
+    (default --image_size), latents of the folder's `vae`, the captions kept for its text tower (an SDXL folder's:
+    its text_encoder/)."""
+    tower = Path(cfg.text_encoder)
+    tower = tower / "text_encoder" if is_sdxl_folder(tower) else tower
+    return (f"train/encode.py --dataset {dataset} --image_size {image_size or cfg.image_size} --vae {vae} "
+            f"--text_encoder {tower} --out DIR")
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):

@@ -26,6 +26,7 @@ from safetensors.numpy import save_file
 from eqxdiff.nn.layers import Conv2d
 from eqxdiff.nn.lora import LoRAConv2d, LoRALinear, lora_layers, map_layers, module_name
 from eqxdiff.sd.attention import Transformer2DModel
+from eqxdiff.paths import new_file_mode
 
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME_SAFE
 METADATA_KEY = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY
@@ -74,6 +75,7 @@ def save_lora(model, path: str | Path, *, overwrite: bool = False) -> Path:
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(file.name + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
+    os.chmod(tmp, new_file_mode())  # safetensors writes 0o600: the umask's, as diffusers' own file
     os.replace(tmp, file)
     return file
 

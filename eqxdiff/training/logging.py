@@ -80,6 +80,8 @@ class MetricsLogger:
                 # overwrite its config); offline, each resume is a folder with that id (wandb resumes
                 # only online; `wandb sync --id ID --append` joins the folders).
                 **({"resume": "allow", "allow_val_change": True} if wandb_mode == "online" else {}),
+                # offline: no history and summary printed at the end (~30 lines: metrics.jsonl has them)
+                **({"settings": wandb.Settings(quiet=True)} if wandb_mode == "offline" else {}),
             )
 
     def wandb_run_id(self) -> str:

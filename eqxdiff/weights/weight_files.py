@@ -4,11 +4,14 @@ A folder may hold the plain file (`diffusion_pytorch_model.safetensors`, `model.
 variant of it (`<stem>.<variant>.safetensors`, e.g. `fp16`), and shards listed by an index
 (`<stem>.safetensors.index.json`, or `<stem>.safetensors.index.<variant>.json` for a variant's
 shards), as diffusers' and transformers' `save_pretrained(variant=..., max_shard_size=...)` write
-them (`_add_variant` in both). As in their `from_pretrained`, `variant=None` means the plain weights:
-a variant is loaded only when asked for, and a folder holding only variants names the choice.
+them (`_add_variant` in both). As in their `from_pretrained`, `variant=None` means the plain weights,
+but for a folder that holds one variant alone (what `huggingface-cli download --include "*.fp16.*"` leaves):
+its weights are the only ones there, read with a warning that names them (diffusers would refuse the folder,
+and no script flag reaches `variant=`). A folder holding several variants and no plain weights names the choice.
 """
 
 import json
+import warnings
 from pathlib import Path
 
 from safetensors import safe_open
@@ -37,6 +40,11 @@ def weight_files(folder: str | Path, weights_name: str, variant: str | None = No
         raise FileNotFoundError(f"{folder} {'is a file, not a folder' if folder.exists() else 'does not exist'}")
     found = sorted(p.name for p in folder.glob("*")) if folder.is_dir() else []
     others = sorted(v for v in variants(folder, weights_name) if v != variant)
+    if variant is None and len(others) == 1:  # the only weights there: read them, and say so
+        files = weight_files(folder, weights_name, others[0])
+        warnings.warn(f"{folder} holds only its {others[0]!r} weights ({files[0].name}{', …' * (len(files) > 1)}): "
+                      "reading those", stacklevel=2)  # fmt: skip
+        return files
     hint = f"; pass variant= one of {others}" if others else ""
     raise FileNotFoundError(f"{single} does not exist, nor {index.name} (the folder holds {found}){hint}")
 
