@@ -11,8 +11,8 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
 - `flash` (TPU): Pallas flash attention (Dao et al. 2022; `jax.experimental.pallas.ops.tpu.flash_attention`):
   logits and probabilities live in the core's VMEM only, never in HBM, in the forward and the backward pass.
   On a TPU it runs where both lengths are whole blocks of 128 and the queries reach FLASH_FROM (BENCHMARKS.md
-  "On a TPU v5e": SD's 64² latents, 4096 tokens, 2.8× XLA's form; DiT's 256 tokens 2% slower); one device
-  only, since GSPMD does not split a Pallas call. Its blocks are the sequence up to FLASH_BLOCK.
+  "On a TPU v5e": faster than XLA's form at SD's 4096 tokens, slower at DiT's 256); one device only, since
+  GSPMD does not split a Pallas call. Its blocks are the sequence up to FLASH_BLOCK.
 
 `attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
 traced keeps the form it was traced with.
@@ -30,7 +30,7 @@ from jaxtyping import Array, Bool, Float
 FORMS = ("plain", "query_blocks", "flash")
 QUERY_BLOCK = 128  # queries per block of `query_blocks`
 QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
-FLASH_FROM = 1024  # queries from which a TPU takes flash attention (DiT's 256 ran faster in XLA's form)
+FLASH_FROM = 1024  # queries from which a TPU takes flash attention
 FLASH_BLOCK = 512  # flash attention's largest query and key block
 # A remat policy can keep the attention's output under this name (eqxdiff/nn/remat.py, "attention").
 ATTENTION_NAME = "attention"
