@@ -5,9 +5,9 @@ the digits classifier on each 8×8 half (`eqxdiff.eval.two_digit_accuracy`), gui
 
     python benchmarks/captioned_digits_job.py --out /tmp/captioned_digits.json [--steps 500] [--guidance 1,1.5,4]
 
-The recipe (RECIPE below, README "Text-to-image"): 500 steps of batch 128 with EDM's training ln σ centred at
-0 instead of -1.2: the order of the digits is learned where the noise hides the image, and at -1.2 a
-6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
+The recipe (RECIPE below, docs/latent-and-text.md, "Text-to-image"): 500 steps of batch 128 with EDM's
+training ln σ centred at 0 instead of -1.2: the order of the digits is learned where the noise hides the
+image, and at -1.2 a 6-minute run ends before it is (BENCHMARKS.md "Text-to-image without weights").
 
 Writes JSON: the machine record (benchmarks/harness.py), the training wall time (the whole main.py
 process), its time to the first step, its logged step times (ms, one per 50 steps) and the fp32 matmul rate

@@ -1,11 +1,11 @@
-"""What the README's train/main.py examples cost on this machine: seconds per step of each, run as
-the README writes it (only shorter), and each one's ratio to the default job's step.
+"""What the documentation's train/main.py examples (README.md, docs/training.md) cost on this machine: seconds
+per step of each, run as the page writes it (only shorter), and each one's ratio to the default job's step.
 
 Each example runs `--steps N` with `--log_every N/2`, sampling and wandb off, in a fresh run
 directory; its step time is metrics.jsonl's `train/step_time_ms` of the second window (the first
 holds no compile, but the second is past every warm-up). The DiT example trains on a folder of
 32×32 RGB PNGs (the digits upscaled, in class sub-folders), as `--dataset folder:... --image_size 32`
-reads them, and so does the UNet's own-images example (batch 16, as the README gives it). The
+reads them, and so does the UNet's own-images example (batch 16, as the pages give it). The
 default job runs first and last, so drift shows. Prints one JSON line.
 
     python benchmarks/readme_examples.py [--steps 40] [--dit_steps 4 --dit_batch 16]

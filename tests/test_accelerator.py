@@ -1,5 +1,5 @@
 """The accelerator tier (`pytest -m accelerator`): what eqxdiff runs on the machine's TPU or GPU, each against the
-same computation on the CPU. Skipped where JAX sees no accelerator (CI); README "On a TPU" records the last run on
+same computation on the CPU. Skipped where JAX sees no accelerator (CI); docs/tpu.md records the last run on
 a chip. Run it there whenever a change touches what it covers: the training step, the samplers, the SD pipeline,
 DiT sampling, checkpoints, the attention forms.
 

@@ -100,17 +100,17 @@ def test_a_dataset_whose_flips_change_its_captions_refuses_hflip(tmp_path):
 
 
 def readme_condition_example() -> str:
-    """The code block of README's edit (f), a new kind of condition."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme[readme.index("**(f) A new kind of condition**") :]
+    """The code block of edit (f), a new kind of condition, on docs/edits.md (the README's edits table points there)."""
+    edits = (Path(__file__).parent.parent / "docs" / "edits.md").read_text()
+    section = edits[edits.index("**(f) A new kind of condition**") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     return block[: block.index("\n```")]
 
 
 def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
-    """README's (f) as written: its class conditions a UNet (its condition, its null dropped in, guidance rows),
-    and train/sample.py's rebuild finds it through the row it adds to CONDITION_KINDS; a kind with no row is
-    refused naming the table."""
+    """Edit (f) as written (docs/edits.md): its class conditions a UNet (its condition, its null dropped in,
+    guidance rows), and train/sample.py's rebuild finds it through the row it adds to CONDITION_KINDS; a kind with
+    no row is refused naming the table."""
     import jax.numpy as jnp
     from eqxdiff.run import open_condition
 

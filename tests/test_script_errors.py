@@ -163,7 +163,7 @@ def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
 
 
 def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close_run(tmp_path, capsys, monkeypatch):
-    """`main.py --run_dir runs/X` alone (the README's resume form) on a folder that does not exist beside a run
+    """`main.py --run_dir runs/X` alone (docs/training.md's resume form) on a folder that does not exist beside a run
     of a close name: refused, not a fresh default digits run; a command giving what to train, or a folder
     made first, starts the new run and says so."""
     (tmp_path / "runs" / "pets-dit_s" / "checkpoints" / "500").mkdir(parents=True)

@@ -2,7 +2,7 @@
 
 Every noise process is x = s(σ)·(x0 + σ·ε) (Karras et al. 2022): a schedule says how σ is drawn
 and what the network sees, a parameterization turns its output into D(x; σ), and every sampler
-integrates D down a σ grid (README, "One idea: everything speaks σ").
+integrates D down a σ grid (docs/core.md, "One idea: everything speaks σ").
 """
 
 from .autoguidance import AutoGuidance

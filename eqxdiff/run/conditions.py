@@ -16,7 +16,7 @@ question a run asks about it:
     to_config()               every constructor argument, for the checkpoint (eqxdiff/run/open_condition.py
                               rebuilds it)
 
-A new kind (a class label and a caption together, an image embedding) is one class (README, edit (f)).
+A new kind (a class label and a caption together, an image embedding) is one class (docs/edits.md, edit (f)).
 """
 
 from collections.abc import Sequence

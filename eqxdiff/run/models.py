@@ -1,7 +1,7 @@
 """The model table: a name (--model) -> a diffusion network for the run's image shape and
 condition (class labels, a pretrained tower's encoded text, or tokens read by a text tower
 trained with the model). Data a script extends: train/main.py adds its own entries to MODELS and
-CONSTRUCTORS (README, "plug in your own model"); a checkpoint stores the constructor's name and
+CONSTRUCTORS (docs/edits.md, edit (b), "Your own model"); a checkpoint stores the constructor's name and
 arguments, which `build_model` (and eqxdiff/run/rebuild.py's `load_run`) read back."""
 
 import json
