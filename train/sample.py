@@ -138,10 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE|sd:FOLDER")
     if args.negative_prompts and not args.pretrained.startswith("sd:"):
         parser.error("--negative_prompts: for --pretrained sd:FOLDER (a run's guidance uses the null text it trained with)")
-    if not args.pretrained:
-        args.steps = args.steps or 18
-        if args.method is not None and args.method not in METHODS:
-            parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
+    if not args.pretrained and args.method is not None and args.method not in METHODS:
+        parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
     if args.num < 1 or (args.steps or 1) < 1 or args.per_prompt < 1:
@@ -261,8 +259,9 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
     run = load_run(args.run_dir, args.step, mesh=mesh, ema=args.ema)
-    # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py)
-    sampling = run_sampling(run.cfg, method=args.method, steps=args.steps, guidance=args.guidance,
+    # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py);
+    # --steps' default is 18 here, not the run's --sample_steps
+    sampling = run_sampling(run.cfg, method=args.method, steps=args.steps or 18, guidance=args.guidance,
                             interval=args.cfg_interval, guide_scale=args.guide_scale, tiling=args.vae_tiling)
     how = sampling.record()  # for the records of how the samples were made
     weak_denoiser = None
