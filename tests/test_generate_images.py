@@ -1,5 +1,6 @@
-"""eqxdiff.generate.generate_images: the one call that samples and decodes (train/sample.py, train/main.py's
-grids and FID, the notebooks) is `generate` for pixels and `decode_latents` of `generate` for latents."""
+"""eqxdiff.generate.generate_images: the one call that samples and decodes (the scripts' through
+eqxdiff/run/sampling.py's Sampling.images, the notebooks') is `generate` for pixels and `decode_latents` of
+`generate` for latents."""
 
 from pathlib import Path
 

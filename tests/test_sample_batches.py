@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+import eqxdiff.run.sampling
 from eqxdiff.eval import sample_batches
 from eqxdiff.eval.sample_batches import balanced_labels, chunk_key, parts_dir, write_sample_batches
 from runs import ROOT, TINY, Started, kill, train_here, wait_for
@@ -201,7 +202,7 @@ def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkey
 
     out = tmp_path / "s.npz"  # --batch_size 5 is 8 rows over 8 devices: chunks of 8, the second interrupted
     calls = []
-    original = sample.generate_images
+    original = eqxdiff.run.sampling.generate_images
 
     def preempted(*args, **kwargs):
         calls.append(1)
@@ -209,10 +210,10 @@ def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkey
             raise Preempted
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(sample, "generate_images", preempted)
+    monkeypatch.setattr(eqxdiff.run.sampling, "generate_images", preempted)
     with pytest.raises(Preempted):
         sample.main(sample.parse_args([*flags, "--out", str(out)]))
-    monkeypatch.setattr(sample, "generate_images", original)
+    monkeypatch.setattr(eqxdiff.run.sampling, "generate_images", original)
     assert [p.name for p in parts_dir(out).glob("chunk_*")] == ["chunk_000000.npz"]
     with pytest.raises(SystemExit, match=r"--steps: 2 there, 3 now"):
         sample.main(sample.parse_args([*flags, "--steps", "3", "--out", str(out)]))
@@ -259,7 +260,7 @@ def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, mo
     flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "8", "--steps", "2",
              "--seed", "2"]  # fmt: skip
     sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
-    out, original, calls = tmp_path / "s.npz", sample.generate_images, []
+    out, original, calls = tmp_path / "s.npz", eqxdiff.run.sampling.generate_images, []
 
     def preempted(*args, **kwargs):
         calls.append(1)
@@ -267,7 +268,7 @@ def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, mo
             raise Preempted
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(sample, "generate_images", preempted)
+    monkeypatch.setattr(eqxdiff.run.sampling, "generate_images", preempted)
     with pytest.raises(Preempted):
         sample.main(sample.parse_args([*flags, "--out", str(out)]))
     assert [p.name for p in parts_dir(out).glob("chunk_*")] == ["chunk_000000.npz"]

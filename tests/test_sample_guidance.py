@@ -11,12 +11,12 @@ import pytest
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import main as train_main  # train/main.py
 import sample  # train/sample.py
-from guidance_flags import parse_interval
 from eqxdiff.run.rebuild import load_run
 from runs import TINY, train_here
 
 from eqxdiff.diffusion import AutoGuidance, ClassifierFreeGuidance, Denoiser, karras_sigmas
 from eqxdiff.diffusion import sample as run_sampler
+from eqxdiff.run.sampling import parse_interval
 from eqxdiff.sharding import make_mesh
 
 

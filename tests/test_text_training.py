@@ -64,7 +64,7 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
         scales.append(kwargs["guidance"])
         return real_generate(*args, null_cond=null_cond, **kwargs)
 
-    real_generate = eqxdiff.generate.generate  # what sample.py's generate_images samples with
+    real_generate = eqxdiff.generate.generate  # what sample.py's Sampling.images samples with (generate_images)
     monkeypatch.setattr(eqxdiff.generate, "generate", generate)
     sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
                                    "--guidance", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip

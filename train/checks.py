@@ -3,10 +3,9 @@ that names the fix, before anything loads or compiles."""
 
 from pathlib import Path
 
-from guidance_flags import parse_interval  # train/guidance_flags.py
-
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.run.conditions import TextCondition
+from eqxdiff.run.sampling import parse_interval
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range

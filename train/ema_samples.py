@@ -6,24 +6,20 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.paths import as_path
+from eqxdiff.run.sampling import Sampling
 
-from guidance_flags import parse_interval  # train/guidance_flags.py: --cfg_interval
 
-
-def write_sample_grid(step: int, state, *, cfg, codec, condition, schedule, parameterization, sample_shape: tuple,
-                      mesh: Mesh, rows: list, row_labels: list[str] | None) -> None:  # fmt: skip
-    """Ten images of each of `rows` (a label or prompt each, `condition.for_sampling`'s rows) from the EMA at
-    --sample_steps, --sample_method, --cfg_scale and --cfg_interval, noise seed --seed + `step`; process 0 writes
-    them as RUN_DIR/samples/step_STEP.png, a grid row per row, labelled `row_labels` (None: unlabelled)."""
+def write_sample_grid(step: int, state, *, cfg, sampling: Sampling, codec, condition, schedule, parameterization,
+                      sample_shape: tuple, mesh: Mesh, rows: list, row_labels: list[str] | None) -> None:  # fmt: skip
+    """Ten images of each of `rows` (a label or prompt each, `condition.for_sampling`'s rows) from the EMA by
+    `sampling` (the run's: --sample_steps, --sample_method, --cfg_scale, --cfg_interval), noise seed --seed + `step`;
+    process 0 writes them as RUN_DIR/samples/step_STEP.png, a grid row per row, labelled `row_labels` (None:
+    unlabelled)."""
     cond, null_cond = condition.for_sampling(rows, 10)
-    images, _ = generate_images(
-        state.ema, codec, schedule, parameterization, cond, len(rows) * 10, sample_shape, mesh=mesh,
-        steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale, null_cond=null_cond,
-        guidance_interval=parse_interval(cfg.cfg_interval), seed=cfg.seed + step,
-    )  # fmt: skip
+    images, _ = sampling.images(state.ema, codec, schedule, parameterization, sample_shape, cond, len(rows) * 10,
+                                mesh=mesh, null_cond=null_cond, seed=cfg.seed + step)  # fmt: skip
     if jax.process_index() == 0:
         path = save_image_grid(as_path(cfg.run_dir) / "samples" / f"step_{step:06d}.png", images, ncols=10, upscale=4,
                                row_labels=row_labels)  # fmt: skip
@@ -42,9 +38,9 @@ def open_eval_fid(cfg, image_shape: tuple, image_dataset: str, features_fn=None)
         raise SystemExit(f"--eval_every: {e}") from e
 
 
-def evaluate_fid(step: int, state, *, cfg, codec, condition, schedule, parameterization, sample_shape: tuple,
-                 mesh: Mesh, num_classes: int, network, reference) -> dict:  # fmt: skip
-    """FID of --eval_num EMA samples (every class alike, the same noise at every evaluation) against
+def evaluate_fid(step: int, state, *, cfg, sampling: Sampling, codec, condition, schedule, parameterization,
+                 sample_shape: tuple, mesh: Mesh, num_classes: int, network, reference) -> dict:  # fmt: skip
+    """FID of --eval_num EMA samples by `sampling` (every class alike, the same noise at every evaluation) against
     `reference` through `network` (`open_eval_fid`), and precision/recall if the reference keeps
     features, as eval/* metrics; made --batch_size at a time (the last batch padded: one sampler program)."""
     from eqxdiff.eval.fid import chunk_seed, fid_of_samples
@@ -53,11 +49,9 @@ def evaluate_fid(step: int, state, *, cfg, codec, condition, schedule, parameter
 
     def sample_chunk(start: int, size: int) -> np.ndarray:
         rows = np.minimum(np.arange(start, start + cfg.batch_size), cfg.eval_num - 1)
-        images, _ = generate_images(
-            state.ema, codec, schedule, parameterization, jax.tree.map(lambda a: a[rows], cond), cfg.batch_size,
-            sample_shape, mesh=mesh, steps=cfg.sample_steps, method=cfg.sample_method, guidance=cfg.cfg_scale,
-            null_cond=null_cond, guidance_interval=parse_interval(cfg.cfg_interval), seed=chunk_seed(cfg.seed, start),
-        )  # fmt: skip
+        images, _ = sampling.images(state.ema, codec, schedule, parameterization, sample_shape,
+                                    jax.tree.map(lambda a: a[rows], cond), cfg.batch_size, mesh=mesh,
+                                    null_cond=null_cond, seed=chunk_seed(cfg.seed, start))  # fmt: skip
         return to_uint8(images[:size])
 
     result = fid_of_samples(sample_chunk, cfg.eval_num, network, reference, chunk_size=cfg.batch_size, seed=cfg.seed)

@@ -1,21 +1,7 @@
-"""The guidance flags of train/main.py and train/sample.py: `--cfg_interval LO,HI` parsed, and `--guide_run`'s
-weak model checked against the run it guides (autoguidance needs a weaker model of the same task)."""
+"""train/sample.py's `--guide_run`: the weak model checked against the run it guides (autoguidance needs a weaker
+model of the same task). `--cfg_interval LO,HI` is parsed by eqxdiff/run/sampling.py's parse_interval."""
 
 from eqxdiff.run.open_condition import stored_condition
-
-
-def parse_interval(text: str) -> tuple[float, float] | None:
-    """"LO,HI" -> (LO, HI), the σ interval (LO, HI] where classifier-free guidance applies; "" -> None (every σ).
-    Anything else raises ValueError naming the form."""
-    if not text:
-        return None
-    try:
-        lo, hi = (float(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"--cfg_interval must be LO,HI (two σ, e.g. 0.28,2.9), got {text!r}") from None
-    if not 0 <= lo < hi:
-        raise ValueError(f"--cfg_interval LO,HI needs 0 <= LO < HI, got {text!r}")
-    return lo, hi
 
 
 def check_same_task(run_dir: str, stored: dict, guide_run: str, guide_stored: dict) -> None:

@@ -51,6 +51,7 @@ from eqxdiff.run.finetune import open_init  # --init sd:FOLDER: the pretrained U
 from eqxdiff.run.models import MODELS, build_model, model_args  # the model table
 from eqxdiff.run.open_condition import run_condition, sample_grid_rows  # the condition, from flags and data
 from eqxdiff.run.run_dir import checkpoint_steps
+from eqxdiff.run.sampling import run_sampling  # how the grids and FID sample the EMA
 from eqxdiff.sharding import RuleError, batch_sharding, check_rules_match, make_mesh, sharding_summary, state_shardings
 from eqxdiff.text.conditioning import NULL_TEXTS
 from eqxdiff.training import (
@@ -283,16 +284,17 @@ def main(cfg: Config, features_fn=None) -> None:
     schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
-    # How the EMA is sampled for the grids and FID (train/ema_samples.py): the run's codec, condition and noise.
-    sampling = dict(cfg=cfg, codec=codec, condition=condition, schedule=schedule, parameterization=parameterization,
-                    sample_shape=image_shape, mesh=mesh)  # fmt: skip
-    write_samples = functools.partial(write_sample_grid, **sampling, rows=sample_rows, row_labels=row_labels)
+    # How the EMA is sampled for the grids and FID (train/ema_samples.py): by --sample_method, --sample_steps,
+    # --cfg_scale and --cfg_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
+    ema_sampling = dict(cfg=cfg, sampling=run_sampling(cfg), codec=codec, condition=condition, schedule=schedule,
+                        parameterization=parameterization, sample_shape=image_shape, mesh=mesh)  # fmt: skip
+    write_samples = functools.partial(write_sample_grid, **ema_sampling, rows=sample_rows, row_labels=row_labels)
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
         fid_network, fid_reference = open_eval_fid(cfg, fid_images, latent_config.get("image_dataset", cfg.dataset),
                                                    features_fn)  # fmt: skip
-        evaluate = functools.partial(evaluate_fid, **sampling, num_classes=num_classes, network=fid_network,
+        evaluate = functools.partial(evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network,
                                      reference=fid_reference)  # fmt: skip
 
     args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments

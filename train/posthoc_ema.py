@@ -178,11 +178,9 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
     import functools
 
     import sample  # train/sample.py; imported here: the reconstruction alone does not need it
-    from guidance_flags import parse_interval  # train/guidance_flags.py
     from eqxdiff.run.rebuild import load_run
+    from eqxdiff.run.sampling import run_sampling
     from sample_many import measure_fid, open_fid_flags
-
-    from eqxdiff.generate import generate_images
 
     mesh = make_mesh(data=-1, fsdp=1)
     opened, rows = None, []
@@ -191,24 +189,21 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
         num_classes = run.stored["num_classes"]
         labels = sample.balanced_labels(args.num, list(range(num_classes))) if num_classes else None
         cond, null_cond = run.condition.for_sampling(labels, 1)  # as sample.py's: one image per label, or none
-        guidance = run.cfg.cfg_scale if args.cfg is None else args.cfg  # sample.py --cfg's default: the run's
-        how = argparse.Namespace(**vars(args), method=run.cfg.sample_method, guidance=guidance, guide_run="",
-                                 cfg_interval=getattr(run.cfg, "cfg_interval", ""), ema=sigma_rel)  # fmt: skip
-        sample_images = functools.partial(
-            generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
-            mesh=mesh, steps=args.steps, method=how.method, guidance=how.guidance, null_cond=null_cond,
-            guidance_interval=parse_interval(how.cfg_interval),
-        )  # fmt: skip
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py's, --cfg its --guidance
+        sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
+                                          run.image_shape, mesh=mesh, null_cond=null_cond)  # fmt: skip
         image_shape = run.codec.image_shape(run.image_shape)
-        opened = opened or open_fid_flags(how, image_shape, features_fn, run.image_dataset)  # one network, one read
+        opened = opened or open_fid_flags(args, image_shape, features_fn, run.image_dataset)  # one network, one read
         print(f"\nsigma_rel {sigma_rel:g}:")
-        rows.append((sigma_rel, measure_fid(how, run.step, mesh, sample_images, cond, image_shape, opened=opened)))
+        this_ema = argparse.Namespace(**vars(args), ema=sigma_rel)  # measure_fid records which post-hoc EMA
+        rows.append((sigma_rel, measure_fid(this_ema, run.step, mesh, sample_images, cond, image_shape,
+                                            sampling.record(), opened=opened)))  # fmt: skip
     if jax.process_index() == 0:
         keys = [k for k in ("fid", "precision", "recall") if k in rows[0][1]]
         best = min(rows, key=lambda r: r[1]["fid"])[0]
-        interval = f" for σ in ({how.cfg_interval}]" if how.cfg_interval else ""
-        print(f"\nsweep: FID of {args.num} samples each against {args.fid}, {how.method} {args.steps} steps, "
-              f"guidance {how.guidance:g}{interval}")  # fmt: skip
+        interval = f" for σ in ({sampling.interval_text()}]" if sampling.guidance_interval else ""
+        print(f"\nsweep: FID of {args.num} samples each against {args.fid}, {sampling.method} {sampling.steps} steps, "
+              f"guidance {sampling.guidance:g}{interval}")  # fmt: skip
         print(f"{'sigma_rel':>10}" + "".join(f"{k:>12}" for k in keys))
         for sigma_rel, result in rows:
             lowest = "  <- lowest fid" if sigma_rel == best else ""
@@ -220,9 +215,9 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
     """Each reconstruction sampled as train/sample.py --ema sigma_rel=S --eval does, one row of scores each."""
     import sample  # train/sample.py; imported here: the reconstruction alone does not need it
     from eqxdiff.eval import digits_sample_metrics
-    from eqxdiff.generate import generate_images
     from eqxdiff.images import to_uint8
     from eqxdiff.run.rebuild import load_run
+    from eqxdiff.run.sampling import run_sampling
 
     mesh = make_mesh(data=-1, fsdp=1)
     keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")
@@ -233,13 +228,11 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
     for sigma_rel in args.sigma_rels:
         run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
         sample.check_eval(run.stored)
-        guidance = run.cfg.cfg_scale if args.cfg is None else args.cfg
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py --eval's
         labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
         cond, null_cond = run.condition.for_sampling(labels, 1)
-        images, _ = generate_images(run.ema, run.codec, run.schedule, run.parameterization, cond, args.num,
-                                    sample_shape=run.image_shape, mesh=mesh, steps=args.steps,
-                                    method=run.cfg.sample_method, guidance=guidance, null_cond=null_cond,
-                                    seed=0)  # fmt: skip
+        images, _ = sampling.images(run.ema, run.codec, run.schedule, run.parameterization, run.image_shape, cond,
+                                    args.num, mesh=mesh, null_cond=null_cond, seed=0)  # fmt: skip
         scores = digits_sample_metrics(to_uint8(images), labels)
         rows.append((sigma_rel, scores))
         print(f"{sigma_rel:>10g}" + "".join(f"{scores[k]:>16.4f}" for k in keys))

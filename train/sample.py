@@ -50,10 +50,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from guidance_flags import check_same_task, parse_interval  # train/guidance_flags.py
+from guidance_flags import check_same_task  # train/guidance_flags.py
 from outputs import check_writable
 from eqxdiff.run.rebuild import load_run, stored_run  # a run from its checkpoint
-from sample_many import guidance_record, measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
+from sample_many import measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
 import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
 from eqxdiff.run.open_condition import stored_condition
 from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
@@ -64,9 +64,9 @@ from eqxdiff.checkpoint import CheckpointError
 from eqxdiff.data import open_source
 from eqxdiff.data.specs import BUILTIN_SOURCES
 from eqxdiff.diffusion import METHODS, Denoiser
-from eqxdiff.generate import generate_images
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.paths import as_path
+from eqxdiff.run.sampling import parse_interval, run_sampling
 from eqxdiff.sharding import make_mesh
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,10 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE|sd:FOLDER")
     if args.negative_prompts and not args.pretrained.startswith("sd:"):
         parser.error("--negative_prompts: for --pretrained sd:FOLDER (a run's guidance uses the null text it trained with)")
-    if not args.pretrained:
-        args.steps = args.steps or 18
-        if args.method is not None and args.method not in METHODS:
-            parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
+    if not args.pretrained and args.method is not None and args.method not in METHODS:
+        parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
     if Path(args.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
     if args.num < 1 or (args.steps or 1) < 1 or args.per_prompt < 1:
@@ -261,15 +259,16 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
     run = load_run(args.run_dir, args.step, mesh=mesh, ema=args.ema)
-    args.guidance = run.cfg.cfg_scale if args.guidance is None else args.guidance  # the run's own grids'
+    # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py);
+    # --steps' default is 18 here, not the run's --sample_steps
+    sampling = run_sampling(run.cfg, method=args.method, steps=args.steps or 18, guidance=args.guidance,
+                            interval=args.cfg_interval, guide_scale=args.guide_scale, tiling=args.vae_tiling)
+    how = sampling.record()  # for the records of how the samples were made
     weak_denoiser = None
     if args.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program
         weak = load_run(args.guide_run, args.guide_step, mesh=mesh)
-        args.guidance, args.guide_step = 1.0, weak.step
         weak_denoiser = Denoiser(weak.ema, weak.schedule, weak.parameterization)
-    elif not args.cfg_interval:
-        args.cfg_interval = getattr(run.cfg, "cfg_interval", "")  # the run's own grids'
-    args.method = args.method or run.cfg.sample_method
+        how |= {"guide_run": args.guide_run, "guide_step": weak.step}
     dataset = builtin_dataset(run.image_dataset)  # asked for its scoring prompts; None: not built in
 
     num_classes = run.stored["num_classes"]
@@ -294,19 +293,15 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     else:
         cond, null_cond = run.condition.for_sampling(labels, 1)  # class runs: one image per label; else none
     # (cond, num, seed=) -> (images [num, h, w, c] in about [-1, 1], the samples as drawn: a latent run's latents)
-    sample_images = functools.partial(
-        generate_images, run.ema, run.codec, run.schedule, run.parameterization, sample_shape=run.image_shape,
-        mesh=mesh, steps=args.steps, method=args.method, guidance=args.guidance, null_cond=null_cond,
-        guidance_interval=parse_interval(args.cfg_interval), weak_denoiser=weak_denoiser,
-        guide_scale=args.guide_scale or 1.0, tiling=args.vae_tiling,
-    )  # fmt: skip
+    sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
+                                      run.image_shape, mesh=mesh, null_cond=null_cond, weak_denoiser=weak_denoiser)
 
     if args.fid:
-        measure_fid(args, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), features_fn,
-                    run.image_dataset)  # fmt: skip
+        measure_fid(args, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), how,
+                    features_fn, run.image_dataset)  # fmt: skip
         return
     if args.format == "adm":
-        write_adm_batch(args, run.step, mesh, sample_images, run.condition, classes if num_classes else None)
+        write_adm_batch(args, run.step, mesh, sample_images, run.condition, classes if num_classes else None, how)
         return
     images, drawn = sample_images(cond, args.num, seed=args.seed)
     step = run.step
@@ -334,13 +329,13 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
 
-            guided = f"guidance {args.guidance:g}" + (f" for σ in ({args.cfg_interval}]" if args.cfg_interval else "")
+            interval = sampling.interval_text()
+            guided = f"guidance {sampling.guidance:g}" + (f" for σ in ({interval}]" if interval else "")
             if args.guide_run:
-                guided = f"autoguidance {args.guide_scale:g} by {args.guide_run} step {args.guide_step}"
-            scored = (f"{args.run_dir} step {step}: {args.num} samples, {args.method} {args.steps} steps, {guided}, "
-                      f"seed {args.seed}")  # fmt: skip
-            record = {"step": step, "num": args.num, "guidance": args.guidance, **guidance_record(args),
-                      "seed": args.seed}  # --json's line  # fmt: skip
+                guided = f"autoguidance {sampling.guide_scale:g} by {args.guide_run} step {how['guide_step']}"
+            scored = (f"{args.run_dir} step {step}: {args.num} samples, {sampling.method} {sampling.steps} steps, "
+                      f"{guided}, seed {args.seed}")  # fmt: skip
+            record = {"step": step, "num": args.num, **how, "seed": args.seed}  # --json's line
         if args.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
             if args.json:

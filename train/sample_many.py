@@ -26,12 +26,13 @@ def open_fid_flags(args: argparse.Namespace, image_shape: tuple, features_fn=Non
         raise SystemExit(f"--fid: {e}") from e
 
 
-def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, features_fn=None,
-                dataset: str | None = None, opened: tuple | None = None) -> dict:  # fmt: skip
+def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, image_shape: tuple, how: dict,
+                features_fn=None, dataset: str | None = None, opened: tuple | None = None) -> dict:  # fmt: skip
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
-    `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None;
+    `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None; `how`: how
+    they are made, for the record (`Sampling.record()`, autoguidance's weak run);
     `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
     `dataset`: the images the run trained on (statistics of others warn); `opened`: open_fid_flags'
     (network, reference), when several measures share them (train/posthoc_ema.py --sweep)."""
@@ -51,8 +52,7 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     result = fid_of_samples(sample_chunk, args.num, net, reference, chunk_size=chunk, seed=args.seed)
     bar.close()
     if jax.process_index() == 0:
-        record = {"step": step, **result, "ref": reference.path, "method": args.method, "steps": args.steps,
-                  "guidance": args.guidance, **guidance_record(args), "seed": args.seed}  # fmt: skip
+        record = {"step": step, **result, "ref": reference.path, **how, "seed": args.seed}
         if args.ema is not None:  # sample.py --ema sigma_rel=S, posthoc_ema.py --sweep --fid: which post-hoc EMA
             record["ema"] = f"sigma_rel={args.ema:g}"
         print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
@@ -65,17 +65,11 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
     return result
 
 
-def guidance_record(args: argparse.Namespace, prefix: str = "") -> dict:
-    """--cfg_interval and the autoguidance flags, those that are set, for a record of how samples were made."""
-    flags = {"cfg_interval": args.cfg_interval, "guide_run": args.guide_run}
-    if args.guide_run:
-        flags.update(guide_step=args.guide_step, guide_scale=args.guide_scale)
-    return {prefix + name: value for name, value in flags.items() if value}
-
-
-def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, condition, classes: list[int] | None) -> None:
+def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, condition, classes: list[int] | None,
+                    how: dict) -> None:  # fmt: skip
     """--format adm: `args.num` samples as ADM's batch at --out, in resumable chunks of --batch_size rows (rounded
-    up to a multiple of the devices); the flags that decide the samples are recorded with the chunks."""
+    up to a multiple of the devices); the flags that decide the samples (`how`: as measure_fid's) are recorded with
+    the chunks."""
     chunk_size = -(-args.batch_size // mesh.size) * mesh.size
 
     def sample_chunk(labels: np.ndarray | None, key) -> np.ndarray:
@@ -84,8 +78,8 @@ def write_adm_batch(args: argparse.Namespace, step: int, mesh, sample_images, co
 
     run_dir = args.run_dir if is_url(args.run_dir) else str(Path(args.run_dir).resolve())
     flags = {"--run_dir": run_dir, "--step": step, "--num": args.num, "--seed": args.seed,
-             "--batch_size": chunk_size, "--classes": classes, "--method": args.method, "--steps": args.steps,
-             "--guidance": args.guidance, "--vae_tiling": args.vae_tiling, **guidance_record(args, "--")}  # fmt: skip
+             "--batch_size": chunk_size, "--classes": classes, **{f"--{name}": value for name, value in how.items()},
+             "--vae_tiling": args.vae_tiling}  # fmt: skip
     write_sample_batches(sample_chunk, args.out, num=args.num, chunk_size=chunk_size, seed=args.seed, classes=classes,
                          flags=flags)  # fmt: skip
     if jax.process_index() == 0:
