@@ -267,3 +267,12 @@ def test_the_pretrained_parts_show_their_help_and_point_to_sample_py(script):
     assert shown.returncode == 0 and shown.stdout.startswith("usage: python train/sample.py --pretrained ")
     assert "train/sample.py --pretrained" in shown.stdout.splitlines()[2]  # the module docstring
     assert "is train/sample.py's --pretrained part: run python train/sample.py" in refused(script, "--seed", 1)
+
+
+def test_the_launcher_takes_no_abbreviation_and_names_the_closest_flag():
+    """train/launch_local.py (which starts no JAX) parses as every script does: `--num_proc 2` is not taken as
+    --num_processes, and the mistake is one line naming it, before any process starts."""
+    done = subprocess.run(command("launch_local.py", "--num_proc", 2, "--", "--steps", 1), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"

@@ -23,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 
+from flags import Parser  # train/flags.py: one-line mistakes, no abbreviations
+
 MAIN = Path(__file__).with_name("main.py")
 
 
@@ -98,7 +100,7 @@ def launch(num_processes: int, main_args: list[str], script: Path = MAIN, port: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__)
     parser.add_argument("--num_processes", type=int, default=2)
     parser.add_argument("--port", type=int, default=0, help="coordinator port on 127.0.0.1 (0: a free one)")
     parser.add_argument("--script", default="main.py",
