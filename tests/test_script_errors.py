@@ -276,3 +276,12 @@ def test_the_launcher_takes_no_abbreviation_and_names_the_closest_flag():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"
+
+
+def test_more_fsdp_devices_than_the_job_has_is_one_line(tmp_path):
+    """--fsdp_size larger than the devices (a CPU's one): one line naming the flag and how a CPU simulates more,
+    before anything is written."""
+    line = refused("main.py", "--run_dir", tmp_path / "run", "--fsdp_size", 8, "--steps", 2)
+    assert line.startswith("error: --fsdp_size 8: fsdp=8 must be >= 1 and divide the 1 devices.")
+    assert "--cpu_devices N simulates N devices" in line
+    assert not (tmp_path / "run").exists()

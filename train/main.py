@@ -255,7 +255,11 @@ def main(cfg: Config, features_fn=None) -> None:
     run_dir = as_path(cfg.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     is_main = jax.process_index() == 0
 
-    mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
+    try:
+        mesh = make_mesh(data=-1, fsdp=cfg.fsdp_size)
+    except ValueError as e:  # more chips asked for than the job has
+        cpu = " (on a CPU, --cpu_devices N simulates N devices)" if jax.default_backend() == "cpu" else ""
+        raise SystemExit(f"--fsdp_size {cfg.fsdp_size}: {e}{cpu}") from e
     check_batch(cfg, mesh.size)
     check_eval(cfg)
     check_schedule(cfg)
