@@ -91,13 +91,20 @@ def test_sde_step_by_step(model, name):
 
 def test_dopri5_float64_equals_official(model):
     """In float64 (the official run too) the error estimates are exact enough that both solvers take the same
-    steps: torchdiffeq's first step (Hairer's rule), its controller, its overshoot past τ = 1 and interpolation."""
-    with jax.enable_x64(True):
-        model64 = load_sit(DATA / "sit" / "ema.safetensors", num_heads=2, dtype=np.float64)
-        for name in ("ode_dopri5_f64", "ode_dopri5_cfg_f64"):
-            ours = sample_sit(model64, Y, jnp.asarray(REF["z"], jnp.float64), **settings(name))
-            assert ours.dtype == jnp.float64
-            assert relative_error(ours, REF[f"{name}/x"][-1][:B]) <= 1e-6  # 5e-8, 3e-7
+    steps: torchdiffeq's first step (Hairer's rule), its controller, its overshoot past τ = 1 and interpolation.
+    Compiled as the scripts compile (not the tests' -O0, conftest.py): at -O0 on an AVX-512 CPU one step of the
+    guided run sits at its controller's threshold and is taken the other way (2.5e-4 from the official result)."""
+    optimised = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        with jax.enable_x64(True):
+            model64 = load_sit(DATA / "sit" / "ema.safetensors", num_heads=2, dtype=np.float64)
+            for name in ("ode_dopri5_f64", "ode_dopri5_cfg_f64"):
+                ours = sample_sit(model64, Y, jnp.asarray(REF["z"], jnp.float64), **settings(name))
+                assert ours.dtype == jnp.float64
+                assert relative_error(ours, REF[f"{name}/x"][-1][:B]) <= 1e-6  # 2e-7, 2e-7
+    finally:
+        jax.config.update("jax_disable_most_optimizations", optimised)
 
 
 def test_dopri5_float32_within_the_official_codes_own_rounding(model):
