@@ -189,8 +189,9 @@ def sde_heun(
 #   sees τ > 1) and reads τ = 1 off that step's interpolant. Here the solve runs towards a far t1, stops
 #   at the first step past τ = 1 (an `Event`) and saves τ = 1 from the dense output.
 #
-# What remains is float32 rounding of the error estimate, a difference of nearly equal stages, which
-# moves step sizes by a fraction of a percent (tests/test_sit_sampling.py states the distance measured).
+# What remains is rounding of the error estimate, a difference of nearly equal stages: it moves step sizes
+# in float32, and can flip a step whose error ratio sits at the controller's threshold (tests/test_sit_sampling.py
+# states the distances measured).
 
 
 FAR = 1e3  # the solve's nominal end, never reached: it stops once past τ = 1
