@@ -39,7 +39,7 @@ from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise  #
 from eqxdiff.diffusion.parameterization import loss_weight  # noqa: E402
 from eqxdiff.nn import DiT  # noqa: E402
 from eqxdiff.sd import SDUNet  # noqa: E402
-from eqxdiff.nn.attention import attention_form  # noqa: E402
+from eqxdiff.nn.attention import attention, attention_form  # noqa: E402
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, set_remat_policy  # noqa: E402
 from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
 from eqxdiff.training import abstract_train_state, create_train_state, make_train_step, peak_flops_per_device  # noqa: E402
@@ -116,7 +116,7 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
     analysis per device, nothing run; `profile` N: N more steps traced, their op time by kind and phase
     (benchmarks/hlo_ops.py)."""
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
-    batch = min(batch, 4) if TINY else batch
+    batch = min(batch, 4 * accum) if TINY else batch
     if guard:
         step_module.GUARD_FORM = guard
     schedule, parameterization = EDMSchedule(), parameterization_by_name("edm", 1.0)
@@ -223,6 +223,21 @@ def dit_forward(size="XL", batch=64, attention="auto"):
     macs = dit_forward_macs(hidden, depth, 256)
     return dict(images_per_s=round(batch / seconds, 2), **utilisation(2 * macs * batch, xla_flops(compiled), seconds),
                 **memory(compiled))  # fmt: skip
+
+
+def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20):
+    """One attention's forward and backward (the gradient of a weighted sum) in bf16 on `[batch, n, heads, d]`
+    tokens, `form` forced: DiT-XL/2's layer by default. Model FLOPs: the four matmuls forward and backward
+    (2·n²·d each forward, twice that backward)."""
+    batch = min(batch, 2) if TINY else batch
+    rng = np.random.default_rng(0)
+    q, k, v, g = (jnp.asarray(rng.normal(size=(batch, n, heads, d)), jnp.bfloat16) for _ in range(4))
+    with attention_form(form):
+        loss = lambda q, k, v: jnp.sum((attention(q, k, v) * g).astype(jnp.float32))  # noqa: E731
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+    seconds = timed(lambda: compiled(q, k, v), calls)
+    flops = 3 * 2 * (2 * n * n * d) * batch * heads
+    return dict(ms=round(seconds * 1e3, 3), **utilisation(flops, xla_flops(compiled), seconds), **memory(compiled))
 
 
 def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto"):
@@ -416,7 +431,7 @@ def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile
     raise SystemExit("sd_train runs compile_only=1 only: the state of SDXL needs more than one chip")
 
 
-CASES = {"sd_train": sd_train, "sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
+CASES = {"attention_op": attention_op, "sd_train": sd_train, "sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
 RECORD = ["dit_train:size=XL,batch=32", "dit_train:size=B,batch=256", "dit_forward:size=XL,batch=256",
           "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8", "sdxl_t2i:batch=1"]  # fmt: skip
 

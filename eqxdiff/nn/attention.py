@@ -13,6 +13,8 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
   On a TPU it runs where both lengths are whole blocks of 128 and the queries reach FLASH_FROM (BENCHMARKS.md
   "On a TPU v5e": faster than XLA's form at SD's 4096 tokens, slower at DiT's 256); one device only, since
   GSPMD does not split a Pallas call. Its blocks are the sequence up to FLASH_BLOCK.
+- `one_block` (TPU): a Pallas kernel per pass with each head's whole sequence in one block, for short sequences
+  (`eqxdiff/nn/attention_one_block.py`: no online softmax, one backward kernel, nothing but q, k, v kept).
 
 `attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
 traced keeps the form it was traced with.
@@ -27,7 +29,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float
 
-FORMS = ("plain", "query_blocks", "flash")
+from eqxdiff.nn.attention_one_block import one_block
+
+FORMS = ("plain", "query_blocks", "flash", "one_block")
 QUERY_BLOCK = 128  # queries per block of `query_blocks`
 QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
 FLASH_FROM = 1024  # queries from which a TPU takes flash attention
@@ -40,12 +44,13 @@ _forced: list[str] = []
 
 @contextlib.contextmanager
 def attention_form(name: str) -> Iterator[None]:
-    """Every attention traced inside takes the form `name` (one of FORMS), whatever the backend. `flash` off a
-    TPU runs in Pallas' interpreter (slow, for tests): trace, differentiate, compile and run inside the block."""
+    """Every attention traced inside takes the form `name` (one of FORMS), whatever the backend. The Pallas forms
+    (`flash`, `one_block`) off a TPU run in Pallas' interpreter (slow, for tests): trace, differentiate, compile
+    and run inside the block."""
     if name not in FORMS:
         raise ValueError(f"Unknown attention form {name!r}; choose one of {FORMS}")
     with contextlib.ExitStack() as stack:
-        if name == "flash" and platform() != "tpu":
+        if name in ("flash", "one_block") and platform() != "tpu":
             from jax.experimental.pallas import tpu as pltpu
 
             stack.enter_context(pltpu.force_tpu_interpret_mode())
@@ -89,6 +94,10 @@ def attention(
         if mask is not None:
             raise ValueError("attention: the flash form takes no mask; use the plain form for masked attention")
         out = flash(q, k, v)
+    elif form == "one_block":
+        if mask is not None:
+            raise ValueError("attention: the one_block form takes no mask; use the plain form for masked attention")
+        out = one_block(q, k, v)
     elif form == "query_blocks":
         out = query_blocks(q, k, v, mask)
     else:
