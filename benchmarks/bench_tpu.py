@@ -240,9 +240,9 @@ def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20):
     return dict(ms=round(seconds * 1e3, 3), **utilisation(flops, xla_flops(compiled), seconds), **memory(compiled))
 
 
-def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto"):
+def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=2):
     """`sample_dit` as DiT's sample.py: DDPM over `steps` respaced steps, guidance `cfg` on 3 channels, bf16
-    weights, one lax.scan."""
+    weights, one lax.scan; `calls` timed after a warm-up."""
     from eqxdiff.pretrained.dit_sampling import sample_dit
 
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
@@ -256,7 +256,7 @@ def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto"):
         start = time.perf_counter()
         compiled = run.lower(arrays, labels, noise, jax.random.key(1)).compile()
         compile_s = time.perf_counter() - start
-        seconds = timed(lambda: compiled(arrays, labels, noise, jax.random.key(1)), 2)
+        seconds = timed(lambda: compiled(arrays, labels, noise, jax.random.key(1)), calls)
     evaluations = steps * batch * (2 if cfg > 1 else 1)
     macs = dit_forward_macs(hidden, depth, 256)
     return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 3),

@@ -16,6 +16,8 @@ from eqxdiff.nn import attention as attention_module
 from eqxdiff.nn.attention import attention, attention_form, chosen_form
 from eqxdiff.nn.dit import DiTBlock
 from eqxdiff.nn.remat import REMAT_POLICIES, checkpointed, remat_policy, set_remat_policy
+from eqxdiff.sharding import batch_sharding, make_mesh
+from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
 
 
 def qkv(n, m, heads=2, d=72, seed=0, dtype=jnp.float32):
@@ -84,6 +86,45 @@ def test_one_block_equals_the_plain_form_in_pallas_interpreter(n, m, heads, dtyp
         np.testing.assert_allclose(a, b, rtol=0, atol=tol * float(np.abs(b).max()))
 
 
+class Scale(eqx.Module):
+    a: jax.Array
+
+
+def test_a_pallas_form_runs_per_device_under_the_steps_mesh():
+    """A train step traces under its mesh (2 × 4 devices), so a Pallas attention runs on each device's quarter of
+    the batch (shard_map): the loss and the updated weights equal XLA's form's, the batch stays split."""
+    mesh = make_mesh(data=2, fsdp=4)
+    q0, k0, v0 = (np.asarray(a) for a in qkv(16, 16, heads=2, d=8))
+    x = np.concatenate([q0, k0, v0, q0, k0, v0, q0, k0], axis=0)  # 16 rows, 2 a device
+    seen = []
+
+    def loss_fn(model, batch, key):
+        seen.append(jax.sharding.get_abstract_mesh())
+        out = attention(batch["x"] * model.a, batch["x"], batch["x"])
+        return jnp.mean(jnp.sin(out))
+
+    def one_step(form):
+        optimizer, schedule = adamw_cosine(1e-2, 10, 0)
+        state, shardings = create_train_state(
+            lambda key: Scale(jnp.ones(8)), optimizer, jax.random.key(0), mesh, 2**20
+        )
+        step = make_train_step(
+            prepare=lambda batch, key: batch, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=schedule,
+            ema_decay=0.5, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
+        )  # fmt: skip
+        with attention_form(form):
+            state, metrics = step(state, jax.device_put({"x": x}, batch_sharding(mesh)))
+        return float(metrics["loss"]), np.asarray(state.model.a)
+
+    (loss, a), (loss_ref, a_ref) = one_step("one_block"), one_step("plain")
+    assert seen[0].axis_names == ("data", "fsdp") and seen[0].size == 8
+    with attention_form("one_block"), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        assert "shard_map" in str(jax.make_jaxpr(attention)(x, x, x))  # one kernel per device, not GSPMD's split
+    np.testing.assert_allclose(loss, loss_ref, rtol=1e-6)
+    np.testing.assert_allclose(a, a_ref, rtol=1e-6)
+    assert not np.allclose(a, 1.0)  # the step did move the weights
+
+
 def test_flash_refuses_what_it_cannot_take():
     q, k, v = qkv(256, 77)
     with pytest.raises(ValueError, match="whole blocks of 128"), attention_form("flash"):
@@ -105,7 +146,11 @@ def test_each_backend_takes_its_form(monkeypatch):
     assert chosen_form(4096, 4096, False) == chosen_form(1024, 1024, False) == "flash"
     assert chosen_form(256, 256, False) == chosen_form(4096, 77, False) == chosen_form(4096, 4096, True) == "plain"
     monkeypatch.setattr(jax, "device_count", lambda backend=None: 4)
-    assert chosen_form(4096, 4096, False) == "plain"  # GSPMD does not split a Pallas call
+    assert chosen_form(4096, 4096, False, 8) == "plain"  # GSPMD does not split a Pallas call: no mesh in context
+    mesh = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as the train step traces: a kernel per device
+        assert chosen_form(4096, 4096, False, 8) == "flash"
+        assert chosen_form(4096, 4096, False, 6) == "plain"  # 6 rows do not split over 4 devices
     monkeypatch.setattr(attention_module, "platform", lambda: "gpu")
     assert chosen_form(4096, 4096, False) == "plain"
     with attention_form("flash"):

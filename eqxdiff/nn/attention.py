@@ -11,8 +11,10 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
 - `flash` (TPU): Pallas flash attention (Dao et al. 2022; `jax.experimental.pallas.ops.tpu.flash_attention`):
   logits and probabilities live in the core's VMEM only, never in HBM, in the forward and the backward pass.
   On a TPU it runs where both lengths are whole blocks of 128 and the queries reach FLASH_FROM (BENCHMARKS.md
-  "On a TPU v5e": faster than XLA's form at SD's 4096 tokens, slower at DiT's 256); one device only, since
-  GSPMD does not split a Pallas call. Its blocks are the sequence up to FLASH_BLOCK.
+  "On a TPU v5e": faster than XLA's form at SD's 4096 tokens, slower at DiT's 256). GSPMD does not split a
+  Pallas call: on several devices a Pallas form runs per device (`per_device`, a shard_map over the batch)
+  where the traced program has a mesh in context that splits the batch evenly (the train step sets its mesh),
+  else XLA's form. Its blocks are the sequence up to FLASH_BLOCK.
 - `one_block` (TPU): a Pallas kernel per pass with each head's whole sequence in one block, for short sequences
   (`eqxdiff/nn/attention_one_block.py`: no online softmax, one backward kernel, nothing but q, k, v kept).
 
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, Bool, Float
 
 from eqxdiff.nn.attention_one_block import one_block
@@ -69,16 +72,36 @@ def platform() -> str:
     return device if isinstance(device, str) else device.platform
 
 
-def chosen_form(n: int, m: int, masked: bool) -> str:
-    """The form `attention` takes for n queries and m keys on `platform()` (see the module's text)."""
+def chosen_form(n: int, m: int, masked: bool, batch: int = 1) -> str:
+    """The form `attention` takes for n queries and m keys (a batch of `batch`) on `platform()` (see the module's
+    text)."""
     if _forced:
         return _forced[-1]
     backend = platform()
     if backend == "cpu" and n > QUERY_BLOCK and n * m >= QUERY_BLOCKS_FROM:
         return "query_blocks"
     if backend == "tpu" and not masked and n >= FLASH_FROM and n % 128 == 0 and m % 128 == 0:
-        return "flash" if jax.device_count(backend) == 1 else "plain"
+        return "flash" if _kernel_takes(batch, backend) else "plain"
     return "plain"
+
+
+def _kernel_takes(batch: int, backend: str) -> bool:
+    """Whether a Pallas kernel can run: on one device, or on each device's share of the batch where the traced
+    program has a mesh in context (the train step's) that splits the batch evenly (`per_device`)."""
+    if jax.device_count(backend) == 1:
+        return True
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and batch % mesh.size == 0
+
+
+def per_device(kernel, *operands: Array) -> Array:
+    """`kernel(*operands)`, on each device's share of the batch (the operands' first axis) where a mesh of several
+    devices is in context: GSPMD does not split a Pallas call, `jax.shard_map` runs one per device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel(*operands)
+    spec = PartitionSpec(mesh.axis_names)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(*operands)
 
 
 def attention(
@@ -89,15 +112,15 @@ def attention(
 ) -> Float[Array, "b n h d"]:
     """softmax(q kᵀ / sqrt(d) + log mask) v per head; `mask` False removes a key (every form but flash takes
     it; a masked call never takes flash). Output in v's dtype, named ATTENTION_NAME for remat policies."""
-    form = chosen_form(q.shape[1], k.shape[1], mask is not None)
+    form = chosen_form(q.shape[1], k.shape[1], mask is not None, q.shape[0])
     if form == "flash":
         if mask is not None:
             raise ValueError("attention: the flash form takes no mask; use the plain form for masked attention")
-        out = flash(q, k, v)
+        out = per_device(flash, q, k, v)
     elif form == "one_block":
         if mask is not None:
             raise ValueError("attention: the one_block form takes no mask; use the plain form for masked attention")
-        out = one_block(q, k, v)
+        out = per_device(one_block, q, k, v)
     elif form == "query_blocks":
         out = query_blocks(q, k, v, mask)
     else:

@@ -227,7 +227,9 @@ class TrainStep:
     def _traced(self, arrays: list, batch, frozen_arrays: list):
         self.traces += 1  # runs at trace time only
         state_arrays, static = eqx.partition(self._state.rebuild(arrays), is_array_like)
-        new_arrays, metrics = self._step(state_arrays, static, batch, self._frozen.rebuild(frozen_arrays))
+        # The mesh in context lets a Pallas attention run on each device's share of the batch (nn/attention.py).
+        with jax.sharding.use_abstract_mesh(self.batch_sharding.mesh.abstract_mesh):
+            new_arrays, metrics = self._step(state_arrays, static, batch, self._frozen.rebuild(frozen_arrays))
         new_leaves, new_def = jax.tree.flatten(new_arrays)
         if new_def != jax.tree.structure(state_arrays):
             raise ValueError(f"The step returned a state of another structure:\n{new_def}\nnot\n"
