@@ -81,6 +81,9 @@ def _folder(spec: str) -> tuple[Path, type]:
         raise FileNotFoundError(f"Autoencoder {spec!r}: {e}; the accepted forms are {SPEC_FORMS}.") from e
     if not path.exists():  # most often a typo: said plainly, before what a folder should hold
         raise FileNotFoundError(f"Autoencoder {spec!r}: {path} does not exist; the accepted forms are {SPEC_FORMS}.")
+    if not (path / "config.json").is_file() and (path / "vae" / "config.json").is_file():
+        vae = f"{spec.rstrip('/')}/vae"
+        raise FileNotFoundError(f"Autoencoder {spec!r}: {path} is a pipeline's folder; its VAE is {vae}.")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder (needs config.json and {WEIGHTS_FILE}); "

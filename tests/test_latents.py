@@ -238,6 +238,9 @@ def test_autoencoder_specs(tmp_path):
         open_autoencoder(str(SD_LIKE.parent / "nothing"))
     with pytest.raises(FileNotFoundError, match="not a diffusers VAE folder.*space_to_depth:F"):
         open_autoencoder(str(SD_LIKE.parent))  # a folder, not a VAE's
+    (tmp_path / "vae").symlink_to(SD_LIKE.resolve(), target_is_directory=True)  # a pipeline's folder: names its VAE
+    with pytest.raises(FileNotFoundError, match=f"is a pipeline's folder; its VAE is {tmp_path}/vae\\.$"):
+        open_autoencoder(f"{tmp_path}/")
 
 
 def test_a_diffusers_autoencoder_is_read_by_the_port_its_class_names(tmp_path, monkeypatch):
