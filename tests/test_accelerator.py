@@ -20,6 +20,7 @@ from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise
 from eqxdiff.diffusion.parameterization import loss_weight
 from eqxdiff.nn import DiT
 from eqxdiff.nn.attention import attention, attention_form, chosen_form
+from eqxdiff.nn.attention_one_block import ONE_BLOCK_UP_TO
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
@@ -158,18 +159,18 @@ def test_checkpoint_saved_and_restored_on_the_accelerator(tmp_path):
 
 @pytest.mark.parametrize(("n", "m", "heads", "d"), [(256, 256, 16, 72), (1024, 1024, 5, 64), (1024, 77, 5, 64)])
 def test_each_attention_form_on_the_accelerator_matches_the_plain_one(n, m, heads, d):
-    """Every form the chip can take for these shapes (flash where n and m are whole blocks of 128), forward and
-    gradient, against the plain form on the same chip; bf16 inputs as a bf16 step feeds them."""
+    """Every form the chip can take for these shapes (the Pallas ones where n and m are whole blocks of 128),
+    forward and gradient, against the plain form on the same chip; bf16 inputs as a bf16 step feeds them."""
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.device_put(jax.random.normal(kk, (2, length, heads, d), jnp.bfloat16), ACCELERATORS[0])
                for kk, length in zip(keys, (n, m, m)))  # fmt: skip
     loss = lambda q, k, v: jnp.sum(attention(q, k, v).astype(jnp.float32) ** 2)  # noqa: E731
     with attention_form("plain"):
         ref = jax.jit(attention)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-    forms = ["flash"] if n % 128 == 0 and m % 128 == 0 else []
+    forms = ["flash", "one_block"][: 1 + (n * m <= ONE_BLOCK_UP_TO)] if n % 128 == 0 and m % 128 == 0 else []
     with jax.default_device(ACCELERATORS[0]):
         chosen = chosen_form(n, m, masked=False)
-    assert chosen in ("plain", "flash")
+    assert chosen in ("plain", *forms)
     for form in forms:
         with attention_form(form):
             out = jax.jit(attention)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)

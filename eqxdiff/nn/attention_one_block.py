@@ -24,7 +24,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float
 
-HEADS_PER_STEP = 8  # (batch, head) pairs one grid step takes: few enough for VMEM, enough to hide a step's overhead
+# Logits one grid step holds (float32, with the probabilities and their gradients: ~16 bytes each in VMEM): 8
+# (batch, head) pairs at 256 tokens, few enough for the default VMEM limit, enough to hide a step's overhead.
+LOGITS_PER_STEP = 8 * 256 * 256
+ONE_BLOCK_UP_TO = 512 * 512  # the most logits per pair (n·m) this form takes: one pair a step at 512 tokens
 _NT = (((1,), (1,)), ((), ()))  # a · bᵀ: contract both operands' last axes
 
 
@@ -53,14 +56,14 @@ def _backward_kernel(q_ref, k_ref, v_ref, do_ref, dq_ref, dk_ref, dv_ref, *, sca
         dq_ref[i], dk_ref[i] = dq.astype(dq_ref.dtype), dk.astype(dk_ref.dtype)
 
 
-def _pairs_per_step(pairs: int) -> int:
-    return max(d for d in range(1, HEADS_PER_STEP + 1) if pairs % d == 0)
+def _pairs_per_step(pairs: int, logits: int) -> int:
+    return max(d for d in range(1, max(1, LOGITS_PER_STEP // logits) + 1) if pairs % d == 0)
 
 
 def _call(kernel, inputs, outputs):
     """`kernel` over `[pairs, len, d]` operands, `_pairs_per_step` pairs a grid step, each operand whole per pair."""
-    pairs = inputs[0].shape[0]
-    step = _pairs_per_step(pairs)
+    pairs, n, m = inputs[0].shape[0], inputs[0].shape[1], inputs[1].shape[1]
+    step = _pairs_per_step(pairs, n * m)
     spec = lambda x: pl.BlockSpec((step, *x.shape[1:]), lambda i: (i, 0, 0))  # noqa: E731
     return pl.pallas_call(
         kernel,
@@ -98,6 +101,8 @@ def one_block(
     (`attention_form("one_block")`)."""
     b, n, h, d = q.shape
     m = k.shape[1]
+    if n * m > ONE_BLOCK_UP_TO:
+        raise ValueError(f"attention: one_block takes up to {ONE_BLOCK_UP_TO} logits a head (n·m); got n={n}, m={m}")
     pairs = lambda x, length: jnp.swapaxes(x, 1, 2).reshape(b * h, length, d)  # noqa: E731
     out = _one_block(pairs(q, n), pairs(k, m), pairs(v, m))
     return jnp.swapaxes(out.reshape(b, h, n, d), 1, 2)
