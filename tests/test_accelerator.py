@@ -53,7 +53,7 @@ def both(fn, *args):
 
 
 def tiny_dit(key, learn_sigma=False):
-    """A DiT of 256 tokens at 32² (patch 2): a TPU takes its flash attention, the CPU XLA's."""
+    """A DiT of 256 tokens at 32² (patch 2): a TPU takes its one_block attention, the CPU XLA's."""
     model = DiT(32, 2, 4, 128, 2, 2, num_classes=10, learn_sigma=learn_sigma, key=key)
     noise = jax.random.split(jax.random.key(7), 1)[0]  # adaLN-Zero starts at zero output: perturb every leaf
     leaves, tree = jax.tree.flatten(model)

@@ -139,14 +139,17 @@ def test_flash_refuses_what_it_cannot_take():
 
 def test_each_backend_takes_its_form(monkeypatch):
     """CPU: query blocks where a head's logits reach QUERY_BLOCKS_FROM (SD's 32² and 64² levels), else XLA's.
-    TPU: flash from FLASH_FROM queries in whole blocks of 128, unmasked, on one device; else XLA's. Others: XLA's."""
+    TPU, unmasked, whole blocks of 128, on one device: flash from FLASH_FROM queries, one_block up to 256² logits;
+    else XLA's. Others: XLA's."""
     monkeypatch.setattr(attention_module, "platform", lambda: "cpu")
     assert chosen_form(4096, 4096, False) == chosen_form(1024, 1024, True) == "query_blocks"
     assert chosen_form(256, 256, False) == chosen_form(4096, 77, False) == chosen_form(64, 2**15, False) == "plain"
     monkeypatch.setattr(attention_module, "platform", lambda: "tpu")
     monkeypatch.setattr(jax, "device_count", lambda backend=None: 1)
     assert chosen_form(4096, 4096, False) == chosen_form(1024, 1024, False) == "flash"
-    assert chosen_form(256, 256, False) == chosen_form(4096, 77, False) == chosen_form(4096, 4096, True) == "plain"
+    assert chosen_form(256, 256, False) == chosen_form(128, 256, False) == "one_block"  # DiT's 256 tokens
+    assert chosen_form(512, 512, False) == chosen_form(4096, 77, False) == chosen_form(4096, 4096, True) == "plain"
+    assert chosen_form(256, 256, True) == chosen_form(200, 200, False) == "plain"  # masked; not whole blocks
     monkeypatch.setattr(jax, "device_count", lambda backend=None: 4)
     assert chosen_form(4096, 4096, False, 8) == "plain"  # GSPMD does not split a Pallas call: no mesh in context
     mesh = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])

@@ -17,6 +17,9 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
   else XLA's form. Its blocks are the sequence up to FLASH_BLOCK.
 - `one_block` (TPU): a Pallas kernel per pass with each head's whole sequence in one block, for short sequences
   (`eqxdiff/nn/attention_one_block.py`: no online softmax, one backward kernel, nothing but q, k, v kept).
+  A TPU takes it up to ONE_BLOCK_CHOSEN_UP_TO logits a head, whole blocks of 128, unmasked (BENCHMARKS.md "On a
+  TPU v5e": one DiT-XL/2 layer's attention forward and backward 1.66 ms against XLA's 2.06 and flash's 3.57;
+  the DiT-XL/2 step 142 images/s against 117).
 
 `attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
 traced keeps the form it was traced with.
@@ -39,6 +42,7 @@ QUERY_BLOCK = 128  # queries per block of `query_blocks`
 QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
 FLASH_FROM = 1024  # queries from which a TPU takes flash attention
 FLASH_BLOCK = 512  # flash attention's largest query and key block
+ONE_BLOCK_CHOSEN_UP_TO = 256 * 256  # logits a head up to which a TPU takes one_block: measured at DiT's 256 tokens
 # A remat policy can keep the attention's output under this name (eqxdiff/nn/remat.py, "attention").
 ATTENTION_NAME = "attention"
 
@@ -80,8 +84,11 @@ def chosen_form(n: int, m: int, masked: bool, batch: int = 1) -> str:
     backend = platform()
     if backend == "cpu" and n > QUERY_BLOCK and n * m >= QUERY_BLOCKS_FROM:
         return "query_blocks"
-    if backend == "tpu" and not masked and n >= FLASH_FROM and n % 128 == 0 and m % 128 == 0:
-        return "flash" if _kernel_takes(batch, backend) else "plain"
+    if backend == "tpu" and not masked and n % 128 == 0 and m % 128 == 0 and _kernel_takes(batch, backend):
+        if n >= FLASH_FROM:
+            return "flash"
+        if n * m <= ONE_BLOCK_CHOSEN_UP_TO:
+            return "one_block"
     return "plain"
 
 
