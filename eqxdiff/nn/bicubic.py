@@ -54,7 +54,7 @@ def bicubic_matrix(n_in: int, n_out: int, *, scale_factor: float | None = None, 
 
 
 def resize_bicubic(
-    x: Float[Array, "b h w c"],
+    x: Float[Array | np.ndarray, "b h w c"],
     size: tuple[int, int],
     *,
     scale_factor: tuple[float, float] | None = None,
@@ -66,5 +66,5 @@ def resize_bicubic(
     (fh, fw) = scale_factor if scale_factor is not None else (None, None)
     rows = jnp.asarray(bicubic_matrix(h, size[0], scale_factor=fh, antialias=antialias), jnp.float32)
     cols = jnp.asarray(bicubic_matrix(w, size[1], scale_factor=fw, antialias=antialias), jnp.float32)
-    y = jnp.einsum("ih,bhwc,jw->bijc", rows, x.astype(jnp.float32), cols, precision="highest")
+    y = jnp.einsum("ih,bhwc,jw->bijc", rows, jnp.asarray(x, jnp.float32), cols, precision="highest")
     return y.astype(x.dtype)
