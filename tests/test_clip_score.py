@@ -64,3 +64,27 @@ def test_scores_are_torchmetrics(ref, scorer):
 def test_pairs_must_match(ref, scorer):
     with pytest.raises(ValueError, match="4 images, 3 captions"):
         scorer.scores(images(ref), list(ref["captions"])[:3])
+
+
+def test_sample_sd_reports_the_clip_score_of_its_images(scorer, tmp_path, capsys):
+    """train/sample.py --pretrained sd:FOLDER --clip_score CLIP: the printed score is the images' against their
+    prompts (the images as saved in --out)."""
+    import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+    import sample  # train/sample.py
+    from test_sd_pipeline import assemble
+
+    pipeline = assemble("sd1", tmp_path / "sd1")
+    clip = tmp_path / "clip"
+    shutil.copytree(FOLDER, clip)
+    for f in (DATA / "clip_tokenizer" / "sd1").iterdir():
+        shutil.copy(f, clip / f.name)
+    out = tmp_path / "s.npz"
+    sample.main(sample.parse_args(["--pretrained", f"sd:{pipeline}", "--prompts", "a cat", "a red car", "--steps",
+                                   "2", "--out", str(out), "--clip_score", str(clip)]))  # fmt: skip
+    with np.load(out) as f:
+        images, prompts = list(f["images"]), [str(p) for p in f["prompts"]]
+    expected = clip_score(CLIPScorer.from_transformers(clip).scores(images, prompts))  # torch's kernel: the default
+    assert f"CLIP score {expected:.4f} (2 images against their prompts" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sample.parse_args(["--run_dir", "r", "--clip_score", str(clip)])
+    assert "--clip_score scores --pretrained sd:FOLDER's images" in capsys.readouterr().err

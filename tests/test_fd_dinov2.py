@@ -122,8 +122,8 @@ def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path):
     np.savez(tmp_path / "samples.npz", arr_0=ref["a"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        metrics = evaluate.main(evaluate.parse_args([str(tmp_path / "ref.npz"), str(tmp_path / "samples.npz"),
-                                                     "--dinov2", str(TOWER), "--batch_size", "16", "--json"]))  # fmt: skip
+        argv = [str(tmp_path / "ref.npz"), str(tmp_path / "samples.npz"), "--dinov2", str(TOWER), "--batch_size", "16"]
+        metrics = evaluate.main(evaluate.parse_args([*argv, "--json"]))
     line = json.loads(out.getvalue().strip())
     assert set(metrics) == {"fd_dinov2"} and line["fd_dinov2"] == metrics["fd_dinov2"]
     np.testing.assert_allclose(metrics["fd_dinov2"], ref["fd"], rtol=1e-4)

@@ -67,20 +67,20 @@ def main() -> None:
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SHAPES]
     refs: dict[str, np.ndarray] = {f"image_{i}": im for i, im in enumerate(images)}
     refs["captions"] = np.array(CAPTIONS)
-    with tempfile.TemporaryDirectory() as tmp:  # the folder as torchmetrics reads it: the model, its processor, sd1's tokenizer
+    with tempfile.TemporaryDirectory() as tmp:  # the folder torchmetrics reads: the model, its processor, sd1's tokenizer
         full = Path(tmp) / "clip"
         shutil.copytree(folder, full)
         for f in TOKENIZER.iterdir():
             shutil.copy(f, full / f.name)
         processor = CLIPProcessor.from_pretrained(full)
-        # without torchvision, transformers 5 takes the PIL backend (torchvision's would resize with torch's uint8 kernel)
+        # without torchvision, transformers 5 takes the PIL backend (torchvision's resizes by torch's uint8 kernel)
         assert type(processor.image_processor).__name__ == "CLIPImageProcessorPil", processor.image_processor
         tensors = [torch.from_numpy(im).permute(2, 0, 1) for im in images]
         processed = processor(text=CAPTIONS, images=tensors, return_tensors="pt", padding=True)
         refs["pixel_values"] = processed["pixel_values"].permute(0, 2, 3, 1).numpy()
         refs["input_ids"] = processed["input_ids"][:, :77].numpy().astype(np.int32)
         refs["attention_mask"] = processed["attention_mask"][:, :77].numpy().astype(np.int32)
-        for i, t in enumerate(tensors):  # the resize alone (shortest edge to SIZE), by torch's uint8 kernel and Pillow's
+        for i, t in enumerate(tensors):  # the resize alone (shortest edge to SIZE): torch's uint8 kernel, Pillow's
             h, w = t.shape[1:]
             size = (SIZE, int(SIZE * w / h)) if h <= w else (int(SIZE * h / w), SIZE)
             resized = torch.nn.functional.interpolate(t[None].contiguous(), size=size, mode="bicubic", antialias=True)

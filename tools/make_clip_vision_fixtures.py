@@ -79,7 +79,8 @@ def clip_model(gen: torch.Generator) -> None:
         t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
         features = full.get_text_features(t_ids, attention_mask=t_mask)
         refs["get_text_features"] = (features if torch.is_tensor(features) else features.pooler_output).numpy()
-        refs["logits_per_image"] = full(input_ids=t_ids, attention_mask=t_mask, pixel_values=pixels).logits_per_image.numpy()
+        logits = full(input_ids=t_ids, attention_mask=t_mask, pixel_values=pixels).logits_per_image
+        refs["logits_per_image"] = logits.numpy()
     np.testing.assert_allclose(refs["get_image_features"], refs["image_embeds"], rtol=0, atol=1e-6)
     np.savez_compressed(folder / "reference.npz", **refs)
 
@@ -95,7 +96,8 @@ def alone(gen: torch.Generator) -> None:
     with torch.no_grad():
         out = loaded.eval()(pixels)
     np.savez_compressed(folder / "reference.npz", pixels=pixels.permute(0, 2, 3, 1).numpy(),
-                        last_hidden_state=out.last_hidden_state.numpy(), image_embeds=out.image_embeds.numpy())  # fmt: skip
+                        last_hidden_state=out.last_hidden_state.numpy(),
+                        image_embeds=out.image_embeds.numpy())  # fmt: skip
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ output: resize to 224 bicubic antialiased, /255, ImageNet mean/std, the normed C
 `calculate_metrics_from_stats`' `fd` between them, and `resized_<i>`: torch's
 `interpolate(bicubic, antialias=True)` to 224 of `resize_in_<i>` (a 300x200 and a 7x9 one-channel image).
 
-    tools/.venv/bin/python tools/make_dinov2_fixtures.py --edm2 PATH/TO/edm2 --dinov2 PATH/TO/dinov2   # requirements-ports.txt
+    tools/.venv/bin/python tools/make_dinov2_fixtures.py --edm2 PATH/TO/edm2 --dinov2 PATH/TO/dinov2
 """
 
 import argparse

@@ -166,7 +166,8 @@ def main(cfg: Config, features_fn=None) -> None:
         # pytorch-fid's file plus keys it ignores: the kept rows, what the statistics are of
         save_reference(out, mu, sigma, features, dataset=cfg.dataset, image_shape=tuple(image_field(source).shape))
         kept = "" if features is None else f" and {len(features)} of their feature vectors"
-        print(f"{'FD-DINOv2' if cfg.dinov2 else 'FID'} statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
+        what = "FD-DINOv2" if cfg.dinov2 else "FID"
+        print(f"{what} statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
 
 
 if __name__ == "__main__":

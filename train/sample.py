@@ -116,7 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
     parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
     parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth")
-    parser.add_argument("--dinov2", default="", help="--fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)")
+    parser.add_argument("--clip_score", default="",
+                        help="--pretrained sd: also the CLIP score of the images, with this CLIP folder")  # fmt: skip
+    parser.add_argument("--dinov2", default="",
+                        help="--fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)")  # fmt: skip
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
@@ -150,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.fid and bool(args.inception) == bool(args.dinov2):
         parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth "
                      "(or --dinov2 FOLDER for FD-DINOv2, not both)")  # fmt: skip
+    if args.clip_score and not args.pretrained.startswith("sd:"):
+        parser.error("--clip_score scores --pretrained sd:FOLDER's images against their prompts")
     if args.fid and args.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
     if args.json and not args.eval:

@@ -65,8 +65,9 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
                   **({"metric": "fd_dinov2"} if dinov2 else {})}  # fmt: skip
         if args.ema is not None:  # sample.py --ema sigma_rel=S, posthoc_ema.py --sweep --fid: which post-hoc EMA
             record["ema"] = f"sigma_rel={args.ema:g}"
-        print(("FD-DINOv2 " if dinov2 else "FID ") + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
-                                                               for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
+        values = [f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
+                  for k in ("fid", "precision", "recall") if k in result]  # fmt: skip
+        print(("FD-DINOv2 " if dinov2 else "FID ") + "  ".join(values))
         out = as_path(args.fid_out or as_path(args.run_dir) / "fid.jsonl")  # a local file or an object in a bucket
         if not is_url(out):
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -115,9 +115,12 @@ class CLIPScorer:
         `huggingface-cli download openai/clip-vit-large-patch14` leaves). `kernel`: the uint8 resize of
         transformers' torchvision backend ("torch") or of its PIL backend ("pillow")."""
         folder = Path(path).expanduser()
-        return cls(CLIPModel.from_transformers(folder), load_tokenizer(folder), CLIPImageProcessing.from_folder(folder, kernel))
+        processing = CLIPImageProcessing.from_folder(folder, kernel)
+        return cls(CLIPModel.from_transformers(folder), load_tokenizer(folder), processing)
 
-    def inputs(self, images: Sequence[np.ndarray], captions: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def inputs(
+        self, images: Sequence[np.ndarray], captions: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pixel_values NHWC float32, input_ids, attention_mask) as CLIPProcessor gives them to torchmetrics."""
         if len(images) != len(captions):
             raise ValueError(f"CLIP score pairs images with captions: {len(images)} images, {len(captions)} captions")

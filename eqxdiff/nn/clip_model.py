@@ -85,4 +85,5 @@ class CLIPModel(eqx.Module):
         self, pixel_values: Float[Array | np.ndarray, "b h w c"], *, interpolate_pos_encoding: bool = False
     ) -> Float[Array, "b p"]:
         """visual_projection(the vision tower's pooled vector) of normalised NHWC images, unnormalised."""
-        return self.visual_projection(self.vision_model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)[1])
+        _, pooled = self.vision_model(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
+        return self.visual_projection(pooled)

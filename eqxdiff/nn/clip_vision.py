@@ -100,7 +100,7 @@ class CLIPVisionEmbeddings(eqx.Module):
             return tokens + stored
         if not interpolate:
             raise ValueError(f"CLIPVisionModel: a {gh}×{gw} patch grid, the model's is {side}×{side}: resize the "
-                             "images, or pass interpolate_pos_encoding=True (transformers' bicubic resize)")  # fmt: skip
+                             "images, or pass interpolate_pos_encoding=True (transformers' bicubic)")  # fmt: skip
         patches = resize_bicubic(stored[1:].reshape(1, side, side, d), (gh, gw))  # transformers: size=, no antialias
         return tokens + jnp.concatenate([stored[:1], patches.reshape(gh * gw, d)])
 
