@@ -105,6 +105,20 @@ def test_sample_fid_flags_measure_fd_dinov2(ref, tmp_path):
         open_fid_flags(argparse.Namespace(inception="", dinov2=str(tmp_path), fid=str(tmp_path / "b.npz")), (32, 32, 3))
 
 
+def test_adms_reference_batch_serves_fd_dinov2(ref, tmp_path):
+    """ADM's reference batch stores Inception's statistics beside its images: for FD-DINOv2 the images' statistics
+    are computed (and match EDM2's); an image batch without statistics serves alike."""
+    np.savez(tmp_path / "adm.npz", arr_0=ref["b"], mu=np.zeros(2048), sigma=np.eye(2048))
+    np.savez(tmp_path / "images.npz", arr_0=ref["b"])
+    for name in ("adm.npz", "images.npz"):
+        args = argparse.Namespace(inception="", dinov2=str(TOWER), fid=str(tmp_path / name))
+        with pytest.warns(UserWarning, match="holds statistics of 40×24×3 images, the samples are 32×32×3"):
+            net, reference = open_fid_flags(args, (32, 32, 3))
+        assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
+        result = fid_of_samples(lambda start, size: ref["a"][start : start + size], 48, net, reference, chunk_size=16)
+        np.testing.assert_allclose(result["fid"], ref["fd"], rtol=1e-4)
+
+
 def test_flags_name_one_feature_network(capsys):
     sample.parse_args(["--run_dir", "r", "--fid", "s.npz", "--dinov2", "d"])  # accepted
     for extra in ([], ["--inception", "w.pth", "--dinov2", "d"]):
