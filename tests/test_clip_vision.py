@@ -105,3 +105,13 @@ def test_unsupported_option_is_named(option, value):
     config = json.loads((DATA / "with_projection" / "config.json").read_text())
     with pytest.raises(ValueError, match=option):
         eqx.filter_eval_shape(CLIPVisionModel.from_config, config | {option: value}, key=jax.random.key(0))
+
+
+def test_a_legacy_vision_config_loads():
+    """transformers 4 wrote PretrainedConfig's generic fields into openai's vision_config (null token ids,
+    generation settings): read as the shaping fields alone."""
+    config = json.loads((DATA / "with_projection" / "config.json").read_text())
+    legacy = config | {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "num_beams": 1,
+                       "torch_dtype": None, "output_attentions": False, "tie_word_embeddings": True}  # fmt: skip
+    tower = eqx.filter_eval_shape(CLIPVisionModel.from_config, legacy, key=jax.random.key(0))
+    assert tower.embeddings.position_embedding.weight.shape == (4 * 4 + 1, 24)

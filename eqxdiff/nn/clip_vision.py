@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
     "projection_dim": 512,
 }  # fmt: skip
+# clip_text's ignored fields and the text tokens' ids, which transformers 4 wrote (null) into every sub-config, as
+# openai's CLIP folders hold them.
+VISION_IGNORED = IGNORED | {"eos_token_id"}
 # A full CLIPModel's keys outside the vision tower and its head: left unread.
 TEXT = ("text_model.", "text_projection.", "logit_scale")
 
@@ -46,7 +49,7 @@ def parse_config(config: dict) -> dict:
         raise ValueError(f"model_type {config.get('model_type')!r}: only a CLIP vision tower's config "
                          "('clip_vision_model') is read here; from_transformers reads a full CLIP folder's "
                          "vision_config itself")  # fmt: skip
-    unknown = sorted(k for k in config if k not in DEFAULTS and k not in IGNORED and not k.startswith("_"))
+    unknown = sorted(k for k in config if k not in DEFAULTS and k not in VISION_IGNORED and not k.startswith("_"))
     if unknown:
         raise ValueError(f"CLIPVisionModel config options not supported: {unknown}")
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS}}
