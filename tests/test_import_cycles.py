@@ -130,7 +130,9 @@ SCRIPT_TESTS = {
     "test_autoencoder_kl.py", "test_edm2.py", "test_loss.py", "test_model_contract.py", "test_text_step.py",
     "test_train_step.py",
     # a script's CLI or main
-    "test_bucket.py", "test_cli.py", "test_conditions.py", "test_evaluate_script.py", "test_feature_stats.py",
+    "test_bucket.py", "test_cli.py", "test_clip_score.py", "test_conditions.py", "test_evaluate_script.py",
+    "test_fd_dinov2.py",
+    "test_feature_stats.py",
     "test_fid.py", "test_finetune.py", "test_finetune_sdxl.py", "test_frozen_rules.py", "test_latent_training.py",
     "test_latents.py", "test_legacy_checkpoint.py", "test_model_args.py", "test_phema.py", "test_rebuild.py",
     "test_sample_batches.py", "test_sample_guidance.py", "test_sample_pretrained.py", "test_samplers.py",

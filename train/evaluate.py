@@ -16,6 +16,12 @@ graph's mixed_6/conv (Mixed_6d.branch1x1) first 7 channels at 17×17 (2023), IS 
 (softmax, splits of 5000 images: 10 for 50,000). --preprocess adm (the default) resizes and scales as
 the TF graph does inside (TF1 bilinear to 299², (x - 128)/128); pytorch_fid as pytorch-fid does.
 Both batches run through the network `--batch_size` images at a time over every local device.
+
+--dinov2 FOLDER (a transformers DINOv2 folder, facebook/dinov2-large) adds FD-DINOv2 as EDM2's
+calculate_metrics.py computes it (eqxdiff/eval/fd_dinov2.py), between the two batches' images; without
+--inception it is the only row:
+
+    python train/evaluate.py ref_images.npz samples.npz --dinov2 ~/dinov2-large
 """
 
 import argparse
@@ -40,6 +46,7 @@ ROWS = (  # (key, the row's name, which statistics or features the row compares 
     ("sfid_recomputed", "sFID", "statistics recomputed from the reference images with this network"),
     ("precision", "Precision", "the reference images' pool3 features (k = 3)"),
     ("recall", "Recall", "the reference images' pool3 features (k = 3)"),
+    ("fd_dinov2", "FD-DINOv2", "the reference images' DINOv2 features (EDM2's detector)"),
 )
 
 
@@ -49,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("sample_batch", help="the sample batch .npz (arr_0 uint8 images [n, h, w, 3])")
     parser.add_argument("--inception", default="",
                         help="pytorch-fid's weights pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)")
+    parser.add_argument("--dinov2", default="",
+                        help="FD-DINOv2 too: a transformers DINOv2 folder (facebook/dinov2-large, EDM2's detector)")
     parser.add_argument("--batch_size", type=int, default=256, help="images per step over all local devices")
     parser.add_argument("--preprocess", default="adm", choices=PREPROCESS,
                         help="adm: the TF graph's resize and scaling (ADM's numbers); pytorch_fid: pytorch-fid's")
@@ -81,11 +90,28 @@ def check_batches(args: argparse.Namespace) -> tuple[bool, dict]:
 
 
 def format_table(metrics: dict[str, float], args: argparse.Namespace, counts: dict[str, int]) -> str:
+    preprocess = f", preprocess {args.preprocess}" if set(metrics) - {"fd_dinov2"} else ""
     head = (f"{args.sample_batch} ({counts['samples']} images) against {args.ref_batch} "
-            f"({counts['reference']} images), preprocess {args.preprocess}")  # fmt: skip
+            f"({counts['reference']} images){preprocess}")  # fmt: skip
     lines = [head, f"{'metric':<16} {'value':>12}  against"]
     lines += [f"{name:<16} {metrics[key]:>12.4f}  {what}" for key, name, what in ROWS if key in metrics]
     return "\n".join(lines)
+
+
+def fd_dinov2(args: argparse.Namespace) -> float:
+    """FD-DINOv2 between the two batches' images: EDM2's detector (--dinov2), the statistics of each batch in
+    float64, their Fréchet distance (pytorch-fid's form, eqxdiff/eval/frechet.py)."""
+    from eqxdiff.eval.fd_dinov2 import DINOv2Features
+    from eqxdiff.eval.fid import reference_of_images
+    from eqxdiff.eval.frechet import fid_from_stats
+
+    try:
+        detector = DINOv2Features.from_transformers(args.dinov2)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--dinov2: {e}") from e
+    reference = reference_of_images(args.ref_batch, detector, args.batch_size)
+    samples = reference_of_images(args.sample_batch, detector, args.batch_size)
+    return fid_from_stats(samples.mu, samples.sigma, reference.mu, reference.sigma)
 
 
 def main(args: argparse.Namespace, network: ADMInception | None = None) -> dict[str, float]:
@@ -94,9 +120,14 @@ def main(args: argparse.Namespace, network: ADMInception | None = None) -> dict[
     if jax.process_count() > 1:
         raise SystemExit("evaluate.py runs in one process (over all its local devices): drop --coordinator.")
     has_images, stored = check_batches(args)
-    if network is None:
+    if args.dinov2 and not has_images:
+        raise SystemExit(f"--dinov2: FD-DINOv2 compares images and {args.ref_batch} holds none ('{IMAGES}'): pass a "
+                         "reference batch of uint8 images [n, h, w, 3].")  # fmt: skip
+    adm = network is not None or args.inception or not args.dinov2  # ADM's table, unless FD-DINOv2 alone is asked
+    if adm and network is None:
         if not args.inception:
-            raise SystemExit("--inception: pass pytorch-fid's pt_inception-2015-12-05-6726825d.pth (the FID weights).")
+            raise SystemExit("--inception: pass pytorch-fid's pt_inception-2015-12-05-6726825d.pth (the FID weights), "
+                             "or --dinov2 FOLDER for FD-DINOv2 alone.")  # fmt: skip
         try:
             network = ADMInception.from_pytorch_fid(local_copy(args.inception), args.preprocess)  # a URL: its copy
         except (ValueError, FileNotFoundError) as e:
@@ -104,10 +135,14 @@ def main(args: argparse.Namespace, network: ADMInception | None = None) -> dict[
     counts = {"samples": image_shape(args.sample_batch)[0],
               "reference": image_shape(args.ref_batch)[0] if has_images else 0}  # fmt: skip
     started = time.perf_counter()
-    with tqdm(total=sum(counts.values()), unit="img", desc="inception", disable=args.json, file=sys.stderr) as bar:
-        reference = batch_features(network, args.ref_batch, args.batch_size, bar.update) if has_images else None
-        samples = batch_features(network, args.sample_batch, args.batch_size, bar.update)
-    metrics = adm_metrics(samples, reference, stored)
+    metrics = {}
+    if adm:
+        with tqdm(total=sum(counts.values()), unit="img", desc="inception", disable=args.json, file=sys.stderr) as bar:
+            reference = batch_features(network, args.ref_batch, args.batch_size, bar.update) if has_images else None
+            samples = batch_features(network, args.sample_batch, args.batch_size, bar.update)
+        metrics = adm_metrics(samples, reference, stored)
+    if args.dinov2:
+        metrics["fd_dinov2"] = fd_dinov2(args)
     if args.json:
         print(json.dumps({**metrics, "num_samples": counts["samples"], "num_reference": counts["reference"],
                           "preprocess": args.preprocess}))  # fmt: skip

@@ -15,6 +15,14 @@ them); the float64 partial sums (eqxdiff/eval/feature_stats.py) are merged acros
 end and process 0 writes the file. Multi-process flags as in train/main.py (`--coordinator`,
 `--num_processes`, `--process_id`).
 
+--dinov2 FOLDER writes FD-DINOv2's statistics instead (Stein et al. 2023; EDM2 reports them beside FID): a
+transformers DINOv2 folder (facebook/dinov2-large as `save_pretrained` writes it), the features EDM2's
+calculate_metrics.py takes (eqxdiff/eval/fd_dinov2.py: images resized to 224² bicubically, the normed CLS token,
+1024-d); train/sample.py --fid FILE --dinov2 FOLDER measures against them.
+
+    python train/fid_stats.py --dataset folder:~/data/pets --image_size 256 --dinov2 ~/dinov2-large \
+        --out ~/fid/pets_256_dinov2.npz
+
 --keep_features N also stores N of the feature vectors, a uniform random subset (in random order),
 under the key `features`: train/sample.py --fid and training's --eval_every compute precision and
 recall (Kynkäänniemi et al. 2019) against them. 10,000 of 2048-d features add 80 MB to the file.
@@ -30,6 +38,7 @@ import jax
 import numpy as np
 
 from eqxdiff.data.offline import run_offline  # a dataset through the devices once
+from eqxdiff.eval.fd_dinov2 import DINOv2Features
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
 from eqxdiff.eval.fid import (
     KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
@@ -47,6 +56,7 @@ class Config(Launch):
 
     dataset: str = "digits"  # any image source of train/main.py: digits | npz:PATH | folder:PATH | arrayrecord:GLOB
     inception: str = ""  # pytorch-fid's FID Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
+    dinov2: str = ""  # FD-DINOv2's statistics instead: a transformers DINOv2 folder (facebook/dinov2-large)
     out: str = ""  # the statistics file, *.npz (written by process 0)
     image_size: int = 32  # folder: and arrayrecord: images are resized to this (the size samples are made at)
     batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
@@ -56,8 +66,11 @@ class Config(Launch):
 
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`."""
-    parser = dataclass_parser(Config, __doc__, required=("inception", "out"))
+    parser = dataclass_parser(Config, __doc__, required=("out",))
     cfg = Config(**vars(parser.parse_args(argv)))
+    if bool(cfg.inception) == bool(cfg.dinov2):
+        parser.error("pass --inception FILE (FID's statistics: pytorch-fid's pt_inception-2015-12-05-6726825d.pth) "
+                     "or --dinov2 FOLDER (FD-DINOv2's: a transformers DINOv2 folder), one of them")  # fmt: skip
     if not cfg.out.endswith(".npz"):
         parser.error(f"--out must name an .npz file (pytorch-fid reads a path as statistics only then), got {cfg.out}")
     if cfg.batch_size < 1:
@@ -135,10 +148,11 @@ def main(cfg: Config, features_fn=None) -> None:
         check_writable(cfg.out, "--out")
     source = open_dataset(cfg.dataset, cfg.image_size)
     if features_fn is None:
+        flag = "--dinov2" if cfg.dinov2 else "--inception"
         try:
-            features_fn = load_inception(cfg.inception)
+            features_fn = DINOv2Features.from_transformers(cfg.dinov2) if cfg.dinov2 else load_inception(cfg.inception)
         except (ValueError, FileNotFoundError) as e:  # a missing, wrong or refused weights file: one line
-            raise SystemExit(f"--inception: {e}") from e
+            raise SystemExit(f"{flag}: {e}") from e
     keep = None  # a random subset of the features, for precision and recall
     if cfg.keep_features:
         dim = feature_dim(features_fn, image_field(source).shape)
@@ -152,7 +166,8 @@ def main(cfg: Config, features_fn=None) -> None:
         # pytorch-fid's file plus keys it ignores: the kept rows, what the statistics are of
         save_reference(out, mu, sigma, features, dataset=cfg.dataset, image_shape=tuple(image_field(source).shape))
         kept = "" if features is None else f" and {len(features)} of their feature vectors"
-        print(f"FID statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
+        what = "FD-DINOv2" if cfg.dinov2 else "FID"
+        print(f"{what} statistics of {stats.count} images of {cfg.dataset} ({len(mu)}-d features){kept} -> {cfg.out}")
 
 
 if __name__ == "__main__":

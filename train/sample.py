@@ -35,6 +35,8 @@ are made `--batch_size` at a time on every device of every process and streamed 
 pytorch-fid's InceptionV3 (`--inception pt_inception-2015-12-05-6726825d.pth`), grayscale
 repeated to RGB, latents decoded first; `FID <value>` is printed and a JSON line (step, num, fid,
 precision and recall when the statistics keep features, ref, sampler, guidance) appended to `--fid_out`.
+With `--dinov2 FOLDER` (a transformers DINOv2 folder, facebook/dinov2-large) in place of `--inception` it is
+FD-DINOv2 as EDM2 computes it, against train/fid_stats.py --dinov2's statistics.
 
 `--format adm --out FILE.npz` writes ADM's sample batch instead (eqxdiff/eval/sample_batches.py): `arr_0` uint8
 NHWC, `arr_1` int64 labels balanced over `--classes`, made `--batch_size` at a time on every device of
@@ -114,6 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
     parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
     parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth")
+    parser.add_argument("--clip_score", default="",
+                        help="--pretrained sd: also the CLIP score of the images, with this CLIP folder")  # fmt: skip
+    parser.add_argument("--dinov2", default="",
+                        help="--fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)")  # fmt: skip
     parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
     parser.add_argument("--batch_size", type=int, default=500,
                         help="--fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
@@ -144,8 +150,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--out must end in .png or .npz, got {args.out!r}")
     if args.num < 1 or (args.steps or 1) < 1 or args.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
-    if args.fid and not args.inception:
-        parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")
+    if args.fid and bool(args.inception) == bool(args.dinov2):
+        parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth "
+                     "(or --dinov2 FOLDER for FD-DINOv2, not both)")  # fmt: skip
+    if args.clip_score and not args.pretrained.startswith("sd:"):
+        parser.error("--clip_score scores --pretrained sd:FOLDER's images against their prompts")
     if args.fid and args.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
     if args.json and not args.eval:

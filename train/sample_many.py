@@ -20,6 +20,13 @@ def open_fid_flags(args: argparse.Namespace, image_shape: tuple, features_fn=Non
     `image_shape` of `dataset` (eqxdiff/eval/fid.py's open_fid); a bad file is one line naming --fid."""
     from eqxdiff.eval.fid import open_fid  # imported here: scipy's import is start-up time others need not pay
 
+    if features_fn is None and getattr(args, "dinov2", ""):  # FD-DINOv2: EDM2's detector is the feature network
+        from eqxdiff.eval.fd_dinov2 import DINOv2Features
+
+        try:
+            features_fn = DINOv2Features.from_transformers(args.dinov2)
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"--dinov2: {e}") from e
     try:
         return open_fid(args.inception, args.fid, image_shape, features_fn, dataset=dataset)
     except (ValueError, FileNotFoundError) as e:
@@ -30,7 +37,8 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
                 features_fn=None, dataset: str | None = None, opened: tuple | None = None) -> dict:  # fmt: skip
     """FID (and precision/recall, when the reference keeps features) of `args.num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
-    the network as it comes; process 0 prints `FID <value>` and appends a JSON line to --fid_out.
+    the network as it comes; process 0 prints `FID <value>` (`FD-DINOv2 <value>` with --dinov2, the record's
+    "fid" then FD-DINOv2 and its "metric" "fd_dinov2") and appends a JSON line to --fid_out.
     `sample_images(cond, num, seed=)` -> (images in [-1, 1], ...); `cond`: `args.num` rows or None; `how`: how
     they are made, for the record (`Sampling.record()`, autoguidance's weak run);
     `image_shape`: the images' (a latent run's: decoded) [h, w, c], as FID sees them;
@@ -51,12 +59,15 @@ def measure_fid(args: argparse.Namespace, step: int, mesh, sample_images, cond, 
 
     result = fid_of_samples(sample_chunk, args.num, net, reference, chunk_size=chunk, seed=args.seed)
     bar.close()
+    dinov2 = bool(getattr(args, "dinov2", ""))  # the distance in DINOv2's features, not Inception's: said in the record
     if jax.process_index() == 0:
-        record = {"step": step, **result, "ref": reference.path, **how, "seed": args.seed}
+        record = {"step": step, **result, "ref": reference.path, **how, "seed": args.seed,
+                  **({"metric": "fd_dinov2"} if dinov2 else {})}  # fmt: skip
         if args.ema is not None:  # sample.py --ema sigma_rel=S, posthoc_ema.py --sweep --fid: which post-hoc EMA
             record["ema"] = f"sigma_rel={args.ema:g}"
-        print("FID " + "  ".join(f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
-                                 for k in ("fid", "precision", "recall") if k in result))  # fmt: skip
+        values = [f"{result[k]:.4f}" if k == "fid" else f"{k} {result[k]:.4f}"
+                  for k in ("fid", "precision", "recall") if k in result]  # fmt: skip
+        print(("FD-DINOv2 " if dinov2 else "FID ") + "  ".join(values))
         out = as_path(args.fid_out or as_path(args.run_dir) / "fid.jsonl")  # a local file or an object in a bucket
         if not is_url(out):
             out.parent.mkdir(parents=True, exist_ok=True)

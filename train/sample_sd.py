@@ -11,7 +11,9 @@ euler, euler_ancestral or dpmpp_2m (default: the folder's own). `--negative_prom
 (default: SD 1.x/2.x "", SDXL zeros when its model_index.json says force_zeros_for_empty_prompt). `--seed` draws
 each image's noise (image i's from fold_in(seed's noise key, i), whatever --batch_size: images per pipeline call);
 `--out` a .png grid (a row per prompt) or an .npz of `images` (uint8 NHWC), `latents` and `prompts` (one per image).
-Runs on the first device.
+`--clip_score FOLDER` (a transformers CLIP folder: openai/clip-vit-large-patch14 with its tokenizer and
+preprocessor_config.json) also prints the images' CLIP score against their prompts, as torchmetrics computes it
+(eqxdiff/eval/clip_score.py). Runs on the first device.
 """
 
 import argparse
@@ -40,9 +42,9 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
                          "pipeline folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
                          "scheduler/).")  # fmt: skip
     if args.run_dir or args.vae or args.eval or args.fid or args.classes or args.sampler or args.format != "eqxdiff":
-        raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --cfg, --steps, --method, --seed and "
-                         "--out; the pipeline brings its own VAE (no --run_dir, --vae, --eval, --fid, --classes, "
-                         "--sampler, --format).")  # fmt: skip
+        raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --cfg, --steps, --method, --seed, "
+                         "--clip_score and --out; the pipeline brings its own VAE (no --run_dir, --vae, --eval, --fid, "
+                         "--classes, --sampler, --format).")  # fmt: skip
     if not args.prompts:
         raise SystemExit('--pretrained sd: needs --prompts "a photo of a cat" ... (one image each).')
     if args.method is not None and args.method not in METHODS:
@@ -62,6 +64,10 @@ def check_args(args: argparse.Namespace) -> tuple[Path, list[str] | None]:
                              f"{len(args.prompts)}.")  # fmt: skip
         args.per_prompt = per_prompt
     args.num = len(args.prompts) * args.per_prompt
+    if args.clip_score and not (Path(args.clip_score).expanduser() / "preprocessor_config.json").is_file():
+        raise SystemExit(f"--clip_score {args.clip_score}: no preprocessor_config.json there; give a transformers CLIP "
+                         "folder (openai/clip-vit-large-patch14: config.json, model.safetensors, its tokenizer and "
+                         "preprocessor_config.json).")  # fmt: skip
     check_writable(args.out, "--out")  # its folder made (the README's runs/sd15/), before the pipeline loads
     args.steps = args.steps or 30
     args.guidance = 7.5 if args.guidance is None else args.guidance
@@ -98,6 +104,15 @@ def main(args: argparse.Namespace) -> None:
         save_image_grid(args.out, images, ncols=args.per_prompt, row_labels=args.prompts)
     print(f"{args.pretrained}: {len(prompts)} {'image' if len(prompts) == 1 else 'images'} ({args.per_prompt} per "
           f"prompt, {pipe.scheduler.method}, {args.steps} steps, cfg {args.guidance:g}) -> {args.out}")  # fmt: skip
+    if args.clip_score:
+        from eqxdiff.eval.clip_score import CLIPScorer, clip_score  # imported here: only this flag needs it
+
+        try:
+            scorer = CLIPScorer.from_transformers(args.clip_score)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"--clip_score {args.clip_score}: {e}") from e
+        scores = scorer.scores(list(to_uint8(images)), prompts)
+        print(f"CLIP score {clip_score(scores):.4f} ({len(prompts)} images against their prompts, {args.clip_score})")
 
 
 if __name__ == "__main__":  # sample.py's --pretrained part: --help says what it does, anything else where to run it

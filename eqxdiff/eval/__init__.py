@@ -1,10 +1,13 @@
 """Sample-quality metrics: the digits job's scorecard (and its two-digit form for
 captioned_digits), the Fréchet distance behind it, and FID's pieces (pytorch-fid's Inception
 network, streaming feature statistics in its npz layout, its distance), FID of a model's samples
-streamed chunk by chunk, and improved precision/recall in the same features."""
+streamed chunk by chunk, and improved precision/recall in the same features; FD-DINOv2's detector (EDM2's),
+which that machinery takes in place of Inception; CLIP score as torchmetrics computes it."""
 
 from eqxdiff.eval.adm_eval import BatchFeatures, adm_metrics, batch_features
 from eqxdiff.eval.adm_inception import ADMInception
+from eqxdiff.eval.clip_score import CLIPScorer, clip_score
+from eqxdiff.eval.fd_dinov2 import DINOv2Features
 from eqxdiff.eval.digits import digits_sample_metrics, digits_split, format_metrics, two_digit_accuracy
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats, load_stats, save_stats
 from eqxdiff.eval.fid import (
@@ -24,12 +27,15 @@ from eqxdiff.eval.precision_recall import knn_radii, precision_recall, within_ma
 __all__ = [
     "ADMInception",
     "BatchFeatures",
+    "CLIPScorer",
+    "DINOv2Features",
     "FIDReference",
     "FeatureStats",
     "InceptionV3",
     "KeptFeatures",
     "adm_metrics",
     "batch_features",
+    "clip_score",
     "digits_sample_metrics",
     "digits_split",
     "fid_from_stats",

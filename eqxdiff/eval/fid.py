@@ -346,6 +346,15 @@ def reference_of_images(path: str | Path, features_fn: Any, batch_size: int = 25
     return FIDReference(mu, sigma, features, str(path), None, tuple(shape[1:]))
 
 
+def stored_dim(path: str | Path) -> int | None:
+    """The dimension of the statistics `mu` an .npz stores (its shape read from the header), None if it has none."""
+    path = local_copy(path)
+    if not (path.is_file() and zipfile.is_zipfile(path)) or "mu" not in array_names(path):
+        return None
+    with np.load(path, allow_pickle=False, mmap_mode="r") as f:
+        return int(f["mu"].shape[0]) if f["mu"].ndim == 1 else None
+
+
 def is_image_batch(path: str | Path) -> bool:
     """Whether `path` is an .npz of images without statistics: `arr_0` and no `mu` (ADM's sample-batch
     layout; a reference batch that stores `mu`/`sigma` reads as statistics)."""
@@ -364,8 +373,8 @@ def open_fid(
     before anything is sampled: InceptionV3 from pytorch-fid's weights (`inception`: its .pth, or a
     .safetensors copy), or `features_fn` (a stand-in, for tests), and the statistics file `reference` (its
     dimension must be the network's: 2048 for InceptionV3; ADM's reference batch reads as its stored
-    `mu`/`sigma`), or a batch of images `arr_0` without statistics (ADM's layout), whose statistics
-    and features are computed here once. Errors are ValueError/FileNotFoundError
+    `mu`/`sigma`), or a batch of images `arr_0` without statistics (ADM's layout) or with another network's
+    (FD-DINOv2 against ADM's reference batch), whose statistics and features are computed here once. Errors are ValueError/FileNotFoundError
     naming the file and the fix; statistics of (almost) one image, of another image size or of
     another dataset than `dataset` (the model's training data) warn."""
     if features_fn is None:
@@ -375,9 +384,14 @@ def open_fid(
         features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")
-    if is_image_batch(reference):  # ADM's batch of images: statistics computed once, here
+    dim = feature_dim(features_fn, image_shape)
+    path = local_copy(reference)
+    with_images = path.is_file() and zipfile.is_zipfile(path) and IMAGES in array_names(path)
+    if is_image_batch(reference) or (with_images and stored_dim(reference) != dim):
+        # ADM's batch of images, or one whose stored statistics are another network's (its Inception statistics, for
+        # FD-DINOv2): statistics of its images computed once, here
         loaded = reference_of_images(reference, features_fn)
     else:
-        loaded = load_reference(reference, dim=feature_dim(features_fn, image_shape))
+        loaded = load_reference(reference, dim=dim)
     warn_if_other_data(loaded, image_shape, dataset)
     return features_fn, loaded

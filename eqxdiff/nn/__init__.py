@@ -1,5 +1,5 @@
 """Neural networks for eqxdiff: NHWC layers, an ADM-style UNet, a DiT, diffusers' AutoencoderKL,
-transformers' CLIP text towers, EDM2's magnitude-preserving UNet and an exact space-to-depth "autoencoder".
+transformers' CLIP towers (text, vision, the full CLIPModel) and DINOv2, EDM2's magnitude-preserving UNet and an exact space-to-depth "autoencoder".
 Stable Diffusion's UNet and prompt embeddings are eqxdiff.sd's.
 
 Every model keeps one contract (`DiffusionModel`, eqxdiff/nn/protocol.py):
@@ -11,7 +11,10 @@ from eqxdiff.nn.autoencoder_kl import AutoencoderKL
 from eqxdiff.nn.batched import Batched
 from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.clip_text import CLIPTextModel
+from eqxdiff.nn.clip_model import CLIPModel
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
+from eqxdiff.nn.clip_vision import CLIPVisionModel, CLIPVisionModelWithProjection
+from eqxdiff.nn.dinov2 import Dinov2Model
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.edm2 import EDM2UNet, MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.layers import (
@@ -26,8 +29,10 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 from eqxdiff.nn.upsample import nearest_upsample, nearest_upsample_conv
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPTextModel", "CLIPTextModelWithProjection", "ClassLabelCond",
-    "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "EDM2UNet",
+    "AttnBlock", "AutoencoderKL", "Batched", "CLIPModel", "CLIPTextModel", "CLIPTextModelWithProjection",
+    "CLIPVisionModel", "CLIPVisionModelWithProjection", "ClassLabelCond",
+    "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Dinov2Model",
+    "EDM2UNet",
     "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SelfAttention", "SpaceToDepth", "TextCond",
     "TextConditioned", "TimestepEmbedding", "UNet",
     "force_weight_normalization", "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample",

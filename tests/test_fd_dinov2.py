@@ -1,0 +1,147 @@
+"""FD-DINOv2 against NVlabs/edm2's calculate_metrics.py run on a random-weight DINOv2 (tools/make_dinov2_fixtures.py:
+EDM2's own `DINOv2Detector` with facebookresearch/dinov2's hub model class, its statistics and distance): the
+antialiased bicubic resize to 224, the detector's features, the statistics and the distance, and the scripts'
+paths to it (train/fid_stats.py --dinov2, train/sample.py's --fid machinery with --dinov2, train/evaluate.py
+--dinov2)."""
+
+import argparse
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import equinox as eqx
+import numpy as np
+import pytest
+
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import evaluate  # train/evaluate.py
+import fid_stats  # train/fid_stats.py
+import sample  # train/sample.py
+from eqxdiff.eval import DINOv2Features, FeatureStats, fid_from_stats, fid_of_samples, load_reference, save_stats
+from eqxdiff.nn.bicubic import resize_bicubic
+from sample_many import open_fid_flags  # train/sample_many.py
+
+DATA = Path(__file__).parent / "data" / "dinov2" / "fd_dinov2"
+TOWER = DATA / "tower"
+
+
+@pytest.fixture(scope="module")
+def ref() -> dict[str, np.ndarray]:
+    with np.load(DATA / "reference.npz") as f:
+        return dict(f)
+
+
+@pytest.fixture(scope="module")
+def detector() -> DINOv2Features:
+    return DINOv2Features.from_transformers(TOWER)
+
+
+@eqx.filter_jit
+def features(detector, images):
+    return detector(images)
+
+
+def relative(ours, theirs) -> float:
+    return float(np.abs(np.asarray(ours, np.float64) - theirs).max() / np.abs(theirs).max())
+
+
+@pytest.mark.parametrize("i", [0, 1], ids=["300x200_down", "7x9_up"])
+def test_resize_is_torchs_antialiased_bicubic(ref, i):
+    ours = resize_bicubic(ref[f"resize_in_{i}"], (224, 224), antialias=True)
+    assert relative(ours, ref[f"resized_{i}"]) <= 1e-4
+    plain = resize_bicubic(ref[f"resize_in_{i}"], (224, 224))  # without antialias: another image
+    assert relative(plain, ref[f"resized_{i}"]) > 1e-3
+
+
+@pytest.mark.parametrize("key", ["a", "b"])
+def test_features_are_edm2s_detector(ref, detector, key):
+    """32×32 and 40×24 uint8 images resized to 224², normalised, through the tower with the hub's position
+    resize (16×16 patches from its 37×37 grid): EDM2's features."""
+    assert relative(features(detector, ref[key]), ref[f"features_{key}"]) <= 1e-4
+
+
+def test_the_hub_position_resize_matters(ref, detector):
+    """transformers 5's resize (interpolate_offset 0) at 224² gives other features than the hub model EDM2 runs."""
+    transformers_resize = eqx.tree_at(lambda d: d.model, detector,
+                                      type(detector.model).from_transformers(TOWER))  # fmt: skip
+    assert relative(features(transformers_resize, ref["a"]), ref["features_a"]) > 1e-3
+
+
+def test_statistics_and_distance_are_edm2s(ref, detector):
+    """EDM2 sums features and outer products in float64 and takes scipy's sqrtm; eqxdiff's FeatureStats and
+    fid_from_stats give its statistics and its fd_dinov2 from its features, and within 1e-4 from ours."""
+    stats = {}
+    for key in "ab":
+        mu, sigma = FeatureStats(32).update(ref[f"features_{key}"]).mean_cov()
+        np.testing.assert_allclose(mu, ref[f"mu_{key}"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(sigma, ref[f"sigma_{key}"], rtol=0, atol=1e-12)
+        stats[key] = FeatureStats(32).update(np.asarray(features(detector, ref[key]))).mean_cov()
+    assert ref["fd"] > 1  # the two sets differ
+    np.testing.assert_allclose(fid_from_stats(ref["mu_a"], ref["sigma_a"], ref["mu_b"], ref["sigma_b"]), ref["fd"],
+                               rtol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(fid_from_stats(*stats["a"], *stats["b"]), ref["fd"], rtol=1e-4)
+
+
+def test_fid_stats_writes_edm2s_statistics(ref, tmp_path):
+    np.savez(tmp_path / "b.npz", images=ref["b"])
+    out = tmp_path / "b_dinov2.npz"
+    fid_stats.main(fid_stats.parse_config(["--dataset", f"npz:{tmp_path / 'b.npz'}", "--dinov2", str(TOWER),
+                                           "--out", str(out), "--batch_size", "16"]))  # fmt: skip
+    reference = load_reference(out, dim=32)
+    assert reference.image_shape == (40, 24, 3)
+    assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
+
+
+def test_sample_fid_flags_measure_fd_dinov2(ref, tmp_path):
+    """train/sample.py --fid STATS --dinov2 FOLDER: its network and reference (sample_many.open_fid_flags) and the
+    streamed distance of the samples (fid_of_samples, as measure_fid calls it) are EDM2's fd_dinov2."""
+    save_stats(tmp_path / "b.npz", ref["mu_b"], ref["sigma_b"])
+    args = argparse.Namespace(inception="", dinov2=str(TOWER), fid=str(tmp_path / "b.npz"))
+    net, reference = open_fid_flags(args, (32, 32, 3))
+    result = fid_of_samples(lambda start, size: ref["a"][start : start + size], 48, net, reference, chunk_size=16)
+    np.testing.assert_allclose(result["fid"], ref["fd"], rtol=1e-4)
+    with pytest.raises(SystemExit, match="--dinov2: .*no config.json"):
+        open_fid_flags(argparse.Namespace(inception="", dinov2=str(tmp_path), fid=str(tmp_path / "b.npz")), (32, 32, 3))
+
+
+def test_adms_reference_batch_serves_fd_dinov2(ref, tmp_path):
+    """ADM's reference batch stores Inception's statistics beside its images: for FD-DINOv2 the images' statistics
+    are computed (and match EDM2's); an image batch without statistics serves alike."""
+    np.savez(tmp_path / "adm.npz", arr_0=ref["b"], mu=np.zeros(2048), sigma=np.eye(2048))
+    np.savez(tmp_path / "images.npz", arr_0=ref["b"])
+    for name in ("adm.npz", "images.npz"):
+        args = argparse.Namespace(inception="", dinov2=str(TOWER), fid=str(tmp_path / name))
+        with pytest.warns(UserWarning, match="holds statistics of 40×24×3 images, the samples are 32×32×3"):
+            net, reference = open_fid_flags(args, (32, 32, 3))
+        assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
+        result = fid_of_samples(lambda start, size: ref["a"][start : start + size], 48, net, reference, chunk_size=16)
+        np.testing.assert_allclose(result["fid"], ref["fd"], rtol=1e-4)
+
+
+def test_flags_name_one_feature_network(capsys):
+    sample.parse_args(["--run_dir", "r", "--fid", "s.npz", "--dinov2", "d"])  # accepted
+    for extra in ([], ["--inception", "w.pth", "--dinov2", "d"]):
+        with pytest.raises(SystemExit):
+            sample.parse_args(["--run_dir", "r", "--fid", "s.npz", *extra])
+        assert "--fid needs --inception FILE" in capsys.readouterr().err
+    for extra in ([], ["--inception", "w.pth", "--dinov2", "d"]):
+        with pytest.raises(SystemExit):
+            fid_stats.parse_config(["--out", "s.npz", *extra])
+        assert "or --dinov2 FOLDER" in capsys.readouterr().err
+
+
+def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path):
+    np.savez(tmp_path / "ref.npz", arr_0=ref["b"])
+    np.savez(tmp_path / "samples.npz", arr_0=ref["a"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        argv = [str(tmp_path / "ref.npz"), str(tmp_path / "samples.npz"), "--dinov2", str(TOWER), "--batch_size", "16"]
+        metrics = evaluate.main(evaluate.parse_args([*argv, "--json"]))
+    line = json.loads(out.getvalue().strip())
+    assert set(metrics) == {"fd_dinov2"} and line["fd_dinov2"] == metrics["fd_dinov2"]
+    np.testing.assert_allclose(metrics["fd_dinov2"], ref["fd"], rtol=1e-4)
+    np.savez(tmp_path / "stats_only.npz", mu=np.zeros(2048), sigma=np.eye(2048))
+    with pytest.raises(SystemExit, match="--dinov2: FD-DINOv2 compares images"):
+        evaluate.main(evaluate.parse_args([str(tmp_path / "stats_only.npz"), str(tmp_path / "samples.npz"),
+                                           "--dinov2", str(TOWER)]))  # fmt: skip
