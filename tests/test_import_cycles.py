@@ -7,7 +7,11 @@ import ast
 import json
 from pathlib import Path
 
+import pytest
+
 import eqxdiff
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 PACKAGE = Path(eqxdiff.__file__).parent
 

@@ -4,7 +4,11 @@ loop for each folder. No JAX: these read the tree."""
 
 import re
 
+import pytest
+
 from docs_pages import ROOT, page
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 TESTS = ROOT / "tests"
 # What stays at tests/: the tests of the repository itself rather than of one part of the package.

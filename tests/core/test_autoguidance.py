@@ -8,6 +8,8 @@ import pytest
 
 from eqxdiff.diffusion import AutoGuidance, karras_sigmas, sample
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 MEANS = np.array([-1.0, 1.0])  # per class
 VAR, WEAK_VAR, SCALE = 0.3, 0.8, 2.5  # the weak model: a blurrier Gaussian of the same class means
 

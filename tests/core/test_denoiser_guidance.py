@@ -18,6 +18,8 @@ from eqxdiff.diffusion import (
 )
 from eqxdiff.nn import TextCond
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 MU, VAR = 0.2, 0.3
 
 

@@ -8,11 +8,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from eqxdiff.run.codecs import Latents, Pixels, codec_from_config
 from eqxdiff.diffusion import parameterization_by_name, schedule_by_name
 from eqxdiff.generate import decode_latents, generate, generate_images
 from eqxdiff.sharding import make_mesh
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 FLUX_LIKE = Path(__file__).parents[1] / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
 

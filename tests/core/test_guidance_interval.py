@@ -9,6 +9,8 @@ import pytest
 
 from eqxdiff.diffusion import ClassifierFreeGuidance, karras_sigmas, sample
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 VAR = 0.3
 MEANS = np.array([-1.0, 1.0, 0.0])  # classes 0, 1 and the null label 2
 LO, HI, SCALE = 0.5, 2.0, 3.0

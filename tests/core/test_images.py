@@ -9,6 +9,8 @@ from PIL import Image
 
 from eqxdiff.images import from_uint8, image_grid, save_image_grid, to_uint8
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 
 def test_to_uint8_rounds_to_the_nearest_level_and_clips():
     # v = (x + 1)·127.5, rounded to the nearest integer, then clipped to [0, 255] (no uint8 wrap-around).

@@ -25,6 +25,8 @@ from eqxdiff.diffusion import (
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import main as train_main  # train/main.py
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 B, H, W, C = 6, 4, 4, 2
 
 

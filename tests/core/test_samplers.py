@@ -16,6 +16,8 @@ from eqxdiff.diffusion import METHODS, VPSchedule, karras_sigmas, sample, vp_sig
 from eqxdiff.diffusion import samplers as samplers_module
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 MU = np.array([0.3, -1.0, 0.0])
 VAR = np.array([0.25, 0.04, 1.0])
 

@@ -18,6 +18,8 @@ from eqxdiff.diffusion import (
     vp_timesteps,
 )
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 
 def test_karras_grid_endpoints_and_shape():
     grid = karras_sigmas(18, sigma_min=0.002, sigma_max=80.0, rho=7.0)

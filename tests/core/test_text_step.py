@@ -22,6 +22,8 @@ from eqxdiff.sharding import batch_sharding, fsdp_spec, make_mesh, state_shardin
 from eqxdiff.text.conditioning import TextConditioning, encode_tokens
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 DATA = Path(__file__).parents[1] / "data"
 SCHEDULE, PARAM = EDMSchedule(), EDMPreconditioning()
 BATCH, TOKENS = 8, 16

@@ -26,6 +26,8 @@ from eqxdiff.training import (
     make_train_step,
 )
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 IN, OUT, BATCH = 8, 4, 16
 LR, STEPS, WARMUP, WEIGHT_DECAY, CLIP, EMA_DECAY = 0.05, 6, 2, 0.1, 1.0, 0.8
 B1, B2, EPS = 0.9, 0.999, 1e-8  # optax.adamw's defaults, which adamw_cosine keeps

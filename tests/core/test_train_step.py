@@ -27,6 +27,8 @@ from eqxdiff.nn.layers import Dense, Embedding
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 SCHEDULE, PARAM = EDMSchedule(), EDMPreconditioning()
 BATCH = 16
 

@@ -16,6 +16,8 @@ from eqxdiff.data import (
     UnreadableImagesError, batch_spec, check_position, data_position, describe_source, open_source, write_arrayrecord,
 )  # fmt: skip
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 N = 13  # odd, so batches straddle epoch boundaries
 # Read in the test thread (tiny in-memory data); test_stream_does_not_depend_on_num_threads covers threads.
 batch_stream = functools.partial(threaded_batch_stream, num_threads=0)

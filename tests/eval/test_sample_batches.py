@@ -156,6 +156,7 @@ def test_a_restart_with_other_flags_is_refused_naming_them(tmp_path):
     assert out.exists()
 
 
+@pytest.mark.slow  # a sampling process killed and restarted
 def test_a_killed_process_restarted_writes_the_same_batch(tmp_path):
     """SIGKILL (a preempted job) after some chunks, then the same command again."""
     reference = write(tmp_path / "ref.npz", num=40, chunk_size=4).read_bytes()
@@ -188,6 +189,7 @@ def digits_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow  # a run trained, then sampled twice
 def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkeypatch):
     import sample  # train/sample.py
 

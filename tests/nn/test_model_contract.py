@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import main as train_main  # train/main.py
@@ -15,6 +16,8 @@ from eqxdiff.diffusion import EDMPreconditioning, EDMSchedule
 from eqxdiff.nn import Batched, ConditionalModel, DiffusionModel, DiT, UNet, null_cond_of
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import adamw_cosine, create_train_state, make_train_step
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 
 class OneExampleNet(eqx.Module):

@@ -3,9 +3,12 @@
 
 import jax
 import numpy as np
+import pytest
 
 from eqxdiff.run.codecs import Latents, Pixels, codec_from_config
 from eqxdiff.sharding import make_mesh
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 
 def test_pixels_map_uint8_to_minus_one_one_and_decode_to_themselves():

@@ -79,6 +79,7 @@ def lora_run(sd_data, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # a fine-tuning run end to end
 def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     rows = metric_rows(lora_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["train/loss"]) for r in rows)
@@ -112,6 +113,7 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     assert json.loads(lora_file(lora_run)[1]["lora_adapter_metadata"])["unet.lora_alpha"] == 3
 
 
+@pytest.mark.slow  # a fine-tuning run end to end
 def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path, bucket):
     """Resumed from its checkpoint 2 copied into a bucket (gs://, tests/bucket.py's server): the checkpoints and
     the LoRA file it writes there are the local run's."""
@@ -130,6 +132,7 @@ def lora_file(run_dir) -> tuple[dict, dict]:
         return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
 
 
+@pytest.mark.slow  # a fine-tuning run end to end
 def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path, capsys):
     run_dir = tmp_path / "full"
     train(run_dir, sd_data, "--steps", 1, "--ema_decay", 1.0)  # the EMA stays the start
@@ -287,6 +290,7 @@ def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
     return folder, root
 
 
+@pytest.mark.slow  # a fine-tuning run end to end
 def test_a_folder_without_vae_trains_its_unet_in_pixels(pixel_data, tmp_path):
     folder, data = pixel_data
     run_dir = tmp_path / "run"

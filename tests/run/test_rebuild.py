@@ -35,6 +35,7 @@ def assert_ema_as_saved(run, run_dir) -> None:
     assert any(not np.array_equal(leaf, model[path]) for path, leaf in rebuilt.items())  # the EMA, not the model
 
 
+@pytest.mark.slow  # a latent run trained end to end
 def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp_path):
     latents = tmp_path / "latents"
     train_encode.main(train_encode.parse_config(["--dataset", "digits", "--vae", "space_to_depth:2", "--out",

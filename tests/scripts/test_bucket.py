@@ -123,6 +123,7 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
         assert local_copy(one).read_bytes() == content
 
 
+@pytest.mark.slow  # encode.py and a latent run end to end
 def test_a_latent_run_reads_the_latents_encode_wrote_in_a_bucket(bucket, tmp_path):
     """encode.py --out gs://...: its shards and meta.json in the bucket are the local encode's bytes, read back
     (from their local copy) as the local latents' examples; a run trains on latents:gs://..."""

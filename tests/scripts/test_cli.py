@@ -27,6 +27,8 @@ from eqxdiff.training.preemption import StopRequest
 from runs import command
 from startup import LeftoverAsyncErrors, exit_on_user_error
 
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -81,6 +81,7 @@ def test_the_table_says_what_each_fid_is_against(json_line, batches):
     assert f"{json_line[0]['fid_stored']:.4f}" in rows[1] and f"{json_line[0]['fid_recomputed']:.4f}" in rows[2]
 
 
+@pytest.mark.slow  # train/evaluate.py end to end
 def test_a_reference_of_statistics_only_gives_the_stored_lines(ref, net, batches, tmp_path, capsys, monkeypatch):
     # The values are test_the_table_is_adms's; here which statistics each Fréchet distance is taken
     # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them).

@@ -88,6 +88,7 @@ def reference(run, denoise, num: int = 10, steps: int = 4) -> np.ndarray:
     return np.clip(np.round((np.asarray(out) + 1) * 127.5), 0, 255) / 127.5 - 1
 
 
+@pytest.mark.slow  # two runs trained, then sampled
 def test_guide_run_samples_autoguidance_of_both_runs(tmp_path, two_runs):
     main_dir, weak_dir = two_runs
     mesh = make_mesh(data=-1, fsdp=1)
@@ -101,6 +102,7 @@ def test_guide_run_samples_autoguidance_of_both_runs(tmp_path, two_runs):
     assert np.abs(images - reference(run, AutoGuidance(good, bad, 1.0, labels))).max() > 0.1
 
 
+@pytest.mark.slow  # a run trained, then sampled
 def test_cfg_interval_samples_guidance_in_that_interval(tmp_path, two_runs):
     main_dir, _ = two_runs
     run = load_run(main_dir, mesh=make_mesh(data=-1, fsdp=1))

@@ -40,6 +40,7 @@ def test_official_uint8_conversion_is_sample_ddps():
     assert to_uint8_official(x).tolist() == [0, 64, 128, 255, 255, 255]
 
 
+@pytest.mark.slow  # the script end to end, its sampler and the VAE compiled again by hand
 @pytest.mark.parametrize("family", ["dit", "sit"])
 def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
     out = tmp_path / f"{family}.npz"

@@ -91,6 +91,7 @@ def test_a_read_only_folder_is_refused(tmp_path):
     assert f"cannot write into {folder}: Permission denied" in message
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_the_folders_a_user_expects_are_made_before_the_long_part(tmp_path):
     """fid_stats.py makes --out's folders (the README writes to ~/fid/) before it reads the data: here a
     missing dataset stops it after they exist; a training run's directory waits for the run."""
@@ -103,6 +104,7 @@ def test_the_folders_a_user_expects_are_made_before_the_long_part(tmp_path):
     assert "Dataset folder not found" in message and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -142,6 +144,7 @@ def test_sampling_a_class_the_run_does_not_have_is_named_with_the_classes_it_has
     assert not (tmp_path / "grid.png").exists()
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
     import dataclasses
 
@@ -162,6 +165,7 @@ def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
     assert message.endswith("); put it back there.")
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close_run(tmp_path, capsys, monkeypatch):
     """`main.py --run_dir runs/X` alone (docs/training.md's resume form) on a folder that does not exist beside a run
     of a close name: refused, not a fresh default digits run; a command giving what to train, or a folder
@@ -193,6 +197,7 @@ def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close
     assert start_line("--run_dir", resumed) == f"resuming {resumed} from step 6"
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_latents_whose_vae_folder_moved_are_named_before_anything_compiles(tmp_path):
     """meta.json names the VAE's folder, which decodes grids: a folder moved since the encode is one line."""
     import shutil
@@ -211,6 +216,7 @@ def test_latents_whose_vae_folder_moved_are_named_before_anything_compiles(tmp_p
     assert f"{vae} does not exist" in message and message.endswith("put it back there.")
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_a_user_error_is_its_one_line_even_when_the_failed_work_leaves_cleanup_behind(tmp_path):
     # A failed orbax restore leaves its other concurrent reads unfinished; Python finalises them at exit and
     # prints each one's traceback through sys.unraisablehook. Stood in for by an object whose finaliser raises.
@@ -240,6 +246,7 @@ def test_an_unreadable_dataset_is_one_line():
         open_dataset("npz:no/such/file.npz", 8)
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(tmp_path, capsys):
     """argparse's mistakes without its usage block: one line, status 2, the closest flag named; `--step 3` is not
     taken as main.py's `--steps 3` (no prefix matching), nor anything written."""
@@ -259,6 +266,7 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
         assert exited.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
 
 
+@pytest.mark.slow  # a process per script
 @pytest.mark.parametrize("script", ["sample_sd.py", "sample_pretrained.py"])
 def test_the_pretrained_parts_show_their_help_and_point_to_sample_py(script):
     """train/sample.py's --pretrained parts, run as files: --help shows what they do; anything else is one line
@@ -269,6 +277,7 @@ def test_the_pretrained_parts_show_their_help_and_point_to_sample_py(script):
     assert "is train/sample.py's --pretrained part: run python train/sample.py" in refused(script, "--seed", 1)
 
 
+@pytest.mark.quick  # a one-line error: the quick tier
 def test_the_launcher_takes_no_abbreviation_and_names_the_closest_flag():
     """train/launch_local.py (which starts no JAX) parses as every script does: `--num_proc 2` is not taken as
     --num_processes, and the mistake is one line naming it, before any process starts."""

@@ -28,6 +28,7 @@ def stored(run_dir):
     return entry
 
 
+@pytest.mark.slow  # a run's step timed under each candidate
 def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, switches_restored, monkeypatch):
     # Two of the five sets, each a real step's compile and timing (the five, and the fastest of them: the test below).
     monkeypatch.setattr(xla_cpu_auto, "candidates", lambda on: {"on": on, "off": frozenset()})
