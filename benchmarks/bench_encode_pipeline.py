@@ -54,7 +54,7 @@ SHAPES = REPO / "tests" / "data" / "autoencoder_kl" / "full_size_shapes.json"
 
 def write_sd_vae(folder: Path, seed: int) -> None:
     """Random float32 SD VAE weights by diffusers' state_dict names: N(0, 1/fan_in) weights,
-    GroupNorm scales around 1, small biases (the tests' recipe, tests/test_autoencoder_kl.py)."""
+    GroupNorm scales around 1, small biases (the tests' recipe, tests/nn/test_autoencoder_kl.py)."""
     full = json.loads(SHAPES.read_text())["sd"]
     rng = np.random.default_rng(seed)
     state = {}

@@ -38,7 +38,7 @@ median over rounds of (eqxdiff round images/s / the torch round right after it),
 load from other jobs drifting over the run.
 
 Agreement: the warm-up features of the two sides, max abs difference, with the features' max abs for
-scale; `relative_diff` = their ratio, to be within 1e-4 (tests/test_inception.py's parity tolerance;
+scale; `relative_diff` = their ratio, to be within 1e-4 (tests/eval/test_inception.py's parity tolerance;
 float32 through ~95 conv layers). stdout gets one JSON line; progress goes to stderr.
 """
 
@@ -64,7 +64,7 @@ xla_cpu.enable()  # as train/main.py (YNNPACK's process flag reaches the forward
 
 PEER = Path(__file__).resolve().parent / "inception_torch_peer.py"
 TORCHVISION_WHEEL = "/tmp/tv/torchvision-0.28.0-*.whl"
-TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/test_inception.py
+TOLERANCE = 1e-4  # max abs difference / max abs feature, as tests/eval/test_inception.py
 
 
 def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng) -> dict:

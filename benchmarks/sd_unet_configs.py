@@ -1,6 +1,6 @@
 """The released Stable Diffusion UNets' diffusers configs (`unet/config.json` of runwayml's / the
 stable-diffusion-v1-5 and stabilityai/stable-diffusion-xl-base-1.0 pipelines), as dicts: the benchmarks
-build these architectures with random weights (nothing is downloaded). tests/test_sd_unet_size.py holds
+build these architectures with random weights (nothing is downloaded). tests/sd/test_sd_unet_size.py holds
 them equal to the configs tools/make_sd_unet_fixtures.py took from diffusers (tests/data/sd_unet)."""
 
 SD15_UNET = {

@@ -84,7 +84,7 @@ DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler"}
 
 def shipped(remat: bool = False) -> frozenset[str]:
     """The switches `--xla_cpu on` turns on: `DEFAULT`, and for a run that remats the memory-optimized scheduler
-    (under XLA:CPU's default scheduler remat saved no memory: tests/test_train_step.py, BENCHMARKS.md)."""
+    (under XLA:CPU's default scheduler remat saved no memory: tests/core/test_train_step.py, BENCHMARKS.md)."""
     return DEFAULT | {"memory_scheduler"} if remat else DEFAULT
 _on: frozenset[str] = frozenset()
 

@@ -9,9 +9,16 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 import os  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from accelerators import accelerator_platform  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
+# tests/ and its folders are packages (tests/README.md: a test's folder mirrors the package, and two folders may
+# hold files of the same name), so pytest puts the checkout's root on sys.path, not tests/. The shared helpers
+# (runs.py, weight_folders.py, ...) keep their bare names through tests/ at the end of the path, where its
+# folders (core, nn, run, ...) cannot hide an installed package of the same name.
+sys.path.append(str(Path(__file__).parent))
+
+from accelerators import accelerator_platform  # noqa: E402 — tests/, on sys.path above
 
 # On a machine with an accelerator the unit tests still run on the CPU's 8 simulated devices: the CPU is
 # the default backend, the accelerator started beside it for the `accelerator` tier (tests/test_accelerator.py).
@@ -40,15 +47,13 @@ if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ:
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     jax.config.update("jax_disable_most_optimizations", True)
 
-import sys  # noqa: E402
-
 # The checkout's root first on the path, as `python -m pytest` has it: a plain `pytest` (CI's) would
 # find the package through the editable install's own finder, which the hook below does not wrap,
 # and eqxdiff/__init__.py would go unchecked (tests/test_typecheck_hook.py).
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from jaxtyping import install_import_hook  # noqa: E402
-from typechecked import import_dependencies  # noqa: E402 — tests/ is on sys.path (rootdir conftest)
+from typechecked import import_dependencies  # noqa: E402 — tests/, on sys.path above
 
 # Every jaxtyping annotation in eqxdiff is checked by beartype in every test. Its dependencies are
 # imported first, from their .pyc (tests/typechecked.py says why). The hook stays installed for the
@@ -70,7 +75,7 @@ import eqxdiff.text.conditioning  # noqa: E402, F401
 import eqxdiff.training  # noqa: E402, F401
 import eqxdiff.xla_cpu  # noqa: E402
 
-# As train/main.py and the benchmarks run: XLA:CPU workarounds on (tests/test_xla_cpu.py checks
+# As train/main.py and the benchmarks run: XLA:CPU workarounds on (tests/nn/test_xla_cpu.py checks
 # the library without them, under `xla_cpu.disabled()`).
 eqxdiff.xla_cpu.enable()
 

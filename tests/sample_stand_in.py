@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-sys.path[:0] = [str(ROOT / "train"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "train"), str(ROOT / "tests"), str(ROOT)]  # the last for tests.eval.test_fid
 
 import sample  # noqa: E402 — train/sample.py, from the path set above
-from test_fid import projection  # noqa: E402
+from tests.eval.test_fid import projection  # noqa: E402
 
 sample.exit_on_user_error(lambda: sample.main(sample.parse_args(), features_fn=projection))

@@ -129,7 +129,7 @@ def test_dit_sampling_on_the_accelerator_matches_the_cpu():
 
 def test_sd_pipeline_on_the_accelerator_matches_the_cpu(tmp_path):
     """The tiny SD 1.x pipeline of tests/data (4 steps, cfg 5): the same latents on both."""
-    from test_sd_pipeline import NEGATIVE, PROMPTS, assemble
+    from tests.sd.test_sd_pipeline import NEGATIVE, PROMPTS, assemble
 
     from eqxdiff.sd import load_sd
 

@@ -4,7 +4,11 @@ nothing that does not. No JAX: these read text."""
 
 import re
 
+import pytest
+
 from docs_pages import ROOT, all_pages, page
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -6,10 +6,14 @@ import importlib
 import pkgutil
 import sys
 
+import pytest
+
 import eqxdiff
 from jaxtyping._import_hook import _JaxtypingLoader  # the hook's loader (jaxtyping has no public test for it)
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+
+pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
 
 def test_every_eqxdiff_module_is_loaded_through_the_jaxtyping_hook():

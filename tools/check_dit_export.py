@@ -14,7 +14,7 @@ and saved again; each with inputs (NHWC x, t, labels with the null class) and eq
 from a given x_T. `check` prints each case's and format's max |official - eqxdiff| and relative error for
 the forward and, from the `.pt` as DiT's `sample.py --ckpt` reads it, for `create_diffusion("ddim10")
 .ddim_sample_loop` with `forward_with_cfg` (sample.py's set-up), and fails above 1e-4 (forward) or 1e-3
-(sampling, as tests/test_dit_sampling.py's bound) relative. The official code comes from a clone given as `--dit` (timm stood in as
+(sampling, as tests/pretrained/test_dit_sampling.py's bound) relative. The official code comes from a clone given as `--dit` (timm stood in as
 tools/make_dit_fixtures.py does; torchvision, which download.py imports for downloads only, too).
 """
 

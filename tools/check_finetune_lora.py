@@ -9,8 +9,8 @@ output of eqxdiff's rebuilt run (eqxdiff/run/rebuild.py: the EMA's adapters in t
 `write` stores random latents, timesteps and a text context (SDXL: the run's condition of two prompts, its context,
 pooled text_embeds and time_ids) with eqxdiff's output in `cases.npz`; `check` prints max |diffusers - eqxdiff|
 relative to the output's max, and the LoRA's own effect (so a dropped adapter shows), and fails above 1e-5. A 3-step
-rank-4 run on tests/test_finetune.py's tiny SD 1.x folder: 7.7e-7 (the LoRA's effect 1.1e-2); on
-tests/test_finetune_sdxl.py's tiny SDXL folder (32² images, StableDiffusionXLPipeline.load_lora_weights): 4.2e-7
+rank-4 run on tests/run/test_finetune.py's tiny SD 1.x folder: 7.7e-7 (the LoRA's effect 1.1e-2); on
+tests/run/test_finetune_sdxl.py's tiny SDXL folder (32² images, StableDiffusionXLPipeline.load_lora_weights): 4.2e-7
 (the LoRA's effect 4.3e-2).
 """
 

@@ -7,7 +7,7 @@ compared with eqxdiff's on the same inputs. Two halves, two venvs:
     tools/.venv/bin/python tools/check_sd_export.py check --out /tmp/sd_export         # diffusers'
 
 `write` takes the committed fixtures (tests/data/sd_unet/*, autoencoder_kl/sd_like, the SD 1.x and SDXL pipelines
-of tests/test_sd_pipeline.py), moves every weight off the fixture's (a stand-in for fine-tuning, so a folder
+of tests/sd/test_sd_pipeline.py), moves every weight off the fixture's (a stand-in for fine-tuning, so a folder
 diffusers could read only from the fixture would not pass), saves them with eqxdiff's exporters (the UNets in
 float32, the SD 1.x-like one also as float16 and bfloat16 files) and eqxdiff's outputs in `cases.npz`: each UNet
 on its reference inputs, the VAE's decode and encode, each pipeline's latents (4 steps, cfg 5, a prompt and a

@@ -1,6 +1,6 @@
 """Write tests/data/dit/: a small random-weight DiT built by the official code (facebookresearch/DiT's
 `models.py`), saved the ways DiT's checkpoints are published, and its outputs, for
-tests/test_pretrained_dit.py (eqxdiff.pretrained.load_dit reads them without torch).
+tests/pretrained/test_pretrained_dit.py (eqxdiff.pretrained.load_dit reads them without torch).
 
 The official model code is imported from a clone of https://github.com/facebookresearch/DiT given as
 `--dit` (written against commit ed81ce2229091fd4ecc9a223645f95cf379d582b); it is not copied here:

@@ -1,5 +1,5 @@
 """Write tests/data/dit_sampling/: facebookresearch/DiT's own sampling (its `diffusion/` package, as `sample.py`
-calls it) run on the small random-weight DiT of tests/data/dit/, for tests/test_dit_sampling.py.
+calls it) run on the small random-weight DiT of tests/data/dit/, for tests/pretrained/test_dit_sampling.py.
 
 The official code is imported from a clone of https://github.com/facebookresearch/DiT given as `--dit`
 (written against commit ed81ce2229091fd4ecc9a223645f95cf379d582b), not copied (CC BY-NC 4.0); timm's layers

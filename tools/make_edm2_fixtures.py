@@ -1,6 +1,6 @@
 """Write tests/data/edm2/: a small random-weight EDM2 network built by the official code (NVlabs/edm2's
 training/networks_edm2.py `Precond`), pickled the way EDM2's training loop writes its network snapshots,
-converted by tools/convert_edm2.py, and its outputs, for tests/test_edm2.py.
+converted by tools/convert_edm2.py, and its outputs, for tests/nn/test_edm2.py.
 
 The official code is imported from a clone of https://github.com/NVlabs/edm2 given as `--edm2` (written
 against commit 4bf8162); it is not copied here, and neither is the pickle (it embeds that code: EDM2's

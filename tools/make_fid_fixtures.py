@@ -103,7 +103,7 @@ def recipe(template: dict[str, torch.Tensor]) -> list[list]:
 
 
 def draw(entries: list[list], seed: int) -> dict[str, np.ndarray]:
-    """The recipe's tensors (tests/test_inception.py replays this loop): float32 entries drawn in
+    """The recipe's tensors (tests/eval/test_inception.py replays this loop): float32 entries drawn in
     order from one RandomState (whose stream numpy keeps fixed), int64 ones constant."""
     rng = np.random.RandomState(seed)
     out = {}

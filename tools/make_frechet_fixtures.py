@@ -1,5 +1,5 @@
 """Write tests/data/frechet/reference.json: pytorch-fid's `calculate_frechet_distance` on seeded
-statistics pairs, for tests/test_frechet.py's parity check of eqxdiff.eval.fid_from_stats.
+statistics pairs, for tests/eval/test_frechet.py's parity check of eqxdiff.eval.fid_from_stats.
 
 The statistics are not stored (a 2048-d covariance is 32 MB): each case is a recipe, `case_stats`
 below (numpy only), which the test imports from this file and runs identically; the JSON keeps the

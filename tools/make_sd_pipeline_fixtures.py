@@ -3,7 +3,7 @@ StableDiffusionPipeline, `sdxl/` a StableDiffusionXLPipeline: `model_index.json`
 diffusers' own pipelines make of them from given latents: `reference.npz` in each.
 
 Only the new parts are stored. The other folders are committed fixtures, which the tests copy in under the names
-diffusers saves them as (see tests/test_sd_pipeline.py's `assemble`):
+diffusers saves them as (see tests/sd/test_sd_pipeline.py's `assemble`):
 - `text_encoder/`, `text_encoder_2/`: tests/data/sdxl_text/ (CLIP-L-like width 8, OpenCLIP-like width 16 with a
   projection to 12); SD 1.x's tower is the first;
 - `tokenizer/`, `tokenizer_2/`: tests/data/clip_tokenizer/sd1 (pads <|endoftext|>) and sd2 (pads "!");

@@ -1,6 +1,6 @@
 """Write tests/data/sd_scheduler/reference.npz and cases.json: diffusers' own schedulers (DDIMScheduler,
 EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler) run by the loop its
-pipelines run, on a closed-form stand-in model, for tests/test_sd_scheduler.py.
+pipelines run, on a closed-form stand-in model, for tests/sd/test_sd_scheduler.py.
 
 The stand-in model F(x_in, t) = 0.8·tanh(x_in)·cos(t/250) + 0.05·(t/1000)·x_in (elementwise, float32) is
 what the test runs on eqxdiff's side; it sees what a UNet would, `scheduler.scale_model_input(latents, t)`

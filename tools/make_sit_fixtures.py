@@ -1,6 +1,6 @@
 """Write tests/data/sit/: a small random-weight SiT built by the official code (willisma/SiT's
 `models.py`), saved the ways SiT's checkpoints are published, and its outputs, for
-tests/test_pretrained_sit.py (eqxdiff.pretrained.load_sit reads them without torch).
+tests/pretrained/test_pretrained_sit.py (eqxdiff.pretrained.load_sit reads them without torch).
 
 The official model code is imported from a clone of https://github.com/willisma/SiT given as `--sit`
 (written against commit 947f95bd3a510e9af441d38c1e9f72e0eee873c5); it is not copied here: SiT's code is

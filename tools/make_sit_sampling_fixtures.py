@@ -1,6 +1,6 @@
 """Write tests/data/sit_sampling/reference.npz: what willisma/SiT's own sampling code (`transport/`,
 as sample.py and sample_ddp.py call it) computes from given noise with the tiny random-weight SiT of
-tests/data/sit (tools/make_sit_fixtures.py), for tests/test_sit_sampling.py.
+tests/data/sit (tools/make_sit_fixtures.py), for tests/pretrained/test_sit_sampling.py.
 
 The official code is imported from a clone of https://github.com/willisma/SiT given as `--sit` (written
 against commit 947f95bd3a510e9af441d38c1e9f72e0eee873c5; MIT licence, not copied here), with torchdiffeq

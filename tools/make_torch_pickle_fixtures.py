@@ -1,4 +1,4 @@
-"""Write tests/data/torch_pickle/: torch files written by torch.save, for tests/test_torch_pickle.py
+"""Write tests/data/torch_pickle/: torch files written by torch.save, for tests/weights/test_torch_pickle.py
 (eqxdiff.weights.torch_pickle reads them without torch).
 
 - `state_dict.pth` (zip format) and `state_dict_legacy.pth` (`_use_new_zipfile_serialization=False`):
@@ -123,7 +123,7 @@ def write_inception_head() -> None:
     meta = json.loads((DATA / "inception" / "weights.json").read_text())
     rng = np.random.RandomState(meta["seed"])
     state = OrderedDict()
-    for key, shape, dtype, low, high in meta["entries"]:  # tests/test_inception.py's fid_weights()
+    for key, shape, dtype, low, high in meta["entries"]:  # tests/eval/test_inception.py's fid_weights()
         if dtype == "float32":
             state[key] = torch.from_numpy(rng.uniform(low, high, size=shape).astype(np.float32))
         else:

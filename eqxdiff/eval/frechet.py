@@ -72,7 +72,7 @@ def fid_from_stats(
     eps: float = 1e-6,
 ) -> float:
     """FID from two (mu, sigma) statistics: the value pytorch-fid 0.3.0's `calculate_frechet_distance`
-    returns for them, within 1e-6 relative (tests/test_frechet.py; Heusel et al. 2017):
+    returns for them, within 1e-6 relative (tests/eval/test_frechet.py; Heusel et al. 2017):
 
         |mu1 - mu2|² + tr(sigma1) + tr(sigma2) - 2 tr((sigma1 sigma2)^½)
 

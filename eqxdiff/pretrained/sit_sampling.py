@@ -190,7 +190,7 @@ def sde_heun(
 #   at the first step past τ = 1 (an `Event`) and saves τ = 1 from the dense output.
 #
 # What remains is rounding of the error estimate, a difference of nearly equal stages: it moves step sizes
-# in float32, and can flip a step whose error ratio sits at the controller's threshold (tests/test_sit_sampling.py
+# in float32, and can flip a step whose error ratio sits at the controller's threshold (tests/pretrained/test_sit_sampling.py
 # states the distances measured).
 
 

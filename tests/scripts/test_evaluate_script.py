@@ -1,0 +1,148 @@
+"""train/evaluate.py end to end on ADM-format batches, against ADM's table computed by its own math on
+torch-fidelity's features of the same random-weight network (tools/make_adm_eval_fixtures.py), once
+against a reference batch's stored statistics and once against recomputed ones; and its refusals of
+bad input: one line, status 2, naming the fix."""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+from tests.eval.test_inception import fid_weights
+
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import evaluate  # train/evaluate.py
+from eqxdiff.eval import adm_eval
+from eqxdiff.eval.adm_inception import ADMInception
+from runs import ROOT, command
+
+DATA = Path(__file__).parents[1] / "data" / "adm_eval"
+
+
+@pytest.fixture(scope="module")
+def ref() -> dict[str, np.ndarray]:
+    with np.load(DATA / "reference.npz") as file:
+        return dict(file)
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory) -> ADMInception:
+    path = tmp_path_factory.mktemp("inception") / "fid_inception.safetensors"
+    save_file(fid_weights(), str(path))
+    return ADMInception.from_pytorch_fid(path)
+
+
+@pytest.fixture(scope="module")
+def batches(ref, tmp_path_factory) -> tuple[Path, Path]:
+    """ADM's layout: the reference batch with its images and "stored" statistics (np.mean / np.cov of
+    the torch features of its images flipped: other statistics than its images give), the sample
+    batch with labels."""
+    folder = tmp_path_factory.mktemp("batches")
+    pool3, spatial = ref["e2e_stored_pool3"], ref["e2e_stored_spatial"]
+    np.savez(folder / "ref.npz", arr_0=ref["e2e_ref"], mu=pool3.mean(0), sigma=np.cov(pool3, rowvar=False),
+             mu_s=spatial.mean(0), sigma_s=np.cov(spatial, rowvar=False))  # fmt: skip
+    np.savez(folder / "samples.npz", arr_0=ref["e2e_samples"], arr_1=np.arange(10) % 3)
+    return folder / "ref.npz", folder / "samples.npz"
+
+
+@pytest.fixture(scope="module")
+def json_line(net, batches) -> tuple[dict, dict]:
+    """(the metrics main returns, its one JSON line): batches of 3 over conftest's 8 devices, padded
+    (the padding cut off). Each FID of fewer samples than dimensions takes its 2048² eigenvalues and
+    ADM's sqrtm decision (~20 s on a shared 2-core box): one run serves the tests below."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics = evaluate.main(evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"]), network=net)
+    return metrics, json.loads(out.getvalue().strip())
+
+
+@pytest.mark.slow
+def test_the_table_is_adms(ref, json_line):
+    """Every number of ADM's table, FID and sFID against the stored and the recomputed statistics."""
+    metrics, line = json_line
+    assert line["num_samples"] == 10 and line["num_reference"] == 8 and line["preprocess"] == "adm"
+    for key in ("fid_stored", "fid_recomputed", "sfid_stored", "sfid_recomputed"):
+        assert abs(line[key] - ref[f"e2e_{key}"]) < 1e-4 * ref[f"e2e_{key}"], key
+    assert abs(line["inception_score"] - ref["e2e_is"]) < 1e-5 * ref["e2e_is"]
+    assert (line["precision"], line["recall"]) == (ref["e2e_precision"], ref["e2e_recall"])
+    assert metrics == {k: v for k, v in line.items() if k in metrics}
+
+
+@pytest.mark.slow
+def test_the_table_says_what_each_fid_is_against(json_line, batches):
+    table = evaluate.format_table(json_line[0], evaluate.parse_args(list(map(str, batches))),
+                                  {"samples": 10, "reference": 8})  # fmt: skip
+    rows = table.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["Inception", "FID", "FID", "sFID", "sFID", "Precision", "Recall"]
+    assert "stored in the reference batch" in rows[1] and "recomputed from the reference images" in rows[2]
+    assert f"{json_line[0]['fid_stored']:.4f}" in rows[1] and f"{json_line[0]['fid_recomputed']:.4f}" in rows[2]
+
+
+@pytest.mark.slow  # train/evaluate.py end to end
+def test_a_reference_of_statistics_only_gives_the_stored_lines(ref, net, batches, tmp_path, capsys, monkeypatch):
+    # The values are test_the_table_is_adms's; here which statistics each Fréchet distance is taken
+    # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them).
+    against = []
+    monkeypatch.setattr(adm_eval, "fid_from_stats", lambda mu1, s1, mu2, s2: against.append(mu2) or float(len(against)))
+    with np.load(batches[0]) as f:
+        stats = {k: f[k] for k in ("mu", "sigma", "mu_s", "sigma_s")}
+    np.savez(tmp_path / "stats.npz", **stats)
+    evaluate.main(evaluate.parse_args([str(tmp_path / "stats.npz"), str(batches[1]), "--batch_size", "3", "--json"]),
+                  network=net)  # fmt: skip
+    line = json.loads(capsys.readouterr().out.strip())
+    assert set(line) == {"inception_score", "fid_stored", "sfid_stored", "num_samples", "num_reference", "preprocess"}
+    assert len(against) == 2 and np.array_equal(against[int(line["fid_stored"]) - 1], stats["mu"])
+    assert np.array_equal(against[int(line["sfid_stored"]) - 1], stats["mu_s"])
+    assert abs(line["inception_score"] - ref["e2e_is"]) < 1e-5 * ref["e2e_is"]
+
+
+def refusal(*args) -> str:
+    with pytest.raises(SystemExit) as refused:
+        evaluate.main(evaluate.parse_args([*map(str, args)]), network=None)
+    assert isinstance(refused.value.code, str)
+    return refused.value.code
+
+
+@pytest.mark.parametrize(
+    "arrays, phrase",
+    [
+        ({"images": np.zeros((2, 8, 8, 3), np.uint8)}, "has no 'arr_0'"),
+        ({"arr_0": np.zeros((2, 8, 8, 3), np.float32)}, "uint8 images [n, h, w, 3]"),
+        ({"arr_0": np.zeros((2, 8, 8), np.uint8)}, "uint8 [2, 8, 8]"),
+        ({"arr_0": np.zeros((2, 8, 8, 4), np.uint8)}, "[2, 8, 8, 4]"),
+    ],
+)
+def test_a_bad_sample_batch_is_named(batches, tmp_path, arrays, phrase):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    line = refusal(batches[0], tmp_path / "bad.npz", "--inception", tmp_path / "none.pth")
+    assert str(tmp_path / "bad.npz") in line and phrase in line
+
+
+def test_bad_reference_batches_are_named(batches, tmp_path):
+    assert "No batch file" in refusal(tmp_path / "none.npz", batches[1])
+    (tmp_path / "text.npz").write_text("mu, sigma")
+    assert "is not an .npz file" in refusal(tmp_path / "text.npz", batches[1])
+    np.savez(tmp_path / "half.npz", arr_0=np.zeros((4, 8, 8, 3), np.uint8), mu=np.zeros(2048))
+    assert "'mu' without its pair" in refusal(tmp_path / "half.npz", batches[1])
+    np.savez(tmp_path / "small.npz", mu=np.zeros(64), sigma=np.eye(64))
+    assert "[64], 'sigma' [64, 64]; ADM's pool3 statistics are [2048]" in refusal(tmp_path / "small.npz", batches[1])
+    np.savez(tmp_path / "other.npz", features=np.zeros((4, 2048)))
+    assert "holds neither images 'arr_0' nor ADM's statistics" in refusal(tmp_path / "other.npz", batches[1])
+
+
+def test_missing_weights_are_named_after_the_batches_are_checked(batches, tmp_path):
+    assert refusal(*batches).startswith("--inception: pass pytorch-fid's")
+    assert "does not exist" in refusal(*batches, "--inception", tmp_path / "none.pth")
+
+
+def test_the_script_refuses_in_one_line(batches, tmp_path):
+    """As a process: status 2, one line on stderr, no traceback."""
+    import subprocess
+
+    result = subprocess.run(command("evaluate.py", tmp_path / "none.npz", batches[1]), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: No batch file"), result.stderr

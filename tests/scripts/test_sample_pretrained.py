@@ -1,0 +1,99 @@
+"""train/sample.py --pretrained dit:FILE | sit:FILE: a published checkpoint sampled by its paper's
+protocol, decoded by the SD VAE and written as ADM's sample batch, as DiT's and SiT's sample_ddp.py
+do; checked on the committed random-weight DiT and SiT (tests/data/dit, sit) and SD-like VAE."""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import sample  # train/sample.py
+from eqxdiff.eval.sample_batches import chunk_key
+from sample_pretrained import to_uint8_official
+
+from eqxdiff.nn import AutoencoderKL
+from eqxdiff.pretrained import load_dit, load_sit, sample_dit, sample_sit
+
+DATA = Path(__file__).parents[1] / "data"
+DIT, SIT = DATA / "dit" / "ema.safetensors", DATA / "sit" / "ema.safetensors"
+VAE = DATA / "autoencoder_kl" / "sd_like"
+
+
+def run(*flags) -> None:
+    flags = [*map(str, flags)]
+    if "--pretrained" in flags:  # the committed DiT and SiT are not of an official size
+        flags += ["--num_heads", "2"]
+    sample.main(sample.parse_args(flags))
+
+
+def decoded_as_sample_ddp(latents) -> np.ndarray:
+    """DiT's sample_ddp.py: `vae.decode(samples / 0.18215).sample`, then clamp(127.5·x + 128) as uint8."""
+    images = np.asarray(AutoencoderKL.from_diffusers(VAE).decode(latents / 0.18215), np.float64)
+    return np.clip(127.5 * images + 128.0, 0, 255).astype(np.uint8)
+
+
+def test_official_uint8_conversion_is_sample_ddps():
+    x = np.array([-1.0, -0.5, 0.0, 0.999, 1.0, 1.5])
+    # 127.5·x + 128 = 0.5, 64.25, 128, 255.37, 255.5, 319.25 -> truncated, clamped
+    assert to_uint8_official(x).tolist() == [0, 64, 128, 255, 255, 255]
+
+
+@pytest.mark.slow  # the script end to end, its sampler and the VAE compiled again by hand
+@pytest.mark.parametrize("family", ["dit", "sit"])
+def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
+    out = tmp_path / f"{family}.npz"
+    method = ["--method", "ddpm"] if family == "dit" else ["--method", "ode", "--sampler", "heun"]
+    run("--pretrained", f"{family}:{DIT if family == 'dit' else SIT}", "--vae", VAE, "--num", 12, "--batch_size", 8,
+        "--steps", 4, "--cfg", 2.0, "--seed", 3, *method, "--out", out)  # fmt: skip
+    with np.load(out) as f:
+        images, labels = f["arr_0"], f["arr_1"]
+    assert images.shape == (12, 32, 32, 3) and images.dtype == np.uint8  # 8² latents, the VAE's 4x
+    assert sorted(np.bincount(labels, minlength=10)) == [1] * 8 + [2] * 2  # 10 classes, balanced
+    # Chunk 0 (8 rows) by hand: its key split into x_T's and the sampler's, the family's sampler, decoded.
+    noise_key, sampler_key = jax.random.split(chunk_key(3, 0))
+    noise = jax.random.normal(noise_key, (8, 8, 8, 4))
+    if family == "dit":
+        latents = sample_dit(load_dit(DIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ddpm", guidance=2.0, key=sampler_key)
+    else:
+        latents = sample_sit(load_sit(SIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ode", sampler="heun", guidance=2.0)
+    want = decoded_as_sample_ddp(latents)
+    assert np.abs(images[:8].astype(int) - want).max() <= 1  # one level: sharded vs one-device rounding at .5
+    assert np.mean(images[:8] == want) > 0.99
+
+
+def test_pretrained_defaults_are_the_official_scripts(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(sample.sample_pretrained, "write_sample_batches", lambda *a, **k: seen.update(k["flags"]))
+    run("--pretrained", f"dit:{DIT}", "--vae", VAE, "--out", tmp_path / "d.npz")
+    assert (seen["--method"], seen["--steps"], seen["--guidance"]) == ("ddpm", 250, 1.5)  # DiT's sample_ddp.py
+    run("--pretrained", f"sit:{SIT}", "--vae", VAE, "--out", tmp_path / "s.npz")
+    assert (seen["--method"], seen["--sampler"], seen["--steps"], seen["--guidance"]) == ("ode", None, 250, 1.0)
+
+
+@pytest.mark.parametrize(
+    "flags, phrase",
+    [
+        (["--pretrained", "dot:x.pt"], "give dit:FILE or sit:FILE"),
+        (["--pretrained", "dit:missing.pt"], "no file missing.pt: it does not exist"),
+        (["--pretrained", f"dit:{VAE}"], "it is a model folder (config.json: AutoencoderKL); give dit:FILE"),
+        (["--pretrained", f"dit:{DIT}"], "needs --vae FOLDER"),
+        (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--method", "ode"], "samples with ddpm or ddim"),
+        (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--sampler", "heun"], "--sampler chooses SiT's"),
+        (["--pretrained", f"sit:{SIT}", "--vae", VAE, "--eval"], "train/evaluate.py"),
+        (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--classes", "10"], "indices in 0..9"),
+        (["--pretrained", f"dit:{VAE / 'diffusion_pytorch_model.safetensors'}", "--vae", VAE], "not a DiT state_dict"),
+    ],
+)
+def test_pretrained_refusals_name_the_fix(flags, phrase, tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        run(*flags, "--out", tmp_path / "x.npz")
+    assert phrase in str(refused.value.code)
+
+
+def test_run_dir_or_pretrained_exactly_one(capsys):
+    for flags in ([], ["--run_dir", "r", "--pretrained", f"dit:{DIT}"]):
+        with pytest.raises(SystemExit):
+            sample.parse_args(flags)
+        assert "pass --run_dir RUN" in capsys.readouterr().err
