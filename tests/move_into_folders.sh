@@ -62,6 +62,10 @@ move run test_codecs.py test_conditions.py test_rebuild.py test_model_args.py te
 move scripts test_cli.py test_train_main.py test_script_errors.py test_resume.py test_multihost.py test_bucket.py \
   test_latent_training.py test_text_training.py test_sample_guidance.py test_sample_pretrained.py \
   test_xla_cpu_auto.py test_evaluate_script.py test_frozen_rules.py
+# merged after the move: issue 56's towers and metrics
+move nn test_dinov2.py test_clip_vision.py
+move eval test_fd_dinov2.py test_clip_score.py
+move training test_repa.py
 # Left at tests/: the house (test_import_cycles, test_docs, test_readme_examples, test_notebooks,
 # test_typecheck_hook, test_bench_harness, test_hlo_ops, test_accelerator, test_tests_layout) and the helpers.
 

@@ -1,5 +1,5 @@
 """Write tests/data/clip_score/: a small random CLIPModel folder and what torchmetrics' `CLIPScore` makes of it, for
-tests/test_clip_score.py.
+tests/eval/test_clip_score.py.
 
 `model/`: a transformers `CLIPModel` (`save_pretrained`; text tower width 8, 2 layers, the 10,514 ids of
 tests/data/clip_tokenizer/sd1/, eos_token_id 2 as openai's configs (pooling at the largest id); vision tower

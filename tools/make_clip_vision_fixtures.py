@@ -1,5 +1,5 @@
 """Write tests/data/clip_vision/: CLIP's vision tower as transformers saves it, with transformers' outputs, for
-tests/test_clip_vision.py.
+tests/nn/test_clip_vision.py.
 
 - `clip_model/`: a full `CLIPModel` (text tower 2 layers × 2 heads, width 24, eos pooling at id 3; vision tower 2
   layers × 4 heads, width 32, 16×16 images, patch 4, quick_gelu; both projections to 12, projection_dim in each

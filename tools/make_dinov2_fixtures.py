@@ -1,6 +1,6 @@
 """Write tests/data/dinov2/: small random-weight DINOv2 towers as transformers saves them, with transformers'
-outputs, and FD-DINOv2's pieces as NVlabs/edm2's calculate_metrics.py computes them, for tests/test_dinov2.py
-and tests/test_fd_dinov2.py.
+outputs, and FD-DINOv2's pieces as NVlabs/edm2's calculate_metrics.py computes them, for tests/nn/test_dinov2.py
+and tests/eval/test_fd_dinov2.py.
 
 Towers (`<name>/config.json`, `model.safetensors` from transformers' `save_pretrained`, which writes the keys
 facebook/dinov2-* hold: `attention.attention.query`, `attention.output.dense`, SwiGLU's fused `mlp.weights_in`;

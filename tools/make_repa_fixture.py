@@ -1,5 +1,5 @@
 """Write tests/data/repa/reference.npz: REPA's projection loss as sihyun-yu/REPA computes it, for
-tests/test_repa.py.
+tests/training/test_repa.py.
 
 From a clone given as `--repa` (written against commit 67f7145; its code is imported, not copied): `build_mlp`
 (models/sit.py; timm, which that file imports for the SiT blocks, is stood in by empty names) makes a projector

@@ -22,7 +22,7 @@ from eqxdiff.eval import DINOv2Features, FeatureStats, fid_from_stats, fid_of_sa
 from eqxdiff.nn.bicubic import resize_bicubic
 from sample_many import open_fid_flags  # train/sample_many.py
 
-DATA = Path(__file__).parent / "data" / "dinov2" / "fd_dinov2"
+DATA = Path(__file__).parents[1] / "data" / "dinov2" / "fd_dinov2"
 TOWER = DATA / "tower"
 
 

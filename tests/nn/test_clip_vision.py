@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from eqxdiff.nn import CLIPModel, CLIPVisionModel, CLIPVisionModelWithProjection
 
-DATA = Path(__file__).parent / "data" / "clip_vision"
+DATA = Path(__file__).parents[1] / "data" / "clip_vision"
 FULL = DATA / "clip_model"
 
 

@@ -12,7 +12,7 @@ import pytest
 from eqxdiff.nn import Dinov2Model
 from eqxdiff.training.repa import Projector, dinov2_targets, repa_loss, target_size
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 TOWER = DATA / "dinov2" / "fd_dinov2" / "tower"
 
 

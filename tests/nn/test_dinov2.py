@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from eqxdiff.nn import Dinov2Model
 from eqxdiff.nn.bicubic import bicubic_matrix
 
-DATA = Path(__file__).parent / "data" / "dinov2"
+DATA = Path(__file__).parents[1] / "data" / "dinov2"
 INPUTS = {"small": 3, "swiglu": 2, "registers": 2}  # inputs per fixture (reference.npz's pixels_<i>)
 
 

@@ -11,7 +11,7 @@ import pytest
 from eqxdiff.eval.clip_score import CLIPScorer, clip_score
 from eqxdiff.nn.bicubic import resize_uint8
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 FOLDER = DATA / "clip_score" / "model"
 
 
@@ -71,7 +71,7 @@ def test_sample_sd_reports_the_clip_score_of_its_images(scorer, tmp_path, capsys
     prompts (the images as saved in --out)."""
     import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
     import sample  # train/sample.py
-    from test_sd_pipeline import assemble
+    from tests.sd.test_sd_pipeline import assemble
 
     pipeline = assemble("sd1", tmp_path / "sd1")
     clip = tmp_path / "clip"
