@@ -1,0 +1,174 @@
+"""MeanFlow (Geng et al. 2025): train/main.py's loss equals the official code's in value and gradient (fixtures
+from Gsunshine/meanflow, tools/make_meanflow_fixtures.py), its draws are the official ones in law, the networks of
+two times keep a network of one time as it was, and the MeanFlow sampler is exact where u is known in closed form."""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
+from eqxdiff import xla_cpu
+from eqxdiff.diffusion import draw_condition_drop, draw_times, meanflow_prediction
+from eqxdiff.diffusion.meanflow import TIME_SCALE
+
+FIXTURE = Path(__file__).parent / "data" / "meanflow" / "official_loss.npz"
+
+
+@pytest.fixture(autouse=True)
+def forward_mode():
+    """The workarounds train/main.py leaves off for MeanFlow (custom_vjp has no jvp), off here too."""
+    with xla_cpu.only(xla_cpu.switched_on() - xla_cpu.NO_FORWARD_MODE):
+        yield
+
+
+class TinyNet(eqx.Module):
+    """tools/make_meanflow_fixtures.py's `tiny_u` as an eqxdiff model of two times: it sees FlowSchedule's times
+    1000·t and 1000·(t − r) and embeds t and t − r as the official network sees them."""
+
+    p: dict
+    num_classes: int = eqx.field(static=True)
+
+    def __call__(self, x, t, cond, *, key=None, interval=None):
+        p, b = self.p, x.shape[0]
+        t, h = t / TIME_SCALE, interval / TIME_SCALE
+        feats = lambda s: jnp.concatenate([jnp.sin(s[:, None] * p["freq"]), jnp.cos(s[:, None] * p["freq"])], -1)  # noqa: E731
+        hid = jnp.tanh(x.reshape(b, -1) @ p["w_z"] + feats(t) @ p["w_t"] + feats(h) @ p["w_h"] + p["embed"][cond])
+        return (hid @ p["w_out"] + p["b_out"]).reshape(x.shape)
+
+    def null_cond(self, b):
+        return jnp.full((b,), self.num_classes, jnp.int32)
+
+
+@pytest.mark.parametrize("case", ["guided", "kappa0"])
+def test_loss_and_gradient_equal_the_official_code(case):
+    data = np.load(FIXTURE)
+    params = {k.removeprefix("param_"): jnp.asarray(data[k]) for k in data if k.startswith("param_")}
+    model = TinyNet(params, num_classes=int(params["embed"].shape[0]) - 1)
+    omega, kappa, t_start, t_end, norm_p, norm_eps = data[f"{case}_hparams"].tolist()
+    b = data["x"].shape[0]
+    batch = dict(x0=jnp.asarray(data["x"]), cond=jnp.asarray(data["labels"]), null_cond=model.null_cond(b),
+                 drop=jnp.asarray(data[f"{case}_drop"]), t=jnp.asarray(data[f"{case}_t"]),
+                 r=jnp.asarray(data[f"{case}_r"]), noise=jnp.asarray(data[f"{case}_noise"]))  # fmt: skip
+
+    @eqx.filter_jit
+    def loss_and_grad(model):
+        def loss(model):
+            return train_main.meanflow_loss_fn(model, batch, None, omega=omega, kappa=kappa, norm_p=norm_p,
+                                               norm_eps=norm_eps, t_range=(t_start, t_end))  # fmt: skip
+
+        return eqx.filter_value_and_grad(loss)(model)
+
+    loss, grads = loss_and_grad(model)
+    np.testing.assert_allclose(loss, data[f"{case}_loss"], rtol=2e-6)
+    for name, g in grads.p.items():
+        want = data[f"{case}_grad_{name}"]
+        assert np.abs(want).max() > 1e-4, name  # every weight matters, so a wrong path shows
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=name)
+    # u itself, through the official monitor ‖u - v‖² per example
+    u, _ = eqx.filter_jit(meanflow_prediction)(model, batch["x0"], batch["noise"], batch["t"], batch["r"],
+                                               batch["cond"], batch["null_cond"], batch["drop"])  # fmt: skip
+    v = batch["noise"] - batch["x0"]
+    np.testing.assert_allclose(jnp.sum((u - v) ** 2, axis=(1, 2, 3)), data[f"{case}_v_loss"], rtol=1e-5)
+
+
+def perturbed(model, scale=0.05):
+    """Every parameter moved off its (partly zero) init, so every layer reaches the output; numpy draws."""
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(lambda a: jax.device_put(np.asarray(a) + scale * rng.normal(size=a.shape).astype(a.dtype)),
+                          params)  # fmt: skip
+    return eqx.combine(params, static)
+
+
+def tiny_unet(**kw):
+    from eqxdiff.nn import UNet
+
+    return UNet(1, (8,), 1, num_classes=3, norm_groups=4, emb_features=16, key=jax.random.key(0), **kw)
+
+
+def tiny_dit(**kw):
+    from eqxdiff.nn import DiT
+
+    return DiT(4, 2, 1, 16, 1, 2, num_classes=3, key=jax.random.key(0), **kw)
+
+
+call = eqx.filter_jit(lambda model, x, t, cond, **kw: model(x, t, cond, **kw))
+
+
+@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
+def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embedding(make):
+    one, two = make(), make(interval_embedding=True)
+    # Same leaves, same values: the option draws its own key, and a network of one time has only the leaves it had.
+    without = eqx.tree_at(lambda m: m.time_embed, two, two.time_embed.time)
+    assert jax.tree.structure(without) == jax.tree.structure(one)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(without), strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 4, 4, 1)), jnp.float32)
+    t, labels = jnp.array([300.0, 800.0]), jnp.array([0, 2])
+    with pytest.raises(ValueError, match="interval_embedding=True"):
+        call(one, x, t, labels, interval=t)
+    two = perturbed(two)
+    at_zero = call(two, x, t, labels, interval=jnp.zeros(2))
+    np.testing.assert_array_equal(call(two, x, t, labels), at_zero)  # no interval: r = t
+    assert not np.allclose(call(two, x, t, labels, interval=jnp.array([100.0, 500.0])), at_zero, atol=1e-4)
+
+
+class GaussianFlow(eqx.Module):
+    """The exact average velocity of the flow z_t = (1 - t)·x0 + t·ε for Gaussian data x0 ~ N(μ, s²) per element:
+    the probability-flow ODE maps z_t to z_r = m_r + (σ_r/σ_t)·(z_t - m_t), m_t = (1 - t)·μ,
+    σ_t² = (1 - t)²·s² + t², so u(z_t, r, t) = (z_t - z_r)/(t - r); at r = t the instantaneous velocity
+    v = -μ + (σ_t'/σ_t)·(z_t - m_t). A model of two times in FlowSchedule's units (1000·t)."""
+
+    mu: jax.Array
+    s: float = eqx.field(static=True)
+
+    def std(self, t):
+        return jnp.sqrt((1 - t) ** 2 * self.s**2 + t**2)
+
+    def endpoint(self, z, t, r):
+        t, r = t[:, None, None, None], r[:, None, None, None]
+        return (1 - r) * self.mu + self.std(r) / self.std(t) * (z - (1 - t) * self.mu)
+
+    def __call__(self, x, t, cond=None, *, key=None, interval=None):
+        t = t / TIME_SCALE
+        h = jnp.zeros_like(t) if interval is None else interval / TIME_SCALE
+        r = t - h
+        tb, hb = t[:, None, None, None], h[:, None, None, None]
+        dstd = ((t - 1) * self.s**2 + t) / self.std(t)
+        velocity = -self.mu + dstd[:, None, None, None] / self.std(tb) * (x - (1 - tb) * self.mu)
+        average = (x - self.endpoint(x, t, r)) / jnp.where(hb > 0, hb, 1.0)
+        return jnp.where(hb > 0, average, velocity)
+
+
+def test_meanflow_steps_land_on_the_exact_ode_endpoint_of_gaussian_data():
+    from eqxdiff.diffusion import Denoiser, FlowSchedule, FlowVelocity, flow_time_sigmas, sample
+
+    rng = np.random.default_rng(0)
+    model = GaussianFlow(jnp.asarray(rng.normal(size=(1, 4, 4, 2)), jnp.float32), s=0.3)
+    schedule = FlowSchedule()
+    denoise = Denoiser(model, schedule, FlowVelocity())
+    noise = jnp.asarray(rng.normal(size=(6, 4, 4, 2)), jnp.float32)
+    t_max = schedule.sigma_max / (1 + schedule.sigma_max)
+    exact = model.endpoint(t_max * noise, jnp.full(6, t_max), jnp.zeros(6))  # z at t_max = x·s(σ_max) = t_max·ε
+    for steps in (1, 3):
+        sigmas = flow_time_sigmas(steps, schedule.sigma_max)
+        out = sample(denoise, sigmas[0] * noise, sigmas, "meanflow")
+        np.testing.assert_allclose(out, exact, rtol=1e-4, atol=1e-4)
+    # Euler's one step of the instantaneous velocity is far from it: the test sees the average velocity.
+    euler = sample(denoise, sigmas[0] * noise, flow_time_sigmas(1, schedule.sigma_max), "euler")
+    assert np.abs(euler - exact).max() > 0.1
+
+
+def test_meanflow_grid_is_uniform_in_flow_time():
+    from eqxdiff.diffusion import FlowSchedule
+    from eqxdiff.generate import sampling_grid
+
+    # FlowSchedule's t_max = 0.999: t = 0.999, 0.666, 0.333, 0 -> σ = t/(1 - t)
+    np.testing.assert_allclose(sampling_grid("meanflow", 3, FlowSchedule()), [999.0, 0.666 / 0.334, 0.333 / 0.667, 0.0],
+                               rtol=1e-9)  # fmt: skip
+    assert sampling_grid("heun", 3, FlowSchedule())[1] < 100  # the others keep EDM's Karras grid
