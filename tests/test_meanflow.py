@@ -36,7 +36,7 @@ class TinyNet(eqx.Module):
     def __call__(self, x, t, cond, *, key=None, interval=None):
         p, b = self.p, x.shape[0]
         t, h = t / TIME_SCALE, interval / TIME_SCALE
-        feats = lambda s: jnp.concatenate([jnp.sin(s[:, None] * p["freq"]), jnp.cos(s[:, None] * p["freq"])], -1)  # noqa: E731
+        feats = lambda s: jnp.concatenate([jnp.sin(s[:, None] * p["freq"]), jnp.cos(s[:, None] * p["freq"])], -1)  # noqa
         hid = jnp.tanh(x.reshape(b, -1) @ p["w_z"] + feats(t) @ p["w_t"] + feats(h) @ p["w_h"] + p["embed"][cond])
         return (hid @ p["w_out"] + p["b_out"]).reshape(x.shape)
 
@@ -74,6 +74,25 @@ def test_loss_and_gradient_equal_the_official_code(case):
                                                batch["cond"], batch["null_cond"], batch["drop"])  # fmt: skip
     v = batch["noise"] - batch["x0"]
     np.testing.assert_allclose(jnp.sum((u - v) ** 2, axis=(1, 2, 3)), data[f"{case}_v_loss"], rtol=1e-5)
+
+
+def test_draws_follow_the_official_law():
+    """t, r: the larger and smaller of two logit-normals, logit ~ N(-0.4, 1) (E max = μ + σ/√π, E min = μ - σ/√π,
+    var = σ²(1 - 1/π)); r = t on exactly the first 75% of the batch; dropped examples a prefix of Binomial(b, p)."""
+    b = 200_000
+    t, r = jax.jit(lambda key: draw_times(key, b, p_mean=-0.4, p_std=1.0, r_neq_t=0.25))(jax.random.key(0))
+    t, r = np.asarray(t, np.float64), np.asarray(r, np.float64)
+    same = int(b * 0.75)
+    np.testing.assert_array_equal(r[:same], t[:same])
+    assert np.all(r[same:] < t[same:])
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    for values, sign in ((logit(t), 1), (logit(r[same:]), -1)):
+        assert abs(values.mean() - (-0.4 + sign / np.sqrt(np.pi))) < 0.02, values.mean()
+        assert abs(values.std() - np.sqrt(1 - 1 / np.pi)) < 0.02, values.std()
+    drop = np.asarray(jax.jit(lambda key: draw_condition_drop(key, b, 0.1))(jax.random.key(1)))
+    count = int(drop.sum())
+    np.testing.assert_array_equal(drop, np.arange(b) < count)
+    assert abs(count / b - 0.1) < 0.005
 
 
 def perturbed(model, scale=0.05):
@@ -116,6 +135,28 @@ def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embeddin
     at_zero = call(two, x, t, labels, interval=jnp.zeros(2))
     np.testing.assert_array_equal(call(two, x, t, labels), at_zero)  # no interval: r = t
     assert not np.allclose(call(two, x, t, labels, interval=jnp.array([100.0, 500.0])), at_zero, atol=1e-4)
+
+
+def test_meanflow_flags_that_cannot_work_are_refused_naming_the_fix():
+    import dataclasses
+
+    from checks import check_objective, with_two_times  # train/checks.py
+    from eqxdiff.run.conditions import Labels
+    from eqxdiff.run.models import model_args
+
+    cfg = train_main.Config(objective="meanflow")  # the edm schedule and parameterization by default
+    with pytest.raises(SystemExit, match="--schedule flow --parameterization flow"):
+        check_objective(cfg)
+    flow = dataclasses.replace(cfg, schedule="flow", parameterization="flow")
+    check_objective(flow)
+    with pytest.raises(SystemExit, match="--xla_cpu on"):
+        check_objective(dataclasses.replace(flow, xla_cpu="auto"))
+    args = model_args("unet", (8, 8, 1), Labels(10))
+    assert with_two_times(flow, args)["kwargs"]["interval_embedding"] is True
+    assert "interval_embedding" not in args["kwargs"]  # the table's own entry untouched
+    assert with_two_times(dataclasses.replace(flow, objective="denoising"), args) == args
+    with pytest.raises(SystemExit, match="unet or dit"):
+        with_two_times(dataclasses.replace(flow, model="edm2_tiny"), model_args("edm2_tiny", (8, 8, 1), Labels(10)))
 
 
 class GaussianFlow(eqx.Module):
@@ -172,3 +213,4 @@ def test_meanflow_grid_is_uniform_in_flow_time():
     np.testing.assert_allclose(sampling_grid("meanflow", 3, FlowSchedule()), [999.0, 0.666 / 0.334, 0.333 / 0.667, 0.0],
                                rtol=1e-9)  # fmt: skip
     assert sampling_grid("heun", 3, FlowSchedule())[1] < 100  # the others keep EDM's Karras grid
+

@@ -67,6 +67,20 @@ def check_objective(cfg) -> None:
         raise SystemExit(f"--meanflow_r_neq_t is a share of the batch, in [0, 1]; got {cfg.meanflow_r_neq_t}.")
 
 
+TWO_TIME_CONSTRUCTORS = ("UNet", "DiT", "DiT.small")  # those taking interval_embedding (eqxdiff/nn/unet.py, dit.py)
+
+
+def with_two_times(cfg, args: dict) -> dict:
+    """--objective meanflow's network: `args` (eqxdiff/run/models.py's model_args) with interval_embedding=True, a
+    network of two times; another objective's unchanged. A constructor without the option names the models with it."""
+    if cfg.objective != "meanflow":
+        return args
+    if args["constructor"] not in TWO_TIME_CONSTRUCTORS:
+        raise SystemExit(f"--objective meanflow needs a network of two times: --model {cfg.model} builds "
+                         f"{args['constructor']}, which has none; use a unet or dit model (e.g. --model unet).")
+    return {**args, "kwargs": {**args["kwargs"], "interval_embedding": True}}
+
+
 def check_eval(cfg) -> None:
     """--eval_every's flags, before anything loads or compiles."""
     if cfg.eval_every <= 0:

@@ -78,7 +78,7 @@ from eqxdiff.training.preemption import StopRequest
 
 from checks import (  # train/checks.py
     check_batch, check_eval, check_eval_condition, check_objective, check_schedule, check_text_folders_exist,
-    flag_value_error,
+    flag_value_error, with_two_times,
 )  # fmt: skip
 from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
@@ -363,8 +363,7 @@ def main(cfg: Config, features_fn=None) -> None:
                                      reference=fid_reference)  # fmt: skip
 
     args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
-    if cfg.objective == "meanflow":  # a network of two times, t and t - r (eqxdiff/nn/dit.py, unet.py)
-        args["kwargs"]["interval_embedding"] = True
+    args = with_two_times(cfg, args)  # --objective meanflow: a network of t and t - r (eqxdiff/nn/unet.py, dit.py)
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
     set_remat_policy(cfg.remat_policy)  # read as the step traces each block
