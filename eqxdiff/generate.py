@@ -18,6 +18,7 @@ from eqxdiff.diffusion import (
     Denoiser,
     Parameterization,
     Schedule,
+    flow_time_sigmas,
     karras_sigmas,
     sample,
 )
@@ -33,6 +34,14 @@ def global_rows(a: Any, mesh: Mesh) -> jax.Array:
     split = a.ndim and a.shape[0] % mesh.size == 0
     sharding = batch_sharding(mesh) if split else NamedSharding(mesh, PartitionSpec())
     return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+
+def sampling_grid(method: str, steps: int, schedule: Schedule) -> np.ndarray:
+    """The σ grid `method` walks: MeanFlow's steps are uniform in flow time t (its own sampler's grid), every other
+    sampler's follow EDM's Karras grid between the schedule's σ_max and σ_min, then 0."""
+    if method == "meanflow":
+        return flow_time_sigmas(steps, schedule.sigma_max)
+    return karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
 
 
 def generate(
@@ -73,7 +82,7 @@ def generate(
         null_cond = model.null_cond(num) if null_cond is None and guidance != 1 else null_cond
         cond, null_cond = jax.tree.map(to_global, (cond, null_cond))
         denoise = ClassifierFreeGuidance(denoise, cond, guidance, null_cond, interval=guidance_interval)
-    sigmas = karras_sigmas(steps, schedule.sigma_min, schedule.sigma_max)
+    sigmas = sampling_grid(method, steps, schedule)
     noise = np.random.default_rng(seed).standard_normal((num, *image_shape), np.float32)
     out = sample(denoise, to_global(np.float32(sigmas[0]) * noise), sigmas, method, jax.random.key(seed))
     return np.asarray(multihost_utils.process_allgather(out, tiled=True))

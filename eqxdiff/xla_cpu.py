@@ -80,6 +80,8 @@ SWITCHES = {
     "channel_sum_matmul": "8. per-channel gradient sums as matmuls",
 }
 DEFAULT = frozenset(SWITCHES) - {"conv_grad_matmul", "memory_scheduler"}
+# The custom_vjp ones (1, 2, 8): a step that takes jax.jvp through the model (MeanFlow's loss) runs without them.
+NO_FORWARD_MODE = frozenset({"conv_grad_matmul", "remat_order", "channel_sum_matmul"})
 
 
 def shipped(remat: bool = False) -> frozenset[str]:

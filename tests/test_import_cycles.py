@@ -131,8 +131,8 @@ SCRIPT_TESTS = {
     # helpers: put train/ on sys.path, run main in-process (`train_here`), run a script under the type checker
     "train_scripts.py", "runs.py", "sample_stand_in.py",
     # main.py's prepare and loss_fn, the functions a researcher edits
-    "test_autoencoder_kl.py", "test_edm2.py", "test_loss.py", "test_model_contract.py", "test_text_step.py",
-    "test_train_step.py",
+    "test_autoencoder_kl.py", "test_edm2.py", "test_loss.py", "test_meanflow.py", "test_model_contract.py",
+    "test_text_step.py", "test_train_step.py",
     # a script's CLI or main
     "test_bucket.py", "test_cli.py", "test_clip_score.py", "test_conditions.py", "test_evaluate_script.py",
     "test_fd_dinov2.py",

@@ -51,6 +51,36 @@ def check_schedule(cfg) -> None:
                              f"own. Drop --{flag} or use --schedule edm.")  # fmt: skip
 
 
+def check_objective(cfg) -> None:
+    """--objective meanflow learns the flow z_t = (1 - t)·x0 + t·ε: its samples go through the flow schedule and
+    parameterization (D = z_t - t·u, eqxdiff/diffusion/meanflow.py), and its jvp through the network rules out the
+    workarounds --xla_cpu auto would time."""
+    if cfg.objective != "meanflow":
+        return
+    if (cfg.schedule, cfg.parameterization) != ("flow", "flow"):
+        raise SystemExit(f"--objective meanflow trains a flow: pass --schedule flow --parameterization flow (got "
+                         f"--schedule {cfg.schedule} --parameterization {cfg.parameterization}).")  # fmt: skip
+    if cfg.xla_cpu == "auto":
+        raise SystemExit("--objective meanflow takes jax.jvp through the network, which --xla_cpu auto's candidates "
+                         "(custom_vjp workarounds) do not allow: pass --xla_cpu on (main.py leaves those off).")
+    if not 0 <= cfg.meanflow_r_neq_t <= 1:
+        raise SystemExit(f"--meanflow_r_neq_t is a share of the batch, in [0, 1]; got {cfg.meanflow_r_neq_t}.")
+
+
+TWO_TIME_CONSTRUCTORS = ("UNet", "DiT", "DiT.small")  # those taking interval_embedding (eqxdiff/nn/unet.py, dit.py)
+
+
+def with_two_times(cfg, args: dict) -> dict:
+    """--objective meanflow's network: `args` (eqxdiff/run/models.py's model_args) with interval_embedding=True, a
+    network of two times; another objective's unchanged. A constructor without the option names the models with it."""
+    if cfg.objective != "meanflow":
+        return args
+    if args["constructor"] not in TWO_TIME_CONSTRUCTORS:
+        raise SystemExit(f"--objective meanflow needs a network of two times: --model {cfg.model} builds "
+                         f"{args['constructor']}, which has none; use a unet or dit model (e.g. --model unet).")
+    return {**args, "kwargs": {**args["kwargs"], "interval_embedding": True}}
+
+
 def check_eval(cfg) -> None:
     """--eval_every's flags, before anything loads or compiles."""
     if cfg.eval_every <= 0:

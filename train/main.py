@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec  # noqa: F401 — for SHARDING_RULES entries
 from tqdm import tqdm
 
+from eqxdiff import xla_cpu
 from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.paths import as_path
@@ -36,7 +37,11 @@ from eqxdiff.diffusion import (
     PARAMETERIZATIONS,
     SCHEDULES,
     EDMSchedule,
+    condition_where,
     denoising_prediction,
+    draw_condition_drop,
+    draw_times,
+    meanflow_prediction,
     draw_sigma_and_noise,
     drop_condition,
     loss_weight,
@@ -72,7 +77,8 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import (  # train/checks.py
-    check_batch, check_eval, check_eval_condition, check_schedule, check_text_folders_exist, flag_value_error,
+    check_batch, check_eval, check_eval_condition, check_objective, check_schedule, check_text_folders_exist,
+    flag_value_error, with_two_times,
 )  # fmt: skip
 from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
@@ -108,7 +114,16 @@ class Config(FineTuneFlags, Launch):
     edm_p_std: float = 1.2  # edm: the std of ln σ in training (EDM's 1.2; EDM2's img64 1.6, img512 1.0)
     parameterization: str = "edm"  # what the network predicts, and the loss weight (eqxdiff/diffusion/)
     sigma_data: float = 0.0  # EDM's data std; 0: 0.5 for images in [-1, 1], 1.0 for scaled VAE latents
-    label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class
+    label_dropout: float = 0.05  # classifier-free guidance training: a label replaced by the null class (MeanFlow's: 0.1)
+    # meanflow: one-step generation (Geng et al. 2025), defaults the official MF-B/4 ImageNet run's (configs/default.py)
+    objective: str = "denoising"  # denoising: loss_fn | meanflow: meanflow_loss_fn (with --schedule flow --parameterization flow)
+    meanflow_p_mean: float = -0.4  # the training times t, r: logit-normal, logit ~ N(mean, std²), sorted
+    meanflow_p_std: float = 1.0  # (the paper's lognorm(-0.4, 1.0))
+    meanflow_r_neq_t: float = 0.25  # the share of each batch with r < t; the rest train the instantaneous velocity
+    meanflow_norm_p: float = 1.0  # the adaptive loss weight 1/(‖u - u_tgt‖² + c)^p (0: the plain squared error)
+    meanflow_norm_eps: float = 0.01  # its c
+    meanflow_omega: float = 1.0  # guidance folded into training: v_g = ω·v + (1-ω-κ)·u(∅) + κ·u(c), scale ω/(1-κ)
+    meanflow_kappa: float = 0.5  # (ω = 1, κ = 0: unguided; the labels still drop with --label_dropout)
     # text: text-to-image, from captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field)
     text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
@@ -166,6 +181,7 @@ CHOICES = {
     "parameterization": sorted(PARAMETERIZATIONS),
     "precision": sorted(PRECISIONS),
     "remat_policy": sorted(REMAT_POLICIES),
+    "objective": ["denoising", "meanflow"],
     "sample_method": METHODS,  # live: a sampler registered below (SAMPLERS["midpoint"] = ...) is a choice
     "null_text": list(NULL_TEXTS),
     "wandb": list(WANDB_MODES),
@@ -200,6 +216,35 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
     return jnp.mean(uncertainty_weighted(model, schedule.sigma_to_t(batch["sigma"]), weight * pred.mse))
 
 
+# --objective meanflow: a network of two times learns the average velocity u(z_t, r, t), one step z_0 = z_1 - u.
+def prepare_meanflow(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition,
+                     cond_dropout: float, p_mean: float, p_std: float, r_neq_t: float) -> dict:  # fmt: skip
+    """A record batch -> what `meanflow_loss_fn` reads: x0 and ε as `prepare` draws them, the condition and its
+    null (b rows; the loss puts the null where `drop`, as it folds guidance in), and MeanFlow's times t >= r
+    (eqxdiff/diffusion/meanflow.py: logit-normal, r = t on all but `r_neq_t` of the batch)."""
+    key_times, key_noise, key_drop = jax.random.split(key, 3)
+    x0 = codec.x0(batch, jax.random.fold_in(key, 1))
+    b = x0.shape[0]
+    t, r = draw_times(key_times, b, p_mean=p_mean, p_std=p_std, r_neq_t=r_neq_t)
+    cond = condition.cond(batch, frozen)
+    null = None if cond is None else condition_where(jnp.ones(b, bool), condition.null(frozen), cond)  # b rows
+    return dict(x0=x0, cond=cond, null_cond=null, drop=draw_condition_drop(key_drop, b, cond_dropout), t=t, r=r,
+                noise=jax.random.normal(key_noise, x0.shape, jnp.float32))  # fmt: skip
+
+
+def meanflow_loss_fn(model, batch: dict, key: jax.Array, *, omega: float, kappa: float, norm_p: float,
+                     norm_eps: float, t_range: tuple[float, float] = (0.0, 1.0)) -> jax.Array:  # fmt: skip
+    """MeanFlow's loss (Geng et al. 2025, eq. 9-10, guidance eq. 21): ‖u - sg(u_tgt)‖², summed over each example's
+    elements as the official code sums it, under the adaptive weight 1/sg(‖·‖² + c)^p (§4.3)."""
+    u, target = meanflow_prediction(
+        model, batch["x0"], batch["noise"], batch["t"], batch["r"], batch["cond"], batch["null_cond"], batch["drop"],
+        omega=omega, kappa=kappa, t_range=t_range, key=key,
+    )  # fmt: skip
+    error = jnp.sum((u - target) ** 2, axis=tuple(range(1, u.ndim)))
+    weight = 1 / jax.lax.stop_gradient(error + norm_eps) ** norm_p  # p = 0: the plain squared error
+    return jnp.mean(weight * error)
+
+
 def parse_config(argv: list[str] | None = None) -> Config:
     """Every Config field is a flag `--name value`; booleans are `--name` / `--no-name`. Flags left
     off come from the run's checkpoint when --run_dir holds one, else from Config (train/resume.py)."""
@@ -223,6 +268,19 @@ def training_schedule(cfg: Config):
     if cfg.schedule == "edm":
         return EDMSchedule(p_mean=cfg.edm_p_mean, p_std=cfg.edm_p_std)
     return schedule_by_name(cfg.schedule)
+
+
+def train_objective(cfg: Config, codec, condition, schedule, parameterization) -> tuple:
+    """(prepare, loss_fn) of --objective: `prepare` and `loss_fn`, or MeanFlow's `prepare_meanflow` and
+    `meanflow_loss_fn`, with the run's codec, condition and flags."""
+    dropout = getattr(cfg, condition.dropout_flag)
+    if cfg.objective == "meanflow":
+        return (functools.partial(prepare_meanflow, codec=codec, condition=condition, cond_dropout=dropout,
+                                  p_mean=cfg.meanflow_p_mean, p_std=cfg.meanflow_p_std, r_neq_t=cfg.meanflow_r_neq_t),
+                functools.partial(meanflow_loss_fn, omega=cfg.meanflow_omega, kappa=cfg.meanflow_kappa,
+                                  norm_p=cfg.meanflow_norm_p, norm_eps=cfg.meanflow_norm_eps))  # fmt: skip
+    return (functools.partial(prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=dropout),
+            functools.partial(loss_fn, schedule=schedule, parameterization=parameterization))  # fmt: skip
 
 
 def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
@@ -252,6 +310,8 @@ def main(cfg: Config, features_fn=None) -> None:
         tqdm.write(f"new run in {cfg.run_dir}: {network} on {cfg.dataset}" if resume is None else
                    f"resuming {cfg.run_dir} from step {resume}")  # fmt: skip
     start_jax(cfg)
+    if cfg.objective == "meanflow":  # its loss takes jax.jvp through the network: no custom_vjp workarounds
+        xla_cpu.enable(xla_cpu.switched_on() - xla_cpu.NO_FORWARD_MODE, process_flags=False)
     run_dir = as_path(cfg.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     is_main = jax.process_index() == 0
 
@@ -263,6 +323,7 @@ def main(cfg: Config, features_fn=None) -> None:
     check_batch(cfg, mesh.size)
     check_eval(cfg)
     check_schedule(cfg)
+    check_objective(cfg)
     check_text_folders_exist(cfg)
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
@@ -302,6 +363,7 @@ def main(cfg: Config, features_fn=None) -> None:
                                      reference=fid_reference)  # fmt: skip
 
     args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
+    args = with_two_times(cfg, args)  # --objective meanflow: a network of t and t - r (eqxdiff/nn/unet.py, dit.py)
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
     set_remat_policy(cfg.remat_policy)  # read as the step traces each block
@@ -327,12 +389,9 @@ def main(cfg: Config, features_fn=None) -> None:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     data_sharding = batch_sharding(mesh)
+    prepare_fn, loss = train_objective(cfg, codec, condition, schedule, parameterization)  # --objective
     build_step = functools.partial(
-        make_train_step,
-        prepare=functools.partial(
-            prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=getattr(cfg, condition.dropout_flag),
-        ),
-        loss_fn=functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
+        make_train_step, prepare=prepare_fn, loss_fn=loss,
         optimizer=optimizer, lr_schedule=lr_schedule,
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,

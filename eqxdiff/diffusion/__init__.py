@@ -7,9 +7,12 @@ integrates D down a σ grid (docs/core.md, "One idea: everything speaks σ").
 
 from .autoguidance import AutoGuidance
 from .denoiser import Denoiser, LearnedVarianceDenoiser, WithoutVariance
-from .grids import karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps
-from .guidance import ClassifierFreeGuidance, drop_condition
+from .grids import (
+    flow_time_sigmas, karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps,
+)
+from .guidance import ClassifierFreeGuidance, condition_where, drop_condition
 from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise, uncertainty_weighted
+from .meanflow import average_velocity, draw_condition_drop, draw_times, guided_velocity, meanflow_prediction
 from .parameterization import (
     PARAMETERIZATIONS,
     DataPrediction,
@@ -29,6 +32,7 @@ __all__ = [
     "Denoiser",
     "LearnedVarianceDenoiser",
     "WithoutVariance",
+    "flow_time_sigmas",
     "karras_sigmas",
     "logsnr_sigmas",
     "spaced_sigmas",
@@ -37,6 +41,12 @@ __all__ = [
     "vp_timesteps",
     "ClassifierFreeGuidance",
     "drop_condition",
+    "condition_where",
+    "average_velocity",
+    "draw_condition_drop",
+    "draw_times",
+    "guided_velocity",
+    "meanflow_prediction",
     "DenoisingPrediction",
     "denoising_loss",
     "denoising_prediction",

@@ -23,9 +23,12 @@ class AutoGuidance(eqx.Module):
     scale: float | Float[Array, ""]
     cond: Any = None
 
-    def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *dims"]:
-        good = self.denoiser(x, sigma, self.cond)
+    def __call__(
+        self, x: Float[Array, "b *dims"], sigma: Float[Array, ""], *, sigma_end: Float[Array, ""] | None = None
+    ) -> Float[Array, "b *dims"]:
+        end = {} if sigma_end is None else {"sigma_end": sigma_end}  # networks of two times (`Denoiser`'s)
+        good = self.denoiser(x, sigma, self.cond, **end)
         if isinstance(self.scale, (int, float)) and self.scale == 1:
             return good
-        weak = self.weak_denoiser(x, sigma, self.cond)
+        weak = self.weak_denoiser(x, sigma, self.cond, **end)
         return weak + self.scale * (good - weak)

@@ -16,12 +16,18 @@ def per_example(a: Float[Array, " b"], x: Array) -> Array:
     return a.reshape(a.shape + (1,) * (x.ndim - 1))
 
 
-def preconditioned_output(denoiser, x: Array, sigma: Array, cond: Any) -> tuple[Array, Array, Array]:
+def preconditioned_output(denoiser, x: Array, sigma: Array, cond: Any, sigma_end: Array | None = None) -> tuple:
     """(c_skip, c_out) shaped to broadcast against x, and the raw network output F(c_in·x, c_noise, cond) in x's
-    dtype: what `Denoiser` and `LearnedVarianceDenoiser` combine (Karras et al. 2022, eq. 7)."""
+    dtype: what `Denoiser` and `LearnedVarianceDenoiser` combine (Karras et al. 2022, eq. 7). With `sigma_end`, a
+    network of two times also gets `interval`, the difference of the two σ's times (MeanFlow's t − r)."""
     sigma = jnp.broadcast_to(sigma, x.shape[:1]).astype(x.dtype)
     c_skip, c_out, c_in = denoiser.parameterization.coefficients(sigma, denoiser.schedule)
-    out = denoiser.model(per_example(c_in, x) * x, denoiser.schedule.sigma_to_t(sigma), cond)
+    t = denoiser.schedule.sigma_to_t(sigma)
+    two_times = {}
+    if sigma_end is not None:
+        sigma_end = jnp.broadcast_to(sigma_end, x.shape[:1]).astype(x.dtype)
+        two_times = {"interval": t - denoiser.schedule.sigma_to_t(sigma_end)}
+    out = denoiser.model(per_example(c_in, x) * x, t, cond, **two_times)
     return per_example(c_skip, x), per_example(c_out, x), out.astype(x.dtype)
 
 
@@ -31,6 +37,11 @@ class Denoiser(eqx.Module):
     `x` is the unscaled noisy sample x0 + σ·ε, shape (b, ...); `sigma` a scalar or (b,);
     `cond` a condition pytree with batch-first leaves, or None.
     `model(x, t, cond)` is any network with the eqxdiff model signature (`eqxdiff.nn.DiffusionModel`).
+
+    `sigma_end` (a network of two times, MeanFlow's): the network's average velocity from σ down to `sigma_end`
+    instead of its instantaneous one, `model(..., interval=t(σ) - t(σ_end))`. Under the flow parameterization
+    D = z_t - t·u, and the Euler step σ -> σ_end with this D is MeanFlow's z_r = z_t - (t - r)·u (samplers.py's
+    `meanflow`).
     """
 
     model: Callable
@@ -42,8 +53,10 @@ class Denoiser(eqx.Module):
         x: Float[Array, "b *dims"],
         sigma: Float[Array, ""] | Float[Array, " b"],
         cond: Any = None,
+        *,
+        sigma_end: Float[Array, ""] | Float[Array, " b"] | None = None,
     ) -> Float[Array, "b *dims"]:
-        c_skip, c_out, out = preconditioned_output(self, x, sigma, cond)
+        c_skip, c_out, out = preconditioned_output(self, x, sigma, cond, sigma_end)
         return c_skip * x + c_out * out
 
 

@@ -30,6 +30,16 @@ def karras_sigmas(
     return np.append(sigmas, 0.0)
 
 
+def flow_time_sigmas(n: int, sigma_max: float) -> Float[np.ndarray, " n_plus_1"]:
+    """n steps uniform in flow time t = σ/(1 + σ), from σ_max's t down to 0 (MeanFlow's sampling grid, t from 1 in
+    the official code; σ-space holds t < 1 only, FlowSchedule's t_max = 0.999). Shape (n+1,), decreasing, last 0."""
+    _check_steps(n)
+    if not sigma_max > 0:
+        raise ValueError(f"Need sigma_max > 0, got {sigma_max}.")
+    t = np.linspace(sigma_max / (1 + sigma_max), 0.0, n + 1)
+    return t / (1 - t)
+
+
 def logsnr_sigmas(n: int, sigma_min: float = 0.002, sigma_max: float = 80.0) -> Float[np.ndarray, " n_plus_1"]:
     """Uniform in log-SNR λ = -2 ln σ between σ_max and σ_min, then 0. Shape (n+1,)."""
     _check_steps(n)

@@ -12,7 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 
 def _batch_size(cond: Any) -> int:
@@ -38,8 +38,12 @@ def drop_condition(key: PRNGKeyArray, cond: Any, p: float, null_cond: Any) -> An
     One draw per example, shared by every leaf; `cond=None` stays None."""
     if cond is None:
         return None
-    drop = jax.random.bernoulli(key, p, (_batch_size(cond),))
-    where = lambda c, n: jnp.where(drop.reshape(drop.shape + (1,) * (c.ndim - 1)), n, c)  # noqa: E731
+    return condition_where(jax.random.bernoulli(key, p, (_batch_size(cond),)), null_cond, cond)
+
+
+def condition_where(mask: Bool[Array, " b"], null_cond: Any, cond: Any) -> Any:
+    """`null_cond` for the examples where `mask`, `cond` elsewhere: one choice per example, shared by every leaf."""
+    where = lambda c, n: jnp.where(mask.reshape(mask.shape + (1,) * (c.ndim - 1)), n, c)  # noqa: E731
     return jax.tree.map(where, cond, _null_like(cond, null_cond))
 
 
@@ -68,23 +72,26 @@ class ClassifierFreeGuidance(eqx.Module):
         if self.interval is not None and not 0 <= self.interval[0] < self.interval[1]:
             raise ValueError(f"interval must be (sigma_lo, sigma_hi), 0 <= sigma_lo < sigma_hi; got {self.interval}")
 
-    def __call__(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
+    def __call__(
+        self, x: Float[Array, "b *dims"], sigma: Float[Array, ""], *, sigma_end: Float[Array, ""] | None = None
+    ) -> Float[Array, "b *out"]:
+        end = {} if sigma_end is None else {"sigma_end": sigma_end}  # a network of two times' (`Denoiser`'s)
         if isinstance(self.scale, (int, float)) and self.scale == 1:
-            return self.denoiser(x, sigma, self.cond)
+            return self.denoiser(x, sigma, self.cond, **end)
         if self.interval is None:
-            return self._guided(x, sigma)
+            return self._guided(x, sigma, end)
         if jnp.ndim(sigma) != 0:
             raise ValueError(f"A guidance interval needs one σ per call (a scalar), got shape {jnp.shape(sigma)}.")
         lo, hi = self.interval
         inside = (sigma > lo) & (sigma <= hi)
         # lax.cond runs one branch: outside the interval the network sees only the b conditional rows.
-        conditional = lambda x, s: self.denoiser(x, s, self.cond)  # noqa: E731
-        return jax.lax.cond(inside, lambda x, s: self._guided(x, s), conditional, x, sigma)
+        conditional = lambda x, s: self.denoiser(x, s, self.cond, **end)  # noqa: E731
+        return jax.lax.cond(inside, lambda x, s: self._guided(x, s, end), conditional, x, sigma)
 
-    def _guided(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""]) -> Float[Array, "b *out"]:
+    def _guided(self, x: Float[Array, "b *dims"], sigma: Float[Array, ""], end: dict) -> Float[Array, "b *out"]:
         b = x.shape[0]
         both = jax.tree.map(lambda c, n: jnp.concatenate([c, n]), self.cond, _null_like(self.cond, self.null_cond))
-        out = self.denoiser(jnp.concatenate([x, x]), sigma, both)
+        out = self.denoiser(jnp.concatenate([x, x]), sigma, both, **end)
         cond, uncond = out[:b], out[b:]
         guided = uncond + self.scale * (cond - uncond)
         if self.channels is None:

@@ -153,6 +153,16 @@ def euler_ancestral(
     return x, denoised
 
 
+def meanflow(denoise: DenoiseFn, x: Array, step: Step) -> tuple[Array, Array]:
+    """MeanFlow's step z_r = z_t - (t - r)·u(z_t, r, t) (Geng et al. 2025, Alg. 2), t and r the flow times of σ and
+    σ_next: the Euler step with the denoiser of the network's average velocity over the step, D = z_t - t·u
+    (`denoise(x, σ, sigma_end=σ_next)`, eqxdiff.diffusion.Denoiser's, under the flow parameterization), since
+    Euler in σ is Euler in t for x = z_t/(1 - t). One step onto σ = 0 is z_0 = z_t - t·u: one network call. Its grid
+    is uniform in t (eqxdiff/generate.py, grids.py's `flow_time_sigmas`)."""
+    denoised = denoise(x, step.sigma, sigma_end=step.sigma_next)
+    return x + (step.sigma_next - step.sigma) * pf_ode_slope(x, denoised, step.sigma), denoised
+
+
 def _vp_coords(sigma):
     """ᾱ and sqrt(ᾱ) of a σ: ᾱ = 1/(1+σ²)."""
     alpha_bar = 1 / (1 + sigma**2)
@@ -253,6 +263,7 @@ SAMPLERS = {
     "ddim": ddim,
     "ddpm": ddpm,
     "ddpm_learned_variance": ddpm_learned_variance,
+    "meanflow": meanflow,  # a network of two times (--objective meanflow): one step, or a few
 }
 METHODS = SAMPLERS.keys()  # a live view: a sampler added to SAMPLERS later (from train/) is a method too
 

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, CrossAttention, Dense, Embedding, SelfAttention, TimestepEmbedding, layer_norm, normal, reinit,
-    sincos_pos_embed_2d, unpack_text_cond, xavier_uniform, zero_init,
+    Conv2d, CrossAttention, Dense, Embedding, SelfAttention, TimestepEmbedding, TwoTimeEmbedding, embed_times,
+    layer_norm, normal, reinit, sincos_pos_embed_2d, unpack_text_cond, xavier_uniform, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
 
@@ -97,10 +97,17 @@ class DiT(eqx.Module):
     -> Dense to hidden_size, weights N(0, 0.02²)), then every block cross-attends to it (see
     `DiTBlock`); `pooled` goes through a zero-initialised Dense(pooled_dim -> hidden_size) added
     to the time embedding, so the adaLN modulations see it. One kind of condition per model.
+
+    A network of two times (`interval_embedding=True`, MeanFlow's: Geng et al. 2025, Gsunshine/meanflow's
+    `h_embedder`) also takes `interval` = t − r in the units of t, embedded by a second timestep embedding (its own
+    weights, initialised as the first) and added to c: c = t_emb + interval_emb + y_emb. Called without `interval`
+    it is the network at r = t (interval 0), the instantaneous velocity. Its `time_embed` is then a
+    `TwoTimeEmbedding` (t's embedding as `.time`); without the option the module is as it was, leaf for leaf, and the
+    other weights are drawn alike either way.
     """
 
     patch_embed: Conv2d
-    time_embed: TimestepEmbedding
+    time_embed: TimestepEmbedding | TwoTimeEmbedding
     label_embed: Embedding | None
     context_embed: tuple[Dense, Dense] | None
     pooled_embed: Dense | None
@@ -133,6 +140,7 @@ class DiT(eqx.Module):
         context_dim: int = 0,
         pooled_dim: int = 0,
         learn_sigma: bool = False,
+        interval_embedding: bool = False,
         key: PRNGKeyArray,
     ):
         if image_size % patch_size:
@@ -158,6 +166,14 @@ class DiT(eqx.Module):
             lambda m: (m.fc1, m.fc2), temb,
             (reinit(temb.fc1, normal(0.02), key=kt1), reinit(temb.fc2, normal(0.02), key=kt2)),
         )  # fmt: skip
+        if interval_embedding:  # its own key, folded: every other layer's init stays as in a network of one time
+            ki, ki1, ki2 = jax.random.split(jax.random.fold_in(key, 2), 3)
+            iemb = TimestepEmbedding(256, hidden_size, key=ki)
+            iemb = eqx.tree_at(
+                lambda m: (m.fc1, m.fc2), iemb,
+                (reinit(iemb.fc1, normal(0.02), key=ki1), reinit(iemb.fc2, normal(0.02), key=ki2)),
+            )  # fmt: skip
+            self.time_embed = TwoTimeEmbedding(self.time_embed, iemb)
         # Row `num_classes` is the null label of classifier-free guidance.
         self.label_embed = Embedding(num_classes + 1, hidden_size, std=0.02, key=kl) if num_classes > 0 else None
         self.context_embed, self.pooled_embed = None, None
@@ -188,23 +204,25 @@ class DiT(eqx.Module):
     @classmethod
     def small(
         cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0, key: PRNGKeyArray,
+        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0,
+        interval_embedding: bool = False, key: PRNGKeyArray,
     ) -> "DiT":  # fmt: skip
         """DiT-S/p: depth 12, hidden 384, 6 heads (≈33M params for S/2 at 32²×4, 1000 classes)."""
         return cls(
             image_size, patch_size, in_channels, 384, 12, 6, 4.0, num_classes,
-            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, key=key,
+            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, interval_embedding=interval_embedding, key=key,
         )  # fmt: skip
 
     @classmethod
     def base(
         cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0, key: PRNGKeyArray,
+        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0,
+        interval_embedding: bool = False, key: PRNGKeyArray,
     ) -> "DiT":  # fmt: skip
         """DiT-B/p: depth 12, hidden 768, 12 heads (≈130M params for B/2 at 32²×4, 1000 classes)."""
         return cls(
             image_size, patch_size, in_channels, 768, 12, 12, 4.0, num_classes,
-            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, key=key,
+            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, interval_embedding=interval_embedding, key=key,
         )  # fmt: skip
 
     def __call__(
@@ -214,6 +232,7 @@ class DiT(eqx.Module):
         cond: Any = None,  # int32[b] labels, a TextCond or None: checked below, by kind of model
         *,
         key: PRNGKeyArray | None = None,
+        interval: Float[Array, " b"] | None = None,  # t − r, a network of two times only (interval_embedding)
     ) -> Float[Array, "b h w c"] | Float[Array, "b h w 2*c"]:  # 2c with learn_sigma
         b, h, w, c = x.shape
         if (h, w, c) != (self.image_size, self.image_size, self.in_channels):
@@ -224,7 +243,7 @@ class DiT(eqx.Module):
         tokens = self.patch_embed(x).reshape(b, g * g, self.hidden_size)
         tokens = tokens + jnp.asarray(sincos_pos_embed_2d(self.hidden_size, g), tokens.dtype)
 
-        emb = self.time_embed(t)
+        emb = embed_times(self.time_embed, t, interval, "DiT")
         text: dict[str, Any] = {}  # the blocks' context and mask, for a text DiT
         if self.context_embed is not None:
             context, mask, pooled = unpack_text_cond(cond, b, self.context_dim, self.pooled_dim, "DiT")

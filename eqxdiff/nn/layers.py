@@ -301,6 +301,31 @@ class TimestepEmbedding(eqx.Module):
         return self.fc2(jax.nn.silu(self.fc1(timestep_embedding(t, self.freq_dim))))
 
 
+class TwoTimeEmbedding(eqx.Module):
+    """A network of two times' time embedding (MeanFlow, Geng et al. 2025): t's and the interval t − r's, each its
+    own `TimestepEmbedding`, summed (the official DiT's t_embedder + h_embedder). No interval: r = t, the network's
+    instantaneous velocity. It replaces a network's `time_embed`, so a network of one time keeps its pytree."""
+
+    time: TimestepEmbedding
+    interval: TimestepEmbedding
+
+    def __call__(self, t: Float[Array, " b"], interval: Float[Array, " b"] | None = None) -> Float[Array, "b e"]:
+        return self.time(t) + self.interval(jnp.zeros_like(t) if interval is None else interval.astype(t.dtype))
+
+
+def embed_times(
+    embed: TimestepEmbedding | TwoTimeEmbedding, t: Float[Array, " b"], interval: Float[Array, " b"] | None,
+    network: str,
+) -> Float[Array, "b e"]:
+    """A network's time embedding of t, and of `interval` = t − r for a network of two times; a network of one
+    time refuses an interval."""
+    if isinstance(embed, TwoTimeEmbedding):
+        return embed(t, interval)
+    if interval is not None:
+        raise ValueError(f"{network} was built for one time; a second (interval=t-r) needs interval_embedding=True")
+    return embed(t)
+
+
 def sincos_pos_embed_2d(dim: int, grid: int, grid_w: int | None = None) -> np.ndarray:
     """Fixed 2-D sin-cos position embedding of MAE (He et al. 2022), `[grid*grid_w, dim]` numpy,
     tokens in row-major order over a `grid` × `grid_w` grid (square when `grid_w` is None).

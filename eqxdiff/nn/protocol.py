@@ -12,6 +12,9 @@ and returns `float[b, h, w, c]`. A conditional model also says what "no conditio
 condition dropout and classifier-free guidance: `model.null_cond(b)`, the same structure as
 `cond` with b (or 1) rows. An unconditional model needs no `null_cond`.
 
+A network of two times (MeanFlow's, `interval_embedding=True` in UNet and DiT) also takes the keyword
+`interval`: `float[b]`, t − r in the units of t; without it, it is the network at r = t.
+
 Nothing else is required: an `eqx.Module` (or any callable) with this signature trains,
 samples and checkpoints. A model written the Equinox way, for one example, is wrapped in
 `eqxdiff.nn.Batched`.

@@ -18,8 +18,8 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.bias import add_bias, affine
 from eqxdiff.nn.layers import (
-    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
-    sincos_pos_embed_2d, unpack_text_cond, zero_init,
+    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, TwoTimeEmbedding,
+    embed_times, layer_norm, sincos_pos_embed_2d, unpack_text_cond, zero_init,
 )  # fmt: skip
 from eqxdiff.nn.remat import checkpointed
 from eqxdiff.nn.upsample import nearest_upsample_conv
@@ -154,9 +154,14 @@ class UNet(eqx.Module):
     `position_embedding` adds MAE's fixed 2-D sin-cos position embedding to conv_in's output:
     convolutions are translation-equivariant, so a shallow UNet otherwise knows where a pixel is
     only from the zero padding, and a caption's "left of" has nothing to bind to.
+
+    `interval_embedding` makes a network of two times (MeanFlow, Geng et al. 2025): `interval` = t − r, in the
+    units of t, goes through its own timestep embedding added to t's (as the official DiT's `h_embedder`; `time_embed`
+    is then a `TwoTimeEmbedding`); called without it, the network at r = t. Without the option the module is as it
+    was, leaf for leaf, and the other weights are drawn alike either way.
     """
 
-    time_embed: TimestepEmbedding
+    time_embed: TimestepEmbedding | TwoTimeEmbedding
     label_embed: Embedding | None
     pooled_embed: Dense | None
     conv_in: Conv2d
@@ -200,6 +205,7 @@ class UNet(eqx.Module):
         cross_attention_levels: Sequence[int] | None = None,
         position_embedding: bool = False,
         pooled_dim: int = 0,
+        interval_embedding: bool = False,
         key: PRNGKeyArray,
     ):
         channels, levels = tuple(channels), len(channels)
@@ -251,6 +257,9 @@ class UNet(eqx.Module):
         # embedding's, so the stream of every other layer stays as without text.
         pooled = Dense(pooled_dim, emb_features, key=jax.random.fold_in(time_key, 1)) if pooled_dim else None
         self.pooled_embed = None if pooled is None else zero_init(pooled)
+        if interval_embedding:  # MeanFlow's t − r: its own embedding, its key folded like the pooled one's
+            interval = TimestepEmbedding(emb_features, emb_features, key=jax.random.fold_in(time_key, 2))
+            self.time_embed = TwoTimeEmbedding(self.time_embed, interval)
         # Row `num_classes` is the null label of classifier-free guidance.
         self.label_embed = Embedding(num_classes + 1, emb_features, key=next(keys)) if num_classes > 0 else None
         self.conv_in = Conv2d(in_channels, channels[0], key=next(keys))
@@ -321,6 +330,7 @@ class UNet(eqx.Module):
         cond: Any = None,  # int32[b] labels, a TextCond or None: checked below, by kind of model
         *,
         key: PRNGKeyArray | None = None,
+        interval: Float[Array, " b"] | None = None,  # t − r, a network of two times only (interval_embedding)
     ) -> Float[Array, "b h w c"]:
         b, h, w, c = x.shape
         factor = 2 ** (len(self.channels) - 1)
@@ -328,7 +338,7 @@ class UNet(eqx.Module):
             raise ValueError(
                 f"UNet expects [b, h, w, {self.in_channels}] with h, w divisible by {factor}; got {x.shape}"
             )
-        emb = self.time_embed(t)
+        emb = embed_times(self.time_embed, t, interval, "UNet")
         text: dict[str, Any] = {}  # the attention blocks' context and mask, for a text UNet
         if self.context_dim:
             context, mask, pooled = unpack_text_cond(cond, b, self.context_dim, self.pooled_dim, "UNet")

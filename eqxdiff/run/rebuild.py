@@ -27,7 +27,9 @@ from eqxdiff.training.phema import parse_sigma_rels
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
 LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
                    phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on",
-                   remat_policy=DEFAULT_REMAT_POLICY)  # fmt: skip
+                   remat_policy=DEFAULT_REMAT_POLICY, objective="denoising", meanflow_p_mean=-0.4, meanflow_p_std=1.0,
+                   meanflow_r_neq_t=0.25, meanflow_norm_p=1.0, meanflow_norm_eps=0.01, meanflow_omega=1.0,
+                   meanflow_kappa=0.5)  # fmt: skip
 
 
 @dataclass(frozen=True)
