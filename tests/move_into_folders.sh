@@ -66,6 +66,8 @@ move scripts test_cli.py test_train_main.py test_script_errors.py test_resume.py
 move nn test_dinov2.py test_clip_vision.py
 move eval test_fd_dinov2.py test_clip_score.py
 move training test_repa.py
+# issue 55's objective (eqxdiff/diffusion/meanflow.py)
+move core test_meanflow.py
 # Left at tests/: the house (test_import_cycles, test_docs, test_readme_examples, test_notebooks,
 # test_typecheck_hook, test_bench_harness, test_hlo_ops, test_accelerator, test_tests_layout) and the helpers.
 

@@ -1,9 +1,9 @@
-"""Fixtures for tests/test_meanflow.py: the official MeanFlow loss and its gradient (Gsunshine/meanflow's own
+"""Fixtures for tests/core/test_meanflow.py: the official MeanFlow loss and its gradient (Gsunshine/meanflow's own
 `MeanFlow.forward`, flax.linen on JAX), on random weights, a fixed batch and the draws it made, written to
 tests/data/meanflow/official_loss.npz.
 
 The official loss calls its network `net(x, t, h, y, train=, key=)`; here that network is `TinyNet`, a small MLP of
-(z, t, h = t − r, label) whose math is the pure function `tiny_u` (tests/test_meanflow.py has the same function
+(z, t, h = t − r, label) whose math is the pure function `tiny_u` (tests/core/test_meanflow.py has the same function
 as an Equinox module), so the fixture tests the objective, not a network. The official module itself runs
 unchanged: its `sample_tr` and `cond_drop` are wrapped only to record what they drew (t, r, the dropped examples),
 and jax.random.normal to record the noise ε.

@@ -6,7 +6,7 @@ Training regresses u on the MeanFlow identity u = v − (t − r)·du/dt (eq. 6)
 du/dt = v·∂_z u + ∂_t u taken by ONE `jax.jvp` along (v, 1, 0) in (z, t, r), the target under stop-gradient
 (eq. 10). Here are the draws and the (prediction, target) pair; the loss with its adaptive weight is a visible line
 in train/main.py's `meanflow_loss_fn`. Both equal Gsunshine/meanflow's `MeanFlow.forward` in value and gradient
-(tests/test_meanflow.py, against fixtures tools/make_meanflow_fixtures.py writes from the official code).
+(tests/core/test_meanflow.py, against fixtures tools/make_meanflow_fixtures.py writes from the official code).
 
 In σ-space (schedules.py's FlowSchedule): t is the flow time, σ = t/(1 − t), z_t = s(σ)·(x0 + σ·ε) with
 s = 1 − t, and the network sees FlowSchedule's time 1000·t and the interval t − r in the same units, 1000·(t − r)

@@ -16,7 +16,7 @@ from eqxdiff import xla_cpu
 from eqxdiff.diffusion import draw_condition_drop, draw_times, meanflow_prediction
 from eqxdiff.diffusion.meanflow import TIME_SCALE
 
-FIXTURE = Path(__file__).parent / "data" / "meanflow" / "official_loss.npz"
+FIXTURE = Path(__file__).parents[1] / "data" / "meanflow" / "official_loss.npz"
 
 
 @pytest.fixture(autouse=True)
