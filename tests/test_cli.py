@@ -60,12 +60,16 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--num NUM number of images (default 100; text-to-image: --per_prompt for each prompt)" in text
-    # each family's own default, as each uses it (sd: diffusers' 30 steps, one image per prompt)
-    assert "--steps STEPS sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)" in text
-    assert "--per_prompt PER_PROMPT images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)" in (
-        text)  # fmt: skip
-    assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
+    assert "--num NUM number of images (text-to-image: --per_prompt for each prompt) (default: 100)" in text
+    assert "--steps STEPS sampler steps (the grids' --sample_steps are fewer, for speed) (default: 18)" in text
+    assert "--per_prompt PER_PROMPT text-to-image runs: images per prompt (default: 10)" in text
+    assert "default: the run's --guidance" in text  # the guidance of the run's own grids
+
+    import sample_pretrained  # train/sample_pretrained.py: each family's own default, as each uses it
+
+    text = " ".join(help_text(sample_pretrained.parse_args, capsys).split())
+    assert "--steps STEPS sampler steps (default: dit:, sit: 250; sd: 30)" in text
+    assert "--per_prompt PER_PROMPT sd: images per prompt (default 1, or --num / prompts)" in text
 
 
 def help_text(parse, capsys) -> str:
@@ -98,7 +102,9 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
     # One definition of the launch flags: the same group, word for word, in every script's --help.
     launch = text[starts[-1] :]
     assert all(f"--{f.name}" in launch for f in dataclasses.fields(Launch))
-    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args):
+    import sample_pretrained  # train/sample_pretrained.py
+
+    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args, sample_pretrained.parse_args):
         other = help_text(parse, capsys)
         assert other[other.index("\nlaunch:\n") :] == launch, parse.__module__
 
@@ -334,3 +340,24 @@ def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():
     assert keep(record("Unclosed client session")) and keep(record("Executing <Task> took 2.0 seconds"))
     exit_on_user_error(lambda: None)
     assert any(isinstance(f, LeftoverAsyncErrors) for f in logging.getLogger("asyncio").filters)
+
+
+def test_every_documented_sampling_command_parses(monkeypatch):
+    """Each `python train/sample.py ...` and `python train/sample_pretrained.py ...` command of README.md and docs/
+    (continued lines joined) is taken by its script's parser and checks: no page gives a flag the script refuses
+    (a renamed one, or one of the other script's). The published checkpoints' files are not here: only their flags."""
+    import shlex
+
+    import sample_pretrained  # train/sample_pretrained.py
+    from docs_pages import all_pages
+
+    monkeypatch.setattr(sample_pretrained, "resolved", lambda flags: flags)  # the files each names are not here
+    scripts = {"python train/sample.py ": sample.parse_args, "python train/sample_pretrained.py ": sample_pretrained.parse_args}
+    text = "\n".join(all_pages().values()).replace("\\\n", " ")
+    parsed = 0
+    for line in text.splitlines():
+        for start, parse in scripts.items():
+            if start in line and "`" not in line:
+                parse(shlex.split(line[line.index(start) + len(start) :].split("#")[0]))
+                parsed += 1
+    assert parsed >= 20

@@ -405,7 +405,7 @@ def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
     for bad in ("0.05", "sigma=0.05", "sigma_rel=x"):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", str(tmp_path), "--ema", bad])
-        assert "--ema takes sigma_rel=S" in capsys.readouterr().err
+        assert "argument --ema: takes sigma_rel=S" in capsys.readouterr().err
     assert sample.parse_args(["--run_dir", str(tmp_path), "--ema", "sigma_rel=0.05"]).ema == 0.05
     import main as train_main  # train/main.py
 

@@ -9,7 +9,7 @@ from eqxdiff.run.finetune import parts
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FineTuneFlags:
     """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
 

@@ -84,7 +84,7 @@ from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # t
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config(FineTuneFlags, Launch):
     """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
     --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s, --init and --lora_* finetune's."""

@@ -195,9 +195,8 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
         image_shape = run.codec.image_shape(run.image_shape)
         opened = opened or open_fid_flags(args, image_shape, features_fn, run.image_dataset)  # one network, one read
         print(f"\nsigma_rel {sigma_rel:g}:")
-        this_ema = argparse.Namespace(**vars(args), ema=sigma_rel)  # measure_fid records which post-hoc EMA
-        rows.append((sigma_rel, measure_fid(this_ema, run.step, mesh, sample_images, cond, image_shape,
-                                            sampling.record(), opened=opened)))  # fmt: skip
+        rows.append((sigma_rel, measure_fid(args, run.step, mesh, sample_images, cond, image_shape, sampling.record(),
+                                            opened=opened, num=args.num, ema=sigma_rel)))  # fmt: skip
     if jax.process_index() == 0:
         keys = [k for k in ("fid", "precision", "recall") if k in rows[0][1]]
         best = min(rows, key=lambda r: r[1]["fid"])[0]
