@@ -123,10 +123,10 @@ def test_the_default_run_dir_is_named_by_dataset_and_model(tmp_path, monkeypatch
 
 
 def test_resuming_takes_left_off_flags_from_the_checkpoint(tmp_path, capsys):
-    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, cfg_scale=2.5, coordinator="h:1",
+    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, guidance=2.5, coordinator="h:1",
                       resume_step=4, remat=True)  # fmt: skip
     cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
-    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.cfg_scale, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
+    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.guidance, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
     assert (cfg.coordinator, cfg.resume_step) == ("", -1)  # how one command starts is never inherited
     assert capsys.readouterr().out == ""  # nothing changed, nothing echoed
 
@@ -361,3 +361,25 @@ def test_every_documented_sampling_command_parses(monkeypatch):
                 parse(shlex.split(line[line.index(start) + len(start) :].split("#")[0]))
                 parsed += 1
     assert parsed >= 20
+
+
+def test_a_checkpoint_of_the_old_flag_names_resumes_and_samples_by_the_new(tmp_path, capsys):
+    """A run saved when --guidance was --cfg_scale (and --guidance_interval --cfg_interval) resumes with its own
+    guidance and interval under their new names, and sample.py's rebuild reads them alike; the old flags on a
+    command line are one line naming the new ones."""
+    from eqxdiff.run.rebuild import stored_flags
+    from eqxdiff.run.sampling import run_sampling
+
+    config = dict(dataclasses.asdict(train_main.Config(guidance=4.0, guidance_interval="0.3,3")), image_shape=[8, 8, 1],
+                  num_classes=10)  # fmt: skip
+    config["cfg_scale"], config["cfg_interval"] = config.pop("guidance"), config.pop("guidance_interval")
+    with Checkpoints(tmp_path / "checkpoints", async_save=False) as checkpoints:
+        assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
+    assert (cfg.guidance, cfg.guidance_interval) == (4.0, "0.3,3")
+    sampling = run_sampling(stored_flags(config))
+    assert (sampling.guidance, sampling.guidance_interval) == (4.0, (0.3, 3.0))
+    for old, new in (("--cfg_scale", "--guidance"), ("--cfg_interval", "--guidance_interval")):
+        with pytest.raises(SystemExit):
+            train_main.parse_config(["--run_dir", str(tmp_path), old, "2"])
+        assert capsys.readouterr().err.startswith(f"error: {old} is now {new} ")

@@ -45,7 +45,7 @@ def test_guidance_flags_are_refused_in_one_line(capsys, tmp_path):
                                                               "--guide_scale", "2", "--guidance", "3")  # fmt: skip
     assert "needs --guide_scale S" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w")
     with pytest.raises(SystemExit) as exited:  # train/main.py's flag alike
-        train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--cfg_interval", "1,0.5"])
+        train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--guidance_interval", "1,0.5"])
     assert exited.value.code == 2 and "needs 0 <= LO < HI" in capsys.readouterr().err
 
 
@@ -68,7 +68,7 @@ def two_runs(tmp_path_factory):
     """Two tiny digits runs of one task: the main one (its grids guided in an interval), and a weak one trained
     shorter, FSDP over 2 devices."""
     root = tmp_path_factory.mktemp("guide")
-    train_here("--run_dir", root / "main", *TINY, "--steps", 4, "--sample_every", 4, "--cfg_interval", "0.5,10")
+    train_here("--run_dir", root / "main", *TINY, "--steps", 4, "--sample_every", 4, "--guidance_interval", "0.5,10")
     assert (root / "main" / "samples" / "step_000004.png").exists()
     train_here("--run_dir", root / "weak", *TINY, "--steps", 2, "--fsdp_size", 2, "--seed", 1)
     return root / "main", root / "weak"

@@ -85,7 +85,7 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused).
     sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
                                    "--guidance", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
-    assert scales == [3.0, 3.0]  # each flag overrides the run's --cfg_scale (1.5)
+    assert scales == [3.0, 3.0]  # each flag overrides the run's --guidance (1.5)
     from test_train_main import row_label_margin
 
     with Image.open(tmp_path / "s.png") as grid:

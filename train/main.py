@@ -132,8 +132,8 @@ class Config(FineTuneFlags, Launch):
     sample_every: int = 300  # steps between sample grids in RUN_DIR/samples (and one at the end); 0: none
     sample_steps: int = 18  # sampler steps of the grids
     sample_method: str = "heun"  # the grids' sampler, eqxdiff/diffusion/samplers.py
-    cfg_scale: float = 1.5  # the grids' classifier-free guidance (1: none); train/sample.py's default too
-    cfg_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
+    guidance: float = 1.5  # the grids' classifier-free guidance scale (1: none); train/sample.py's default too
+    guidance_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
     # evaluation: FID during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
@@ -289,7 +289,7 @@ def main(cfg: Config, features_fn=None) -> None:
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
     schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): by --sample_method, --sample_steps,
-    # --cfg_scale and --cfg_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
+    # --guidance and --guidance_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
     ema_sampling = dict(cfg=cfg, sampling=run_sampling(cfg), codec=codec, condition=condition, schedule=schedule,
                         parameterization=parameterization, sample_shape=image_shape, mesh=mesh)  # fmt: skip
     write_samples = functools.partial(write_sample_grid, **ema_sampling, rows=sample_rows, row_labels=row_labels)

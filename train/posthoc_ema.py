@@ -42,8 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")
     parser.add_argument("--num", type=int, default=1000, help="--sweep: samples per σ_rel")
     parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
-    parser.add_argument("--cfg", type=float, default=None,
-                        help="--sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --cfg_scale)")  # fmt: skip
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="--sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --guidance)")  # fmt: skip
     parser.add_argument("--fid", default="", help="--sweep: FID of --num samples against this .npz (fid_stats.py)")
     parser.add_argument("--inception", default="",
                         help="--fid: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")  # fmt: skip
@@ -173,7 +173,7 @@ def check_sweep(args: argparse.Namespace, stored: dict) -> None:
 
 def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
     """Each reconstruction's FID, measured as train/sample.py --ema sigma_rel=S --fid does (train/sample_many.py's
-    measure_fid: the run's sampler, guidance (or --cfg) and interval, --seed, --batch_size chunks), one JSON line
+    measure_fid: the run's sampler, guidance (or --guidance) and interval, --seed, --batch_size chunks), one JSON line
     each in --fid_out and one table row each, the lowest marked. Returns [(σ_rel, measure_fid's result)]."""
     import functools
 
@@ -189,7 +189,7 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
         num_classes = run.stored["num_classes"]
         labels = sample.balanced_labels(args.num, list(range(num_classes))) if num_classes else None
         cond, null_cond = run.condition.for_sampling(labels, 1)  # as sample.py's: one image per label, or none
-        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py's, --cfg its --guidance
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py's
         sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
                                           run.image_shape, mesh=mesh, null_cond=null_cond)  # fmt: skip
         image_shape = run.codec.image_shape(run.image_shape)
@@ -220,14 +220,14 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
 
     mesh = make_mesh(data=-1, fsdp=1)
     keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")
-    guided = "the run's guidance" if args.cfg is None else f"guidance {args.cfg:g}"
+    guided = "the run's guidance" if args.guidance is None else f"guidance {args.guidance:g}"
     print(f"\nsweep: {args.num} samples each, {args.steps} steps, the run's sampler, {guided}")
     print(f"{'sigma_rel':>10}" + "".join(f"{k:>16}" for k in keys))
     rows = []
     for sigma_rel in args.sigma_rels:
         run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
         sample.check_eval(run.stored)
-        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py --eval's
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py --eval's
         labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
         cond, null_cond = run.condition.for_sampling(labels, 1)
         images, _ = sampling.images(run.ema, run.codec, run.schedule, run.parameterization, run.image_shape, cond,

@@ -19,14 +19,14 @@ from eqxdiff.run.codecs import codec_from_config
 from eqxdiff.run.finetune import open_init
 from eqxdiff.run.models import CONSTRUCTORS, build_model, model_args
 from eqxdiff.run.open_condition import condition_from_config, stored_condition
-from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
+from eqxdiff.run.run_dir import checkpoint_steps, close_runs, current_names, saved_config
 from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
 
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
 LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
-                   phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on",
+                   phema_sigma_rels="", phema_every=100, guidance_interval="", xla_cpu="on",
                    remat_policy=DEFAULT_REMAT_POLICY)  # fmt: skip
 
 
@@ -35,7 +35,7 @@ class Run:
     """A checkpoint of a train/main.py run, ready to sample."""
 
     ema: Any  # the EMA model, replicated over the mesh it was loaded onto
-    cfg: SimpleNamespace  # the run's flags (`stored_flags`): cfg.model, cfg.cfg_scale, ...
+    cfg: SimpleNamespace  # the run's flags (`stored_flags`): cfg.model, cfg.guidance, ...
     stored: dict  # the config the checkpoint stores (the flags, image_shape, model_args, codec, condition, ...)
     step: int
     condition: Any  # eqxdiff/run/conditions.py: what the network is conditioned on, with its tower and null
@@ -48,10 +48,10 @@ class Run:
 
 
 def stored_flags(stored: dict) -> SimpleNamespace:
-    """The flags of a run as its checkpoint's config stores them (train/main.py's Config, as attributes), with
-    LATER_FLAGS' values for those a checkpoint from before them lacks. The config's other entries (image_shape,
+    """The flags of a run as its checkpoint's config stores them (train/main.py's Config, as attributes, renamed
+    ones by their current names), with LATER_FLAGS' values for those a checkpoint from before them lacks. The config's other entries (image_shape,
     model_args, codec, ...) come along; the rebuild reads them from `stored`."""
-    return SimpleNamespace(**(LATER_FLAGS | stored))
+    return SimpleNamespace(**(LATER_FLAGS | current_names(stored)))
 
 
 def sigma_data(flags: Any, codec) -> float:
