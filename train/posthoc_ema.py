@@ -124,8 +124,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         check_sweep(args, stored)
     cfg = stored_flags(stored)
     condition = stored_run_condition(run_dir, stored, mesh)
-    trained = open_init(cfg, mesh, 2**62, base=False).trained  # a LoRA run's state: the adapters
-    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, trained)
+    tune = open_init(cfg, mesh, 2**62, base=False)  # a LoRA run's state: the adapters
+    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune)
     with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
         if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
             raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "

@@ -117,34 +117,35 @@ def load_run(run_dir: str | os.PathLike, step: int = -1, *, mesh: Mesh, ema: flo
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
         # --init: its scheduler; a LoRA's base read again from the folder, without remat as the model here
         tune = open_init(SimpleNamespace(**vars(cfg) | {"remat": False}), mesh, 2**62)
-        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained, constructors)
+        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune, constructors)
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
     if ema is not None:
         step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
-    schedule, parameterization = tune.noise(
-        schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
-    )
+    args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)  # older: MODELS'
+    net = tune.network(args, schedule_by_name(cfg.schedule),
+                       parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)), ())  # fmt: skip
     return Run(
         ema=tune.whole(model), cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
-        schedule=schedule, parameterization=parameterization, image_shape=tuple(stored["image_shape"]),
+        schedule=net.schedule, parameterization=net.parameterization, image_shape=tuple(stored["image_shape"]),
         image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
 
 
-def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, trained=lambda make: make,
+def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, tune=None,
                        constructors: dict | None = None) -> tuple:  # fmt: skip
     """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config
-    (`cfg`: `stored_flags(stored)`); `trained(make_model)`: the part the state trains (eqxdiff/run/finetune.py: a
-    LoRA run's adapters); `constructors`: `load_run`'s."""
+    (`cfg`: `stored_flags(stored)`); `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's `open_init`), which says
+    the part the state trains (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
 
-    @trained
     def make_model(key):
         return build_model(args, False, key, condition, constructors or CONSTRUCTORS)
+
+    make_model = make_model if tune is None else tune.training(make_model, None).make_model
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
     optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, cfg.lr_ref_steps)[0]
