@@ -124,15 +124,18 @@ def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) 
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-    """The run's fine-tuning kind, where its weights come from and what trains: `Scratch` (no --init), `Pretrained`
-    (--init sd:FOLDER) or `LoRA` (with --lora_rank). `source`: the training data, checked to be what the folder's
-    UNet takes (`check_data`; None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base
-    (False: the state's structure is all that is asked)."""
-    if not cfg.init:
-        return Scratch(cfg, mesh, min_size)
-    if not cfg.lora_rank:
-        return Pretrained(cfg, mesh, min_size, source)
-    return LoRA(cfg, mesh, min_size, rules, source, base=base)
+    """The run's fine-tuning kind, where its weights come from and what trains: --finetune's of FINETUNE_KINDS, else
+    `Scratch` (no --init), `Pretrained` (--init sd:FOLDER) or `LoRA` (with --lora_rank). `rules`: SHARDING_RULES;
+    `source`: the training data, checked to be what the folder's UNet takes (`check_data`; None: a rebuild for
+    sampling, which reads no data). `base`: read a LoRA run's base (False: the state's structure is all that is
+    asked)."""
+    name = cfg.finetune  # a checkpoint from before --finetune: "" (LATER_FLAGS)
+    if name and name not in FINETUNE_KINDS:
+        known = ", ".join(FINETUNE_KINDS) or "none yet"
+        raise SystemExit(f"--finetune {name}: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py (there: "
+                         f"{known}); add its class there, or leave --finetune off.")  # fmt: skip
+    kind = FINETUNE_KINDS[name] if name else LoRA if cfg.init and cfg.lora_rank else Pretrained if cfg.init else Scratch
+    return kind(cfg, mesh, min_size, rules, source, base=base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +159,10 @@ class Training:
 
 
 class Scratch:
-    """Weights drawn from --seed, the whole network trained: --model, --schedule and --parameterization as given."""
+    """Weights drawn from --seed, the whole network trained: --model, --schedule and --parameterization as given.
+    Every kind is made as `open_init` makes it, `Kind(cfg, mesh, min_size, rules, source, base=)`."""
 
-    def __init__(self, cfg, mesh, min_size: int):
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         self.cfg, self.mesh, self.min_size = cfg, mesh, min_size
 
     def network(self, args: dict, schedule, parameterization, rules) -> Network:
@@ -197,7 +201,7 @@ class Pretrained(Scratch):
     """--init sd:FOLDER (module docstring): the folder's UNet trained whole, its config the network, its scheduler
     the noise, its weights the start."""
 
-    def __init__(self, cfg, mesh, min_size: int, source=None):
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         super().__init__(cfg, mesh, min_size)
         self.folders = parts(cfg.init)
         self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
@@ -243,7 +247,7 @@ class LoRA(Pretrained):
     diffusers reads them."""
 
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-        super().__init__(cfg, mesh, min_size, source)
+        super().__init__(cfg, mesh, min_size, rules, source)
         rules = [*rules, *HEAD_LAYOUT_RULES]  # the frozen `unet`'s layout: the network's rules (`network`)
         with self.refusing():  # the fresh adapters and the frozen base (the rest of the adapted UNet), or None, None
             self.adapters, self.base = self.lora_base(mesh, min_size, rules) if base else (None, None)
@@ -303,3 +307,8 @@ class LoRA(Pretrained):
             local = save_lora(model, Path(tmp))
             upload(local, run_dir / "lora" / local.name)
         return run_dir / "lora" / local.name
+
+
+# Fine-tuning kinds a run names with --finetune NAME (train/finetune.py), each made as `open_init` makes them; a
+# checkpoint stores the name, so train/sample.py rebuilds the run with its kind (docs/edits.md, edit (h)).
+FINETUNE_KINDS: dict[str, type] = {}

@@ -27,7 +27,7 @@ from eqxdiff.training.phema import parse_sigma_rels
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
 LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
                    phema_sigma_rels="", phema_every=100, guidance_interval="", xla_cpu="on",
-                   remat_policy=DEFAULT_REMAT_POLICY)  # fmt: skip
+                   remat_policy=DEFAULT_REMAT_POLICY, finetune="")  # fmt: skip
 
 
 @dataclass(frozen=True)
