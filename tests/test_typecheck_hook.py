@@ -14,7 +14,7 @@ import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the sc
 
 def test_every_eqxdiff_module_is_loaded_through_the_jaxtyping_hook():
     # The train/ scripts import eqxdiff modules of their own.
-    for script in ("main", "sample", "encode", "fid_stats", "launch_local"):
+    for script in ("main", "sample", "sample_pretrained", "encode", "fid_stats", "launch_local"):
         importlib.import_module(script)
     for module in pkgutil.walk_packages(eqxdiff.__path__, "eqxdiff."):
         importlib.import_module(module.name)
