@@ -102,9 +102,11 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
     # One definition of the launch flags: the same group, word for word, in every script's --help.
     launch = text[starts[-1] :]
     assert all(f"--{f.name}" in launch for f in dataclasses.fields(Launch))
+    import posthoc_ema  # train/posthoc_ema.py
     import sample_pretrained  # train/sample_pretrained.py
 
-    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args, sample_pretrained.parse_args):
+    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args, sample_pretrained.parse_args,
+                  posthoc_ema.parse_args):
         other = help_text(parse, capsys)
         assert other[other.index("\nlaunch:\n") :] == launch, parse.__module__
 
