@@ -381,10 +381,10 @@ def main(cfg: Config, features_fn=None) -> None:
     with Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
     ) as logger, checkpoints, snapshots or contextlib.nullcontext(), StopRequest() as stop:
-        # The grids and checkpoints as the kind writes them (LoRA: the grids of base + EMA adapters, its file beside)
-        write_grids, save = tune.outputs(write_samples, functools.partial(
+        # The grids, checkpoints and FID as the kind writes them (LoRA: of base + EMA adapters; its file beside)
+        write_grids, save, measure = tune.outputs(write_samples, functools.partial(
             save_checkpoint, checkpoints=checkpoints, source=source, config=ckpt_config, batches=batches,
-            start_example=start_example))  # fmt: skip
+            start_example=start_example), evaluate)  # fmt: skip
         logger.truncate_after(start_step)  # a resumed run logs each step once
         logger.log_once({
             "startup/step_flops_per_device": flops_per_device,
@@ -395,7 +395,7 @@ def main(cfg: Config, features_fn=None) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_grids, stop=stop, evaluate=evaluate, save_checkpoint=save,
+            write_samples=write_grids, stop=stop, evaluate=measure, save_checkpoint=save,
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits

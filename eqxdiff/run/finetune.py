@@ -20,7 +20,8 @@ the format diffusers' `load_lora_weights` reads).
 The run's fine-tuning kind (`open_init`: `Scratch`, `Pretrained` or `LoRA`) is where its weights come from and what
 trains, asked four questions: `network` (its constructor arguments, sharding rules and training noise), `training`
 (what the step trains, its frozen argument, how the two make the network, and a new run's state), `whole` (the
-network of a trained part: what samples) and `outputs` (what the sample grids and checkpoints write).
+network of a trained part: what the grids, FID and train/sample.py sample) and `outputs` (what the grids,
+checkpoints and FID write). A new kind is a class and its FINETUNE_KINDS entry (docs/edits.md, edit (h)).
 """
 
 import contextlib
@@ -182,9 +183,14 @@ class Scratch:
         """The network of a trained part (the EMA's, for sampling)."""
         return model
 
-    def outputs(self, write_samples: Callable, save_checkpoint: Callable) -> tuple[Callable, Callable]:
-        """(write_samples(step, state), save_checkpoint(step, state)) of train/loop.py, as this kind writes them."""
-        return write_samples, save_checkpoint
+    def outputs(self, write_samples: Callable, save_checkpoint: Callable, evaluate: Callable | None = None) -> tuple:
+        """(write_samples, save_checkpoint, evaluate) of train/loop.py, each `(step, state)`, as this kind writes them:
+        the grids and FID of the state's `whole` EMA, the checkpoint as it is."""
+
+        def of_whole(fn):
+            return fn and (lambda step, state: fn(step, dataclasses.replace(state, ema=self.whole(state.ema))))
+
+        return of_whole(write_samples), save_checkpoint, of_whole(evaluate)
 
 
 def host_value(x: jax.Array) -> np.ndarray:
@@ -280,14 +286,12 @@ class LoRA(Pretrained):
         """The network of a trained part (the EMA's, for sampling): the adapters put into the base."""
         return model if self.base is None else with_base(model, {"unet": self.base})
 
-    def outputs(self, write_samples: Callable, save_checkpoint: Callable) -> tuple[Callable, Callable]:
-        """The grids of the state's whole EMA; each checkpoint, and the EMA's adapters as
+    def outputs(self, write_samples: Callable, save_checkpoint: Callable, evaluate: Callable | None = None) -> tuple:
+        """Scratch's, where each checkpoint also writes the EMA's adapters as
         RUN_DIR/lora/pytorch_lora_weights.safetensors."""
-        if self.base is None:
-            return write_samples, save_checkpoint
-
-        def write(step: int, state) -> None:
-            write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
+        write, save_checkpoint, evaluate = super().outputs(write_samples, save_checkpoint, evaluate)
+        if self.base is None:  # no base read: nothing whole to write
+            return write, save_checkpoint, evaluate
 
         def save(step: int, state) -> None:
             save_checkpoint(step, state)
@@ -296,7 +300,7 @@ class LoRA(Pretrained):
                 path = self.write_lora(self.whole(adapters))
                 tqdm.write(f"step {step}: LoRA -> {path}")
 
-        return write, save
+        return write, save, evaluate
 
     def write_lora(self, model):
         """RUN_DIR/lora/pytorch_lora_weights.safetensors, in a gs:// run's bucket as one upload of a local file."""
