@@ -385,3 +385,18 @@ def test_a_checkpoint_of_the_old_flag_names_resumes_and_samples_by_the_new(tmp_p
         with pytest.raises(SystemExit):
             train_main.parse_config(["--run_dir", str(tmp_path), old, "2"])
         assert capsys.readouterr().err.startswith(f"error: {old} is now {new} ")
+
+
+def test_no_page_notebook_or_benchmark_gives_a_renamed_flag():
+    """The flags renamed for one name per concept (train/flags.py's RENAMED: --cfg, --cfg_scale, --cfg_interval, now
+    --guidance and --guidance_interval) appear in no command of the documentation, the notebooks or the benchmarks
+    (BENCHMARKS.md keeps the commands as they were run)."""
+    from docs_pages import ROOT, all_pages
+    from flags import RENAMED  # train/flags.py
+
+    texts = dict(all_pages()) | {str(p.relative_to(ROOT)): p.read_text() for p in [
+        *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("train/*.py")]}  # fmt: skip
+    texts.pop("train/flags.py")  # the table itself
+    for name, text in texts.items():
+        for old in RENAMED:
+            assert not re.search(rf"{old}(?![\w-])", text), f"{name} gives {old}; it is {RENAMED[old]} now"
