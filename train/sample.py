@@ -124,8 +124,7 @@ def posthoc_ema(text: str) -> float:
 
 def parse_args(argv: list[str] | None = None) -> Flags:
     """The command line as one frozen `Flags`; a flag that does not fit is one line naming the fix."""
-    parser = dataclass_parser(Flags, __doc__, CHOICES, required=("run_dir",), parsers={"ema": posthoc_ema})
-    parser.moved = MOVED
+    parser = dataclass_parser(Flags, __doc__, CHOICES, required=("run_dir",), parsers={"ema": posthoc_ema}, moved=MOVED)
     flags = parsed_flags(Flags, parser.parse_args(argv))
     if Path(flags.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {flags.out!r}")

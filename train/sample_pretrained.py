@@ -110,8 +110,7 @@ MOVED = {
 
 def parse_args(argv: list[str] | None = None) -> Flags:
     """The command line as one frozen `Flags`, each default the family's (`resolved`), checked before JAX starts."""
-    parser = dataclass_parser(Flags, __doc__, {"vae_tiling": list(TILING_MODES)}, required=("pretrained",))
-    parser.moved = MOVED
+    parser = dataclass_parser(Flags, __doc__, {"vae_tiling": list(TILING_MODES)}, required=("pretrained",), moved=MOVED)
     flags = parsed_flags(Flags, parser.parse_args(argv))
     if Path(flags.out).suffix not in (".png", ".npz"):
         parser.error(f"--out must end in .png or .npz, got {flags.out!r}")

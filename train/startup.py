@@ -117,9 +117,10 @@ def parsed_flags(config_type, namespace: argparse.Namespace):
 
 
 def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
-                     given_only: bool = False, parsers: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
-    """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
-    return add_flags(Parser(description=description), config_type, choices, required, given_only, parsers)
+                     given_only: bool = False, parsers: dict | None = None,
+                     moved: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
+    """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help; `moved`: Parser's."""
+    return add_flags(Parser(description=description, moved=moved), config_type, choices, required, given_only, parsers)
 
 
 class LeftoverAsyncErrors(logging.Filter):
