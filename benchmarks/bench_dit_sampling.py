@@ -60,15 +60,15 @@ def run_model(args, peer: TorchPeer, tmp: Path, name: str, config: dict, rng) ->
     key = jax.random.key(args.seed)
 
     def run():
-        return sample_dit(model, labels, noise, steps=args.steps, method=args.method, guidance=args.cfg, key=key)
+        return sample_dit(model, labels, noise, steps=args.steps, method=args.method, guidance=args.guidance, key=key)
 
     start = time.perf_counter()
     ours = np.asarray(jax.block_until_ready(run()))
     first_s = time.perf_counter() - start
-    answer = peer("prepare", method=args.method, steps=args.steps, cfg_scale=args.cfg, input=str(tmp / "input.npz"),
+    answer = peer("prepare", method=args.method, steps=args.steps, cfg_scale=args.guidance, input=str(tmp / "input.npz"),
                   output=str(tmp / "output.npy"))  # fmt: skip
     result = {"model": name, "config": config, "params": {"torch": built["params"], "eqxdiff": param_count(model)},
-              "batch": args.batch, "steps": args.steps, "method": args.method, "cfg_scale": args.cfg,
+              "batch": args.batch, "steps": args.steps, "method": args.method, "guidance": args.guidance,
               "calls_per_round": args.calls, "rounds": args.rounds, "eqxdiff_first_call_s": round(first_s, 3),
               "torch_first_call_s": round(answer["first_call_s"], 3)}  # fmt: skip
     if args.method == "ddim":
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", default="50", help='a respacing, as DiT\'s: "250", "ddim50"')
     parser.add_argument("--method", choices=("ddpm", "ddim"), default="ddpm")
-    parser.add_argument("--cfg", type=float, default=1.5, help="cfg scale (> 1: the doubled batch)")
+    parser.add_argument("--guidance", type=float, default=1.5, help="guidance scale (> 1: the doubled batch)")
     parser.add_argument("--calls", type=int, default=1, help="sampling loops per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per model")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")

@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--guidance", "--cfg", default="1,1.5,4", help="guidance scales to sample at, comma-separated")
+    parser.add_argument("--guidance", default="1,1.5,4", help="guidance scales to sample at, comma-separated")
     parser.add_argument("--per_prompt", type=int, default=5, help="samples per prompt (90 prompts)")
     parser.add_argument("--run_dir", default="", help="keep the run here (default: a temporary folder)")
     parser.add_argument("--flags", default="", help="extra train/main.py flags, space-separated")
@@ -54,13 +54,13 @@ def main() -> None:
         result["matmul_gflops"] = startup["startup/peak_flops_per_device"] / 1e9
         _, digits = captioned_digits_prompts(90, seed=0)
         for scale in args.guidance.split(","):
-            out = run_dir / f"cfg_{scale}.npz"
+            out = run_dir / f"guidance_{scale}.npz"
             wall = run_script("sample.py", "--run_dir", run_dir, "--num", 90 * args.per_prompt, "--per_prompt",
                               args.per_prompt, "--guidance", scale, "--out", out, quiet=False)  # fmt: skip
             with np.load(out) as saved:
                 scores = two_digit_accuracy(saved["images"], np.repeat(digits, args.per_prompt, axis=0))
-            result[f"cfg_{scale}"] = {**scores, "sample_wall_s": wall}
-            print(json.dumps({scale: result[f"cfg_{scale}"]}), flush=True)
+            result[f"guidance_{scale}"] = {**scores, "sample_wall_s": wall}
+            print(json.dumps({scale: result[f"guidance_{scale}"]}), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md
 
 def test_every_eqxdiff_module_is_loaded_through_the_jaxtyping_hook():
     # The train/ scripts import eqxdiff modules of their own.
-    for script in ("main", "sample", "encode", "fid_stats", "launch_local"):
+    for script in ("main", "sample", "sample_pretrained", "encode", "fid_stats", "launch_local"):
         importlib.import_module(script)
     for module in pkgutil.walk_packages(eqxdiff.__path__, "eqxdiff."):
         importlib.import_module(module.name)

@@ -15,7 +15,7 @@ from eqxdiff.training.phema import parse_sigma_rels
 def flag_value_error(cfg) -> str | None:
     """What is wrong with a flag's value that argparse's type cannot see (parse_config's error), or None."""
     try:
-        parse_interval(cfg.cfg_interval)
+        parse_interval(cfg.guidance_interval)
     except ValueError as e:
         return str(e)
     if cfg.profile_steps and not parse_step_range(cfg.profile_steps):

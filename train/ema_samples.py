@@ -14,7 +14,7 @@ from eqxdiff.run.sampling import Sampling
 def write_sample_grid(step: int, state, *, cfg, sampling: Sampling, codec, condition, schedule, parameterization,
                       sample_shape: tuple, mesh: Mesh, rows: list, row_labels: list[str] | None) -> None:  # fmt: skip
     """Ten images of each of `rows` (a label or prompt each, `condition.for_sampling`'s rows) from the EMA by
-    `sampling` (the run's: --sample_steps, --sample_method, --cfg_scale, --cfg_interval), noise seed --seed + `step`;
+    `sampling` (the run's: --sample_steps, --sample_method, --guidance, --guidance_interval), noise seed --seed + `step`;
     process 0 writes them as RUN_DIR/samples/step_STEP.png, a grid row per row, labelled `row_labels` (None:
     unlabelled)."""
     cond, null_cond = condition.for_sampling(rows, 10)

@@ -65,7 +65,7 @@ from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # t
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config(Launch):
     """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
 

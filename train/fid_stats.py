@@ -50,7 +50,7 @@ from outputs import check_writable  # train/outputs.py: the output's folder, bef
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config(Launch):
     """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
 

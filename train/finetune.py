@@ -9,7 +9,7 @@ from eqxdiff.run.finetune import parts
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FineTuneFlags:
     """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
 
@@ -18,6 +18,7 @@ class FineTuneFlags:
     lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
     lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
     lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
+    finetune: str = ""  # a fine-tuning kind by its FINETUNE_KINDS name, eqxdiff/run/finetune.py (default: --init's, --lora_rank's)
 
 
 def with_init_flags(cfg):

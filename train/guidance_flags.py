@@ -1,5 +1,5 @@
 """train/sample.py's `--guide_run`: the weak model checked against the run it guides (autoguidance needs a weaker
-model of the same task). `--cfg_interval LO,HI` is parsed by eqxdiff/run/sampling.py's parse_interval."""
+model of the same task). `--guidance_interval LO,HI` is parsed by eqxdiff/run/sampling.py's parse_interval."""
 
 from eqxdiff.run.open_condition import stored_condition
 

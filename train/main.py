@@ -65,7 +65,6 @@ from eqxdiff.training import (
     MetricsLogger,
     ProfileWindow,
     abstract_train_state,
-    create_train_state,
     ema_warmup,
     make_train_step,
     peak_flops_per_device,
@@ -90,7 +89,7 @@ from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # t
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config(FineTuneFlags, Launch):
     """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
     --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s, --init and --lora_* finetune's."""
@@ -147,8 +146,8 @@ class Config(FineTuneFlags, Launch):
     sample_every: int = 300  # steps between sample grids in RUN_DIR/samples (and one at the end); 0: none
     sample_steps: int = 18  # sampler steps of the grids
     sample_method: str = "heun"  # the grids' sampler, eqxdiff/diffusion/samplers.py
-    cfg_scale: float = 1.5  # the grids' classifier-free guidance (1: none); train/sample.py's default too
-    cfg_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
+    guidance: float = 1.5  # the grids' classifier-free guidance scale (1: none); train/sample.py's default too
+    guidance_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
     # evaluation: FID during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
@@ -327,8 +326,9 @@ def main(cfg: Config, features_fn=None) -> None:
     check_text_folders_exist(cfg)
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
-    tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)  # --init: the pretrained UNet, LoRA
-    rules = tune.rules(SHARDING_RULES)  # the network's: --init adds SD's attention layout after these
+    # Where the weights come from and what trains (eqxdiff/run/finetune.py): --model drawn from --seed (Scratch), or
+    # --init's folder's UNet, trained whole (Pretrained) or frozen under LoRA adapters (LoRA); --init's data checked
+    tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
     condition = run_condition(cfg, source, mesh, SHARDING_RULES)  # what the network sees (eqxdiff/run/conditions.py)
@@ -348,9 +348,12 @@ def main(cfg: Config, features_fn=None) -> None:
     source = condition.records(source)  # captions -> token ids as records are read, on the host
     schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
-    schedule, parameterization = tune.noise(schedule, parameterization)  # --init: its scheduler's
+    # The network's constructor arguments, sharding rules and noise: as above, or what --init's folder decides
+    net = tune.network(model_args(cfg.model, image_shape, condition), schedule, parameterization, SHARDING_RULES)
+    args, rules, schedule, parameterization = net.args, net.rules, net.schedule, net.parameterization
+    args = with_two_times(cfg, args)  # --objective meanflow: a network of t and t - r (eqxdiff/nn/unet.py, dit.py)
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): by --sample_method, --sample_steps,
-    # --cfg_scale and --cfg_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
+    # --guidance and --guidance_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
     ema_sampling = dict(cfg=cfg, sampling=run_sampling(cfg), codec=codec, condition=condition, schedule=schedule,
                         parameterization=parameterization, sample_shape=image_shape, mesh=mesh)  # fmt: skip
     write_samples = functools.partial(write_sample_grid, **ema_sampling, rows=sample_rows, row_labels=row_labels)
@@ -362,19 +365,19 @@ def main(cfg: Config, features_fn=None) -> None:
         evaluate = functools.partial(evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network,
                                      reference=fid_reference)  # fmt: skip
 
-    args = tune.model_args(model_args(cfg.model, image_shape, condition))  # the network's constructor arguments
-    args = with_two_times(cfg, args)  # --objective meanflow: a network of t and t - r (eqxdiff/nn/unet.py, dit.py)
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
     set_remat_policy(cfg.remat_policy)  # read as the step traces each block
-    make_model = tune.trained(functools.partial(build_model, args, cfg.remat, condition=condition))  # trained part
+    # What the step trains (the network, or LoRA's adapters), its frozen argument (a text tower, its null, LoRA's
+    # base) and a new run's state
+    training = tune.training(functools.partial(build_model, args, cfg.remat, condition=condition), condition.frozen())
+    make_model, frozen = training.make_model, training.frozen
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
     if warmup != cfg.warmup_steps and is_main:
         tqdm.write(f"--warmup_steps {cfg.warmup_steps} >= --steps {cfg.steps}: warming up for {warmup} steps")
     optimizer, lr_schedule = run_optimizer(cfg.lr, cfg.steps, warmup, cfg.weight_decay, cfg.lr_ref_steps)
 
-    frozen = tune.frozen(condition.frozen())  # the step's frozen argument: a text tower, its null, a LoRA's base
     sigma_rels = parse_sigma_rels(cfg.phema_sigma_rels)  # post-hoc EMA's tracked profiles (eqxdiff/training/phema.py)
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
@@ -396,7 +399,7 @@ def main(cfg: Config, features_fn=None) -> None:
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
         state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
         grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
-        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=tune.model_of,  # LoRA: adapters + base
+        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=training.model_of,  # LoRA: adapters + base
         after_update=force_weight_normalization,  # EDM2's MPConv weights back on the unit sphere (others: unchanged)
     )  # fmt: skip
     spec = batch_spec(source, cfg.batch_size)
@@ -412,9 +415,7 @@ def main(cfg: Config, features_fn=None) -> None:
     with ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(train_step.compile, abstract, spec, frozen)
         if resume is None:
-            state = tune.fresh_state(optimizer, shardings) or create_train_state(  # --init: the folder's UNet
-                make_model, optimizer, jax.random.key(cfg.seed), mesh, cfg.fsdp_min_param_size, shardings=shardings
-            )[0]  # fmt: skip
+            state = training.start(optimizer, shardings)  # drawn from --seed, or --init's folder's (or adapters)
             start_step, start_example = 0, 0
         else:
             try:
@@ -439,6 +440,10 @@ def main(cfg: Config, features_fn=None) -> None:
     with Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches, MetricsLogger(
         run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
     ) as logger, checkpoints, snapshots or contextlib.nullcontext(), StopRequest() as stop:
+        # The grids, checkpoints and FID as the kind writes them (LoRA: of base + EMA adapters; its file beside)
+        write_grids, save, measure = tune.outputs(write_samples, functools.partial(
+            save_checkpoint, checkpoints=checkpoints, source=source, config=ckpt_config, batches=batches,
+            start_example=start_example), evaluate)  # fmt: skip
         logger.truncate_after(start_step)  # a resumed run logs each step once
         logger.log_once({
             "startup/step_flops_per_device": flops_per_device,
@@ -449,10 +454,7 @@ def main(cfg: Config, features_fn=None) -> None:
             cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=tune.sampling(write_samples), stop=stop, evaluate=evaluate,  # LoRA: the base + EMA adapters
-            save_checkpoint=tune.saving(functools.partial(save_checkpoint, checkpoints=checkpoints, source=source,
-                                                          config=ckpt_config, batches=batches,
-                                                          start_example=start_example)),
+            write_samples=write_grids, stop=stop, evaluate=measure, save_checkpoint=save,
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
         )  # fmt: skip
         checkpoints.wait()  # the final save is on disk before the process exits

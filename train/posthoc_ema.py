@@ -14,14 +14,14 @@ train/sample.py --ema sigma_rel=S reads it. One process; the snapshots are read 
 run), as train/sample.py --ema sigma_rel=S --fid STATS.npz does: the same samples, the same number.
 """
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import equinox as eqx
 import jax
 import numpy as np
 
-from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
+from startup import Launch, dataclass_parser, exit_on_user_error, parsed_flags, start_jax
 
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
@@ -32,40 +32,54 @@ from eqxdiff.sharding import make_mesh
 from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = Parser(description=__doc__)
-    parser.add_argument("--run_dir", required=True, help="a train/main.py run trained with --phema_sigma_rels")
-    parser.add_argument("--sigma_rel", required=True, help="comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2")
-    parser.add_argument("--step", type=int, default=-1, help="the snapshot step to rebuild at (default: the newest)")
-    parser.add_argument("--from_sigma_rels", default="",
-                        help="only the snapshots of these tracked profiles, e.g. 0.1 (default: all)")  # fmt: skip
-    parser.add_argument("--sweep", action="store_true", help="score each with the digits scorecard (digits runs)")
-    parser.add_argument("--num", type=int, default=1000, help="--sweep: samples per σ_rel")
-    parser.add_argument("--steps", type=int, default=18, help="--sweep: sampler steps")
-    parser.add_argument("--cfg", type=float, default=None,
-                        help="--sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --cfg_scale)")  # fmt: skip
-    parser.add_argument("--fid", default="", help="--sweep: FID of --num samples against this .npz (fid_stats.py)")
-    parser.add_argument("--inception", default="",
-                        help="--fid: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth")  # fmt: skip
-    parser.add_argument("--fid_out", default="",
-                        help="--fid: append a JSON line per σ_rel here (default: RUN_DIR/fid.jsonl)")  # fmt: skip
-    parser.add_argument("--batch_size", type=int, default=500, help="--fid: samples per sampler call")
-    parser.add_argument("--seed", type=int, default=0, help="--fid: the sampler's noise")
-    add_flags(parser, Launch)  # --cpu_devices, ... (train/startup.py)
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class Flags(Launch):
+    """train/posthoc_ema.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a
+    group of --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s."""
+
+    # rebuild: the post-hoc EMAs made
+    run_dir: str = ""  # a train/main.py run trained with --phema_sigma_rels
+    sigma_rel: str = ""  # comma-separated relative widths, e.g. 0.02,0.05,0.1,0.2
+    step: int = -1  # the snapshot step to rebuild at (default: the newest)
+    from_sigma_rels: str = ""  # only the snapshots of these tracked profiles, e.g. 0.1 (default: all)
+    # sweep: each one sampled and scored
+    sweep: bool = False  # score each with the digits scorecard (digits runs)
+    num: int = 1000  # --sweep: samples per σ_rel
+    steps: int = 18  # --sweep: sampler steps
+    guidance: float | None = None  # --sweep: guidance scale (1: none, the scorecard's unguided row; default: the run's --guidance)
+    fid: str = ""  # --sweep: FID of --num samples against this .npz (fid_stats.py)
+    inception: str = ""  # --fid: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth
+    fid_out: str = ""  # --fid: append a JSON line per σ_rel here (default: RUN_DIR/fid.jsonl)
+    batch_size: int = 500  # --fid: samples per sampler call
+    seed: int = 0  # --fid: the sampler's noise
+
+    @property
+    def sigma_rels(self) -> tuple[float, ...]:
+        """--sigma_rel's widths."""
+        return parse_sigma_rels(self.sigma_rel)
+
+    @property
+    def only(self) -> tuple[float, ...]:
+        """--from_sigma_rels' profiles (empty: all)."""
+        return parse_sigma_rels(self.from_sigma_rels)
+
+
+def parse_args(argv: list[str] | None = None) -> Flags:
+    """The command line as one frozen `Flags`; a flag that does not fit is one line naming the fix."""
+    parser = dataclass_parser(Flags, __doc__, required=("run_dir", "sigma_rel"))
+    flags = parsed_flags(Flags, parser.parse_args(argv))
     try:
-        args.sigma_rels = parse_sigma_rels(args.sigma_rel)
-        args.only = parse_sigma_rels(args.from_sigma_rels)
+        sigma_rels, _ = flags.sigma_rels, flags.only
     except ValueError as e:
         parser.error(f"--sigma_rel, --from_sigma_rels: {e}")
-    if not args.sigma_rels:
+    if not sigma_rels:
         parser.error("--sigma_rel: give at least one relative width, e.g. 0.05")
-    if args.fid and not (args.sweep and args.inception and args.num >= 2 and args.batch_size >= 1):
+    if flags.fid and not (flags.sweep and flags.inception and flags.num >= 2 and flags.batch_size >= 1):
         parser.error("--fid goes with --sweep and needs --inception FILE (pytorch-fid's weights), --num >= 2 and "
                      "--batch_size >= 1")  # fmt: skip
-    if args.num_processes > 1:
+    if flags.num_processes > 1:
         parser.error("train/posthoc_ema.py runs in one process (it reads each snapshot whole)")
-    return args
+    return flags
 
 
 def snapshot_inputs(profiles: dict[int, list[float]], only: tuple[float, ...] = ()) -> list[tuple[int, int, float]]:
@@ -109,7 +123,7 @@ def same_inputs(a: list, b: list) -> bool:
     return [r[:3] for r in a] == [r[:3] for r in b] and np.allclose([r[3] for r in a], [r[3] for r in b], rtol=1e-9)
 
 
-def main(args: argparse.Namespace, features_fn=None) -> None:
+def main(args: Flags, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     run_dir = as_path(args.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     if not (run_dir / "phema").is_dir():
@@ -124,8 +138,8 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         check_sweep(args, stored)
     cfg = stored_flags(stored)
     condition = stored_run_condition(run_dir, stored, mesh)
-    trained = open_init(cfg, mesh, 2**62, base=False).trained  # a LoRA run's state: the adapters
-    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, trained)
+    tune = open_init(cfg, mesh, 2**62, base=False)  # a LoRA run's state: the adapters
+    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune)
     with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
         if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
             raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "
@@ -152,7 +166,7 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
         sweep(args, run_dir, step)
 
 
-def check_sweep(args: argparse.Namespace, stored: dict) -> None:
+def check_sweep(args: Flags, stored: dict) -> None:
     """--sweep scores a digits run with the scorecard, or any class-conditional or unconditional run with --fid;
     anything else is one line naming the flag that would."""
     from outputs import check_writable  # train/outputs.py
@@ -171,9 +185,9 @@ def check_sweep(args: argparse.Namespace, stored: dict) -> None:
                          f"on {dataset}: pass --fid STATS.npz (train/fid_stats.py) --inception FILE to sweep by FID.")
 
 
-def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
+def fid_sweep(args: Flags, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
     """Each reconstruction's FID, measured as train/sample.py --ema sigma_rel=S --fid does (train/sample_many.py's
-    measure_fid: the run's sampler, guidance (or --cfg) and interval, --seed, --batch_size chunks), one JSON line
+    measure_fid: the run's sampler, guidance (or --guidance) and interval, --seed, --batch_size chunks), one JSON line
     each in --fid_out and one table row each, the lowest marked. Returns [(σ_rel, measure_fid's result)]."""
     import functools
 
@@ -189,15 +203,14 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
         num_classes = run.stored["num_classes"]
         labels = sample.balanced_labels(args.num, list(range(num_classes))) if num_classes else None
         cond, null_cond = run.condition.for_sampling(labels, 1)  # as sample.py's: one image per label, or none
-        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py's, --cfg its --guidance
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py's
         sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
                                           run.image_shape, mesh=mesh, null_cond=null_cond)  # fmt: skip
         image_shape = run.codec.image_shape(run.image_shape)
         opened = opened or open_fid_flags(args, image_shape, features_fn, run.image_dataset)  # one network, one read
         print(f"\nsigma_rel {sigma_rel:g}:")
-        this_ema = argparse.Namespace(**vars(args), ema=sigma_rel)  # measure_fid records which post-hoc EMA
-        rows.append((sigma_rel, measure_fid(this_ema, run.step, mesh, sample_images, cond, image_shape,
-                                            sampling.record(), opened=opened)))  # fmt: skip
+        rows.append((sigma_rel, measure_fid(args, run.step, mesh, sample_images, cond, image_shape, sampling.record(),
+                                            opened=opened, num=args.num, ema=sigma_rel)))  # fmt: skip
     if jax.process_index() == 0:
         keys = [k for k in ("fid", "precision", "recall") if k in rows[0][1]]
         best = min(rows, key=lambda r: r[1]["fid"])[0]
@@ -211,7 +224,7 @@ def fid_sweep(args: argparse.Namespace, run_dir: Path, step: int, features_fn=No
     return rows
 
 
-def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
+def sweep(args: Flags, run_dir: Path, step: int) -> None:
     """Each reconstruction sampled as train/sample.py --ema sigma_rel=S --eval does, one row of scores each."""
     import sample  # train/sample.py; imported here: the reconstruction alone does not need it
     from eqxdiff.eval import digits_sample_metrics
@@ -221,14 +234,14 @@ def sweep(args: argparse.Namespace, run_dir: Path, step: int) -> None:
 
     mesh = make_mesh(data=-1, fsdp=1)
     keys = ("class_accuracy", "diversity_ratio", "nn_distance", "copy_fraction", "fd")
-    guided = "the run's guidance" if args.cfg is None else f"guidance {args.cfg:g}"
+    guided = "the run's guidance" if args.guidance is None else f"guidance {args.guidance:g}"
     print(f"\nsweep: {args.num} samples each, {args.steps} steps, the run's sampler, {guided}")
     print(f"{'sigma_rel':>10}" + "".join(f"{k:>16}" for k in keys))
     rows = []
     for sigma_rel in args.sigma_rels:
         run = load_run(run_dir, step, mesh=mesh, ema=sigma_rel)
         sample.check_eval(run.stored)
-        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.cfg)  # as sample.py --eval's
+        sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py --eval's
         labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
         cond, null_cond = run.condition.for_sampling(labels, 1)
         images, _ = sampling.images(run.ema, run.codec, run.schedule, run.parameterization, run.image_shape, cond,

@@ -18,7 +18,8 @@ from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
 # What a checkpoint's arrays and data order were made for (lr_ref_steps: Adam's state or AdamW's): a change is a
 # different run.
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder", "init",
-         "tokenizer", "null_text", "phema_sigma_rels", "lr_ref_steps", "lora_rank", "lora_targets", "lora_alpha")  # fmt: skip
+         "tokenizer", "null_text", "phema_sigma_rels", "lr_ref_steps", "lora_rank", "lora_targets", "lora_alpha",
+         "finetune")  # fmt: skip
 # How this one command starts, not what the run is: never taken from a checkpoint.
 PER_COMMAND = ("run_dir", "resume_step", "allow_dataset_change", "coordinator", "num_processes", "process_id",
                "xla_cpu")  # fmt: skip

@@ -2,15 +2,13 @@
 
     python train/sample.py --run_dir runs/digits-unet --out samples.png
     python train/sample.py --run_dir runs/digits-unet --num 1000 --out samples.npz --eval
-    python train/sample.py --run_dir runs/digits-unet --num 500 --eval --cfg 2 --cfg_interval 0.3,3
+    python train/sample.py --run_dir runs/digits-unet --num 500 --eval --guidance 2 --guidance_interval 0.3,3
     python train/sample.py --run_dir runs/digits-unet --num 500 --eval --guide_run runs/digits-unet_tiny --guide_scale 2
+    python train/sample.py --run_dir runs/digits-unet --ema sigma_rel=0.05 --eval   # a post-hoc EMA (posthoc_ema.py)
     python train/sample.py --run_dir runs/captioned_digits-unet --prompts "a 3 left of a 7" --guidance 4 --out g.png
     python train/sample.py --run_dir runs/pets --num 50000 --fid pets_256.npz --inception pt_inception-2015-12-05-6726825d.pth
-    python train/sample.py --pretrained dit:DiT-XL-2-256x256.pt --vae sd-vae-ft-ema/ --num 50000 --out dit.npz
 
-`--pretrained dit:FILE | sit:FILE` samples a published DiT or SiT checkpoint by its paper's protocol
-instead of a run (train/sample_pretrained.py says which flags mean what there); `--pretrained sd:FOLDER
---prompts ... [--negative_prompts ...]` a diffusers Stable Diffusion pipeline (train/sample_sd.py).
+A published checkpoint (DiT, SiT, a Stable Diffusion pipeline) samples with train/sample_pretrained.py instead.
 
 The model is rebuilt from the config stored with the checkpoint and restored onto whatever
 devices are present (the run may have trained on another mesh or on several processes).
@@ -20,12 +18,12 @@ the dataset's resolution and channels) and, one per image, `labels` (class-condi
 `prompts` (text-to-image runs); for a run on latents (train/encode.py) also `latents` (as the
 model drew them, before decoding), and the images are decoded with the autoencoder the
 checkpoint names. A text-to-image run samples `--per_prompt` images for each of `--prompts`,
-guided (`--guidance`, alias `--cfg`) against the null text the run trained with; a run on a dataset
+guided (`--guidance`) against the null text the run trained with; a run on a dataset
 with its own scoring prompts (captioned_digits) draws those without `--prompts`, and `--eval` scores
 both digits of each sample (with `--prompts` too, when they are in that dataset's grammar). `--eval`
 scores digits and captioned_digits runs only; any other run is refused before anything loads.
 
-Guidance: `--cfg_interval LO,HI` applies classifier-free guidance only for σ in (LO, HI] (Kynkäänniemi
+Guidance: `--guidance_interval LO,HI` applies classifier-free guidance only for σ in (LO, HI] (Kynkäänniemi
 et al. 2024; the conditional model alone elsewhere, one network call there). `--guide_run RUN [--guide_step N]
 --guide_scale S` is autoguidance instead (Karras et al. 2024): D_w + S·(D - D_w) with the weak model D_w
 the EMA of another run of the same task (same data, codec, condition; any size), both in one sampler program.
@@ -47,6 +45,7 @@ equals an uninterrupted run's); what ADM's evaluator and train/evaluate.py read.
 import argparse
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -54,128 +53,109 @@ import numpy as np
 
 from guidance_flags import check_same_task  # train/guidance_flags.py
 from outputs import check_writable
-from eqxdiff.run.rebuild import load_run, stored_run  # a run from its checkpoint
 from sample_many import measure_fid, write_adm_batch  # train/sample_many.py: FID, ADM batches
-import sample_pretrained  # train/sample_pretrained.py: --pretrained dit:|sit:
-from eqxdiff.run.open_condition import stored_condition
-from startup import Launch, Parser, add_flags, exit_on_user_error, start_jax
+from startup import Launch, dataclass_parser, exit_on_user_error, parsed_flags, start_jax
 
 from eqxdiff.autoencoders import TILING_MODES
-from eqxdiff.run.conditions import TextCondition
 from eqxdiff.checkpoint import CheckpointError
 from eqxdiff.data import open_source
 from eqxdiff.data.specs import BUILTIN_SOURCES
 from eqxdiff.diffusion import METHODS, Denoiser
 from eqxdiff.images import save_image_grid, to_uint8
 from eqxdiff.paths import as_path
+from eqxdiff.run.conditions import TextCondition
+from eqxdiff.run.open_condition import stored_condition
+from eqxdiff.run.rebuild import load_run, stored_run  # a run from its checkpoint
 from eqxdiff.run.sampling import parse_interval, run_sampling
 from eqxdiff.sharding import make_mesh
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = Parser(description=__doc__)
-    parser.add_argument("--run_dir", default="",
-                        help="a train/main.py run directory (read only, but for --fid's default --fid_out)")
-    parser.add_argument("--pretrained", default="",
-                        help="dit:FILE or sit:FILE instead of --run_dir: a published checkpoint, sampled by its "
-                             "paper's protocol (train/sample_pretrained.py); sd:FOLDER a diffusers Stable Diffusion "
-                             "pipeline (train/sample_sd.py)")  # fmt: skip
-    parser.add_argument("--vae", default="", help="--pretrained: the diffusers SD VAE folder (sd-vae-ft-ema/)")
-    parser.add_argument("--sampler", default=None, help="--pretrained sit: ode dopri5|heun|euler, sde euler|heun")
-    parser.add_argument("--num_heads", type=int, default=None,
-                        help="--pretrained: attention heads of a checkpoint not of an official size")  # fmt: skip
-    parser.add_argument("--step", type=int, default=-1,
-                        help="checkpoint step (default: the newest); with --ema: the post-hoc EMA's")  # fmt: skip
-    parser.add_argument("--ema", default="",
-                        help="sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile instead of the "
-                             "run's --ema_decay EMA")  # fmt: skip
-    parser.add_argument("--num", type=int, default=None,
-                        help="number of images (default 100; text-to-image: --per_prompt for each prompt)")  # fmt: skip
-    parser.add_argument("--classes", default="",
-                        help="comma-separated class names (a folder's sub-folders) or indices to draw (default: all, "
-                             "balanced)")  # fmt: skip
-    parser.add_argument("--prompts", nargs="+", default=None, help="text-to-image runs: one grid row per prompt")
-    parser.add_argument("--negative_prompts", nargs="+", default=None, help="--pretrained sd: one per prompt, or one")
-    parser.add_argument("--per_prompt", type=int, default=None,
-                        help="images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)")
-    parser.add_argument("--method", default=None,
-                        help=f"sampler: {', '.join(METHODS)} (default: the run's --sample_method); --pretrained: "
-                             f"dit ddpm|ddim, sit ode|sde")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=None,
-                        help="sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)")  # fmt: skip
-    parser.add_argument("--guidance", "--cfg", type=float, default=None,
-                        help="classifier-free guidance scale (1: none; default: the run's --cfg_scale)")  # fmt: skip
-    parser.add_argument("--cfg_interval", default="",
-                        help="LO,HI: guide only for σ in (LO, HI] (default: the run's --cfg_interval)")  # fmt: skip
-    parser.add_argument("--guide_run", default="",
-                        help="autoguidance: a run of the same task, its EMA the weak model (not with --cfg)")  # fmt: skip
-    parser.add_argument("--guide_step", type=int, default=-1, help="--guide_run's checkpoint step (default: newest)")
-    parser.add_argument("--guide_scale", type=float, default=None, help="autoguidance scale S: D_w + S·(D - D_w)")
-    parser.add_argument("--seed", type=int, default=0, help="the sampler's noise")
-    parser.add_argument("--out", default="samples.png", help="a .png grid or an .npz of images and labels")
-    parser.add_argument("--eval", action="store_true", help="print sample-quality numbers (digits runs)")
-    parser.add_argument("--json", action="store_true", help="--eval: one JSON line instead of the table")
-    parser.add_argument("--fid", default="", help="FID of --num samples against this .npz (train/fid_stats.py)")
-    parser.add_argument("--inception", default="", help="--fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth")
-    parser.add_argument("--clip_score", default="",
-                        help="--pretrained sd: also the CLIP score of the images, with this CLIP folder")  # fmt: skip
-    parser.add_argument("--dinov2", default="",
-                        help="--fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)")  # fmt: skip
-    parser.add_argument("--fid_out", default="", help="--fid: append a JSON line here (default: RUN_DIR/fid.jsonl)")
-    parser.add_argument("--batch_size", type=int, default=500,
-                        help="--fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)")  # fmt: skip
-    parser.add_argument("--format", default="eqxdiff", choices=("eqxdiff", "adm"),
-                        help=".npz: eqxdiff's (images, labels/prompts, latents) or ADM's sample batch (arr_0, arr_1), "
-                             "made in chunks a restart skips")  # fmt: skip
-    parser.add_argument("--vae_tiling", default="auto", choices=TILING_MODES,
-                        help="latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²")  # fmt: skip
-    add_flags(parser, Launch)  # --cpu_devices, --coordinator, ...: every script's (train/startup.py)
-    args = parser.parse_args(argv)
-    args.given = {name for name in ("num", "per_prompt") if getattr(args, name) is not None}  # sd: which decides
-    args.num = 100 if args.num is None else args.num
-    args.per_prompt = (1 if args.pretrained.startswith("sd:") else 10) if args.per_prompt is None else args.per_prompt
-    text, (kind, _, value) = args.ema, args.ema.partition("=")
+
+@dataclass(frozen=True)
+class Flags(Launch):
+    """train/sample.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
+    --help (train/startup.py); the launch flags (--cpu_devices, ...) are `Launch`'s."""
+
+    # run: the model sampled
+    run_dir: str = ""  # a train/main.py run directory (read only, but for --fid's default --fid_out)
+    step: int = -1  # checkpoint step (default: the newest); with --ema: the post-hoc EMA's
+    ema: float | None = None  # sigma_rel=S: the post-hoc EMA train/posthoc_ema.py made of that profile, not the run's --ema_decay EMA
+    # draw: what is sampled
+    num: int = 100  # number of images (text-to-image: --per_prompt for each prompt)
+    classes: str = ""  # comma-separated class names (a folder's sub-folders) or indices to draw (default: all, balanced)
+    prompts: tuple[str, ...] = ()  # text-to-image runs: one grid row per prompt
+    per_prompt: int = 10  # text-to-image runs: images per prompt
+    seed: int = 0  # the sampler's noise
+    # sampler: how (each unset one: the run's own, as its sample grids used)
+    method: str = ""  # the sampler, eqxdiff/diffusion/samplers.py (default: the run's --sample_method)
+    steps: int = 18  # sampler steps (the grids' --sample_steps are fewer, for speed)
+    guidance: float | None = None  # classifier-free guidance scale (1: none; default: the run's --guidance)
+    guidance_interval: str = ""  # LO,HI: guide only for σ in (LO, HI] (default: the run's --guidance_interval)
+    guide_run: str = ""  # autoguidance: a run of the same task, its EMA the weak model (not with --guidance)
+    guide_step: int = -1  # --guide_run's checkpoint step (default: the newest)
+    guide_scale: float | None = None  # autoguidance scale S: D_w + S·(D - D_w)
+    vae_tiling: str = "auto"  # latent runs: decode tile by tile (diffusers' tiling); auto: images above 768²
+    # output: the images, or what is measured of them
+    out: str = "samples.png"  # a .png grid or an .npz of images and labels
+    format: str = "eqxdiff"  # .npz: eqxdiff's (images, labels/prompts, latents) or ADM's sample batch (arr_0, arr_1), made in chunks a restart skips
+    eval: bool = False  # print sample-quality numbers (digits runs)
+    json: bool = False  # --eval: one JSON line instead of the table
+    fid: str = ""  # FID of --num samples against this .npz (train/fid_stats.py), instead of writing them
+    inception: str = ""  # --fid: pytorch-fid's Inception weights, pt_inception-2015-12-05-6726825d.pth
+    dinov2: str = ""  # --fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)
+    fid_out: str = ""  # --fid: append a JSON line here (default: RUN_DIR/fid.jsonl)
+    batch_size: int = 500  # --fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)
+
+
+CHOICES = {"method": METHODS, "format": ["eqxdiff", "adm"], "vae_tiling": list(TILING_MODES)}  # METHODS: live
+# A published checkpoint's flags, now train/sample_pretrained.py's: one line saying so.
+PRETRAINED = ("python train/sample_pretrained.py --pretrained dit:FILE|sit:FILE|sd:FOLDER ... samples a published "
+              "checkpoint; train/sample.py samples a run (--run_dir)")  # fmt: skip
+MOVED = {f"--{name}": f"--{name}: {PRETRAINED}" for name in ("pretrained", "vae", "sampler", "num_heads",
+                                                             "negative_prompts", "clip_score")}  # fmt: skip
+
+
+def posthoc_ema(text: str) -> float:
+    """--ema sigma_rel=S -> S, or the one line naming the form."""
+    kind, _, value = text.partition("=")
     try:
-        args.ema = float(value) if text else None
+        if kind == "sigma_rel":
+            return float(value)
     except ValueError:
-        kind = None
-    if text and (kind != "sigma_rel" or args.pretrained):
-        parser.error(f"--ema takes sigma_rel=S (a post-hoc EMA of train/posthoc_ema.py) with --run_dir, got {text!r}")
-    if bool(args.run_dir) == bool(args.pretrained):
-        parser.error("pass --run_dir RUN (a run of train/main.py) or --pretrained dit:FILE|sit:FILE|sd:FOLDER")
-    if args.negative_prompts and not args.pretrained.startswith("sd:"):
-        parser.error("--negative_prompts: for --pretrained sd:FOLDER (a run's guidance uses the null text it trained with)")
-    if not args.pretrained and args.method is not None and args.method not in METHODS:
-        parser.error(f"--method: invalid choice {args.method!r} (choose from {', '.join(METHODS)})")
-    if Path(args.out).suffix not in (".png", ".npz"):
-        parser.error(f"--out must end in .png or .npz, got {args.out!r}")
-    if args.num < 1 or (args.steps or 1) < 1 or args.per_prompt < 1:
+        pass
+    raise argparse.ArgumentTypeError(f"takes sigma_rel=S (a post-hoc EMA of train/posthoc_ema.py), got {text!r}")
+
+
+def parse_args(argv: list[str] | None = None) -> Flags:
+    """The command line as one frozen `Flags`; a flag that does not fit is one line naming the fix."""
+    parser = dataclass_parser(Flags, __doc__, CHOICES, required=("run_dir",), parsers={"ema": posthoc_ema}, moved=MOVED)
+    flags = parsed_flags(Flags, parser.parse_args(argv))
+    if Path(flags.out).suffix not in (".png", ".npz"):
+        parser.error(f"--out must end in .png or .npz, got {flags.out!r}")
+    if flags.num < 1 or flags.steps < 1 or flags.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
-    if args.fid and bool(args.inception) == bool(args.dinov2):
+    if flags.fid and bool(flags.inception) == bool(flags.dinov2):
         parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth "
                      "(or --dinov2 FOLDER for FD-DINOv2, not both)")  # fmt: skip
-    if args.clip_score and not args.pretrained.startswith("sd:"):
-        parser.error("--clip_score scores --pretrained sd:FOLDER's images against their prompts")
-    if args.fid and args.eval:
+    if flags.fid and flags.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
-    if args.json and not args.eval:
+    if flags.json and not flags.eval:
         parser.error("--json prints --eval's scores: pass --eval too")
-    if args.format == "adm" and (Path(args.out).suffix != ".npz" or args.eval or args.fid or args.prompts
-                                 or args.batch_size < 1):  # fmt: skip
+    if flags.format == "adm" and (Path(flags.out).suffix != ".npz" or flags.eval or flags.fid or flags.prompts
+                                  or flags.batch_size < 1):  # fmt: skip
         parser.error("--format adm writes --num samples to --out FILE.npz (--batch_size >= 1), without --eval, --fid "
                      "or --prompts (its arr_1 holds class labels)")  # fmt: skip
     try:
-        parse_interval(args.cfg_interval)
+        parse_interval(flags.guidance_interval)
     except ValueError as e:
         parser.error(str(e))
-    if (args.guide_step >= 0 or args.guide_scale is not None) and not args.guide_run:
+    if (flags.guide_step >= 0 or flags.guide_scale is not None) and not flags.guide_run:
         parser.error("--guide_step and --guide_scale go with --guide_run RUN (autoguidance)")
-    if args.guide_run and (args.pretrained or args.guide_scale is None or args.cfg_interval
-                           or args.guidance not in (None, 1)):  # fmt: skip
-        parser.error("--guide_run RUN needs --run_dir and --guide_scale S, and replaces classifier-free guidance: "
-                     "leave out --guidance/--cfg and --cfg_interval")  # fmt: skip
-    if args.fid and (args.num < 2 or args.batch_size < 1):
+    if flags.guide_run and (flags.guide_scale is None or flags.guidance_interval or flags.guidance not in (None, 1)):
+        parser.error("--guide_run RUN needs --guide_scale S, and replaces classifier-free guidance: leave out "
+                     "--guidance and --guidance_interval")  # fmt: skip
+    if flags.fid and (flags.num < 2 or flags.batch_size < 1):
         parser.error("--fid needs --num >= 2 and --batch_size >= 1")
-    return args
+    return flags
 
 
 def balanced_labels(num: int, classes: list[int]) -> np.ndarray:
@@ -245,59 +225,56 @@ def check_eval(stored: dict) -> None:
                          f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
 
 
-def main(args: argparse.Namespace, features_fn=None) -> None:
+def main(flags: Flags, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
-    if args.pretrained:
-        return sample_pretrained.main(args)
     # What was asked is checked against the run first (--ema: the newest checkpoint describes the model).
-    _, saved = stored_run(args.run_dir, -1 if args.ema is not None else args.step)
+    _, saved = stored_run(flags.run_dir, -1 if flags.ema is not None else flags.step)
     class_names = saved.get("class_names")  # a folder's sub-folders, latents' too (their meta.json)
-    classes = class_indices(args.classes, class_names, saved["num_classes"])
-    if args.eval:
+    classes = class_indices(flags.classes, class_names, saved["num_classes"])
+    if flags.eval:
         check_eval(saved)
-    if args.guide_run:  # the weak model's task checked from its config before anything loads
-        _, guide_saved = stored_run(args.guide_run, args.guide_step)
-        check_same_task(args.run_dir, saved, args.guide_run, guide_saved)
-    if args.format == "adm" and stored_condition(saved)["kind"] not in ("none", "labels"):
+    if flags.guide_run:  # the weak model's task checked from its config before anything loads
+        _, guide_saved = stored_run(flags.guide_run, flags.guide_step)
+        check_same_task(flags.run_dir, saved, flags.guide_run, guide_saved)
+    if flags.format == "adm" and stored_condition(saved)["kind"] not in ("none", "labels"):
         raise SystemExit("--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
                          "sample it with --prompts into eqxdiff's .npz (--format eqxdiff).")  # fmt: skip
-    if args.process_id == 0 and args.fid:  # the process that writes: its output's folder made and tried first
-        check_writable(args.fid_out or as_path(args.run_dir) / "fid.jsonl", "--fid_out")  # a gs:// run: its bucket
-    elif args.process_id == 0:
-        check_writable(args.out, "--out")
-    start_jax(args)
+    if flags.process_id == 0 and flags.fid:  # the process that writes: its output's folder made and tried first
+        check_writable(flags.fid_out or as_path(flags.run_dir) / "fid.jsonl", "--fid_out")  # a gs:// run: its bucket
+    elif flags.process_id == 0:
+        check_writable(flags.out, "--out")
+    start_jax(flags)
     mesh = make_mesh(data=-1, fsdp=1)
-    run = load_run(args.run_dir, args.step, mesh=mesh, ema=args.ema)
-    # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py);
-    # --steps' default is 18 here, not the run's --sample_steps
-    sampling = run_sampling(run.cfg, method=args.method, steps=args.steps or 18, guidance=args.guidance,
-                            interval=args.cfg_interval, guide_scale=args.guide_scale, tiling=args.vae_tiling)
+    run = load_run(flags.run_dir, flags.step, mesh=mesh, ema=flags.ema)
+    # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py)
+    sampling = run_sampling(run.cfg, method=flags.method, steps=flags.steps, guidance=flags.guidance,
+                            interval=flags.guidance_interval, guide_scale=flags.guide_scale, tiling=flags.vae_tiling)
     how = sampling.record()  # for the records of how the samples were made
     weak_denoiser = None
-    if args.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program
-        weak = load_run(args.guide_run, args.guide_step, mesh=mesh)
+    if flags.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program
+        weak = load_run(flags.guide_run, flags.guide_step, mesh=mesh)
         weak_denoiser = Denoiser(weak.ema, weak.schedule, weak.parameterization)
-        how |= {"guide_run": args.guide_run, "guide_step": weak.step}
+        how |= {"guide_run": flags.guide_run, "guide_step": weak.step}
     dataset = builtin_dataset(run.image_dataset)  # asked for its scoring prompts; None: not built in
 
     num_classes = run.stored["num_classes"]
-    labels = balanced_labels(args.num, classes) if num_classes else None
-    prompts, digits = None, None
+    labels = balanced_labels(flags.num, classes) if num_classes else None
+    prompts, digits, num = None, None, flags.num  # a text run: --per_prompt images for each prompt
     if isinstance(run.condition, TextCondition):
-        prompts = args.prompts
+        prompts = flags.prompts or None
         if prompts is None and hasattr(dataset, "scoring_prompts"):  # the dataset's own, with the digits they ask for
-            prompts, digits = dataset.scoring_prompts(max(1, args.num // args.per_prompt), seed=args.seed)
+            prompts, digits = dataset.scoring_prompts(max(1, flags.num // flags.per_prompt), seed=flags.seed)
         elif prompts is None:
             raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
-        elif args.eval:  # the digits each prompt asks for, in the dataset's grammar (check_eval)
+        elif flags.eval:  # the digits each prompt asks for, in the dataset's grammar (check_eval)
             try:
                 digits = dataset.prompt_digits(list(prompts))
             except ValueError as e:
                 raise SystemExit(f"--eval: {e}") from e
-        digits = None if digits is None else np.repeat(digits, args.per_prompt, axis=0)
-        cond, null_cond = run.condition.for_sampling(list(prompts), args.per_prompt)
-        args.num = len(prompts) * args.per_prompt
-    elif args.prompts:
+        digits = None if digits is None else np.repeat(digits, flags.per_prompt, axis=0)
+        cond, null_cond = run.condition.for_sampling(list(prompts), flags.per_prompt)
+        num = len(prompts) * flags.per_prompt
+    elif flags.prompts:
         raise SystemExit(f"--prompts: this run ({run.cfg.dataset}) was not trained on captions.")
     else:
         cond, null_cond = run.condition.for_sampling(labels, 1)  # class runs: one image per label; else none
@@ -305,23 +282,23 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
     sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
                                       run.image_shape, mesh=mesh, null_cond=null_cond, weak_denoiser=weak_denoiser)
 
-    if args.fid:
-        measure_fid(args, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), how,
-                    features_fn, run.image_dataset)  # fmt: skip
+    if flags.fid:
+        measure_fid(flags, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), how,
+                    features_fn, run.image_dataset, num=num, ema=flags.ema)  # fmt: skip
         return
-    if args.format == "adm":
-        write_adm_batch(args, run.step, mesh, sample_images, run.condition, classes if num_classes else None, how)
+    if flags.format == "adm":
+        write_adm_batch(flags, run.step, mesh, sample_images, run.condition, classes if num_classes else None, how)
         return
-    images, drawn = sample_images(cond, args.num, seed=args.seed)
+    images, drawn = sample_images(cond, num, seed=flags.seed)
     step = run.step
     if jax.process_index() == 0:
-        out = Path(args.out)
+        out = Path(flags.out)
         if out.suffix == ".png" and prompts is None and labels is None:
             save_image_grid(out, images, ncols=10, upscale=4)
         elif out.suffix == ".png":  # a block of rows per class (labels are grouped) or per prompt, labelled
             keys, names = labels, class_names or [str(k) for k in range(num_classes)]
             if prompts is not None:
-                keys, names = np.repeat(np.arange(len(prompts)), args.per_prompt), list(prompts)
+                keys, names = np.repeat(np.arange(len(prompts)), flags.per_prompt), list(prompts)
             tiles, ncols, row_labels = grid_rows(keys, names)
             blank = np.full((1, *images.shape[1:]), -1.0, np.float32)  # black, as the grid's padding
             tiled = np.concatenate([np.asarray(images, np.float32), blank])[tiles]  # -1: the blank tile
@@ -330,31 +307,31 @@ def main(args: argparse.Namespace, features_fn=None) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             arrays = dict(images=to_uint8(images))
             if prompts is not None:
-                arrays["prompts"] = np.repeat(np.asarray(prompts, dtype=str), args.per_prompt)
+                arrays["prompts"] = np.repeat(np.asarray(prompts, dtype=str), flags.per_prompt)
             elif labels is not None:
                 arrays["labels"] = labels
             np.savez(out, **arrays, **({} if drawn is images else {"latents": drawn}))  # a latent run's, as drawn
-        print(f"step {step}: {args.num} samples -> {out}")
-        if args.eval:  # imported here: scipy's import is start-up time the other paths need not pay
+        print(f"step {step}: {num} samples -> {out}")
+        if flags.eval:  # imported here: scipy's import is start-up time the other paths need not pay
             from eqxdiff.eval import digits_sample_metrics, format_metrics, two_digit_accuracy
 
             interval = sampling.interval_text()
             guided = f"guidance {sampling.guidance:g}" + (f" for σ in ({interval}]" if interval else "")
-            if args.guide_run:
-                guided = f"autoguidance {sampling.guide_scale:g} by {args.guide_run} step {how['guide_step']}"
-            scored = (f"{args.run_dir} step {step}: {args.num} samples, {sampling.method} {sampling.steps} steps, "
-                      f"{guided}, seed {args.seed}")  # fmt: skip
-            record = {"step": step, "num": args.num, **how, "seed": args.seed}  # --json's line
-        if args.eval and digits is not None:
+            if flags.guide_run:
+                guided = f"autoguidance {sampling.guide_scale:g} by {flags.guide_run} step {how['guide_step']}"
+            scored = (f"{flags.run_dir} step {step}: {num} samples, {sampling.method} {sampling.steps} steps, "
+                      f"{guided}, seed {flags.seed}")  # fmt: skip
+            record = {"step": step, "num": num, **how, "seed": flags.seed}  # --json's line
+        if flags.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
-            if args.json:
+            if flags.json:
                 print(json.dumps({**record, **scores}))
             else:
                 print(f"{scored}\ntwo digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
                       + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)")  # fmt: skip
-        elif args.eval:  # a digits run (check_eval)
+        elif flags.eval:  # a digits run (check_eval)
             scores = digits_sample_metrics(to_uint8(images), labels)  # scored as saved: clipped
-            if args.json:
+            if flags.json:
                 print(json.dumps({**record, **scores}))
             else:
                 print(f"{scored}; real = held-out real digits scored the same way\n{format_metrics(scores)}")

@@ -9,6 +9,8 @@ import json
 import logging
 import re
 import sys
+import types
+import typing
 import warnings
 from pathlib import Path
 
@@ -22,10 +24,10 @@ from eqxdiff import xla_cpu
 EQXDIFF = Path(eqxdiff.__file__).parent  # the library's files: whose warnings are one line
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """How a script's JAX starts (`start_jax`): the flags every script in train/ takes, each Config
-    there a subclass of this one (train/sample.py adds them to its parser with `add_flags`)."""
+    there a subclass of this one. Frozen, as each script's flags are: a value resolved once, never assigned to."""
 
     # launch: the devices, the compile cache and the processes of a jax.distributed job
     cpu_devices: int = 0  # >0: simulate this many CPU devices
@@ -67,12 +69,25 @@ def field_sections(config_type) -> dict[str, tuple[str, str]]:
     return sections
 
 
+def flag_type(field: dataclasses.Field) -> tuple[type, dict]:
+    """(what argparse converts a value with, the other add_argument keywords) of a field's annotation: `X | None`
+    a flag of X whose absence is None (the help says what None means), `tuple[X, ...]` one or more values."""
+    kind = field.type
+    if isinstance(kind, types.UnionType) and type(None) in typing.get_args(kind):
+        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) is tuple:
+        return typing.get_args(kind)[0], {"nargs": "+"}
+    return kind, {}
+
+
 def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None = None, required: tuple = (),
-              given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
+              given_only: bool = False, parsers: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
     """A flag `--name value` per field of the dataclass `config_type` on `parser`, its help the field's
     comment and its default the field's, grouped by the source's sections (`field_sections`: the
-    class's own, in order, then its bases'); booleans are `--name` / `--no-name`. `given_only`: flags
-    left off the command line are absent from the parsed namespace (which flags a command gives)."""
+    class's own, in order, then its bases'); booleans are `--name` / `--no-name`, `tuple[X, ...]` fields take one
+    or more values (`flag_type`). `parsers`: a field's own parser of its text (an `argparse.ArgumentTypeError` is
+    the one-line error). `given_only`: flags left off the command line are absent from the parsed namespace
+    (which flags a command gives)."""
     helps, sections = field_comments(config_type), field_sections(config_type)
     groups = {}
     for title, description in sections.values():  # in the order the sections come
@@ -88,15 +103,24 @@ def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None
             where.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=default,
                                help=help_text)  # fmt: skip
         else:
-            where.add_argument(f"--{field.name}", type=field.type, default=default, help=help_text,
-                               choices=(choices or {}).get(field.name), required=field.name in required)  # fmt: skip
+            kind, more = flag_type(field)
+            where.add_argument(f"--{field.name}", type=(parsers or {}).get(field.name, kind), default=default,
+                               help=help_text, choices=(choices or {}).get(field.name),
+                               required=field.name in required, **more)  # fmt: skip
     return parser
 
 
+def parsed_flags(config_type, namespace: argparse.Namespace):
+    """The frozen flags value of a parsed command line: `config_type`, a tuple field's values as a tuple."""
+    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(config_type)}
+    return config_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
 def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
-                     given_only: bool = False) -> argparse.ArgumentParser:  # fmt: skip
-    """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help."""
-    return add_flags(Parser(description=description), config_type, choices, required, given_only)
+                     given_only: bool = False, parsers: dict | None = None,
+                     moved: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
+    """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help; `moved`: Parser's."""
+    return add_flags(Parser(description=description, moved=moved), config_type, choices, required, given_only, parsers)
 
 
 class LeftoverAsyncErrors(logging.Filter):

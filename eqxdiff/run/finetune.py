@@ -15,8 +15,13 @@ With --lora_rank the TRAINED state (model, optimizer, EMA, post-hoc EMAs, gradie
 rides in the step's frozen argument as "unet" (laid out by SHARDING_RULES as `unet.<path>`, read again from FOLDER
 on resume) and `model_of` combines the two for `loss_fn` (eqxdiff.training.make_train_step). Sample grids use the
 combined EMA; each checkpoint also writes RUN_DIR/lora/pytorch_lora_weights.safetensors (the EMA's adapters, in
-the format diffusers' `load_lora_weights` reads). The three kinds, `Scratch`, `Pretrained` and `LoRA`, answer
-train/main.py's hooks; without --init (`Scratch`) each leaves what it is handed as it is.
+the format diffusers' `load_lora_weights` reads).
+
+The run's fine-tuning kind (`open_init`: `Scratch`, `Pretrained` or `LoRA`) is where its weights come from and what
+trains, asked four questions: `network` (its constructor arguments, sharding rules and training noise), `training`
+(what the step trains, its frozen argument, how the two make the network, and a new run's state), `whole` (the
+network of a trained part: what the grids, FID and train/sample.py sample) and `outputs` (what the grids,
+checkpoints and FID write). A new kind is a class and its FINETUNE_KINDS entry (docs/edits.md, edit (h)).
 """
 
 import contextlib
@@ -24,6 +29,8 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -40,6 +47,7 @@ from eqxdiff.paths import as_path, is_url, what_path_is
 from eqxdiff.sd.scheduler import scheduler_from_diffusers
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
+from eqxdiff.training import create_train_state
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
@@ -117,49 +125,72 @@ def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) 
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-    """The run's fine-tuning kind, where its weights come from and what trains: `Scratch` (no --init), `Pretrained`
-    (--init sd:FOLDER) or `LoRA` (with --lora_rank). `source`: the training data, checked to be what the folder's
-    UNet takes (`check_data`; None: a rebuild for sampling, which reads no data). `base`: read a LoRA run's base
-    (False: the state's structure is all that is asked)."""
-    if not cfg.init:
-        return Scratch()
-    if not cfg.lora_rank:
-        return Pretrained(cfg, source)
-    return LoRA(cfg, mesh, min_size, rules, source, base=base)
+    """The run's fine-tuning kind, where its weights come from and what trains: --finetune's of FINETUNE_KINDS, else
+    `Scratch` (no --init), `Pretrained` (--init sd:FOLDER) or `LoRA` (with --lora_rank). `rules`: SHARDING_RULES;
+    `source`: the training data, checked to be what the folder's UNet takes (`check_data`; None: a rebuild for
+    sampling, which reads no data). `base`: read a LoRA run's base (False: the state's structure is all that is
+    asked)."""
+    name = cfg.finetune  # a checkpoint from before --finetune: "" (LATER_FLAGS)
+    if name and name not in FINETUNE_KINDS:
+        known = ", ".join(FINETUNE_KINDS) or "none yet"
+        raise SystemExit(f"--finetune {name}: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py (there: "
+                         f"{known}); add its class there, or leave --finetune off.")  # fmt: skip
+    kind = FINETUNE_KINDS[name] if name else LoRA if cfg.init and cfg.lora_rank else Pretrained if cfg.init else Scratch
+    return kind(cfg, mesh, min_size, rules, source, base=base)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """The network a run trains, as its fine-tuning kind decides it."""
+
+    args: dict  # its constructor arguments (eqxdiff/run/models.py; each checkpoint stores them)
+    rules: list  # the sharding rules of the state and the step's frozen argument: SHARDING_RULES, then the kind's
+    schedule: Any  # the training noise (eqxdiff/diffusion/schedules.py)
+    parameterization: Any  # what the network predicts
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What the step trains, and a new run's state."""
+
+    make_model: Callable  # key -> the trained part: the network, or a LoRA run's adapters
+    frozen: Any  # the step's frozen argument: the condition's (a text tower, its null), a LoRA run's base beside
+    model_of: Callable | None  # (trained part, frozen) -> the network, make_train_step's (None: the trained part)
+    start: Callable | None  # (optimizer, the state's shardings) -> a new run's state (None: a rebuild's structure)
 
 
 class Scratch:
-    """Weights drawn from --seed, the whole network trained: every hook leaves what it is handed as it is."""
+    """Weights drawn from --seed, the whole network trained: --model, --schedule and --parameterization as given.
+    Every kind is made as `open_init` makes it, `Kind(cfg, mesh, min_size, rules, source, base=)`."""
 
-    model_of = None  # make_train_step's default: the trained part is the network
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        self.cfg, self.mesh, self.min_size = cfg, mesh, min_size
 
-    def model_args(self, args: dict) -> dict:
-        return args
+    def network(self, args: dict, schedule, parameterization, rules) -> Network:
+        """The run's network as its flags give it (`args`: --model's entry), laid out by `rules` (SHARDING_RULES)."""
+        return Network(args, list(rules), schedule, parameterization)
 
-    def rules(self, rules) -> list:
-        """The sharding rules of the network (and a LoRA's frozen base): train/main.py's own."""
-        return list(rules)
+    def training(self, make_model: Callable, frozen) -> Training:
+        """`make_model` (key -> the network) trained whole; a new run's drawn from --seed."""
 
-    def noise(self, schedule, parameterization) -> tuple:
-        return schedule, parameterization
+        def start(optimizer, shardings):
+            key = jax.random.key(self.cfg.seed)
+            return create_train_state(make_model, optimizer, key, self.mesh, self.min_size, shardings=shardings)[0]
 
-    def trained(self, make_model):
-        return make_model
-
-    def frozen(self, frozen):
-        return frozen
-
-    def fresh_state(self, optimizer, shardings):
-        return None  # main's create_train_state draws the network
+        return Training(make_model, frozen, None, start)
 
     def whole(self, model):
+        """The network of a trained part (the EMA's, for sampling)."""
         return model
 
-    def sampling(self, write_samples):
-        return write_samples
+    def outputs(self, write_samples: Callable, save_checkpoint: Callable, evaluate: Callable | None = None) -> tuple:
+        """(write_samples, save_checkpoint, evaluate) of train/loop.py, each `(step, state)`, as this kind writes them:
+        the grids and FID of the state's `whole` EMA, the checkpoint as it is."""
 
-    def saving(self, save_checkpoint):
-        return save_checkpoint
+        def of_whole(fn):
+            return fn and (lambda step, state: fn(step, dataclasses.replace(state, ema=self.whole(state.ema))))
+
+        return of_whole(write_samples), save_checkpoint, of_whole(evaluate)
 
 
 def host_value(x: jax.Array) -> np.ndarray:
@@ -176,8 +207,9 @@ class Pretrained(Scratch):
     """--init sd:FOLDER (module docstring): the folder's UNet trained whole, its config the network, its scheduler
     the noise, its weights the start."""
 
-    def __init__(self, cfg, source=None):
-        self.folders, self.cfg = parts(cfg.init), cfg
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        super().__init__(cfg, mesh, min_size)
+        self.folders = parts(cfg.init)
         self.unet_config = json.loads((self.folders["unet"] / "config.json").read_text())
         if source is not None:
             check_data(cfg, source, self.folders["vae"], self.unet_config)
@@ -196,25 +228,23 @@ class Pretrained(Scratch):
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"--init {self.cfg.init}: {e}") from e
 
-    def rules(self, rules) -> list:
-        """train/main.py's rules, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py): the attention output projections
-        split along their output axis, so that GSPMD keeps the attention's heads whole (SDXL's 20 over 8 devices)."""
-        return [*rules, *HEAD_LAYOUT_RULES]
+    def network(self, args: dict, schedule, parameterization, rules) -> Network:
+        """SDUNet of the folder's config (as checkpoints store it), trained on its scheduler's VP schedule and
+        prediction type; laid out by `rules`, then HEAD_LAYOUT_RULES (eqxdiff/sharding.py: the attention output
+        projections split along their output axis, so that GSPMD keeps the heads whole, SDXL's 20 over 8 devices)."""
+        args = {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
+        return Network(args, [*rules, *HEAD_LAYOUT_RULES], self.scheduler.schedule, self.scheduler.parameterization)
 
-    def model_args(self, args: dict) -> dict:
-        """The network's constructor arguments, as checkpoints store them: SDUNet of the folder's config."""
-        return {"constructor": "SDUNet", "kwargs": {"config": self.unet_config}}
+    def training(self, make_model: Callable, frozen) -> Training:
+        """The UNet trained whole; a new run's is the folder's, read straight into the model's shardings (its EMA and
+        optimizer state made on the devices)."""
 
-    def noise(self, schedule, parameterization) -> tuple:
-        """The folder's scheduler's VP schedule (training draws its discrete timesteps) and prediction type."""
-        return self.scheduler.schedule, self.scheduler.parameterization
+        def start(optimizer, shardings):
+            place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
+            model = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
+            return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
 
-    def fresh_state(self, optimizer, shardings):
-        """A new run's state: the folder's UNet read straight into the model's shardings, its EMA and optimizer
-        state made on the devices."""
-        place = lambda _: shardings.model  # noqa: E731 — the abstract UNet's layout is the state's model's
-        model = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
-        return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+        return Training(make_model, frozen, None, start)
 
 
 class LoRA(Pretrained):
@@ -223,9 +253,10 @@ class LoRA(Pretrained):
     diffusers reads them."""
 
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
-        super().__init__(cfg, source)
+        super().__init__(cfg, mesh, min_size, rules, source)
+        rules = [*rules, *HEAD_LAYOUT_RULES]  # the frozen `unet`'s layout: the network's rules (`network`)
         with self.refusing():  # the fresh adapters and the frozen base (the rest of the adapted UNet), or None, None
-            self.adapters, self.base = self.lora_base(mesh, min_size, self.rules(rules)) if base else (None, None)
+            self.adapters, self.base = self.lora_base(mesh, min_size, rules) if base else (None, None)
 
     def lora_base(self, mesh, min_size: int, rules) -> tuple:
         """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
@@ -239,33 +270,28 @@ class LoRA(Pretrained):
         return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
                         alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
 
-    @property
-    def model_of(self):
-        return None if self.base is None else with_base
+    def training(self, make_model: Callable, frozen) -> Training:
+        """The adapters trained (key -> the adapters of `make_model`'s UNet), the base frozen beside `frozen` as
+        "unet" and put back around them by `model_of`; a new run's adapters the fresh ones, drawn from --seed."""
+        adapters = lambda key: partition_lora(self.adapted(make_model(key), key))[0]  # noqa: E731
+        if self.base is None:  # the state's structure alone (train/posthoc_ema.py)
+            return Training(adapters, frozen, None, None)
 
-    def trained(self, make_model):
-        """key -> the trained part: the adapters alone."""
-        return lambda key: partition_lora(self.adapted(make_model(key), key))[0]
+        def start(optimizer, shardings):
+            return state_around(jax.device_put(self.adapters, shardings.model), optimizer, shardings)
 
-    def frozen(self, frozen):
-        return frozen if self.base is None else {**(frozen or {}), "unet": self.base}
-
-    def fresh_state(self, optimizer, shardings):
-        """A new run's state: the fresh adapters, their EMA and optimizer state made on the devices."""
-        return state_around(jax.device_put(self.adapters, shardings.model), optimizer, shardings)
+        return Training(adapters, {**(frozen or {}), "unet": self.base}, with_base, start)
 
     def whole(self, model):
         """The network of a trained part (the EMA's, for sampling): the adapters put into the base."""
         return model if self.base is None else with_base(model, {"unet": self.base})
 
-    def sampling(self, write_samples):
-        """write_samples(step, state) of the state's whole EMA."""
-        return lambda step, state: write_samples(step, dataclasses.replace(state, ema=self.whole(state.ema)))
-
-    def saving(self, save_checkpoint):
-        """save_checkpoint, and the EMA's adapters as RUN_DIR/lora/pytorch_lora_weights.safetensors."""
-        if self.base is None:
-            return save_checkpoint
+    def outputs(self, write_samples: Callable, save_checkpoint: Callable, evaluate: Callable | None = None) -> tuple:
+        """Scratch's, where each checkpoint also writes the EMA's adapters as
+        RUN_DIR/lora/pytorch_lora_weights.safetensors."""
+        write, save_checkpoint, evaluate = super().outputs(write_samples, save_checkpoint, evaluate)
+        if self.base is None:  # no base read: nothing whole to write
+            return write, save_checkpoint, evaluate
 
         def save(step: int, state) -> None:
             save_checkpoint(step, state)
@@ -274,7 +300,7 @@ class LoRA(Pretrained):
                 path = self.write_lora(self.whole(adapters))
                 tqdm.write(f"step {step}: LoRA -> {path}")
 
-        return save
+        return write, save, evaluate
 
     def write_lora(self, model):
         """RUN_DIR/lora/pytorch_lora_weights.safetensors, in a gs:// run's bucket as one upload of a local file."""
@@ -285,3 +311,8 @@ class LoRA(Pretrained):
             local = save_lora(model, Path(tmp))
             upload(local, run_dir / "lora" / local.name)
         return run_dir / "lora" / local.name
+
+
+# Fine-tuning kinds a run names with --finetune NAME (train/finetune.py), each made as `open_init` makes them; a
+# checkpoint stores the name, so train/sample.py rebuilds the run with its kind (docs/edits.md, edit (h)).
+FINETUNE_KINDS: dict[str, type] = {}

@@ -19,17 +19,17 @@ from eqxdiff.run.codecs import codec_from_config
 from eqxdiff.run.finetune import open_init
 from eqxdiff.run.models import CONSTRUCTORS, build_model, model_args
 from eqxdiff.run.open_condition import condition_from_config, stored_condition
-from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
+from eqxdiff.run.run_dir import checkpoint_steps, close_runs, current_names, saved_config
 from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
 
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
 LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
-                   phema_sigma_rels="", phema_every=100, cfg_interval="", xla_cpu="on",
-                   remat_policy=DEFAULT_REMAT_POLICY, objective="denoising", meanflow_p_mean=-0.4, meanflow_p_std=1.0,
-                   meanflow_r_neq_t=0.25, meanflow_norm_p=1.0, meanflow_norm_eps=0.01, meanflow_omega=1.0,
-                   meanflow_kappa=0.5)  # fmt: skip
+                   phema_sigma_rels="", phema_every=100, guidance_interval="", xla_cpu="on",
+                   remat_policy=DEFAULT_REMAT_POLICY, finetune="", objective="denoising", meanflow_p_mean=-0.4,
+                   meanflow_p_std=1.0, meanflow_r_neq_t=0.25, meanflow_norm_p=1.0, meanflow_norm_eps=0.01,
+                   meanflow_omega=1.0, meanflow_kappa=0.5)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Run:
     """A checkpoint of a train/main.py run, ready to sample."""
 
     ema: Any  # the EMA model, replicated over the mesh it was loaded onto
-    cfg: SimpleNamespace  # the run's flags (`stored_flags`): cfg.model, cfg.cfg_scale, ...
+    cfg: SimpleNamespace  # the run's flags (`stored_flags`): cfg.model, cfg.guidance, ...
     stored: dict  # the config the checkpoint stores (the flags, image_shape, model_args, codec, condition, ...)
     step: int
     condition: Any  # eqxdiff/run/conditions.py: what the network is conditioned on, with its tower and null
@@ -50,10 +50,10 @@ class Run:
 
 
 def stored_flags(stored: dict) -> SimpleNamespace:
-    """The flags of a run as its checkpoint's config stores them (train/main.py's Config, as attributes), with
-    LATER_FLAGS' values for those a checkpoint from before them lacks. The config's other entries (image_shape,
+    """The flags of a run as its checkpoint's config stores them (train/main.py's Config, as attributes, renamed
+    ones by their current names), with LATER_FLAGS' values for those a checkpoint from before them lacks. The config's other entries (image_shape,
     model_args, codec, ...) come along; the rebuild reads them from `stored`."""
-    return SimpleNamespace(**(LATER_FLAGS | stored))
+    return SimpleNamespace(**(LATER_FLAGS | current_names(stored)))
 
 
 def sigma_data(flags: Any, codec) -> float:
@@ -119,34 +119,35 @@ def load_run(run_dir: str | os.PathLike, step: int = -1, *, mesh: Mesh, ema: flo
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
         # --init: its scheduler; a LoRA's base read again from the folder, without remat as the model here
         tune = open_init(SimpleNamespace(**vars(cfg) | {"remat": False}), mesh, 2**62)
-        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune.trained, constructors)
+        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune, constructors)
         if ema is None:
             model = checkpoints.restore(step, abstract, shardings)[0].ema
     if ema is not None:
         step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
-    schedule, parameterization = tune.noise(
-        schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
-    )
+    args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)  # older: MODELS'
+    net = tune.network(args, schedule_by_name(cfg.schedule),
+                       parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)), ())  # fmt: skip
     return Run(
         ema=tune.whole(model), cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
-        schedule=schedule, parameterization=parameterization, image_shape=tuple(stored["image_shape"]),
+        schedule=net.schedule, parameterization=net.parameterization, image_shape=tuple(stored["image_shape"]),
         image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
     )  # fmt: skip
 
 
-def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, trained=lambda make: make,
+def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, tune=None,
                        constructors: dict | None = None) -> tuple:  # fmt: skip
     """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config
-    (`cfg`: `stored_flags(stored)`); `trained(make_model)`: the part the state trains (eqxdiff/run/finetune.py: a
-    LoRA run's adapters); `constructors`: `load_run`'s."""
+    (`cfg`: `stored_flags(stored)`); `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's `open_init`), which says
+    the part the state trains (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
 
-    @trained
     def make_model(key):
         return build_model(args, False, key, condition, constructors or CONSTRUCTORS)
+
+    make_model = make_model if tune is None else tune.training(make_model, None).make_model
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
     optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, cfg.lr_ref_steps)[0]

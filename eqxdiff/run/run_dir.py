@@ -8,6 +8,14 @@ from pathlib import Path
 
 from eqxdiff.paths import as_path, is_url
 
+# Flags train/main.py renamed (one name per concept): an older checkpoint's config stores the old name.
+RENAMED_FLAGS = {"cfg_scale": "guidance", "cfg_interval": "guidance_interval"}
+
+
+def current_names(config: dict) -> dict:
+    """A saved config with each renamed flag (RENAMED_FLAGS) under its current name."""
+    return {RENAMED_FLAGS.get(k, k): v for k, v in config.items()}
+
 
 def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
     """The saved steps under RUN_DIR/checkpoints, oldest first. On disk orbax writes a step under a temporary
@@ -21,8 +29,8 @@ def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
 
 
 def saved_config(run_dir: str | os.PathLike, step: int = -1) -> tuple[int, dict] | None:
-    """(step, its saved config) of checkpoint `step` of the run (-1: the newest), None when the run
-    has no checkpoint yet."""
+    """(step, its saved config, each flag by its current name) of checkpoint `step` of the run (-1: the newest),
+    None when the run has no checkpoint yet."""
     steps = checkpoint_steps(run_dir)
     if step >= 0 and step not in steps:
         saved = ", ".join(map(str, steps)) or "none"
@@ -32,7 +40,7 @@ def saved_config(run_dir: str | os.PathLike, step: int = -1) -> tuple[int, dict]
     step = steps[-1] if step < 0 else step
     path = as_path(run_dir) / "checkpoints" / str(step) / "config" / "metadata"
     try:
-        return step, json.loads(path.read_text())
+        return step, current_names(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
         raise SystemExit(f"Checkpoint step {step} of {run_dir}: cannot read its config {path} ({e}); pass "
                          f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip

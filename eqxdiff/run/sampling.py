@@ -20,9 +20,9 @@ def parse_interval(text: str) -> tuple[float, float] | None:
     try:
         lo, hi = (float(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--cfg_interval must be LO,HI (two σ, e.g. 0.28,2.9), got {text!r}") from None
+        raise ValueError(f"--guidance_interval must be LO,HI (two σ, e.g. 0.28,2.9), got {text!r}") from None
     if not 0 <= lo < hi:
-        raise ValueError(f"--cfg_interval LO,HI needs 0 <= LO < HI, got {text!r}")
+        raise ValueError(f"--guidance_interval LO,HI needs 0 <= LO < HI, got {text!r}")
     return lo, hi
 
 
@@ -56,7 +56,7 @@ class Sampling:
         )  # fmt: skip
 
     def interval_text(self) -> str:
-        """The guidance interval as --cfg_interval spells it, "LO,HI"; "" for every σ."""
+        """The guidance interval as --guidance_interval spells it, "LO,HI"; "" for every σ."""
         return "" if self.guidance_interval is None else "{:g},{:g}".format(*self.guidance_interval)
 
     def record(self) -> dict:
@@ -64,7 +64,7 @@ class Sampling:
         sampler, its steps, the guidance, and the interval and autoguidance scale where set."""
         record = {"method": self.method, "steps": self.steps, "guidance": self.guidance}
         if self.guidance_interval is not None:
-            record["cfg_interval"] = self.interval_text()
+            record["guidance_interval"] = self.interval_text()
         if self.guide_scale is not None:
             record["guide_scale"] = self.guide_scale
         return record
@@ -73,15 +73,15 @@ class Sampling:
 def run_sampling(flags: Any, *, method: str | None = None, steps: int | None = None, guidance: float | None = None,
                  interval: str = "", guide_scale: float | None = None, tiling: str = "auto") -> Sampling:  # fmt: skip
     """A run's sampling: what its flags (`flags`: train/main.py's Config, or a checkpoint's `stored_flags`) say its
-    sample grids use, --sample_method, --sample_steps, --cfg_scale, --cfg_interval, with what a script's flags
+    sample grids use, --sample_method, --sample_steps, --guidance, --guidance_interval, with what a script's flags
     override (None or "": the run's). `guide_scale`: autoguidance instead of classifier-free guidance (guidance 1,
     at every σ). A bad interval is a ValueError naming the form."""
     autoguided = guide_scale is not None
     return Sampling(
         method=method or flags.sample_method,
         steps=steps or flags.sample_steps,
-        guidance=1.0 if autoguided else flags.cfg_scale if guidance is None else guidance,
-        guidance_interval=None if autoguided else parse_interval(interval or flags.cfg_interval),
+        guidance=1.0 if autoguided else flags.guidance if guidance is None else guidance,
+        guidance_interval=None if autoguided else parse_interval(interval or flags.guidance_interval),
         guide_scale=guide_scale,
         tiling=tiling,
     )

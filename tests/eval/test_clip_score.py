@@ -67,10 +67,11 @@ def test_pairs_must_match(ref, scorer):
 
 
 def test_sample_sd_reports_the_clip_score_of_its_images(scorer, tmp_path, capsys):
-    """train/sample.py --pretrained sd:FOLDER --clip_score CLIP: the printed score is the images' against their
-    prompts (the images as saved in --out)."""
+    """train/sample_pretrained.py --pretrained sd:FOLDER --clip_score CLIP: the printed score is the images' against
+    their prompts (the images as saved in --out); sample.py (a run's samples) names the script that takes it."""
     import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
     import sample  # train/sample.py
+    import sample_pretrained  # train/sample_pretrained.py
     from tests.sd.test_sd_pipeline import assemble
 
     pipeline = assemble("sd1", tmp_path / "sd1")
@@ -79,12 +80,14 @@ def test_sample_sd_reports_the_clip_score_of_its_images(scorer, tmp_path, capsys
     for f in (DATA / "clip_tokenizer" / "sd1").iterdir():
         shutil.copy(f, clip / f.name)
     out = tmp_path / "s.npz"
-    sample.main(sample.parse_args(["--pretrained", f"sd:{pipeline}", "--prompts", "a cat", "a red car", "--steps",
-                                   "2", "--out", str(out), "--clip_score", str(clip)]))  # fmt: skip
+    sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{pipeline}", "--prompts", "a cat", "a red car", "--steps",
+                                                         "2", "--out", str(out), "--clip_score", str(clip)]))  # fmt: skip
     with np.load(out) as f:
         images, prompts = list(f["images"]), [str(p) for p in f["prompts"]]
     expected = clip_score(CLIPScorer.from_transformers(clip).scores(images, prompts))  # torch's kernel: the default
     assert f"CLIP score {expected:.4f} (2 images against their prompts" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         sample.parse_args(["--run_dir", "r", "--clip_score", str(clip)])
-    assert "--clip_score scores --pretrained sd:FOLDER's images" in capsys.readouterr().err
+    assert "--clip_score: python train/sample_pretrained.py --pretrained" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--clip_score scores --pretrained sd:FOLDER's images"):
+        sample_pretrained.parse_args(["--pretrained", "dit:x.pt", "--clip_score", str(clip)])

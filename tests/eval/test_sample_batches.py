@@ -150,8 +150,8 @@ def test_a_restart_with_other_flags_is_refused_naming_them(tmp_path):
         write(out, flags={**FLAGS, "--steps": 8})
     with pytest.raises(SystemExit, match=r"seed: 3 there, 4 now"):
         write(out, seed=4)
-    with pytest.raises(SystemExit, match=r"--cfg: \(not given\) there, 1.5 now"):
-        write(out, flags={**FLAGS, "--cfg": 1.5})
+    with pytest.raises(SystemExit, match=r"--guidance: \(not given\) there, 1.5 now"):
+        write(out, flags={**FLAGS, "--guidance": 1.5})
     write(out)  # the same flags: finished
     assert out.exists()
 

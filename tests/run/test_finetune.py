@@ -315,3 +315,50 @@ def test_a_pixel_space_folder_refuses_other_data(pixel_data, sd_data, tmp_path, 
     dataset = f"latents:{sd_data[1]}" if dataset == "latents" else f"npz:{data / dataset}"
     with pytest.raises(SystemExit, match=message):
         train_here("--run_dir", tmp_path / "run", "--init", f"sd:{folder / 'unet'}", "--dataset", dataset, *STEPS)
+
+
+def edit_h_example() -> str:
+    """The code block of edit (h), a new kind of fine-tuning, on docs/edits.md (the README's edits table points there)."""
+    edits = (Path(__file__).parent.parent / "docs" / "edits.md").read_text()
+    section = edits[edits.index("**(h) A new kind of fine-tuning**") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    return block[: block.index("\n```")]
+
+
+def test_the_edits_fine_tuning_kind_trains_its_part_alone_and_samples_whole(tmp_path, monkeypatch, capsys):
+    """Edit (h) as written (docs/edits.md): `--finetune bitfit` trains the biases alone (the checkpointed state holds
+    1-D leaves only), the rest of the network stays the draw from --seed, and train/sample.py's rebuild samples the
+    whole network; a --finetune no FINETUNE_KINDS entry names is one line naming the table."""
+    import dataclasses
+
+    import sample  # train/sample.py
+    from eqxdiff.run import finetune
+    from eqxdiff.run.models import build_model
+    from runs import TINY
+
+    run_dir = tmp_path / "bitfit"
+    flags = ["--run_dir", run_dir, *TINY, "--steps", 3, "--ckpt_every", 3, "--sample_every", 3, "--finetune", "bitfit"]
+    kinds = {}
+    monkeypatch.setattr(finetune, "FINETUNE_KINDS", kinds)
+    with pytest.raises(SystemExit, match="--finetune bitfit: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py"):
+        train_here(*flags)
+    scope = {name: getattr(finetune, name) for name in ("Scratch", "Training")}
+    scope |= {"eqx": eqx, "jax": jax, "dataclasses": dataclasses, "FINETUNE_KINDS": kinds}
+    exec(edit_h_example(), scope)
+    assert kinds == {"bitfit": scope["BitFit"]}
+    train_here(*flags)
+    assert (run_dir / "samples" / "step_000003.png").exists()  # the grid of the whole EMA
+    state = saved_arrays(run_dir, 3)  # model, EMA, Adam's moments: biases all; counters
+    assert all(a.ndim <= 1 for a in state.values()), {k: a.shape for k, a in state.items() if a.ndim > 1}
+
+    run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))  # the whole network, as sample.py rebuilds it
+    drawn = build_model(run.stored["model_args"], False, jax.random.key(0), run.condition)
+    pairs = list(zip(jax.tree.leaves(eqx.filter(run.ema, eqx.is_array)), jax.tree.leaves(eqx.filter(drawn, eqx.is_array))))
+    assert any(ours.ndim > 1 for ours, _ in pairs)
+    for ours, theirs in pairs:
+        if ours.ndim > 1:  # frozen: the draw from --seed
+            np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert any(ours.ndim == 1 and not np.array_equal(ours, theirs) for ours, theirs in pairs)  # the biases trained
+    out = tmp_path / "s.npz"
+    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--num", "10", "--steps", "2", "--out", str(out)]))
+    assert np.load(out)["images"].shape == (10, 8, 8, 1)

@@ -43,19 +43,24 @@ def test_sample_restores_a_checkpoint_written_before_model_args(tmp_path):
 
 def test_every_flag_an_old_checkpoint_lacks_reads_as_its_absence_meant(tmp_path):
     """eqxdiff/run/rebuild.py rebuilds a run without train/main.py's Config: a flag added since the old checkpoint
-    (which stored every flag of its day) reads as LATER_FLAGS names it, which is Config's default."""
+    (which stored every flag of its day) reads as LATER_FLAGS names it, which is Config's default; a renamed one
+    (RENAMED_FLAGS: --cfg_scale, now --guidance) by its new name."""
     import dataclasses
 
     import main  # train/main.py
     from eqxdiff.run.rebuild import LATER_FLAGS, stored_flags
+    from eqxdiff.run.run_dir import RENAMED_FLAGS, current_names
 
     with tarfile.open(DATA / "legacy_digits_unet_tiny.tar.xz") as archive:
         archive.extractall(tmp_path, filter="data")
-    stored = json.loads((tmp_path / "legacy_digits_unet_tiny" / "checkpoints" / "2" / "config" / "metadata").read_text())
+    saved = json.loads((tmp_path / "legacy_digits_unet_tiny" / "checkpoints" / "2" / "config" / "metadata").read_text())
+    assert "cfg_scale" in saved and saved["cfg_scale"] == 1.5  # stored under the name of its day
+    stored = current_names(saved)
+    assert stored["guidance"] == 1.5 and not RENAMED_FLAGS.keys() & stored.keys()
     defaults = main.Config()
     lacking = {f.name for f in dataclasses.fields(main.Config)} - stored.keys()
     assert lacking and lacking <= LATER_FLAGS.keys(), sorted(lacking - LATER_FLAGS.keys())
     assert {name: getattr(defaults, name) for name in LATER_FLAGS} == LATER_FLAGS
-    flags = stored_flags(stored)
+    flags = stored_flags(saved)
     fields = dataclasses.fields(main.Config)
     assert all(getattr(flags, f.name) == stored.get(f.name, getattr(defaults, f.name)) for f in fields)

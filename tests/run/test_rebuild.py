@@ -79,7 +79,7 @@ def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path, capsys):
     capsys.readouterr()
     sample.main(sample.parse_args([*flags, "--num", "6", "--seed", "3", "--out", str(tmp_path / "s.npz")]))
     scores = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert scores["num"] == 6 and scores["guidance"] == run.cfg.cfg_scale and 0 <= scores["both"] <= 1
+    assert scores["num"] == 6 and scores["guidance"] == run.cfg.guidance and 0 <= scores["both"] <= 1
     prompts, _ = CaptionedDigitsSource.scoring_prompts(3, seed=3)  # the dataset's own: 6 // 2 prompts, --seed's
     with np.load(tmp_path / "s.npz") as saved:
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(2)]

@@ -15,7 +15,7 @@ from eqxdiff.sharding import make_mesh
 from tests.core.test_generate_images import LabelledDrift
 
 # A run's flags as train/main.py's Config (or a checkpoint's stored_flags) holds them.
-RUN_FLAGS = SimpleNamespace(sample_method="euler", sample_steps=7, cfg_scale=1.5, cfg_interval="0.5,10")
+RUN_FLAGS = SimpleNamespace(sample_method="euler", sample_steps=7, guidance=1.5, guidance_interval="0.5,10")
 
 
 def stand_in_run(scale: float = 0.3) -> tuple:
@@ -75,5 +75,5 @@ def test_run_sampling_is_the_runs_own_unless_a_flag_overrides_it():
 
 def test_the_record_names_what_decides_the_samples():
     assert Sampling().record() == {"method": "heun", "steps": 18, "guidance": 1.0}
-    assert Sampling(guidance=2.0, guidance_interval=(0.28, 2.9)).record()["cfg_interval"] == "0.28,2.9"
+    assert Sampling(guidance=2.0, guidance_interval=(0.28, 2.9)).record()["guidance_interval"] == "0.28,2.9"
     assert Sampling(guide_scale=3.0).record()["guide_scale"] == 3.0

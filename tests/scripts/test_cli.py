@@ -62,12 +62,16 @@ def test_help_lists_every_flag_with_its_comment_and_default(capsys):
     with pytest.raises(SystemExit):
         sample.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--num NUM number of images (default 100; text-to-image: --per_prompt for each prompt)" in text
-    # each family's own default, as each uses it (sd: diffusers' 30 steps, one image per prompt)
-    assert "--steps STEPS sampler steps (default 18; --pretrained dit:/sit: 250, sd: 30)" in text
-    assert "--per_prompt PER_PROMPT images per prompt (default: a run's 10; --pretrained sd: 1, or --num / prompts)" in (
-        text)  # fmt: skip
-    assert "default: the run's --cfg_scale" in text  # the guidance of the run's own grids
+    assert "--num NUM number of images (text-to-image: --per_prompt for each prompt) (default: 100)" in text
+    assert "--steps STEPS sampler steps (the grids' --sample_steps are fewer, for speed) (default: 18)" in text
+    assert "--per_prompt PER_PROMPT text-to-image runs: images per prompt (default: 10)" in text
+    assert "default: the run's --guidance" in text  # the guidance of the run's own grids
+
+    import sample_pretrained  # train/sample_pretrained.py: each family's own default, as each uses it
+
+    text = " ".join(help_text(sample_pretrained.parse_args, capsys).split())
+    assert "--steps STEPS sampler steps (default: dit:, sit: 250; sd: 30)" in text
+    assert "--per_prompt PER_PROMPT sd: images per prompt (default 1, or --num / prompts)" in text
 
 
 def help_text(parse, capsys) -> str:
@@ -100,7 +104,11 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
     # One definition of the launch flags: the same group, word for word, in every script's --help.
     launch = text[starts[-1] :]
     assert all(f"--{f.name}" in launch for f in dataclasses.fields(Launch))
-    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args):
+    import posthoc_ema  # train/posthoc_ema.py
+    import sample_pretrained  # train/sample_pretrained.py
+
+    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args, sample_pretrained.parse_args,
+                  posthoc_ema.parse_args):
         other = help_text(parse, capsys)
         assert other[other.index("\nlaunch:\n") :] == launch, parse.__module__
 
@@ -119,10 +127,10 @@ def test_the_default_run_dir_is_named_by_dataset_and_model(tmp_path, monkeypatch
 
 
 def test_resuming_takes_left_off_flags_from_the_checkpoint(tmp_path, capsys):
-    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, cfg_scale=2.5, coordinator="h:1",
+    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, guidance=2.5, coordinator="h:1",
                       resume_step=4, remat=True)  # fmt: skip
     cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
-    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.cfg_scale, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
+    assert (cfg.model, cfg.steps, cfg.batch_size, cfg.guidance, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
     assert (cfg.coordinator, cfg.resume_step) == ("", -1)  # how one command starts is never inherited
     assert capsys.readouterr().out == ""  # nothing changed, nothing echoed
 
@@ -336,3 +344,61 @@ def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():
     assert keep(record("Unclosed client session")) and keep(record("Executing <Task> took 2.0 seconds"))
     exit_on_user_error(lambda: None)
     assert any(isinstance(f, LeftoverAsyncErrors) for f in logging.getLogger("asyncio").filters)
+
+
+def test_every_documented_sampling_command_parses(monkeypatch):
+    """Each `python train/sample.py ...` and `python train/sample_pretrained.py ...` command of README.md and docs/
+    (continued lines joined) is taken by its script's parser and checks: no page gives a flag the script refuses
+    (a renamed one, or one of the other script's). The published checkpoints' files are not here: only their flags."""
+    import shlex
+
+    import sample_pretrained  # train/sample_pretrained.py
+    from docs_pages import all_pages
+
+    monkeypatch.setattr(sample_pretrained, "resolved", lambda flags: flags)  # the files each names are not here
+    scripts = {"python train/sample.py ": sample.parse_args, "python train/sample_pretrained.py ": sample_pretrained.parse_args}
+    text = "\n".join(all_pages().values()).replace("\\\n", " ")
+    parsed = 0
+    for line in text.splitlines():
+        for start, parse in scripts.items():
+            if start in line and "`" not in line:
+                parse(shlex.split(line[line.index(start) + len(start) :].split("#")[0]))
+                parsed += 1
+    assert parsed >= 20
+
+
+def test_a_checkpoint_of_the_old_flag_names_resumes_and_samples_by_the_new(tmp_path, capsys):
+    """A run saved when --guidance was --cfg_scale (and --guidance_interval --cfg_interval) resumes with its own
+    guidance and interval under their new names, and sample.py's rebuild reads them alike; the old flags on a
+    command line are one line naming the new ones."""
+    from eqxdiff.run.rebuild import stored_flags
+    from eqxdiff.run.sampling import run_sampling
+
+    config = dict(dataclasses.asdict(train_main.Config(guidance=4.0, guidance_interval="0.3,3")), image_shape=[8, 8, 1],
+                  num_classes=10)  # fmt: skip
+    config["cfg_scale"], config["cfg_interval"] = config.pop("guidance"), config.pop("guidance_interval")
+    with Checkpoints(tmp_path / "checkpoints", async_save=False) as checkpoints:
+        assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
+    cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
+    assert (cfg.guidance, cfg.guidance_interval) == (4.0, "0.3,3")
+    sampling = run_sampling(stored_flags(config))
+    assert (sampling.guidance, sampling.guidance_interval) == (4.0, (0.3, 3.0))
+    for old, new in (("--cfg_scale", "--guidance"), ("--cfg_interval", "--guidance_interval")):
+        with pytest.raises(SystemExit):
+            train_main.parse_config(["--run_dir", str(tmp_path), old, "2"])
+        assert capsys.readouterr().err.startswith(f"error: {old} is now {new} ")
+
+
+def test_no_page_notebook_or_benchmark_gives_a_renamed_flag():
+    """The flags renamed for one name per concept (train/flags.py's RENAMED: --cfg, --cfg_scale, --cfg_interval, now
+    --guidance and --guidance_interval) appear in no command of the documentation, the notebooks or the benchmarks
+    (BENCHMARKS.md keeps the commands as they were run)."""
+    from docs_pages import ROOT, all_pages
+    from flags import RENAMED  # train/flags.py
+
+    texts = dict(all_pages()) | {str(p.relative_to(ROOT)): p.read_text() for p in [
+        *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("train/*.py")]}  # fmt: skip
+    texts.pop("train/flags.py")  # the table itself
+    for name, text in texts.items():
+        for old in RENAMED:
+            assert not re.search(rf"{old}(?![\w-])", text), f"{name} gives {old}; it is {RENAMED[old]} now"

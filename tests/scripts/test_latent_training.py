@@ -92,7 +92,7 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys,
     sample(run_dir, "--num", 20, "--steps", 2, "--out", out, "--eval", "--json")
     scores = json.loads(capsys.readouterr().out.splitlines()[-1])  # scored as digits: the images these latents encode
     assert scores["step"] == REFERENCE_STEPS and scores["num"] == 20 and 0 <= scores["class_accuracy"] <= 1
-    assert scores["guidance"] == train_main.Config().cfg_scale  # no --guidance: the guidance of the run's grids
+    assert scores["guidance"] == train_main.Config().guidance  # no --guidance: the guidance of the run's grids
     with np.load(out) as saved:
         assert saved["images"].shape == (20, 8, 8, 1) and saved["latents"].shape == (20, 8, 8, 1)
         np.testing.assert_array_equal(saved["images"], to_uint8(saved["latents"]))  # decode is the identity

@@ -1,4 +1,4 @@
-"""train/sample.py's guidance flags: --cfg_interval, and autoguidance by another run (--guide_run) whose EMA
+"""train/sample.py's guidance flags: --guidance_interval, and autoguidance by another run (--guide_run) whose EMA
 samples in the same program as the run's, whatever its layout; runs of other tasks refused by name."""
 
 import json
@@ -38,14 +38,14 @@ def usage_error(capsys, *args) -> str:
 
 def test_guidance_flags_are_refused_in_one_line(capsys, tmp_path):
     assert parse_interval("0.28,2.9") == (0.28, 2.9) and parse_interval("") is None
-    assert "needs 0 <= LO < HI" in usage_error(capsys, "--run_dir", "r", "--cfg_interval", "3,1")
-    assert "must be LO,HI" in usage_error(capsys, "--run_dir", "r", "--cfg_interval", "0.3")
+    assert "needs 0 <= LO < HI" in usage_error(capsys, "--run_dir", "r", "--guidance_interval", "3,1")
+    assert "must be LO,HI" in usage_error(capsys, "--run_dir", "r", "--guidance_interval", "0.3")
     assert "go with --guide_run" in usage_error(capsys, "--run_dir", "r", "--guide_scale", "2")
     assert "replaces classifier-free guidance" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w",
-                                                              "--guide_scale", "2", "--cfg", "3")  # fmt: skip
-    assert "needs --run_dir and --guide_scale" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w")
+                                                              "--guide_scale", "2", "--guidance", "3")  # fmt: skip
+    assert "needs --guide_scale S" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w")
     with pytest.raises(SystemExit) as exited:  # train/main.py's flag alike
-        train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--cfg_interval", "1,0.5"])
+        train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--guidance_interval", "1,0.5"])
     assert exited.value.code == 2 and "needs 0 <= LO < HI" in capsys.readouterr().err
 
 
@@ -68,7 +68,7 @@ def two_runs(tmp_path_factory):
     """Two tiny digits runs of one task: the main one (its grids guided in an interval), and a weak one trained
     shorter, FSDP over 2 devices."""
     root = tmp_path_factory.mktemp("guide")
-    train_here("--run_dir", root / "main", *TINY, "--steps", 4, "--sample_every", 4, "--cfg_interval", "0.5,10")
+    train_here("--run_dir", root / "main", *TINY, "--steps", 4, "--sample_every", 4, "--guidance_interval", "0.5,10")
     assert (root / "main" / "samples" / "step_000004.png").exists()
     train_here("--run_dir", root / "weak", *TINY, "--steps", 2, "--fsdp_size", 2, "--seed", 1)
     return root / "main", root / "weak"
@@ -103,16 +103,16 @@ def test_guide_run_samples_autoguidance_of_both_runs(tmp_path, two_runs):
 
 
 @pytest.mark.slow  # a run trained, then sampled
-def test_cfg_interval_samples_guidance_in_that_interval(tmp_path, two_runs):
+def test_guidance_interval_samples_guidance_in_that_interval(tmp_path, two_runs):
     main_dir, _ = two_runs
     run = load_run(main_dir, mesh=make_mesh(data=-1, fsdp=1))
     labels = jnp.asarray(sample.balanced_labels(10, list(range(10))))
     good = Denoiser(run.ema, run.schedule, run.parameterization)
     null = run.ema.null_cond(10)
-    images = drawn(tmp_path, "--run_dir", main_dir, "--cfg", "30", "--cfg_interval", "0.5,10")
+    images = drawn(tmp_path, "--run_dir", main_dir, "--guidance", "30", "--guidance_interval", "0.5,10")
     expected = ClassifierFreeGuidance(good, labels, 30.0, null, interval=(0.5, 10.0))
     np.testing.assert_allclose(images, reference(run, expected), atol=2.5 / 127.5)
     everywhere = reference(run, ClassifierFreeGuidance(good, labels, 30.0, null))
     assert np.abs(images - everywhere).max() > 0.1  # the interval is seen
-    # Without --cfg_interval: the run's own, as its grids used.
-    np.testing.assert_array_equal(drawn(tmp_path, "--run_dir", main_dir, "--cfg", "30"), images)
+    # Without --guidance_interval: the run's own, as its grids used.
+    np.testing.assert_array_equal(drawn(tmp_path, "--run_dir", main_dir, "--guidance", "30"), images)

@@ -1,4 +1,4 @@
-"""train/sample.py --pretrained dit:FILE | sit:FILE: a published checkpoint sampled by its paper's
+"""train/sample_pretrained.py --pretrained dit:FILE | sit:FILE: a published checkpoint sampled by its paper's
 protocol, decoded by the SD VAE and written as ADM's sample batch, as DiT's and SiT's sample_ddp.py
 do; checked on the committed random-weight DiT and SiT (tests/data/dit, sit) and SD-like VAE."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
-import sample  # train/sample.py
+import sample_pretrained  # train/sample_pretrained.py
 from eqxdiff.eval.sample_batches import chunk_key
 from sample_pretrained import to_uint8_official
 
@@ -23,9 +23,8 @@ VAE = DATA / "autoencoder_kl" / "sd_like"
 
 def run(*flags) -> None:
     flags = [*map(str, flags)]
-    if "--pretrained" in flags:  # the committed DiT and SiT are not of an official size
-        flags += ["--num_heads", "2"]
-    sample.main(sample.parse_args(flags))
+    flags += ["--num_heads", "2"]  # the committed DiT and SiT are not of an official size
+    sample_pretrained.main(sample_pretrained.parse_args(flags))
 
 
 def decoded_as_sample_ddp(latents) -> np.ndarray:
@@ -46,7 +45,7 @@ def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
     out = tmp_path / f"{family}.npz"
     method = ["--method", "ddpm"] if family == "dit" else ["--method", "ode", "--sampler", "heun"]
     run("--pretrained", f"{family}:{DIT if family == 'dit' else SIT}", "--vae", VAE, "--num", 12, "--batch_size", 8,
-        "--steps", 4, "--cfg", 2.0, "--seed", 3, *method, "--out", out)  # fmt: skip
+        "--steps", 4, "--guidance", 2.0, "--seed", 3, *method, "--out", out)  # fmt: skip
     with np.load(out) as f:
         images, labels = f["arr_0"], f["arr_1"]
     assert images.shape == (12, 32, 32, 3) and images.dtype == np.uint8  # 8² latents, the VAE's 4x
@@ -65,11 +64,11 @@ def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
 
 def test_pretrained_defaults_are_the_official_scripts(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(sample.sample_pretrained, "write_sample_batches", lambda *a, **k: seen.update(k["flags"]))
+    monkeypatch.setattr(sample_pretrained, "write_sample_batches", lambda *a, **k: seen.update(k["flags"]))
     run("--pretrained", f"dit:{DIT}", "--vae", VAE, "--out", tmp_path / "d.npz")
     assert (seen["--method"], seen["--steps"], seen["--guidance"]) == ("ddpm", 250, 1.5)  # DiT's sample_ddp.py
     run("--pretrained", f"sit:{SIT}", "--vae", VAE, "--out", tmp_path / "s.npz")
-    assert (seen["--method"], seen["--sampler"], seen["--steps"], seen["--guidance"]) == ("ode", None, 250, 1.0)
+    assert (seen["--method"], seen["--sampler"], seen["--steps"], seen["--guidance"]) == ("ode", "dopri5", 250, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +78,7 @@ def test_pretrained_defaults_are_the_official_scripts(tmp_path, monkeypatch):
         (["--pretrained", "dit:missing.pt"], "no file missing.pt: it does not exist"),
         (["--pretrained", f"dit:{VAE}"], "it is a model folder (config.json: AutoencoderKL); give dit:FILE"),
         (["--pretrained", f"dit:{DIT}"], "needs --vae FOLDER"),
+        (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--prompts", "a cat"], "--prompts, --negative_prompts and"),
         (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--method", "ode"], "samples with ddpm or ddim"),
         (["--pretrained", f"dit:{DIT}", "--vae", VAE, "--sampler", "heun"], "--sampler chooses SiT's"),
         (["--pretrained", f"sit:{SIT}", "--vae", VAE, "--eval"], "train/evaluate.py"),
@@ -86,14 +86,24 @@ def test_pretrained_defaults_are_the_official_scripts(tmp_path, monkeypatch):
         (["--pretrained", f"dit:{VAE / 'diffusion_pytorch_model.safetensors'}", "--vae", VAE], "not a DiT state_dict"),
     ],
 )
-def test_pretrained_refusals_name_the_fix(flags, phrase, tmp_path):
+def test_pretrained_refusals_name_the_fix(flags, phrase, tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         run(*flags, "--out", tmp_path / "x.npz")
-    assert phrase in str(refused.value.code)
+    assert phrase in f"{refused.value.code} {capsys.readouterr().err}"  # resolved's SystemExit, or the parser's line
 
 
-def test_run_dir_or_pretrained_exactly_one(capsys):
-    for flags in ([], ["--run_dir", "r", "--pretrained", f"dit:{DIT}"]):
-        with pytest.raises(SystemExit):
-            sample.parse_args(flags)
-        assert "pass --run_dir RUN" in capsys.readouterr().err
+def test_a_run_and_a_published_checkpoint_are_two_scripts(capsys):
+    """train/sample.py samples a run, train/sample_pretrained.py a published checkpoint: each one's flags given to
+    the other are one line naming the script that takes them."""
+    import sample  # train/sample.py
+
+    for parse, flags, said in [
+        (sample.parse_args, ["--pretrained", f"dit:{DIT}"], "python train/sample_pretrained.py --pretrained dit:FILE"),
+        (sample.parse_args, ["--run_dir", "r", "--vae", str(VAE)], "--vae: python train/sample_pretrained.py"),
+        (sample.parse_args, ["--run_dir", "r", "--negative_prompts", "x"], "--negative_prompts: python train/sample_"),
+        (sample_pretrained.parse_args, ["--pretrained", f"dit:{DIT}", "--run_dir", "r"], "python train/sample.py --run_dir"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            parse(flags)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1 and said in err[0], err

@@ -267,14 +267,14 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
 
 
 @pytest.mark.slow  # a process per script
-@pytest.mark.parametrize("script", ["sample_sd.py", "sample_pretrained.py"])
-def test_the_pretrained_parts_show_their_help_and_point_to_sample_py(script):
-    """train/sample.py's --pretrained parts, run as files: --help shows what they do; anything else is one line
-    saying to run them through sample.py."""
-    shown = subprocess.run(command(script, "--help"), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0 and shown.stdout.startswith("usage: python train/sample.py --pretrained ")
-    assert "train/sample.py --pretrained" in shown.stdout.splitlines()[2]  # the module docstring
-    assert "is train/sample.py's --pretrained part: run python train/sample.py" in refused(script, "--seed", 1)
+def test_a_renamed_or_moved_flag_is_one_line_naming_the_new_one():
+    """`--cfg` and the flags of a published checkpoint, as the scripts took them before: one line naming what to run
+    now (the flag's new name, or the script that takes it), status 2, nothing started."""
+    assert refused("sample.py", "--run_dir", "r", "--cfg", 2) == (
+        "error: --cfg is now --guidance (one name for it in every script and in the library)")  # fmt: skip
+    assert refused("sample_pretrained.py", "--pretrained", "dit:x.pt", "--cfg", 2).startswith("error: --cfg is now --guidance")
+    said = refused("sample.py", "--pretrained", "sd:folder", "--prompts", "a cat")
+    assert said.startswith("error: --pretrained: python train/sample_pretrained.py --pretrained dit:FILE|sit:FILE|sd:")
 
 
 @pytest.mark.quick  # a one-line error: the quick tier

@@ -82,11 +82,10 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     np.testing.assert_array_equal(null.mask, encoded.mask)
     assert null.context.shape == encoded.context.shape and null.pooled.shape == encoded.pooled.shape
 
-    # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused);
-    # --cfg, --guidance's older name, still given.
+    # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused).
     sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
-                                   "--cfg", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
-    assert scales == [3.0, 3.0]  # each flag overrides the run's --cfg_scale (1.5)
+                                   "--guidance", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
+    assert scales == [3.0, 3.0]  # each flag overrides the run's --guidance (1.5)
     from tests.scripts.test_train_main import row_label_margin
 
     with Image.open(tmp_path / "s.png") as grid:

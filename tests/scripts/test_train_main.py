@@ -238,7 +238,7 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, monk
                                        "16", "--seed", "0", "--fid", str(tmp_path / "ref.npz"), "--inception", "unused",
                                        "--fid_out", str(out)]), features_fn=projection)  # fmt: skip
     (line,) = [json.loads(s) for s in out.read_text().splitlines()]
-    assert line["step"] == 3 and line["num"] == 20 and line["guidance"] == train_main.Config().cfg_scale  # the run's
+    assert line["step"] == 3 and line["num"] == 20 and line["guidance"] == train_main.Config().guidance  # the run's
     for key in ("fid", "precision", "recall"):
         assert line[key] == pytest.approx(evals[-1][f"eval/{key}"], rel=1e-6), key
 
@@ -285,7 +285,7 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
         jax.device_put(on_disk[("ema", *re.findall(r"\w+", jax.tree_util.keystr(p)))], x.sharding)
         if eqx.is_array(x) else x for p, x in flat
     ])  # fmt: skip
-    # The run's schedule, parameterization (σ_data 0.5: pixels) and guidance (--cfg_scale 1.5); sample.py's seed 0.
+    # The run's schedule, parameterization (σ_data 0.5: pixels) and guidance (--guidance 1.5); sample.py's seed 0.
     expected = generate(ema, schedule_by_name("edm"), parameterization_by_name("edm", 0.5), labels, 8, (8, 8, 1),
                         mesh=mesh, steps=2, method="euler", guidance=1.5, seed=0)  # fmt: skip
     np.testing.assert_array_equal(images, to_uint8(expected))

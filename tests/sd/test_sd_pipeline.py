@@ -192,13 +192,13 @@ def test_cli_writes_a_png(sdxl_folder, tmp_path):
     """The script's process writes a PNG grid and names a missing folder in one line. SDXL only: the process's
     wiring is the same for SD 1.x, whose pipeline runs through the script in the tests below."""
     out, folder = tmp_path / "grid.png", sdxl_folder
-    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{folder}", "--prompts",
-           "a cat", "a dog", "--negative_prompts", "blurry", "", "--cfg", "5", "--steps", "2", "--method", "euler",
+    cmd = [sys.executable, str(ROOT / "train" / "sample_pretrained.py"), "--pretrained", f"sd:{folder}", "--prompts",
+           "a cat", "a dog", "--negative_prompts", "blurry", "", "--guidance", "5", "--steps", "2", "--method", "euler",
            "--out", str(out)]  # fmt: skip
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 images (1 per prompt, euler, 2 steps, cfg 5)" in done.stdout
+    assert "2 images (1 per prompt, euler, 2 steps, guidance 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
     bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
@@ -211,12 +211,12 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
     """--per_prompt 3 (or --num 6) for two prompts: six images, prompt-major, each its own noise from --seed (the
     three of a prompt differ), the same whatever --batch_size splits them into; the default is one per prompt, image
     0 the same; a --num that the prompts do not divide is refused."""
-    import sample  # train/sample.py (conftest puts train/ on the path)
+    import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
 
     def run(name, *flags) -> dict:
         out = tmp_path / name / "samples.npz"  # its folder made
-        sample.main(sample.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat", "a dog", "--steps",
-                                       "2", "--cfg", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
+        sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat",
+                                                             "a dog", "--steps", "2", "--guidance", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
         return dict(np.load(out))
 
     three = run("three", "--per_prompt", "3")
@@ -235,7 +235,7 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
 def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     """A pipeline folder holding only `*.fp16.safetensors` (as `huggingface-cli download --include "*.fp16.*"` leaves
     it) samples through the script as the plain folder does, each model's file named in a warning."""
-    import sample  # train/sample.py (conftest puts train/ on the path)
+    import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
 
     fp16 = tmp_path / "fp16_only"
     shutil.copytree(sd1_folder, fp16)
@@ -244,8 +244,8 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
 
     def run(folder) -> np.ndarray:
         out = tmp_path / f"{folder.name}.npz"
-        sample.main(sample.parse_args(["--pretrained", f"sd:{folder}", "--prompts", "a cat", "--steps", "2",
-                                       "--out", str(out)]))  # fmt: skip
+        sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{folder}", "--prompts", "a cat",
+                                                             "--steps", "2", "--out", str(out)]))  # fmt: skip
         return np.load(out)["latents"]
 
     with pytest.warns(UserWarning) as said:
@@ -254,7 +254,7 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
     np.testing.assert_array_equal(ours, run(sd1_folder))
     # As the script says it: one line each, at the start
-    cmd = [sys.executable, str(ROOT / "train" / "sample.py"), "--pretrained", f"sd:{fp16}", "--prompts", "a cat",
+    cmd = [sys.executable, str(ROOT / "train" / "sample_pretrained.py"), "--pretrained", f"sd:{fp16}", "--prompts", "a cat",
            "--steps", "1", "--out", str(tmp_path / "cli.npz")]  # fmt: skip
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -265,7 +265,7 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
-    import sample  # train/sample.py
+    import sample_pretrained  # train/sample_pretrained.py
 
     other = tmp_path / "img2img"
     shutil.copytree(sd1_folder, other, ignore=shutil.ignore_patterns("unet", "vae", "text_encoder"))
@@ -284,8 +284,5 @@ def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
         (["--pretrained", f"sd:{other}", "--prompts", "a"], "is a StableDiffusionImg2ImgPipeline: load_sd reads"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as refused:
-            sample.main(sample.parse_args(flags))
+            sample_pretrained.main(sample_pretrained.parse_args(flags))
         assert phrase in str(refused.value.code), flags
-    with pytest.raises(SystemExit):
-        sample.parse_args(["--run_dir", "r", "--negative_prompts", "x"])
-    assert "--negative_prompts: for --pretrained sd:FOLDER" in capsys.readouterr().err

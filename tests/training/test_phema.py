@@ -329,7 +329,7 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "100", "--steps", "2")
     table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]
-    posthoc("--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--cfg", "1")  # unguided: other samples
+    posthoc("--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--guidance", "1")  # unguided: other samples
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
     assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
@@ -405,7 +405,7 @@ def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
     for bad in ("0.05", "sigma=0.05", "sigma_rel=x"):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", str(tmp_path), "--ema", bad])
-        assert "--ema takes sigma_rel=S" in capsys.readouterr().err
+        assert "argument --ema: takes sigma_rel=S" in capsys.readouterr().err
     assert sample.parse_args(["--run_dir", str(tmp_path), "--ema", "sigma_rel=0.05"]).ema == 0.05
     import main as train_main  # train/main.py
 
