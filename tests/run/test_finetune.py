@@ -319,7 +319,7 @@ def test_a_pixel_space_folder_refuses_other_data(pixel_data, sd_data, tmp_path, 
 
 def edit_h_example() -> str:
     """The code block of edit (h), a new kind of fine-tuning, on docs/edits.md (the README's edits table points there)."""
-    edits = (Path(__file__).parent.parent / "docs" / "edits.md").read_text()
+    edits = (Path(__file__).parents[2] / "docs" / "edits.md").read_text()
     section = edits[edits.index("**(h) A new kind of fine-tuning**") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     return block[: block.index("\n```")]

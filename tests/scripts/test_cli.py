@@ -90,7 +90,7 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
 
     sections = field_sections(train_main.Config)
     assert set(sections) == {f.name for f in dataclasses.fields(train_main.Config)}  # no flag outside a section
-    titles = ["data", "model", "diffusion", "text", "optimisation", "sampling", "evaluation", "run", "finetune", "launch"]
+    titles = ["data", "model", "diffusion", "meanflow", "text", "optimisation", "sampling", "evaluation", "run", "finetune", "launch"]
     assert list(dict.fromkeys(title for title, _ in sections.values())) == titles
     text = help_text(train_main.parse_config, capsys)
     starts = [text.index(f"\n{title}:\n") for title in titles]  # each a group of --help, in this order
@@ -99,7 +99,7 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
         i = titles.index(sections[field.name][0])
         group = text[starts[i] : starts[i + 1] if i + 1 < len(titles) else len(text)]
         assert f"--{field.name}" in group, field.name
-    assert "text-to-image, from captions" in text[starts[3] : starts[4]]  # the section's line describes it
+    assert "text-to-image, from captions" in text[starts[4] : starts[5]]  # the section's line describes it
 
     # One definition of the launch flags: the same group, word for word, in every script's --help.
     launch = text[starts[-1] :]
