@@ -41,8 +41,10 @@ def checkpoint_sides(args, run_dirs: dict[str, str]) -> dict:
     mesh = make_mesh(data=-1, fsdp=1)
     job = digits_job(mesh, total_steps=10_000)
     stream = batch_stream(job.digits, args.batch, 0)
-    batches = [jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x), next(stream))
-               for _ in range(args.steps)]  # fmt: skip
+    batches = [
+        jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh), x), next(stream))
+        for _ in range(args.steps)
+    ]
     state = steps_in_flight(job.train_step, job.state, batches)[0]  # compiles the step
     checkpoints = {side: Checkpoints(run_dir, keep=2) for side, run_dir in run_dirs.items()}
     for c in checkpoints.values():  # orbax's first-save set-up, outside the timed windows
@@ -118,16 +120,28 @@ def main() -> None:
         checkpoints = checkpoint_sides(args, {"disk": f"{tmp}/run", "bucket": f"{bucket}/run"})
         rng = np.random.default_rng(0)
         npz = Path(tmp) / "images.npz"
-        np.savez(npz, images=rng.integers(0, 256, (args.images, 32, 32, 3), np.uint8),
-                 labels=rng.integers(0, 10, args.images))  # fmt: skip
+        np.savez(
+            npz,
+            images=rng.integers(0, 256, (args.images, 32, 32, 3), np.uint8),
+            labels=rng.integers(0, 10, args.images),
+        )
         upload(npz, f"{bucket}/images.npz")
         data = data_sides(args, {"disk": str(npz), "bucket": f"{bucket}/images.npz"})
-        report("bucket", {
-            "server": "fake-gcs-server (local emulator, in memory, loopback)", "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(), "batch": args.batch, "steps_per_window": args.steps,
-            "rounds": args.rounds, "checkpoints": checkpoints,
-            "npz_mib": round(npz.stat().st_size / 2**20, 1), "data_batches": args.batches, "data": data,
-        })  # fmt: skip
+        report(
+            "bucket",
+            {
+                "server": "fake-gcs-server (local emulator, in memory, loopback)",
+                "load_avg_before": load_before,
+                "load_avg_after": os.getloadavg(),
+                "batch": args.batch,
+                "steps_per_window": args.steps,
+                "rounds": args.rounds,
+                "checkpoints": checkpoints,
+                "npz_mib": round(npz.stat().st_size / 2**20, 1),
+                "data_batches": args.batches,
+                "data": data,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,13 @@ def main() -> None:
 
     mesh = make_mesh(data=-1, fsdp=args.fsdp_size)
     job = digits_job(mesh, total_steps=10_000)
-    digits, make_model, optimizer, state, train_step = job.digits, job.make_model, job.optimizer, job.state, job.train_step
+    digits, make_model, optimizer, state, train_step = (
+        job.digits,
+        job.make_model,
+        job.optimizer,
+        job.state,
+        job.train_step,
+    )
     data_sharding = batch_sharding(mesh)
     stream = batch_stream(digits, args.batch, 0)
     batches = [

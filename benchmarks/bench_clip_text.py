@@ -45,11 +45,21 @@ xla_cpu.enable()  # as train/main.py (no effect on a forward pass)
 
 PEER = Path(__file__).resolve().parent / "clip_torch_peer.py"
 CLIP_L14_TEXT = {  # SD 1.x's text_encoder/config.json, the fields that shape the network
-    "architectures": ["CLIPTextModel"], "model_type": "clip_text_model", "vocab_size": 49408, "hidden_size": 768,
-    "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "max_position_embeddings": 77,
-    "hidden_act": "quick_gelu", "layer_norm_eps": 1e-05, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1,
+    "architectures": ["CLIPTextModel"],
+    "model_type": "clip_text_model",
+    "vocab_size": 49408,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-05,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "pad_token_id": 1,
     "projection_dim": 768,
-}  # fmt: skip
+}
 BOS, EOS, LENGTH = 49406, 49407, 77
 
 
@@ -112,13 +122,19 @@ def main() -> None:
         result.update(rates(alternate(sides, args.rounds), args.batch * args.calls, "prompts"))
         peer.close()
 
-    peer_report("clip_text_vs_transformers", args.torch_python, torch_load, "prompts", {
-        "config": config,
-        "params": {"torch": params, "eqxdiff": eqx_params},
-        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-        "quick": args.quick,
-        "result": result,
-    })  # fmt: skip
+    peer_report(
+        "clip_text_vs_transformers",
+        args.torch_python,
+        torch_load,
+        "prompts",
+        {
+            "config": config,
+            "params": {"torch": params, "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+            "quick": args.quick,
+            "result": result,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -101,10 +101,20 @@ def measure(hw: int, cin: int, cout: int, args) -> dict:
             jax.block_until_ready(out)
             seconds[name].append((time.perf_counter() - start) / args.calls)
     gflop = 2 * args.batch * hw * hw * 9 * cin * cout / 1e9
-    return {"hw": hw, "cin": cin, "cout": cout, "gflop": round(gflop, 3), **{
-        name: {"ms_fastest": round(1000 * min(s), 3), "ms_median": round(1000 * statistics.median(s), 3),
-               "gflops_fastest": round(gflop / min(s), 1)}
-        for name, s in seconds.items()}}  # fmt: skip
+    return {
+        "hw": hw,
+        "cin": cin,
+        "cout": cout,
+        "gflop": round(gflop, 3),
+        **{
+            name: {
+                "ms_fastest": round(1000 * min(s), 3),
+                "ms_median": round(1000 * statistics.median(s), 3),
+                "gflops_fastest": round(gflop / min(s), 1),
+            }
+            for name, s in seconds.items()
+        },
+    }
 
 
 def main() -> None:
@@ -119,8 +129,16 @@ def main() -> None:
     if args.quick:
         args.batch, args.rounds, args.calls = 2, 1, 1
     rows = [measure(*shape, args) for shape in shapes]
-    report("conv_weight_grad", {"batch": args.batch, "rounds": args.rounds, "calls": args.calls,
-                                "compiler_options": xla_cpu.compiler_options(), "shapes": rows})  # fmt: skip
+    report(
+        "conv_weight_grad",
+        {
+            "batch": args.batch,
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "compiler_options": xla_cpu.compiler_options(),
+            "shapes": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,11 @@ def main() -> None:
         sides = {"this": ROOT}
         if args.against:
             other = tmp / "other"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
-                           check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
+                check=True,
+                capture_output=True,
+            )
             sides[args.against] = other
         results = {name: [] for name in sides}
         try:
@@ -58,8 +61,10 @@ def main() -> None:
             if args.against:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False)
     walls = {name: [r["wall_s"] for r in rows] for name, rows in results.items()}
-    report("default_job", {"extra_flags": extra, "runs": results,
-                           "median_wall_s": {k: statistics.median(v) for k, v in walls.items()}})  # fmt: skip
+    report(
+        "default_job",
+        {"extra_flags": extra, "runs": results, "median_wall_s": {k: statistics.median(v) for k, v in walls.items()}},
+    )
 
 
 if __name__ == "__main__":

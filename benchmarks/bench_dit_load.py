@@ -108,15 +108,28 @@ def child(path: str, dtype: str, min_size: int, sample_steps: int) -> dict:
 
         noise = jax.random.normal(jax.random.key(0), (1, model.image_size, model.image_size, model.in_channels))
         start = time.perf_counter()
-        latents = np.asarray(sample_dit(model, jnp.array([207]), noise, steps=sample_steps, method="ddpm",
-                                        guidance=1.5, key=jax.random.key(1)))  # fmt: skip
+        latents = np.asarray(
+            sample_dit(
+                model, jnp.array([207]), noise, steps=sample_steps, method="ddpm", guidance=1.5, key=jax.random.key(1)
+            )
+        )
         assert latents.shape == noise.shape and np.isfinite(latents).all() and latents.std() > 0
-        sampled = dict(sample_steps=sample_steps, sample_s=time.perf_counter() - start, latents_std=float(latents.std()))
-    return dict(dtype=dtype, baseline_mib=before / MIB, peak_mib=peak / MIB, load_s=seconds, **sampled,
-                model_mib=sum(x.nbytes for x in leaves) / MIB, sharded_fraction=sharded / sum(x.nbytes for x in leaves),
-                params=sum(x.size for x in leaves), leaves=len(leaves),
-                anon_added_mib=kinds_after.get("RssAnon", np.nan) - kinds_before.get("RssAnon", np.nan),
-                file_added_mib=kinds_after.get("RssFile", np.nan) - kinds_before.get("RssFile", np.nan))  # fmt: skip
+        sampled = dict(
+            sample_steps=sample_steps, sample_s=time.perf_counter() - start, latents_std=float(latents.std())
+        )
+    return dict(
+        dtype=dtype,
+        baseline_mib=before / MIB,
+        peak_mib=peak / MIB,
+        load_s=seconds,
+        **sampled,
+        model_mib=sum(x.nbytes for x in leaves) / MIB,
+        sharded_fraction=sharded / sum(x.nbytes for x in leaves),
+        params=sum(x.size for x in leaves),
+        leaves=len(leaves),
+        anon_added_mib=kinds_after.get("RssAnon", np.nan) - kinds_before.get("RssAnon", np.nan),
+        file_added_mib=kinds_after.get("RssFile", np.nan) - kinds_before.get("RssFile", np.nan),
+    )
 
 
 def main() -> None:
@@ -143,8 +156,17 @@ def main() -> None:
         size = int(subprocess.run(write, env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
         runs = []
         for dtype in ("float32", "bfloat16"):
-            command = [sys.executable, __file__, "--child", str(path), dtype, "--min_size", str(args.min_size),
-                       "--sample_steps", str(args.sample_steps)]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                str(path),
+                dtype,
+                "--min_size",
+                str(args.min_size),
+                "--sample_steps",
+                str(args.sample_steps),
+            ]
             out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
             if out.returncode:
                 raise SystemExit(f"the {dtype} load failed:\n{out.stderr[-3000:]}")

@@ -43,8 +43,18 @@ MODELS = {  # models.py's DiT_models entries
     "DiT-S/2": dict(depth=12, hidden_size=384, patch_size=2, num_heads=6, **LATENT),
     "DiT-B/4": dict(depth=12, hidden_size=768, patch_size=4, num_heads=12, **LATENT),
 }
-TINY = {"tiny": dict(input_size=8, in_channels=4, num_classes=10, learn_sigma=True, depth=2, hidden_size=32,
-                     patch_size=2, num_heads=2)}  # fmt: skip
+TINY = {
+    "tiny": dict(
+        input_size=8,
+        in_channels=4,
+        num_classes=10,
+        learn_sigma=True,
+        depth=2,
+        hidden_size=32,
+        patch_size=2,
+        num_heads=2,
+    )
+}
 
 
 def run_model(args, peer: TorchPeer, tmp: Path, name: str, config: dict, rng) -> tuple[dict, dict]:
@@ -65,12 +75,27 @@ def run_model(args, peer: TorchPeer, tmp: Path, name: str, config: dict, rng) ->
     start = time.perf_counter()
     ours = np.asarray(jax.block_until_ready(run()))
     first_s = time.perf_counter() - start
-    answer = peer("prepare", method=args.method, steps=args.steps, cfg_scale=args.guidance, input=str(tmp / "input.npz"),
-                  output=str(tmp / "output.npy"))  # fmt: skip
-    result = {"model": name, "config": config, "params": {"torch": built["params"], "eqxdiff": param_count(model)},
-              "batch": args.batch, "steps": args.steps, "method": args.method, "guidance": args.guidance,
-              "calls_per_round": args.calls, "rounds": args.rounds, "eqxdiff_first_call_s": round(first_s, 3),
-              "torch_first_call_s": round(answer["first_call_s"], 3)}  # fmt: skip
+    answer = peer(
+        "prepare",
+        method=args.method,
+        steps=args.steps,
+        cfg_scale=args.guidance,
+        input=str(tmp / "input.npz"),
+        output=str(tmp / "output.npy"),
+    )
+    result = {
+        "model": name,
+        "config": config,
+        "params": {"torch": built["params"], "eqxdiff": param_count(model)},
+        "batch": args.batch,
+        "steps": args.steps,
+        "method": args.method,
+        "guidance": args.guidance,
+        "calls_per_round": args.calls,
+        "rounds": args.rounds,
+        "eqxdiff_first_call_s": round(first_s, 3),
+        "torch_first_call_s": round(answer["first_call_s"], 3),
+    }
     if args.method == "ddim":
         theirs = np.load(tmp / "output.npy")
         result["max_abs_diff"] = float(np.abs(ours - theirs).max())
@@ -104,8 +129,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: a tiny DiT at 8², 5 steps, one round")
     args = parser.parse_args()
     if not (args.dit / "diffusion" / "respace.py").is_file():
-        raise SystemExit(f"--dit {args.dit}: no diffusion/respace.py there; pass a clone of "
-                         "github.com/facebookresearch/DiT")  # fmt: skip
+        raise SystemExit(
+            f"--dit {args.dit}: no diffusion/respace.py there; pass a clone of github.com/facebookresearch/DiT"
+        )
     models = {n: MODELS[n] for n in args.models.split(",") if n in MODELS}
     if args.quick:
         models, args.batch, args.steps, args.rounds = TINY, 2, "5", 1

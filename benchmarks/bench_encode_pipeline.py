@@ -119,8 +119,14 @@ def run_size(args, tmp: Path, folder: Path, size: int, count: int, batch: int) -
 
     def argv(run: str) -> list[str]:
         out = tmp / f"latents_{size}_{run}"
-        return [f"--dataset=npz:{source}", f"--vae={folder}", f"--out={out}", f"--image_size={size}",
-                f"--batch_size={batch}", f"--shard_size={max(1, count // 4)}"]  # fmt: skip
+        return [
+            f"--dataset=npz:{source}",
+            f"--vae={folder}",
+            f"--out={out}",
+            f"--image_size={size}",
+            f"--batch_size={batch}",
+            f"--shard_size={max(1, count // 4)}",
+        ]
 
     cold_wall, cold_loop, _ = encode_py_pass(argv("cold"))
     bare_s, main_s, loop_s, printed = [], [], [], []
@@ -133,7 +139,10 @@ def run_size(args, tmp: Path, folder: Path, size: int, count: int, batch: int) -
 
     bare, loop_rates, main_rates = ([count / s for s in seconds] for seconds in (bare_s, loop_s, main_s))
     result = {
-        "size": size, "images": count, "batch": batch, "rounds": args.rounds,
+        "size": size,
+        "images": count,
+        "batch": batch,
+        "rounds": args.rounds,
         "bare_compile_plus_first_call_s": round(compile_s, 3),
         "encode_py_cold": {"main_s": round(cold_wall, 3), "loop_s": round(cold_loop, 3)},
         "bare_images_per_s": round(count * args.rounds / sum(bare_s), 3),
@@ -146,7 +155,7 @@ def run_size(args, tmp: Path, folder: Path, size: int, count: int, batch: int) -
         "ratio_loop_over_bare": round(sum(bare_s) / sum(loop_s), 3),
         "ratio_main_over_bare": round(sum(bare_s) / sum(main_s), 3),
         "paired_ratio_loop_median": round(statistics.median(lr / b for lr, b in zip(loop_rates, bare)), 3),
-    }  # fmt: skip
+    }
     print(json.dumps(result), file=sys.stderr, flush=True)
     return result
 

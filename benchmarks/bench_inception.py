@@ -100,8 +100,12 @@ def run_size(args, peer: TorchPeer, net: InceptionV3, tmp: Path, size: int, rng)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",") if v], default=[32, 299],
-                        help="input sizes (square), resized to 299 inside the network")  # fmt: skip
+    parser.add_argument(
+        "--sizes",
+        type=lambda s: [int(v) for v in s.split(",") if v],
+        default=[32, 299],
+        help="input sizes (square), resized to 299 inside the network",
+    )
     parser.add_argument("--batch", type=int, default=50, help="images per call, both sides (fid_score's default)")
     parser.add_argument("--calls", type=int, default=1, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per size")
@@ -135,13 +139,19 @@ def main() -> None:
             results.append(run_size(args, peer, net, tmp, size, rng))
         peer.close()
 
-    peer_report("inception_vs_pytorch_fid", args.torch_python, build, "images", {
-        "dtype": "fp32",
-        "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
-        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
-        "quick": args.quick,
-        "results": results,
-    })  # fmt: skip
+    peer_report(
+        "inception_vs_pytorch_fid",
+        args.torch_python,
+        build,
+        "images",
+        {
+            "dtype": "fp32",
+            "params_pool3": {"torch": build["params"], "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch_build": round(build["build_s"], 3)},
+            "quick": args.quick,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

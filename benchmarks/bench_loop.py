@@ -81,17 +81,27 @@ def main() -> None:
         cfg = train_main.Config(steps=steps, log_every=args.log_every, sample_every=0, ckpt_every=10**9)
         with StopRequest() as stop:
             state = train_main.train_loop(
-                cfg, state, train_step, batches, logger, start_step=0,
-                log_window=LogWindow(args.batch, flops_per_device, peak), profile=ProfileWindow("", Path(".")),
-                write_samples=lambda step, state: None, save_checkpoint=lambda step, state: None, stop=stop,
-            )  # fmt: skip
+                cfg,
+                state,
+                train_step,
+                batches,
+                logger,
+                start_step=0,
+                log_window=LogWindow(args.batch, flops_per_device, peak),
+                profile=ProfileWindow("", Path(".")),
+                write_samples=lambda step, state: None,
+                save_checkpoint=lambda step, state: None,
+                stop=stop,
+            )
         jax.block_until_ready(state)
         return state
 
     times = {"bare": [], "full": []}
-    with tempfile.TemporaryDirectory() as run_dir, Prefetch(host_stream(), to_global, depth=2) as batches, MetricsLogger(
-        run_dir, wandb_mode="disabled"
-    ) as logger:
+    with (
+        tempfile.TemporaryDirectory() as run_dir,
+        Prefetch(host_stream(), to_global, depth=2) as batches,
+        MetricsLogger(run_dir, wandb_mode="disabled") as logger,
+    ):
         state = bare(state, device_batches[: args.warmup])  # compiles the step
         state = full(state, batches, logger, args.warmup)
         for _ in range(args.rounds):

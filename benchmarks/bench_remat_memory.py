@@ -61,9 +61,15 @@ def main() -> None:
         make_model = lambda key: MODELS[args.model][1](remat, key)  # noqa: E731
         abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**12)
         step = make_train_step(
-            prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.999,
-            state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-        )  # fmt: skip
+            prepare=prepare,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=lr_schedule,
+            ema_decay=0.999,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+        )
         if args.cpu_scheduler == "xla_default":
             step.compiler_options.pop("xla_cpu_scheduler_type", None)
         step_temp = temp_mib(step.compile(abstract, {"image": images}))

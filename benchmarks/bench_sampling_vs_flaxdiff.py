@@ -49,8 +49,9 @@ class EqxdiffSide:
         sigmas = jnp.asarray(karras_sigmas(args.steps), jnp.float32)
         shape = (args.num, args.image_size, args.image_size, 3)
         self.noise = jax.random.normal(jax.random.key(args.seed + 1), shape) * sigmas[0]
-        self.run_once = jax.jit(lambda d, x: sample(lambda x, s: d(x, jnp.full(x.shape[:1], s), None), x, sigmas,
-                                                   method="euler"))  # fmt: skip
+        self.run_once = jax.jit(
+            lambda d, x: sample(lambda x, s: d(x, jnp.full(x.shape[:1], s), None), x, sigmas, method="euler")
+        )
         self.denoiser = denoiser
 
     def __call__(self) -> float:
@@ -68,20 +69,28 @@ class FlaxdiffSide:
 
         model = simple_unet(3)
         size = args.image_size
-        self.variables = model.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, size, size, 3)), jnp.zeros((1,)),
-                                    jnp.zeros((1, 1, 1)))  # fmt: skip
+        self.variables = model.init(
+            jax.random.PRNGKey(args.seed), jnp.zeros((1, size, size, 3)), jnp.zeros((1,)), jnp.zeros((1, 1, 1))
+        )
         self.params = param_count(self.variables)
         schedule = KarrasVENoiseScheduler(1000, sigma_max=80, rho=7, sigma_data=0.5)
-        self.sampler = EulerSampler(model, schedule, KarrasPredictionTransform(sigma_data=0.5), input_config((size, size, 3)))
+        self.sampler = EulerSampler(
+            model, schedule, KarrasPredictionTransform(sigma_data=0.5), input_config((size, size, 3))
+        )
         self.args, self.state = args, RandomMarkovState(jax.random.PRNGKey(args.seed + 1))
         self.context = (jnp.zeros((args.num, 1, 1), jnp.float32),)  # the null context the UNet reads the shape of
 
     def __call__(self) -> float:
         start = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(open(os.devnull, "w")):  # its tqdm bar
-            images = self.sampler.generate_samples(self.variables, self.args.num, self.args.image_size,
-                                                   diffusion_steps=self.args.steps, rngstate=self.state,
-                                                   model_conditioning_inputs=self.context)  # fmt: skip
+            images = self.sampler.generate_samples(
+                self.variables,
+                self.args.num,
+                self.args.image_size,
+                diffusion_steps=self.args.steps,
+                rngstate=self.state,
+                model_conditioning_inputs=self.context,
+            )
         jax.block_until_ready(images)
         return time.perf_counter() - start
 
@@ -109,17 +118,35 @@ def main() -> None:
         first_call_s[name] = sides[name]()  # compile + one call
     seconds = alternate({name: sides[name] for name in order}, args.rounds)
     rate = {name: args.num * args.rounds / sum(seconds[name]) for name in order}
-    report("sampling_vs_flaxdiff", {
-        "backend": jax.default_backend(), "images": args.num, "image_size": args.image_size,
-        "network_evaluations": args.steps, "rounds": args.rounds, "order": order, "quick": args.quick,
-        "xla_flags_both_sides": os.environ.get("XLA_FLAGS", ""), "xla_cpu_switches": sorted(xla_cpu.switched_on()),
-        **{name: {"params": sides[name].params, "first_call_s": round(first_call_s[name], 3),
-                  "images_per_sec": round(rate[name], 2), "round_s": [round(t, 3) for t in seconds[name]]}
-           for name in order},
-        "models": {"eqxdiff": "UNet.flaxdiff_simple(3)", "flaxdiff": UNET},
-        "ratio_eqxdiff_over_flaxdiff": {"images_per_sec": round(rate["eqxdiff"] / rate["flaxdiff"], 3),
-                                        "first_call_s": round(first_call_s["eqxdiff"] / first_call_s["flaxdiff"], 3)},
-    }, ("jax", "jaxlib", "equinox", "eqxdiff", "flax", "flaxdiff"))  # fmt: skip
+    report(
+        "sampling_vs_flaxdiff",
+        {
+            "backend": jax.default_backend(),
+            "images": args.num,
+            "image_size": args.image_size,
+            "network_evaluations": args.steps,
+            "rounds": args.rounds,
+            "order": order,
+            "quick": args.quick,
+            "xla_flags_both_sides": os.environ.get("XLA_FLAGS", ""),
+            "xla_cpu_switches": sorted(xla_cpu.switched_on()),
+            **{
+                name: {
+                    "params": sides[name].params,
+                    "first_call_s": round(first_call_s[name], 3),
+                    "images_per_sec": round(rate[name], 2),
+                    "round_s": [round(t, 3) for t in seconds[name]],
+                }
+                for name in order
+            },
+            "models": {"eqxdiff": "UNet.flaxdiff_simple(3)", "flaxdiff": UNET},
+            "ratio_eqxdiff_over_flaxdiff": {
+                "images_per_sec": round(rate["eqxdiff"] / rate["flaxdiff"], 3),
+                "first_call_s": round(first_call_s["eqxdiff"] / first_call_s["flaxdiff"], 3),
+            },
+        },
+        ("jax", "jaxlib", "equinox", "eqxdiff", "flax", "flaxdiff"),
+    )
 
 
 if __name__ == "__main__":

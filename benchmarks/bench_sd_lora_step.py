@@ -28,9 +28,15 @@ from harness import alternate, rates, report
 from sd_train_steps import make_step, memory_of, random_latents, tree_bytes
 from sd_unet_configs import SD15_UNET
 
-FIFTH = {**SD15_UNET, "block_out_channels": [64, 128, 256, 256]}  # fmt: skip
-TINY = {**SD15_UNET, "block_out_channels": [32, 64, 64, 64], "norm_num_groups": 8, "attention_head_dim": 2,
-        "cross_attention_dim": 32, "layers_per_block": 1}  # fmt: skip
+FIFTH = {**SD15_UNET, "block_out_channels": [64, 128, 256, 256]}
+TINY = {
+    **SD15_UNET,
+    "block_out_channels": [32, 64, 64, 64],
+    "norm_num_groups": 8,
+    "attention_head_dim": 2,
+    "cross_attention_dim": 32,
+    "layers_per_block": 1,
+}
 
 
 def main() -> None:
@@ -80,12 +86,16 @@ def main() -> None:
         trained, opt_state, loss = jax.block_until_ready(compiled[name](trained, opt_state, frozen, x0, cond, key_step))
         first_s = time.perf_counter() - start
         state[name] = [trained, opt_state, frozen]
-        result[name] = {"trained_params": int(sum(x.size for x in jax.tree.leaves(trained))),
-                        "trained_mib": round(tree_bytes(trained) / 2**20, 2),
-                        "opt_state_mib": round(tree_bytes(opt_state) / 2**20, 2),
-                        "frozen_mib": round(tree_bytes(frozen) / 2**20, 2), **memory_of(compiled[name]),
-                        "compile_s": round(compile_s, 3), "first_step_s": round(first_s, 3),
-                        "first_loss": float(loss)}  # fmt: skip
+        result[name] = {
+            "trained_params": int(sum(x.size for x in jax.tree.leaves(trained))),
+            "trained_mib": round(tree_bytes(trained) / 2**20, 2),
+            "opt_state_mib": round(tree_bytes(opt_state) / 2**20, 2),
+            "frozen_mib": round(tree_bytes(frozen) / 2**20, 2),
+            **memory_of(compiled[name]),
+            "compile_s": round(compile_s, 3),
+            "first_step_s": round(first_s, 3),
+            "first_loss": float(loss),
+        }
 
     def run(name: str):
         def steps() -> float:
@@ -103,15 +113,25 @@ def main() -> None:
     seconds = alternate({"lora": run("lora"), "full": run("full")}, args.rounds)
     result.update(rates(seconds, args.steps, "steps"))
     temp = round(result["lora"]["temp_mib"] / result["full"]["temp_mib"], 3)
-    result["lora_over_full"] = {"steps_per_s": result.pop("ratio"), "paired_median": result.pop("paired_ratio_median"),
-                                "temp_memory": temp}  # fmt: skip
-    report("sd_lora_step_vs_full", {
-        "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/5 width",
-        "block_out_channels": config["block_out_channels"],
-        "params": sum(x.size for x in jax.tree.leaves(eqx.filter(unet, eqx.is_array))), "batch": args.batch,
-        "latent": [args.size, args.size, 4], "steps_per_round": args.steps, "rounds": args.rounds, **result,
-        "note": "lora_over_full.steps_per_s > 1: the LoRA step is faster; temp_memory < 1: it plans less memory",
-    })  # fmt: skip
+    result["lora_over_full"] = {
+        "steps_per_s": result.pop("ratio"),
+        "paired_median": result.pop("paired_ratio_median"),
+        "temp_memory": temp,
+    }
+    report(
+        "sd_lora_step_vs_full",
+        {
+            "config": "quick (tiny SD-like)" if args.quick else "SD 1.5 unet at 1/5 width",
+            "block_out_channels": config["block_out_channels"],
+            "params": sum(x.size for x in jax.tree.leaves(eqx.filter(unet, eqx.is_array))),
+            "batch": args.batch,
+            "latent": [args.size, args.size, 4],
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            **result,
+            "note": "lora_over_full.steps_per_s > 1: the LoRA step is faster; temp_memory < 1: it plans less memory",
+        },
+    )
 
 
 if __name__ == "__main__":

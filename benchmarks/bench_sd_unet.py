@@ -39,9 +39,13 @@ from torch_peer import TORCH_PYTHON, TorchPeer
 
 PEER = Path(__file__).resolve().parent / "sd_unet_torch_peer.py"
 SMALL = {  # --quick
-    **SD15_UNET, "block_out_channels": [32, 64, 64, 64], "norm_num_groups": 8, "attention_head_dim": 2,
-    "cross_attention_dim": 32, "layers_per_block": 1,
-}  # fmt: skip
+    **SD15_UNET,
+    "block_out_channels": [32, 64, 64, 64],
+    "norm_num_groups": 8,
+    "attention_head_dim": 2,
+    "cross_attention_dim": 32,
+    "layers_per_block": 1,
+}
 
 
 def switches(flag: str) -> frozenset[str]:
@@ -51,8 +55,10 @@ def switches(flag: str) -> frozenset[str]:
         return xla_cpu.DEFAULT if flag == "on" else frozenset()
     names = frozenset(n.strip() for n in flag.split(",") if n.strip())
     if unknown := names - xla_cpu.SWITCHES.keys():
-        raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off or a comma list of "
-                         f"{', '.join(xla_cpu.SWITCHES)}.")  # fmt: skip
+        raise SystemExit(
+            f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off or a comma list of "
+            f"{', '.join(xla_cpu.SWITCHES)}."
+        )
     return names
 
 
@@ -83,15 +89,23 @@ def run_batch(args, peer: TorchPeer, unet, tmp: Path, batch: int, rng) -> dict:
     start = time.perf_counter()
     ours = np.asarray(jax.block_until_ready(fn(xj, tj, cond)))
     first_s = time.perf_counter() - start
-    result = {"batch": batch, "latent": [size, size, 4], "calls_per_round": args.calls, "rounds": args.rounds,
-              "eqxdiff_compile_s": round(compile_s, 3), "eqxdiff_first_call_s": round(first_s, 3)}  # fmt: skip
+    result = {
+        "batch": batch,
+        "latent": [size, size, 4],
+        "calls_per_round": args.calls,
+        "rounds": args.rounds,
+        "eqxdiff_compile_s": round(compile_s, 3),
+        "eqxdiff_first_call_s": round(first_s, 3),
+    }
     np.savez(tmp / "input.npz", x=x, t=t, context=context)
     answer = peer("prepare", input=str(tmp / "input.npz"), output=str(tmp / "output.npy"))
     theirs = np.load(tmp / "output.npy")
     result["torch_first_call_s"] = round(answer["first_call_s"], 3)
     result["max_abs_diff"], result["output_max_abs"] = float(np.abs(ours - theirs).max()), float(np.abs(theirs).max())
-    sides = {"eqxdiff": lambda: call_seconds(args.calls, fn, xj, tj, cond),
-             "torch": lambda: peer("time", calls=args.calls)["seconds"]}  # fmt: skip
+    sides = {
+        "eqxdiff": lambda: call_seconds(args.calls, fn, xj, tj, cond),
+        "torch": lambda: peer("time", calls=args.calls)["seconds"],
+    }
     result.update(rates(alternate(sides, args.rounds), batch * args.calls, "latents"))
     print(result, file=sys.stderr, flush=True)  # progress
     return result
@@ -110,8 +124,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: a small SD-like config at 16², one round")
     args = parser.parse_args()
     if not Path(args.torch_python).exists():
-        raise SystemExit(f"--torch_python {args.torch_python} does not exist: make the torch venv (tools/README.md) "
-                         "or point the flag at its python")  # fmt: skip
+        raise SystemExit(
+            f"--torch_python {args.torch_python} does not exist: make the torch venv (tools/README.md) "
+            "or point the flag at its python"
+        )
     from eqxdiff import xla_cpu
 
     xla_cpu.enable(switches(args.xla_cpu))  # before JAX starts: YNNPACK's process flag
@@ -133,12 +149,21 @@ def main() -> None:
         (tmp / "unet" / "diffusion_pytorch_model.safetensors").unlink()  # read: the page cache may go
         results = [run_batch(args, peer, unet, tmp, int(b), rng) for b in args.batches.split(",")]
         peer.close()
-    peer_report("sd_unet_vs_diffusers", args.torch_python, info, "latents", {
-        "config": "quick (small SD-like)" if args.quick else "SD 1.5 unet/config.json",
-        "weights": "the same (diffusers' seeded init, fp32)",
-        "params": {"torch": info["params"], "eqxdiff": param_count(unet)}, "xla_cpu": sorted(xla_cpu.switched_on()),
-        "torch_init_and_write_s": round(torch_s, 3), "eqxdiff_load_s": round(load_s, 3), "results": results,
-    })  # fmt: skip
+    peer_report(
+        "sd_unet_vs_diffusers",
+        args.torch_python,
+        info,
+        "latents",
+        {
+            "config": "quick (small SD-like)" if args.quick else "SD 1.5 unet/config.json",
+            "weights": "the same (diffusers' seeded init, fp32)",
+            "params": {"torch": info["params"], "eqxdiff": param_count(unet)},
+            "xla_cpu": sorted(xla_cpu.switched_on()),
+            "torch_init_and_write_s": round(torch_s, 3),
+            "eqxdiff_load_s": round(load_s, 3),
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

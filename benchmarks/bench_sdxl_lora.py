@@ -40,9 +40,16 @@ from sd_unet_configs import SDXL_BASE_UNET
 DEVICES = 8
 WEIGHTS = "diffusion_pytorch_model"
 SHARD_BYTES = 2**30
-TINY = {**SDXL_BASE_UNET, "block_out_channels": [32, 64, 64], "norm_num_groups": 8, "attention_head_dim": [1, 2, 2],
-        "cross_attention_dim": 64, "transformer_layers_per_block": [1, 1, 2], "addition_time_embed_dim": 8,
-        "projection_class_embeddings_input_dim": 32 + 6 * 8}  # fmt: skip
+TINY = {
+    **SDXL_BASE_UNET,
+    "block_out_channels": [32, 64, 64],
+    "norm_num_groups": 8,
+    "attention_head_dim": [1, 2, 2],
+    "cross_attention_dim": 64,
+    "transformer_layers_per_block": [1, 1, 2],
+    "addition_time_embed_dim": 8,
+    "projection_class_embeddings_input_dim": 32 + 6 * 8,
+}
 
 
 def write_random_folder(config: dict, folder: Path, seed: int) -> dict:
@@ -110,8 +117,12 @@ def available_bytes() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--folder", default="", help="the random bf16 folder: reused if it holds config.json, "
-                        "else written there and kept (default: a temporary one)")  # fmt: skip
+    parser.add_argument(
+        "--folder",
+        default="",
+        help="the random bf16 folder: reused if it holds config.json, "
+        "else written there and kept (default: a temporary one)",
+    )
     parser.add_argument("--rank", type=int, default=4, help="LoRA rank")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=32, help="latent height and width")
@@ -170,8 +181,11 @@ def main() -> None:
     on_batch = batch_sharding(mesh)
     put = lambda a, dtype: jax.device_put(jnp.asarray(a, dtype), on_batch)  # noqa: E731
     x0 = put(random_latents(rng, b, args.size), jnp.bfloat16)
-    text = TextCond(put(rng.standard_normal((b, 77, width)), jnp.bfloat16), put(np.ones((b, 77)), jnp.int32),
-                    put(rng.standard_normal((b, pooled_dim)), jnp.bfloat16))  # fmt: skip
+    text = TextCond(
+        put(rng.standard_normal((b, 77, width)), jnp.bfloat16),
+        put(np.ones((b, 77)), jnp.int32),
+        put(rng.standard_normal((b, pooled_dim)), jnp.bfloat16),
+    )
     pixels = 8 * args.size
     cond = SDXLCond(text, put(sdxl_time_ids((pixels, pixels), (0, 0), (pixels, pixels), b), jnp.float32))
 
@@ -179,12 +193,15 @@ def main() -> None:
     step = make_step(optimizer)(adapters, opt_state, base, x0, cond, key_step)
     compile_s = time.perf_counter() - start
     plan = memory_of(step)
-    print(f"compiled in {compile_s:.1f} s; peak RSS {mib(peak_rss())} MiB; XLA's plan {plan}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"compiled in {compile_s:.1f} s; peak RSS {mib(peak_rss())} MiB; XLA's plan {plan}", file=sys.stderr, flush=True
+    )
     # 8 simulated devices share this host's memory: XLA's per-device plan, 8 times, must fit in what is free now.
     if DEVICES * (plan["temp_mib"] + plan["output_mib"]) * 2**20 > available_bytes():
-        raise SystemExit(f"bench_sdxl_lora: the step plans {plan} MiB per device, {DEVICES} times more than the "
-                         f"{mib(available_bytes())} MiB this host has available; lower --batch or --size")  # fmt: skip
+        raise SystemExit(
+            f"bench_sdxl_lora: the step plans {plan} MiB per device, {DEVICES} times more than the "
+            f"{mib(available_bytes())} MiB this host has available; lower --batch or --size"
+        )
     step_s, losses = [], []
     for i in range(args.steps):
         start = time.perf_counter()
@@ -195,20 +212,40 @@ def main() -> None:
         losses.append(float(loss))
         print(f"step {i}: {step_s[-1]} s, loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
 
-    report("sdxl_lora_step_fsdp8", {
-        "config": "quick (tiny SDXL-like)" if args.quick else "SDXL base unet/config.json",
-        "params": sum(x.size for x in jax.tree.leaves(base)),
-        "adapter_params": sum(x.size for x in jax.tree.leaves(adapters)), "mesh": dict(mesh.shape),
-        "min_size": min_size, "rank": args.rank, "batch": b, "latent": [args.size, args.size, 4],
-        "remat": True, "dtypes": {"base": "bfloat16", "adapters": "float32", "activations": "bfloat16"},
-        "bytes": {"base_total": tree_bytes(base), "base_per_device": bytes_per_device(base),
-                  "adapters_total": tree_bytes(adapters), "adapters_per_device": bytes_per_device(adapters),
-                  "opt_state_total": tree_bytes(opt_state), "opt_state_per_device": bytes_per_device(opt_state)},
-        "step_buffers_per_device": plan, "folder_written": written,
-        "peak_rss_mib": {"before_load": mib(rss_before_load), "after_load": mib(rss_after_load),
-                         "end": mib(peak_rss())},
-        "load_s": round(load_s, 3), "compile_s": round(compile_s, 3), "step_s": step_s, "losses": losses,
-    })  # fmt: skip
+    report(
+        "sdxl_lora_step_fsdp8",
+        {
+            "config": "quick (tiny SDXL-like)" if args.quick else "SDXL base unet/config.json",
+            "params": sum(x.size for x in jax.tree.leaves(base)),
+            "adapter_params": sum(x.size for x in jax.tree.leaves(adapters)),
+            "mesh": dict(mesh.shape),
+            "min_size": min_size,
+            "rank": args.rank,
+            "batch": b,
+            "latent": [args.size, args.size, 4],
+            "remat": True,
+            "dtypes": {"base": "bfloat16", "adapters": "float32", "activations": "bfloat16"},
+            "bytes": {
+                "base_total": tree_bytes(base),
+                "base_per_device": bytes_per_device(base),
+                "adapters_total": tree_bytes(adapters),
+                "adapters_per_device": bytes_per_device(adapters),
+                "opt_state_total": tree_bytes(opt_state),
+                "opt_state_per_device": bytes_per_device(opt_state),
+            },
+            "step_buffers_per_device": plan,
+            "folder_written": written,
+            "peak_rss_mib": {
+                "before_load": mib(rss_before_load),
+                "after_load": mib(rss_after_load),
+                "end": mib(peak_rss()),
+            },
+            "load_s": round(load_s, 3),
+            "compile_s": round(compile_s, 3),
+            "step_s": step_s,
+            "losses": losses,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,12 @@ class PytreeCall:
         def traced(arrays, batch, frozen_arrays):
             return step(arrays, self.static, batch, eqx.combine(frozen_arrays, self.frozen_static))
 
-        jitted = jax.jit(traced, donate_argnums=0,
-                         in_shardings=(flat._state_shardings, flat.batch_sharding, flat._frozen_shardings),
-                         out_shardings=(flat._state_shardings, flat._metrics_sharding))  # fmt: skip
+        jitted = jax.jit(
+            traced,
+            donate_argnums=0,
+            in_shardings=(flat._state_shardings, flat.batch_sharding, flat._frozen_shardings),
+            out_shardings=(flat._state_shardings, flat._metrics_sharding),
+        )
         self.compiled = jitted.lower(arrays, batch, frozen_arrays).compile(flat.compiler_options)
         self.signatures = {_signature(batch, frozen_arrays): self.compiled}
 
@@ -93,23 +96,38 @@ def main() -> None:
 
     def run(side: str) -> float:
         work, start = works[side], time.perf_counter()
-        work.state, metrics = steps_in_flight(calls[side], work.state, itertools.islice(itertools.cycle(batches), steps),
-                                              work.frozen)  # fmt: skip
+        work.state, metrics = steps_in_flight(
+            calls[side], work.state, itertools.islice(itertools.cycle(batches), steps), work.frozen
+        )
         losses[side] = float(metrics["loss"])
         return time.perf_counter() - start
 
     times = alternate({side: lambda side=side: run(side) for side in works}, rounds)
     assert losses["flat"] == losses["pytree"], losses  # the same program, state and data
     median = {side: statistics.median(t) for side, t in times.items()}
-    report("step_call", {
-        "workload": args.workload, "batch": batch, "steps_per_round": steps, "rounds": rounds, "quick": args.quick,
-        "xla_cpu_switches": sorted(xla_cpu.DEFAULT), "leaves": len(jax.tree.leaves(works["flat"].state)),
-        "sides": {side: dispatch[side] | {"rounds_s": [round(t, 3) for t in times[side]],
-                                          "step_time_ms": round(1000 * median[side] / steps, 2)}
-                  for side in works},
-        "flat_over_pytree": round(median["flat"] / median["pytree"], 3), "last_loss": losses["flat"],
-        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
-    })  # fmt: skip
+    report(
+        "step_call",
+        {
+            "workload": args.workload,
+            "batch": batch,
+            "steps_per_round": steps,
+            "rounds": rounds,
+            "quick": args.quick,
+            "xla_cpu_switches": sorted(xla_cpu.DEFAULT),
+            "leaves": len(jax.tree.leaves(works["flat"].state)),
+            "sides": {
+                side: dispatch[side]
+                | {
+                    "rounds_s": [round(t, 3) for t in times[side]],
+                    "step_time_ms": round(1000 * median[side] / steps, 2),
+                }
+                for side in works
+            },
+            "flat_over_pytree": round(median["flat"] / median["pytree"], 3),
+            "last_loss": losses["flat"],
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        },
+    )
 
 
 if __name__ == "__main__":

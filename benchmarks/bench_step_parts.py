@@ -57,8 +57,14 @@ VARIANTS = {  # side -> (guard, ema, donate) of the step built here
     "no_donation": (True, True, False),
     "flaxdiff_like": (False, True, False),
 }
-BASELINE = {"no_guard": "replica", "no_ema": "replica", "no_donation": "replica", "one_in_flight": "shipped",
-            "flaxdiff_like": "shipped", "replica": "shipped"}  # fmt: skip
+BASELINE = {
+    "no_guard": "replica",
+    "no_ema": "replica",
+    "no_donation": "replica",
+    "one_in_flight": "shipped",
+    "flaxdiff_like": "shipped",
+    "replica": "shipped",
+}
 
 
 def step_body(prepare, loss_fn, optimizer, lr_schedule, data_sharding, seed: int, *, guard: bool, ema: bool):
@@ -101,8 +107,12 @@ class BuiltStep:
     def __init__(self, body, state, batch, shardings, data_sharding, donate: bool):
         arrays, self.static = eqx.partition(state, is_array_like)
         replicated = NamedSharding(data_sharding.mesh, PartitionSpec())
-        jitted = jax.jit(lambda arrays, batch: body(arrays, self.static, batch), donate_argnums=(0,) if donate else (),
-                         in_shardings=(shardings, data_sharding), out_shardings=(shardings, replicated))  # fmt: skip
+        jitted = jax.jit(
+            lambda arrays, batch: body(arrays, self.static, batch),
+            donate_argnums=(0,) if donate else (),
+            in_shardings=(shardings, data_sharding),
+            out_shardings=(shardings, replicated),
+        )
         self.compiled = jitted.lower(arrays, batch).compile(xla_cpu.compiler_options())
 
     def __call__(self, state, batch):
@@ -165,9 +175,15 @@ def main() -> None:
             steps[side] = steps["shipped"]
         else:
             steps[side] = make_train_step(
-                prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=EMA_DECAY,
-                state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed,
-            )  # fmt: skip
+                prepare=prepare,
+                loss_fn=loss_fn,
+                optimizer=optimizer,
+                lr_schedule=lr_schedule,
+                ema_decay=EMA_DECAY,
+                state_shardings=shardings,
+                batch_sharding=data_sharding,
+                seed=args.seed,
+            )
             steps[side].compile(states[side], batches[0])
         compile_s = time.perf_counter() - start
         start = time.perf_counter()
@@ -191,22 +207,39 @@ def main() -> None:
     times = alternate({side: lambda side=side: run(side, args.steps) for side in sides}, args.rounds)
     median = {side: statistics.median(t) for side, t in times.items()}
     per_side = {
-        side: startup[side] | {
+        side: startup[side]
+        | {
             "rounds_s": [round(t, 3) for t in times[side]],
             "step_time_ms": round(1000 * median[side] / args.steps, 2),
             "samples_per_sec": round(args.batch * args.steps / median[side], 2),
-        } for side in sides
-    }  # fmt: skip
-    parts = {side: {"baseline": BASELINE[side], "over_baseline": round(median[side] / median[BASELINE[side]], 3)}
-             for side in sides if side in BASELINE}  # fmt: skip
-    report("step_parts", {
-        "backend": jax.default_backend(), "model": "UNet.flaxdiff_simple(3)", "image_size": args.image_size,
-        "batch": args.batch, "steps_per_round": args.steps, "rounds": args.rounds, "quick": args.quick,
-        "xla_cpu_switches": sorted(xla_cpu.switched_on()), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "compiler_options": steps["shipped"].compiler_options, "replica_max_abs_diff": replica_diff,
-        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "sides": per_side, "parts": parts,
-        "note": "over_baseline < 1: the part removed cost (1 - over_baseline) of its baseline's step time",
-    })  # fmt: skip
+        }
+        for side in sides
+    }
+    parts = {
+        side: {"baseline": BASELINE[side], "over_baseline": round(median[side] / median[BASELINE[side]], 3)}
+        for side in sides
+        if side in BASELINE
+    }
+    report(
+        "step_parts",
+        {
+            "backend": jax.default_backend(),
+            "model": "UNet.flaxdiff_simple(3)",
+            "image_size": args.image_size,
+            "batch": args.batch,
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "quick": args.quick,
+            "xla_cpu_switches": sorted(xla_cpu.switched_on()),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "compiler_options": steps["shipped"].compiler_options,
+            "replica_max_abs_diff": replica_diff,
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "sides": per_side,
+            "parts": parts,
+            "note": "over_baseline < 1: the part removed cost (1 - over_baseline) of its baseline's step time",
+        },
+    )
 
 
 if __name__ == "__main__":

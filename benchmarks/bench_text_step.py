@@ -53,8 +53,14 @@ def variant(name: str, args, mesh, tower):
     # The conditions only inside the step: no tokenizer (text None); the in-step tower's null is in `frozen`.
     condition = Labels(10)
     if name == "encoded":
-        condition = EncodedText(None, TextCond(np.zeros((1, TOKENS, WIDTH), np.float32), np.ones((1, TOKENS), np.int32),
-                                               np.zeros((1, WIDTH), np.float32)))  # fmt: skip
+        condition = EncodedText(
+            None,
+            TextCond(
+                np.zeros((1, TOKENS, WIDTH), np.float32),
+                np.ones((1, TOKENS), np.int32),
+                np.zeros((1, WIDTH), np.float32),
+            ),
+        )
     if name == "in_step":
         frozen["null_cond"] = jax.tree.map(lambda a: a[:1], tower_null(tower))
         condition = FrozenText(None, frozen["null_cond"])
@@ -62,9 +68,16 @@ def variant(name: str, args, mesh, tower):
     prepare = functools.partial(train_main.prepare, condition=condition, schedule=schedule, cond_dropout=0.1)
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=EDMPreconditioning())
     step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0, frozen_shardings=frozen_shardings,
-    )  # fmt: skip
+        prepare=prepare,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_schedule=lr,
+        ema_decay=0.995,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+        frozen_shardings=frozen_shardings,
+    )
     state, _ = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 2**14, shardings=shardings)
     rng = np.random.default_rng(0)
     b = args.batch
@@ -73,8 +86,11 @@ def variant(name: str, args, mesh, tower):
     if name == "class":
         batch["label"] = rng.integers(0, 10, b).astype(np.int32)
     elif name == "encoded":
-        batch.update(context=rng.normal(size=(b, TOKENS, WIDTH)).astype(np.float16), attention_mask=mask,
-                     pooled=rng.normal(size=(b, WIDTH)).astype(np.float16))  # fmt: skip
+        batch.update(
+            context=rng.normal(size=(b, TOKENS, WIDTH)).astype(np.float16),
+            attention_mask=mask,
+            pooled=rng.normal(size=(b, WIDTH)).astype(np.float16),
+        )
     else:
         batch.update(input_ids=rng.integers(0, 49406, (b, TOKENS)).astype(np.int32), attention_mask=mask)
     batch = jax.device_put(batch, batch_sharding(mesh))
@@ -122,13 +138,20 @@ def main() -> None:
     times = alternate({name: functools.partial(step_seconds, name) for name in names}, args.rounds)
     median = {name: float(np.median(t)) for name, t in times.items()}
     tower_params = param_count(tower)
-    report("text_step", {
-        "image_size": args.image_size, "batch": args.batch, "tokens": TOKENS, "context_width": WIDTH,
-        "tower": args.tower, "tower_params": int(tower_params),
-        "step_ms": {k: round(1000 * v, 1) for k, v in median.items()},
-        "ratio_to_class": {k: round(v / median["class"], 3) for k, v in median.items()},
-        "rounds_ms": {k: [round(1000 * t, 1) for t in v] for k, v in times.items()},
-    })  # fmt: skip
+    report(
+        "text_step",
+        {
+            "image_size": args.image_size,
+            "batch": args.batch,
+            "tokens": TOKENS,
+            "context_width": WIDTH,
+            "tower": args.tower,
+            "tower_params": int(tower_params),
+            "step_ms": {k: round(1000 * v, 1) for k, v in median.items()},
+            "ratio_to_class": {k: round(v / median["class"], 3) for k, v in median.items()},
+            "rounds_ms": {k: [round(1000 * t, 1) for t in v] for k, v in times.items()},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,13 @@ def dit_forward_macs(hidden: int, depth: int, tokens: int, patch: int = 2, chann
 def device_record() -> dict:
     device = jax.devices()[0]
     peak, _ = peak_flops_per_device(device, "bf16") if device.platform != "cpu" else (float("nan"), "")
-    return {"date": datetime.date.today().isoformat(), "device": device.device_kind, "platform": device.platform,
-            "jax": jax.__version__, "peak_bf16_flops": peak}  # fmt: skip
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "peak_bf16_flops": peak,
+    }
 
 
 def memory(compiled) -> dict:
@@ -107,8 +112,19 @@ def forms(attention: str, remat_policy: str):
     return attention_form(attention) if attention != "auto" else contextlib.nullcontext()
 
 
-def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1, steps=10, precision="bf16",
-              fsdp=1, compile_only=0, profile=0):  # fmt: skip
+def dit_train(
+    size="XL",
+    batch=32,
+    attention="auto",
+    remat="",
+    guard="",
+    accum=1,
+    steps=10,
+    precision="bf16",
+    fsdp=1,
+    compile_only=0,
+    profile=0,
+):
     """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
     decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
     "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update. `fsdp` N:
@@ -130,18 +146,29 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
         return dict(x0=batch["x0"], cond=cond, sigma=sigma, noise=noise)
 
     def loss_fn(model, batch, key):
-        pred = denoising_prediction(model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"],
-                                    batch["cond"], key=key)  # fmt: skip
+        pred = denoising_prediction(
+            model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+        )
         return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
 
     mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
     with forms(attention, remat):
         abstract, shardings = abstract_train_state(lambda key: make_model(key=key), optimizer, mesh, 2**12)
-        step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr,
-                               ema_decay=0.9999, state_shardings=shardings, batch_sharding=batch_sharding(mesh),
-                               seed=0, grad_accum_steps=accum, precision=precision)  # fmt: skip
-        spec = dict(x0=jax.ShapeDtypeStruct((batch, 32, 32, 4), jnp.float32),
-                    label=jax.ShapeDtypeStruct((batch,), jnp.int32))  # fmt: skip
+        step = make_train_step(
+            prepare=prepare,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=lr,
+            ema_decay=0.9999,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+            grad_accum_steps=accum,
+            precision=precision,
+        )
+        spec = dict(
+            x0=jax.ShapeDtypeStruct((batch, 32, 32, 4), jnp.float32), label=jax.ShapeDtypeStruct((batch,), jnp.int32)
+        )
         start = time.perf_counter()
         compiled = step.compile(abstract, spec)
         compile_s = time.perf_counter() - start
@@ -150,11 +177,17 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
     out = dict(compile_s=round(compile_s, 1), xla_flops_per_step=xla_flops(compiled), **memory(compiled))
     if compile_only:
         return out
-    state, _ = create_train_state(lambda key: make_model(key=key), optimizer, jax.random.key(0), mesh, 2**12,
-                                  shardings=shardings)  # fmt: skip
+    state, _ = create_train_state(
+        lambda key: make_model(key=key), optimizer, jax.random.key(0), mesh, 2**12, shardings=shardings
+    )
     rng = np.random.default_rng(0)
-    data = jax.device_put(dict(x0=rng.normal(size=(batch, 32, 32, 4)).astype(np.float32),
-                               label=rng.integers(0, 1000, batch).astype(np.int32)), batch_sharding(mesh))  # fmt: skip
+    data = jax.device_put(
+        dict(
+            x0=rng.normal(size=(batch, 32, 32, 4)).astype(np.float32),
+            label=rng.integers(0, 1000, batch).astype(np.int32),
+        ),
+        batch_sharding(mesh),
+    )
     state, metrics = step(state, data)  # warm-up
     jax.block_until_ready(metrics)
     start = time.perf_counter()
@@ -168,8 +201,12 @@ def dit_train(size="XL", batch=32, attention="auto", remat="", guard="", accum=1
     seconds = (time.perf_counter() - start) / steps
     assert bool(metrics["finite"]), "non-finite step"
     macs = dit_forward_macs(hidden, depth, 256)
-    out.update(step_s=round(seconds, 4), images_per_s=round(batch / seconds, 2), model_flops_per_image=6 * macs,
-               **utilisation(6 * macs * batch, out["xla_flops_per_step"], seconds, compiled))  # fmt: skip
+    out.update(
+        step_s=round(seconds, 4),
+        images_per_s=round(batch / seconds, 2),
+        model_flops_per_image=6 * macs,
+        **utilisation(6 * macs * batch, out["xla_flops_per_step"], seconds, compiled),
+    )
     out.update(memory(compiled))  # the device's peak after the steps ran
     if profile:
         held = [state]  # the state is donated: each traced step takes the last one's
@@ -221,8 +258,11 @@ def dit_forward(size="XL", batch=64, attention="auto"):
         compiled = fn.lower(arrays, x, t, y).compile()
         seconds = timed(lambda: compiled(arrays, x, t, y), 20)
     macs = dit_forward_macs(hidden, depth, 256)
-    return dict(images_per_s=round(batch / seconds, 2), **utilisation(2 * macs * batch, xla_flops(compiled), seconds),
-                **memory(compiled))  # fmt: skip
+    return dict(
+        images_per_s=round(batch / seconds, 2),
+        **utilisation(2 * macs * batch, xla_flops(compiled), seconds),
+        **memory(compiled),
+    )
 
 
 def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20):
@@ -259,19 +299,29 @@ def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=
         seconds = timed(lambda: compiled(arrays, labels, noise, jax.random.key(1)), calls)
     evaluations = steps * batch * (2 if cfg > 1 else 1)
     macs = dit_forward_macs(hidden, depth, 256)
-    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 3),
-                **utilisation(2 * macs * evaluations, xla_flops(compiled), seconds))  # fmt: skip
+    return dict(
+        compile_s=round(compile_s, 1),
+        images_per_s=round(batch / seconds, 3),
+        **utilisation(2 * macs * evaluations, xla_flops(compiled), seconds),
+    )
 
 
 def sd_forward(config="sd15", batch=8, attention="auto"):
     """The SD 1.5 (or SDXL base) UNet's bf16 forward at its native latent size (64², 128²) with a text context."""
     cfg = dict(SD15_UNET if config == "sd15" else SDXL_BASE_UNET)
     if TINY:
-        cfg.update(block_out_channels=[32, 64] if config == "sd15" else [32, 64, 64], layers_per_block=1,
-                   sample_size=32, **({"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]}
-                                      if config != "sd15" else {}))  # fmt: skip
-        cfg.update(down_block_types=cfg["down_block_types"][: len(cfg["block_out_channels"])],
-                   up_block_types=cfg["up_block_types"][-len(cfg["block_out_channels"]):])  # fmt: skip
+        cfg.update(
+            block_out_channels=[32, 64] if config == "sd15" else [32, 64, 64],
+            layers_per_block=1,
+            sample_size=32,
+            **(
+                {"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]} if config != "sd15" else {}
+            ),
+        )
+        cfg.update(
+            down_block_types=cfg["down_block_types"][: len(cfg["block_out_channels"])],
+            up_block_types=cfg["up_block_types"][-len(cfg["block_out_channels"]) :],
+        )
         batch = 2
     unet = SDUNet.from_config(cfg, key=jax.random.key(0))
     unet = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, unet)
@@ -286,8 +336,12 @@ def sd_forward(config="sd15", batch=8, attention="auto"):
         compile_s = time.perf_counter() - start
         seconds = timed(lambda: compiled(arrays, x, t, cond), 10)
     peak = device_record()["peak_bf16_flops"]
-    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 2),
-                mfu_xla=round(xla_flops(compiled) / seconds / peak, 4), **memory(compiled))  # fmt: skip
+    return dict(
+        compile_s=round(compile_s, 1),
+        images_per_s=round(batch / seconds, 2),
+        mfu_xla=round(xla_flops(compiled) / seconds / peak, 4),
+        **memory(compiled),
+    )
 
 
 def sd_cond(unet, batch: int):
@@ -303,25 +357,68 @@ def sd_cond(unet, batch: int):
         return TextCond(context, mask, None)
     pooled_dim = config["projection_class_embeddings_input_dim"] - 6 * config["addition_time_embed_dim"]
     pooled = jnp.asarray(rng.normal(size=(batch, pooled_dim)), jnp.bfloat16)
-    return SDXLCond(TextCond(context, mask, pooled), jnp.tile(jnp.array([[1024.0, 1024, 0, 0, 1024, 1024]]), (batch, 1)))
+    return SDXLCond(
+        TextCond(context, mask, pooled), jnp.tile(jnp.array([[1024.0, 1024, 0, 0, 1024, 1024]]), (batch, 1))
+    )
 
 
 # SDXL base's towers and VAE (stabilityai/stable-diffusion-xl-base-1.0's config.json files, the fields eqxdiff reads).
-SDXL_TEXT = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                 max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5, eos_token_id=2,
-                 bos_token_id=0, pad_token_id=1, projection_dim=768)  # fmt: skip
-SDXL_TEXT_2 = dict(SDXL_TEXT, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-                   hidden_act="gelu", projection_dim=1280)  # fmt: skip
-SDXL_VAE = {"_class_name": "AutoencoderKL", "act_fn": "silu", "block_out_channels": [128, 256, 512, 512],
-            "down_block_types": ["DownEncoderBlock2D"] * 4, "force_upcast": True, "in_channels": 3, "latent_channels": 4,
-            "latents_mean": None, "latents_std": None, "layers_per_block": 2, "mid_block_add_attention": True,
-            "norm_num_groups": 32, "out_channels": 3, "sample_size": 1024, "scaling_factor": 0.13025,
-            "shift_factor": None, "up_block_types": ["UpDecoderBlock2D"] * 4, "use_post_quant_conv": True,
-            "use_quant_conv": True}  # fmt: skip
-SDXL_SCHEDULER = {"_class_name": "EulerDiscreteScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
-                  "beta_start": 0.00085, "num_train_timesteps": 1000, "prediction_type": "epsilon",
-                  "steps_offset": 1, "timestep_spacing": "leading", "interpolation_type": "linear",
-                  "use_karras_sigmas": False}  # fmt: skip
+SDXL_TEXT = dict(
+    vocab_size=49408,
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    layer_norm_eps=1e-5,
+    eos_token_id=2,
+    bos_token_id=0,
+    pad_token_id=1,
+    projection_dim=768,
+)
+SDXL_TEXT_2 = dict(
+    SDXL_TEXT,
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_hidden_layers=32,
+    num_attention_heads=20,
+    hidden_act="gelu",
+    projection_dim=1280,
+)
+SDXL_VAE = {
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "force_upcast": True,
+    "in_channels": 3,
+    "latent_channels": 4,
+    "latents_mean": None,
+    "latents_std": None,
+    "layers_per_block": 2,
+    "mid_block_add_attention": True,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "sample_size": 1024,
+    "scaling_factor": 0.13025,
+    "shift_factor": None,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "use_post_quant_conv": True,
+    "use_quant_conv": True,
+}
+SDXL_SCHEDULER = {
+    "_class_name": "EulerDiscreteScheduler",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "interpolation_type": "linear",
+    "use_karras_sigmas": False,
+}
 
 
 def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
@@ -338,18 +435,28 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
 
     unet_config, text, text2, vae_config = dict(SDXL_BASE_UNET), dict(SDXL_TEXT), dict(SDXL_TEXT_2), dict(SDXL_VAE)
     if TINY:
-        unet_config.update(block_out_channels=[32, 64, 64], transformer_layers_per_block=[0, 1, 1],
-                           attention_head_dim=[2, 2, 2], layers_per_block=1, sample_size=16,
-                           projection_class_embeddings_input_dim=32 + 6 * 256, cross_attention_dim=32 + 32)  # fmt: skip
+        unet_config.update(
+            block_out_channels=[32, 64, 64],
+            transformer_layers_per_block=[0, 1, 1],
+            attention_head_dim=[2, 2, 2],
+            layers_per_block=1,
+            sample_size=16,
+            projection_class_embeddings_input_dim=32 + 6 * 256,
+            cross_attention_dim=32 + 32,
+        )
         text.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
-        text2.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
+        text2.update(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=32
+        )
         vae_config.update(block_out_channels=[8, 8, 8, 8], norm_num_groups=4, layers_per_block=1)
         size, steps = 128, min(steps, 3)
     bf16 = lambda m: jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, m)  # noqa: E731
     keys = jax.random.split(jax.random.key(0), 4)
     unet = bf16(SDUNet.from_config(unet_config, key=keys[0]))
-    tower, tower2 = bf16(CLIPTextModel.from_config(text, key=keys[1])), bf16(
-        CLIPTextModelWithProjection.from_config(text2, key=keys[2]))
+    tower, tower2 = (
+        bf16(CLIPTextModel.from_config(text, key=keys[1])),
+        bf16(CLIPTextModelWithProjection.from_config(text2, key=keys[2])),
+    )
     vae = AutoencoderKL.from_config(vae_config, key=keys[3])
     scheduler = scheduler_from_diffusers(SDXL_SCHEDULER)
     f = 2 ** (len(vae_config["block_out_channels"]) - 1)
@@ -378,8 +485,12 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
     compile_s = time.perf_counter() - start
     seconds = timed(lambda: compiled(arrays, ids, noise), calls)
     peak = device_record()["peak_bf16_flops"]
-    return dict(compile_s=round(compile_s, 1), images_per_s=round(batch / seconds, 3),
-                mfu_xla=round(xla_flops(compiled) / seconds / peak, 4), **memory(compiled))  # fmt: skip
+    return dict(
+        compile_s=round(compile_s, 1),
+        images_per_s=round(batch / seconds, 3),
+        mfu_xla=round(xla_flops(compiled) / seconds / peak, 4),
+        **memory(compiled),
+    )
 
 
 def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile_only=1, steps=5):
@@ -391,9 +502,16 @@ def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile
 
     cfg = dict(SD15_UNET if config == "sd15" else SDXL_BASE_UNET)
     if TINY:
-        cfg.update(block_out_channels=[32, 64, 64], layers_per_block=1, sample_size=16,
-                   **({"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]}
-                      if config != "sd15" else {"attention_head_dim": 2}))  # fmt: skip
+        cfg.update(
+            block_out_channels=[32, 64, 64],
+            layers_per_block=1,
+            sample_size=16,
+            **(
+                {"transformer_layers_per_block": [0, 1, 1], "attention_head_dim": [2, 2, 2]}
+                if config != "sd15"
+                else {"attention_head_dim": 2}
+            ),
+        )
         cfg.update(down_block_types=cfg["down_block_types"][:3], up_block_types=cfg["up_block_types"][-3:])
         batch = max(fsdp, 2)
     schedule, parameterization = schedule_by_name("vp_linear"), parameterization_by_name("eps", 1.0)
@@ -405,20 +523,31 @@ def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile
         return dict(x0=batch["x0"], cond=batch["cond"], sigma=sigma, noise=noise)
 
     def loss_fn(model, batch, key):
-        pred = denoising_prediction(model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"],
-                                    batch["cond"], key=key)  # fmt: skip
+        pred = denoising_prediction(
+            model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+        )
         return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
 
     mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
     size = cfg["sample_size"]
     abstract_model = eqx.filter_eval_shape(make_model, jax.random.key(0))
-    cond = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype),
-                        sd_cond(abstract_model, batch))  # fmt: skip
+    cond = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype),
+        sd_cond(abstract_model, batch),
+    )
     with forms("auto", remat):
         abstract, shardings = abstract_train_state(make_model, optimizer, mesh, 2**12)
-        step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr,
-                               ema_decay=0.9999, state_shardings=shardings, batch_sharding=batch_sharding(mesh),
-                               seed=0, precision=precision)  # fmt: skip
+        step = make_train_step(
+            prepare=prepare,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=lr,
+            ema_decay=0.9999,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+            precision=precision,
+        )
         spec = dict(x0=jax.ShapeDtypeStruct((batch, size, size, 4), jnp.float32), cond=cond)
         start = time.perf_counter()
         compiled = step.compile(abstract, spec)
@@ -431,9 +560,23 @@ def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile
     raise SystemExit("sd_train runs compile_only=1 only: the state of SDXL needs more than one chip")
 
 
-CASES = {"attention_op": attention_op, "sd_train": sd_train, "sdxl_t2i": sdxl_t2i, "dit_train": dit_train, "dit_forward": dit_forward, "dit_sample": dit_sample, "sd_forward": sd_forward}
-RECORD = ["dit_train:size=XL,batch=32", "dit_train:size=B,batch=256", "dit_forward:size=XL,batch=256",
-          "dit_sample:size=XL,batch=64", "sd_forward:config=sd15,batch=8", "sdxl_t2i:batch=1"]  # fmt: skip
+CASES = {
+    "attention_op": attention_op,
+    "sd_train": sd_train,
+    "sdxl_t2i": sdxl_t2i,
+    "dit_train": dit_train,
+    "dit_forward": dit_forward,
+    "dit_sample": dit_sample,
+    "sd_forward": sd_forward,
+}
+RECORD = [
+    "dit_train:size=XL,batch=32",
+    "dit_train:size=B,batch=256",
+    "dit_forward:size=XL,batch=256",
+    "dit_sample:size=XL,batch=64",
+    "sd_forward:config=sd15,batch=8",
+    "sdxl_t2i:batch=1",
+]
 
 
 def parse_case(text: str) -> tuple[str, dict]:

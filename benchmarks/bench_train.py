@@ -72,13 +72,22 @@ def main() -> None:
 
     data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed, precision=args.precision,
-    )  # fmt: skip
+        prepare=prepare,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        ema_decay=0.995,
+        state_shardings=shardings,
+        batch_sharding=data_sharding,
+        seed=args.seed,
+        precision=args.precision,
+    )
 
     shape = (args.batch, args.image_size, args.image_size, args.channels)
     # As train/main.py: the step compiles in a thread while the state is built.
-    compiling = ThreadPoolExecutor(1).submit(train_step.compile, abstract, {"image": jax.ShapeDtypeStruct(shape, np.uint8)})
+    compiling = ThreadPoolExecutor(1).submit(
+        train_step.compile, abstract, {"image": jax.ShapeDtypeStruct(shape, np.uint8)}
+    )
     state, _ = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14, shardings=shardings)
     params = param_count(state.model)
 

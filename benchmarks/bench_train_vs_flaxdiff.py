@@ -111,9 +111,16 @@ class EqxdiffSide:
 
         data_sharding = batch_sharding(mesh)
         self.train_step = make_train_step(
-            prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-            state_shardings=shardings, batch_sharding=data_sharding, seed=args.seed, precision="fp32",
-        )  # fmt: skip
+            prepare=prepare,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=lr_schedule,
+            ema_decay=0.995,
+            state_shardings=shardings,
+            batch_sharding=data_sharding,
+            seed=args.seed,
+            precision="fp32",
+        )
         # As train/main.py: the step compiles in a thread while the state is built.
         spec = {"image": jax.ShapeDtypeStruct(images_u8[0].shape, np.uint8)}
         self.compiling = ThreadPoolExecutor(1).submit(self.train_step.compile, abstract, spec)
@@ -163,11 +170,17 @@ class FlaxdiffSide:
         self.model = simple_unet(c)
         edm_schedule = EDMNoiseScheduler(1, sigma_max=80, rho=7, sigma_data=0.5)
         self.trainer = GeneralDiffusionTrainer(
-            self.model, optimizer=optimizer, input_config=input_config((h, w, c)), noise_schedule=edm_schedule,
-            rngs=jax.random.PRNGKey(args.seed), name="bench",
+            self.model,
+            optimizer=optimizer,
+            input_config=input_config((h, w, c)),
+            noise_schedule=edm_schedule,
+            rngs=jax.random.PRNGKey(args.seed),
+            name="bench",
             model_output_transform=KarrasPredictionTransform(sigma_data=edm_schedule.sigma_data),
-            distributed_training=False, checkpoint_base_path=checkpoint_dir, native_resolution=h,
-        )  # fmt: skip
+            distributed_training=False,
+            checkpoint_base_path=checkpoint_dir,
+            native_resolution=h,
+        )
         self.trainer.wandb = None  # train_loop reads it; only a wandb config would set it
         self.train_step = self.trainer._define_train_step(batch_size=images_u8[0].shape[0])
         self.state, self.rng_state = self.trainer.state, self.trainer.rngstate
@@ -279,23 +292,30 @@ def main() -> None:
     model_flops = step_flops(peer.train_step, peer.state, peer.rng_state, peer.host_batches[0], 0)
     model_achieved = model_flops / (per_side["eqxdiff"]["step_time_ms"] / 1000) / 1e9
     per_side["eqxdiff"].update(
-        gflop_per_step=round(flops / 1e9, 2), achieved_gflops=round(achieved, 1),
-        matmul_2048_fp32_gflops_after_rounds=matmul, achieved_over_matmul=round(achieved / matmul, 3),
+        gflop_per_step=round(flops / 1e9, 2),
+        achieved_gflops=round(achieved, 1),
+        matmul_2048_fp32_gflops_after_rounds=matmul,
+        achieved_over_matmul=round(achieved / matmul, 3),
         flaxdiff_gflop_per_step=round(model_flops / 1e9, 2),
         model_achieved_over_matmul=round(model_achieved / matmul, 3),
-        model="UNet.flaxdiff_simple", schedule="EDMSchedule + EDMPreconditioning", ema_decay=0.995,
-        step="eqxdiff.training.make_train_step (state donated)", max_in_flight=2,
+        model="UNet.flaxdiff_simple",
+        schedule="EDMSchedule + EDMPreconditioning",
+        ema_decay=0.995,
+        step="eqxdiff.training.make_train_step (state donated)",
+        max_in_flight=2,
         compiler_options=sides["eqxdiff"].train_step.compiler_options,
         batch_format="uint8 on device (prepare maps to [-1, 1])",
-    )  # fmt: skip
+    )
     per_side["flaxdiff"].update(
         model=UNET,
         schedule="EDMNoiseScheduler(1, sigma_max=80, rho=7, sigma_data=0.5) + KarrasPredictionTransform(0.5)",
-        loss="optax.l2_loss x schedule weights", ema_decay=0.999,
+        loss="optax.l2_loss x schedule weights",
+        ema_decay=0.999,
         step="GeneralDiffusionTrainer._define_train_step (jit, batch donated), timed via its train_loop",
-        max_in_flight=1, batch_format="host numpy uint8 {'image'} + [b] dummy 'textcontext' key",
+        max_in_flight=1,
+        batch_format="host numpy uint8 {'image'} + [b] dummy 'textcontext' key",
         compiler_options={},  # jax.jit's defaults
-    )  # fmt: skip
+    )
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if per_side["eqxdiff"]["params"] != per_side["flaxdiff"]["params"]:
         print(f"warning: parameter counts differ: {per_side}", file=sys.stderr)

@@ -92,21 +92,34 @@ def main() -> None:
     seconds = alternate({name: (lambda name=name: run(name)) for name in compiled}, args.rounds, rotate=True)
     per_program = {
         name: {
-            "ms_median": round(1000 * statistics.median(s), 2), "ms_fastest": round(1000 * min(s), 2),
+            "ms_median": round(1000 * statistics.median(s), 2),
+            "ms_fastest": round(1000 * min(s), 2),
             "gflop": round(compiled[name][0].cost_analysis()["flops"] / 1e9, 2),
             "rounds_ms": [round(1000 * t, 2) for t in s],
         }
         for name, s in seconds.items()
-    }  # fmt: skip
-    ratio = {kind: round(per_program[f"flaxdiff_{kind}"]["ms_median"] / per_program[f"eqxdiff_{kind}"]["ms_median"], 3)
-             for kind in ("forward", "gradient")}  # fmt: skip
-    report("unet_vs_flaxdiff", {
-        "batch": args.batch, "image_size": args.size, "calls_per_round": args.calls, "rounds": args.rounds,
-        "params": {"eqxdiff": param_count(compiled["eqxdiff_forward"][1]),
-                   "flaxdiff": param_count(compiled["flaxdiff_forward"][1])},
-        "peer": UNET, "compiler_options": xla_cpu.compiler_options(), "programs": per_program,
-        "speedup_eqxdiff_over_flaxdiff": ratio,  # FlaxDiff's median time / eqxdiff's: > 1 favours eqxdiff
-    })  # fmt: skip
+    }
+    ratio = {
+        kind: round(per_program[f"flaxdiff_{kind}"]["ms_median"] / per_program[f"eqxdiff_{kind}"]["ms_median"], 3)
+        for kind in ("forward", "gradient")
+    }
+    report(
+        "unet_vs_flaxdiff",
+        {
+            "batch": args.batch,
+            "image_size": args.size,
+            "calls_per_round": args.calls,
+            "rounds": args.rounds,
+            "params": {
+                "eqxdiff": param_count(compiled["eqxdiff_forward"][1]),
+                "flaxdiff": param_count(compiled["flaxdiff_forward"][1]),
+            },
+            "peer": UNET,
+            "compiler_options": xla_cpu.compiler_options(),
+            "programs": per_program,
+            "speedup_eqxdiff_over_flaxdiff": ratio,  # FlaxDiff's median time / eqxdiff's: > 1 favours eqxdiff
+        },
+    )
 
 
 if __name__ == "__main__":

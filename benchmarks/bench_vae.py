@@ -59,14 +59,24 @@ from torch_peer import TORCH_PYTHON, TorchPeer
 
 PEER = Path(__file__).resolve().parent / "vae_torch_peer.py"
 SD_VAE = {
-    "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
-    "norm_num_groups": 32, "use_quant_conv": True, "use_post_quant_conv": True, "scaling_factor": 0.18215,
-    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
-}  # fmt: skip
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "use_quant_conv": True,
+    "use_post_quant_conv": True,
+    "scaling_factor": 0.18215,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+}
 SMALL_VAE = {  # --quick
-    **SD_VAE, "block_out_channels": [32, 64], "layers_per_block": 1, "norm_num_groups": 8,
-    "down_block_types": ["DownEncoderBlock2D"] * 2, "up_block_types": ["UpDecoderBlock2D"] * 2,
-}  # fmt: skip
+    **SD_VAE,
+    "block_out_channels": [32, 64],
+    "layers_per_block": 1,
+    "norm_num_groups": 8,
+    "down_block_types": ["DownEncoderBlock2D"] * 2,
+    "up_block_types": ["UpDecoderBlock2D"] * 2,
+}
 JNP_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
@@ -180,13 +190,19 @@ def main() -> None:
                     results.append(run_config(args, peer, vaes, tmp, op, size, dtype, rng))
         peer.close()
 
-    peer_report("vae_vs_diffusers", args.torch_python, torch_load, "images", {
-        "config": config,
-        "params": {"torch": params, "eqxdiff": eqx_params},
-        "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
-        "quick": args.quick,
-        "results": results,
-    })  # fmt: skip
+    peer_report(
+        "vae_vs_diffusers",
+        args.torch_python,
+        torch_load,
+        "images",
+        {
+            "config": config,
+            "params": {"torch": params, "eqxdiff": eqx_params},
+            "load_s": {"eqxdiff": round(eqx_load_s, 3), "torch": round(torch_load["load_s"], 3)},
+            "quick": args.quick,
+            "results": results,
+        },
+    )
 
 
 if __name__ == "__main__":

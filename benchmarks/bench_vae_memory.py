@@ -42,10 +42,15 @@ from eqxdiff.nn.vae_tiling import OVERLAP, decode_in_pieces, encode_in_pieces  #
 from harness import report  # noqa: E402  (benchmarks/ is on sys.path)
 
 SD_VAE = {
-    "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
-    "norm_num_groups": 32, "sample_size": 512, "scaling_factor": 0.18215,
-    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
-}  # fmt: skip
+    "block_out_channels": [128, 256, 512, 512],
+    "layers_per_block": 2,
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 512,
+    "scaling_factor": 0.18215,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+}
 MIB = 2**20
 
 
@@ -76,14 +81,24 @@ def child(op: str, size: int, tiled: bool, run: bool) -> dict:
     for h, w in programs(op, size, tiled, abstract.tile_sample_size, f):
         x = jax.ShapeDtypeStruct((1, h, w, channels), jnp.float32)
         m = jax.jit(call).lower(params, x).compile().memory_analysis()
-        analyses.append({"shape": [h, w], "temp_mib": m.temp_size_in_bytes / MIB,
-                         "io_mib": (m.argument_size_in_bytes - weights + m.output_size_in_bytes) / MIB})  # fmt: skip
+        analyses.append(
+            {
+                "shape": [h, w],
+                "temp_mib": m.temp_size_in_bytes / MIB,
+                "io_mib": (m.argument_size_in_bytes - weights + m.output_size_in_bytes) / MIB,
+            }
+        )
     side_in, side_out = (size, size // f) if op == "encode" else (size // f, size)
     whole_io = (side_in**2 * channels + side_out**2 * (8 if op == "encode" else 3)) * 4 / MIB
     largest = max(a["temp_mib"] + a["io_mib"] for a in analyses)
-    out = {"op": op, "size": size, "tiled": tiled, "programs": len(analyses),
-           "temp_mib": round(max(a["temp_mib"] for a in analyses), 1),
-           "peak_mib": round(weights / MIB + whole_io + largest, 1)}  # fmt: skip
+    out = {
+        "op": op,
+        "size": size,
+        "tiled": tiled,
+        "programs": len(analyses),
+        "temp_mib": round(max(a["temp_mib"] for a in analyses), 1),
+        "peak_mib": round(weights / MIB + whole_io + largest, 1),
+    }
     if run:
         draw = np.random.default_rng(0).uniform(-0.05, 0.05, 2**20 + 7).astype(np.float32)
         vae = jax.tree.map(lambda s: jnp.asarray(np.resize(draw, s.shape)), abstract)

@@ -95,8 +95,10 @@ def side_switches(side: str) -> frozenset[str]:
     kind, _, names = side.partition(":")
     names = frozenset(names.split("+"))
     if kind not in ("without", "only") or not names <= xla_cpu.SWITCHES.keys():
-        raise SystemExit(f"--sides: {side!r} is not shipped, off, without:NAMES or only:NAMES (NAMES: one or more "
-                         f"of {', '.join(xla_cpu.SWITCHES)} joined by +).")  # fmt: skip
+        raise SystemExit(
+            f"--sides: {side!r} is not shipped, off, without:NAMES or only:NAMES (NAMES: one or more "
+            f"of {', '.join(xla_cpu.SWITCHES)} joined by +)."
+        )
     return xla_cpu.DEFAULT - names if kind == "without" else names
 
 
@@ -126,14 +128,19 @@ def train_sides(workload, sides, switches, args):
             jax.block_until_ready(metrics["loss"])
             first_s = time.perf_counter() - start
         initial[side] = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(work.state.ema, eqx.is_array))]
-        startup[side] = {"switches": sorted(switches[side]), "compile_s": round(compile_s, 2),
-                         "first_step_s": round(first_s, 3), "compiler_options": work.step.compiler_options,
-                         "lowered_sha": lowered_sha}  # fmt: skip
+        startup[side] = {
+            "switches": sorted(switches[side]),
+            "compile_s": round(compile_s, 2),
+            "first_step_s": round(first_s, 3),
+            "compiler_options": work.step.compiler_options,
+            "lowered_sha": lowered_sha,
+        }
 
         def run(n: int, work=work, side=side, batches=batches) -> float:
             start = time.perf_counter()
-            work.state, metrics = steps_in_flight(work.step, work.state, itertools.islice(itertools.cycle(batches), n),
-                                                  work.frozen)  # fmt: skip
+            work.state, metrics = steps_in_flight(
+                work.step, work.state, itertools.islice(itertools.cycle(batches), n), work.frozen
+            )
             losses[side] = float(metrics["loss"])
             return time.perf_counter() - start
 
@@ -163,9 +170,13 @@ def forward_sides(workload, sides, switches, args):
             start = time.perf_counter()
             outputs[side] = jax.block_until_ready(compiled(arrays, x))
             first_s = time.perf_counter() - start
-        startup[side] = {"switches": sorted(switches[side]), "compile_s": round(compile_s, 2),
-                         "first_call_s": round(first_s, 3), "compiler_options": options,
-                         "lowered_sha": sha(lowered)}  # fmt: skip
+        startup[side] = {
+            "switches": sorted(switches[side]),
+            "compile_s": round(compile_s, 2),
+            "first_call_s": round(first_s, 3),
+            "compiler_options": options,
+            "lowered_sha": sha(lowered),
+        }
         runs[side] = lambda n, compiled=compiled: call_seconds(n, compiled, arrays, x)
 
     def agreement(side: str) -> dict:  # switches change rounding only: max |difference| / the output's max |value|
@@ -180,8 +191,11 @@ def forward_sides(workload, sides, switches, args):
 def run_workload(name: str, args) -> dict:
     workload = WORKLOADS[name]
     train = workload.kind == "train"
-    default_sides = ["shipped", "off", *(f"{k}:{s}" for s in (STEP_SWITCHES if train else FORWARD_SWITCHES)
-                                         for k in ("without", "only"))]  # fmt: skip
+    default_sides = [
+        "shipped",
+        "off",
+        *(f"{k}:{s}" for s in (STEP_SWITCHES if train else FORWARD_SWITCHES) for k in ("without", "only")),
+    ]
     sides = [s.strip() for s in args.sides.split(",") if s.strip()] or default_sides
     switches = {side: side_switches(side) for side in sides}
     runs, startup, extra = (train_sides if train else forward_sides)(workload, sides, switches, args)
@@ -204,24 +218,37 @@ def run_workload(name: str, args) -> dict:
     fastest_reference = fastest.get("shipped", fastest[sides[0]])
     unit, items = ("step", "samples") if train else ("call", "images")
     per_side = {
-        side: startup[side] | {
+        side: startup[side]
+        | {
             "rounds_s": [round(t, 3) for t in times[side]],
             f"{unit}_time_ms": round(1000 * median[side] / args.steps, 2),
             f"{items}_per_sec": round(args.batch * args.steps / median[side], 2),
             "over_shipped": round(median[side] / reference, 3),
             "fastest_over_shipped": round(fastest[side] / fastest_reference, 3),
             f"minor_faults_per_{unit}": round(faults[side] / (args.rounds * args.steps)),
-        } | extra(side)
+        }
+        | extra(side)
         for side in sides
-    }  # fmt: skip
-    return report("xla_cpu_switches", {
-        "backend": jax.default_backend(), "workload": name, "kind": workload.kind, "what": workload.what,
-        "batch": args.batch, f"{unit}s_per_round": args.steps, "rounds": args.rounds, "warmup": args.warmup,
-        "quick": args.quick, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "peak_rss_mib": peak_rss_mib(),
-        "switches_read": list(STEP_SWITCHES if train else FORWARD_SWITCHES),
-        "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "sides": per_side,
-    })  # fmt: skip
+    }
+    return report(
+        "xla_cpu_switches",
+        {
+            "backend": jax.default_backend(),
+            "workload": name,
+            "kind": workload.kind,
+            "what": workload.what,
+            "batch": args.batch,
+            f"{unit}s_per_round": args.steps,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+            "quick": args.quick,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "peak_rss_mib": peak_rss_mib(),
+            "switches_read": list(STEP_SWITCHES if train else FORWARD_SWITCHES),
+            "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+            "sides": per_side,
+        },
+    )
 
 
 def peak_rss_mib() -> float:
@@ -253,14 +280,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", default="digits", choices=["all", *WORKLOADS])
     parser.add_argument("--out", default="", help="a folder: the JSON line also goes to OUT/NAME.json")
-    parser.add_argument("--sides", default="",
-                        help="comma list (default: shipped, off, without:X and only:X per switch read)")  # fmt: skip
+    parser.add_argument(
+        "--sides", default="", help="comma list (default: shipped, off, without:X and only:X per switch read)"
+    )
     parser.add_argument("--batch", type=int, default=0, help="default: the workload's")
-    parser.add_argument("--steps", type=int, default=0,
-                        help="steps (forward: calls) per timed round; default: the workload's")  # fmt: skip
+    parser.add_argument(
+        "--steps", type=int, default=0, help="steps (forward: calls) per timed round; default: the workload's"
+    )
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds per side; default: the workload's")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps or calls per side after the first; default: the workload's")  # fmt: skip
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed steps or calls per side after the first; default: the workload's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu_devices", type=int, default=0, help="simulate this many CPU devices (devices:N sides)")
     parser.add_argument("--quick", action="store_true", help="smoke run: small inputs, 2 rounds of 1 step or call")

@@ -42,11 +42,29 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(args.run_dir or tmp) / "run"
-        wall = run_script("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--steps", args.steps,
-                          "--wandb", "disabled", "--sample_every", 0, *RECIPE, *args.flags.split(),
-                          quiet=False)  # fmt: skip
-        result = {"bench": "captioned_digits_job", **machine_record(), "steps": args.steps,
-                  "flags": " ".join([*RECIPE, *args.flags.split()]), "train_wall_s": wall}  # fmt: skip
+        wall = run_script(
+            "main.py",
+            "--run_dir",
+            run_dir,
+            "--dataset",
+            "captioned_digits",
+            "--steps",
+            args.steps,
+            "--wandb",
+            "disabled",
+            "--sample_every",
+            0,
+            *RECIPE,
+            *args.flags.split(),
+            quiet=False,
+        )
+        result = {
+            "bench": "captioned_digits_job",
+            **machine_record(),
+            "steps": args.steps,
+            "flags": " ".join([*RECIPE, *args.flags.split()]),
+            "train_wall_s": wall,
+        }
         rows, startup = run_logs(run_dir)
         result["final_loss"] = [r["train/loss"] for r in rows if "train/loss" in r][-1]
         result["step_time_ms"] = [round(r["train/step_time_ms"]) for r in rows if "train/step_time_ms" in r]
@@ -55,8 +73,20 @@ def main() -> None:
         _, digits = captioned_digits_prompts(90, seed=0)
         for scale in args.guidance.split(","):
             out = run_dir / f"guidance_{scale}.npz"
-            wall = run_script("sample.py", "--run_dir", run_dir, "--num", 90 * args.per_prompt, "--per_prompt",
-                              args.per_prompt, "--guidance", scale, "--out", out, quiet=False)  # fmt: skip
+            wall = run_script(
+                "sample.py",
+                "--run_dir",
+                run_dir,
+                "--num",
+                90 * args.per_prompt,
+                "--per_prompt",
+                args.per_prompt,
+                "--guidance",
+                scale,
+                "--out",
+                out,
+                quiet=False,
+            )
             with np.load(out) as saved:
                 scores = two_digit_accuracy(saved["images"], np.repeat(digits, args.per_prompt, axis=0))
             result[f"guidance_{scale}"] = {**scores, "sample_wall_s": wall}

@@ -47,7 +47,13 @@ def digits_job(mesh, *, total_steps: int, seed: int = 0, label_dropout: float = 
     loss_fn = functools.partial(train_main.loss_fn, schedule=schedule, parameterization=parameterization)
 
     train_step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=seed,
-    )  # fmt: skip
+        prepare=prepare,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        ema_decay=0.995,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=seed,
+    )
     return DigitsJob(digits, make_model, optimizer, state, shardings, train_step)

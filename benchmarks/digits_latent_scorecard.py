@@ -30,9 +30,22 @@ from harness import ROOT, machine_record, run_logs, run_script  # benchmarks/ is
 def train_and_score(run_dir: Path, steps: int, extra: list) -> dict:
     from eqxdiff.eval import digits_sample_metrics
 
-    train_s = run_script("main.py", "--run_dir", run_dir, "--steps", steps, "--wandb", "disabled", "--sample_every", 0,
-                         *extra, quiet=False)  # fmt: skip
-    run_script("sample.py", "--run_dir", run_dir, "--num", 500, "--guidance", 1, "--out", run_dir / "s.npz", quiet=False)
+    train_s = run_script(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--steps",
+        steps,
+        "--wandb",
+        "disabled",
+        "--sample_every",
+        0,
+        *extra,
+        quiet=False,
+    )
+    run_script(
+        "sample.py", "--run_dir", run_dir, "--num", 500, "--guidance", 1, "--out", run_dir / "s.npz", quiet=False
+    )
     with np.load(run_dir / "s.npz") as saved:
         scores = digits_sample_metrics(saved["images"], saved["labels"])
     rows, _ = run_logs(run_dir)
@@ -44,7 +57,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--factors", default="1,2", help="space_to_depth factors, comma-separated")
-    parser.add_argument("--small_model", default="unet_flat", help="also train F >= 2 latents with this model ('' : no)")
+    parser.add_argument(
+        "--small_model", default="unet_flat", help="also train F >= 2 latents with this model ('' : no)"
+    )
     args = parser.parse_args()
     result = {"bench": "digits_latent_scorecard", **machine_record(), "steps": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,8 +67,9 @@ def main() -> None:
         result["pixels"] = train_and_score(tmp / "pixels", args.steps, [])
         for factor in map(int, args.factors.split(",")):
             latents = tmp / f"latents_{factor}"
-            run_script("encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents,
-                       quiet=False)  # fmt: skip
+            run_script(
+                "encode.py", "--dataset", "digits", "--vae", f"space_to_depth:{factor}", "--out", latents, quiet=False
+            )
             flags = ["--dataset", f"latents:{latents}", "--sigma_data", 0.5]
             result[f"space_to_depth:{factor}"] = train_and_score(tmp / f"run_{factor}", args.steps, flags)
             if factor >= 2 and args.small_model:

@@ -36,13 +36,20 @@ class NullContextEncoder(ConditioningEncoder):
 
 def simple_unet(channels: int) -> Unet:
     """The UNet eqxdiff's `UNet.flaxdiff_simple(channels)` mirrors (2,141,379 params at 3 channels)."""
-    return Unet(output_channels=channels, emb_features=128, feature_depths=(32, 64, 128),
-                attention_configs=(None, None, None), num_res_blocks=2, num_middle_res_blocks=1)  # fmt: skip
+    return Unet(
+        output_channels=channels,
+        emb_features=128,
+        feature_depths=(32, 64, 128),
+        attention_configs=(None, None, None),
+        num_res_blocks=2,
+        num_middle_res_blocks=1,
+    )
 
 
 def input_config(image_shape: tuple) -> DiffusionInputConfig:
     """Images under "image" of `image_shape` (h, w, c), and the null context."""
     return DiffusionInputConfig(
-        sample_data_key="image", sample_data_shape=tuple(image_shape),
+        sample_data_key="image",
+        sample_data_shape=tuple(image_shape),
         conditions=[ConditionalInputConfig(encoder=NullContextEncoder(model=None, tokenizer=None))],
-    )  # fmt: skip
+    )

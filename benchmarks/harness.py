@@ -94,8 +94,12 @@ def report(bench: str, result: dict, packages: Iterable[str] = PACKAGES) -> dict
 def peer_report(bench: str, peer_python: str, peer_info: dict, unit: str, result: dict) -> None:
     """`report` for a side-by-side run against a torch peer (benchmarks/torch_peer.py): the peer's python,
     threads, attention kernel (if it says) and versions, then `result`, then how to read its ratios."""
-    peer = {"python": peer_python, "threads": peer_info["threads"],
-            **({"attention": peer_info["attention"]} if "attention" in peer_info else {}), **peer_info["versions"]}  # fmt: skip
+    peer = {
+        "python": peer_python,
+        "threads": peer_info["threads"],
+        **({"attention": peer_info["attention"]} if "attention" in peer_info else {}),
+        **peer_info["versions"],
+    }
     note = f"ratio = eqxdiff / torch {unit}/s (> 1 favours eqxdiff); rounds alternate, one side at a time"
     report(bench, {"torch_peer": peer, **result, "note": note})
 
@@ -183,11 +187,18 @@ def run_script(name: str, *args, checkout: Path = ROOT, quiet: bool = True) -> f
     wall seconds (start to exit)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(checkout / "train" / name), *map(str, args)], cwd=checkout, env=env,
-                          capture_output=quiet, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(checkout / "train" / name), *map(str, args)],
+        cwd=checkout,
+        env=env,
+        capture_output=quiet,
+        text=True,
+    )
     if done.returncode:  # what the script said, kept from a quiet run: its last lines name the error
-        raise RuntimeError(f"train/{name} {' '.join(map(str, args))} exited {done.returncode}:\n"
-                           + "\n".join((done.stderr or "").splitlines()[-5:]))  # fmt: skip
+        raise RuntimeError(
+            f"train/{name} {' '.join(map(str, args))} exited {done.returncode}:\n"
+            + "\n".join((done.stderr or "").splitlines()[-5:])
+        )
     return time.perf_counter() - start
 
 

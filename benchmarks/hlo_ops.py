@@ -29,9 +29,25 @@ from collections import defaultdict
 
 INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<shape>.*?) (?P<op>[a-z][\w\-]*)\((?P<rest>.*)$")
 CONTROL = {"conditional", "while", "call", "async-start", "async-done", "async-update"}
-MOVES = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice",
-         "concatenate", "pad", "parameter", "constant", "tuple", "get-tuple-element", "copy-start",
-         "copy-done", "reverse"}  # fmt: skip
+MOVES = {
+    "copy",
+    "transpose",
+    "bitcast",
+    "reshape",
+    "broadcast",
+    "slice",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "concatenate",
+    "pad",
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "copy-start",
+    "copy-done",
+    "reverse",
+}
 RNG = {"rng-bit-generator", "rng", "rng-get-and-update-state"}
 CONV_FILES = ("eqxdiff/nn/conv.py", "eqxdiff/xla_cpu.py")  # eqxdiff's conv layer and its conv_grad_matmul rule
 
@@ -93,10 +109,17 @@ def _parse(hlo_text: str) -> tuple[dict, dict]:
         if found and current is not None:
             rest = found["rest"]
             frame = _attr(rest, "stack_frame_id")
-            entry = {"name": found["name"], "op": found["op"], "shape": found["shape"], "rest": rest,
-                     "op_name": _attr(rest, "op_name"), "source_file": frames.get(int(frame), "") if frame else "",
-                     "calls": re.findall(r"calls=%?([\w.\-]+)", rest), "operands": re.findall(r"%([\w.\-]+)", rest),
-                     "computation": current}  # fmt: skip
+            entry = {
+                "name": found["name"],
+                "op": found["op"],
+                "shape": found["shape"],
+                "rest": rest,
+                "op_name": _attr(rest, "op_name"),
+                "source_file": frames.get(int(frame), "") if frame else "",
+                "calls": re.findall(r"calls=%?([\w.\-]+)", rest),
+                "operands": re.findall(r"%([\w.\-]+)", rest),
+                "computation": current,
+            }
             computations[current].append(entry)
             by_name[entry["name"]] = entry
     for entry in by_name.values():  # a fusion without metadata of its own: its body's first
@@ -174,8 +197,13 @@ def instructions(hlo_text: str, step_files: tuple[str, ...] = ()) -> dict[str, d
     table = {}
     for name, e in by_name.items():
         kind = _kind(e, computations, by_name)
-        table[name] = {"op": e["op"], "kind": kind, "phase": _phase(e, kind, step_files),
-                       "op_name": e["op_name"][-120:], "computation": e["computation"]}  # fmt: skip
+        table[name] = {
+            "op": e["op"],
+            "kind": kind,
+            "phase": _phase(e, kind, step_files),
+            "op_name": e["op_name"][-120:],
+            "computation": e["computation"],
+        }
     users = defaultdict(list)
     for name, e in by_name.items():
         for operand in e["operands"]:
@@ -230,8 +258,10 @@ def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int,
         sums = defaultdict(int)
         for name, ns in per_op.items():
             sums[key(table[name])] += ns
-        return {k: {"ms_per_step": round(ns / 1e6 / steps, 2), "share": round(ns / total, 3)}
-                for k, ns in sorted(sums.items(), key=lambda kv: -kv[1])}  # fmt: skip
+        return {
+            k: {"ms_per_step": round(ns / 1e6 / steps, 2), "share": round(ns / total, 3)}
+            for k, ns in sorted(sums.items(), key=lambda kv: -kv[1])
+        }
 
     ops = sorted(per_op.items(), key=lambda kv: -kv[1])[:top]
     return {
@@ -240,7 +270,15 @@ def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int,
         "by_kind": grouped(lambda e: e["kind"]),
         "by_phase": grouped(lambda e: e["phase"]),
         "by_phase_and_kind": grouped(lambda e: f"{e['phase']} | {e['kind']}"),
-        "top_ops": [{"name": n, "kind": table[n]["kind"], "phase": table[n]["phase"],
-                     "ms_per_step": round(ns / 1e6 / steps, 2), "share": round(ns / total, 3),
-                     "op_name": table[n]["op_name"]} for n, ns in ops],  # fmt: skip
+        "top_ops": [
+            {
+                "name": n,
+                "kind": table[n]["kind"],
+                "phase": table[n]["phase"],
+                "ms_per_step": round(ns / 1e6 / steps, 2),
+                "share": round(ns / total, 3),
+                "op_name": table[n]["op_name"],
+            }
+            for n, ns in ops
+        ],
     }

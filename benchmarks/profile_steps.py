@@ -116,8 +116,11 @@ def main() -> None:
     try:
         for name in order:
             with contextlib.redirect_stdout(sys.stderr):  # FlaxDiff prints as it builds and trains
-                side = (EqxdiffSide(args, images_u8, optimizer, lr_schedule) if name == "eqxdiff"
-                        else FlaxdiffSide(args, images_u8, optimizer, checkpoint_dir))  # fmt: skip
+                side = (
+                    EqxdiffSide(args, images_u8, optimizer, lr_schedule)
+                    if name == "eqxdiff"
+                    else FlaxdiffSide(args, images_u8, optimizer, checkpoint_dir)
+                )
                 side.first_step()
                 side.run(args.warmup)
                 text = compiled_text(name, side)
@@ -139,13 +142,25 @@ def main() -> None:
         if not args.trace_dir:
             shutil.rmtree(trace_root, ignore_errors=True)
     print("\n".join(table_lines(results)), file=sys.stderr)
-    report("profile_steps", {
-        "backend": jax.default_backend(), "image_size": args.image_size, "channels": args.channels,
-        "batch": args.batch, "traced_steps": args.steps, "order": order, "quick": args.quick,
-        "xla_cpu_switches": sorted(xla_cpu.switched_on()), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "trace_dir": args.trace_dir or None, "date_utc": time.strftime("%Y-%m-%d %H:%M"), **results,
-        "note": "proportions of summed op time; op time can exceed wall time (ops run concurrently)",
-    }, (*PACKAGES, "flax", "flaxdiff", "optax"))  # fmt: skip
+    report(
+        "profile_steps",
+        {
+            "backend": jax.default_backend(),
+            "image_size": args.image_size,
+            "channels": args.channels,
+            "batch": args.batch,
+            "traced_steps": args.steps,
+            "order": order,
+            "quick": args.quick,
+            "xla_cpu_switches": sorted(xla_cpu.switched_on()),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "trace_dir": args.trace_dir or None,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M"),
+            **results,
+            "note": "proportions of summed op time; op time can exceed wall time (ops run concurrently)",
+        },
+        (*PACKAGES, "flax", "flaxdiff", "optax"),
+    )
 
 
 if __name__ == "__main__":

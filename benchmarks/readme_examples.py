@@ -45,8 +45,20 @@ def step_ms(args: list[str], steps: int, work: Path, name: str) -> dict:
     from harness import run_logs, run_script  # here: tests/test_readme_examples.py loads this file by path
 
     run_dir = work / name
-    wall = run_script("main.py", "--run_dir", run_dir, "--steps", steps, "--log_every", steps // 2,
-                      "--sample_every", 0, "--wandb", "disabled", *args)  # fmt: skip
+    wall = run_script(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--steps",
+        steps,
+        "--log_every",
+        steps // 2,
+        "--sample_every",
+        0,
+        "--wandb",
+        "disabled",
+        *args,
+    )
     rows, _ = run_logs(run_dir)
     return {"step_ms": rows[-1]["train/step_time_ms"], "wall_s": round(wall, 1), "steps": steps}
 

@@ -61,8 +61,15 @@ def tree_bytes(tree) -> int:
 def bytes_per_device(tree) -> int:
     """Bytes of the arrays in `tree` that the first device holds (its shards; a replicated leaf whole)."""
     device = jax.devices()[0]
-    return int(sum(s.data.nbytes for x in jax.tree.leaves(tree) if eqx.is_array(x) for s in x.addressable_shards
-                   if s.device == device))  # fmt: skip
+    return int(
+        sum(
+            s.data.nbytes
+            for x in jax.tree.leaves(tree)
+            if eqx.is_array(x)
+            for s in x.addressable_shards
+            if s.device == device
+        )
+    )
 
 
 def memory_of(compiled) -> dict:
@@ -70,8 +77,11 @@ def memory_of(compiled) -> dict:
     of the program ONE device runs (SPMD: each device runs it on its shards; a host simulating 8 holds 8 of them)."""
     stats = compiled.memory_analysis()
     mib = lambda n: round(n / 2**20, 1)  # noqa: E731
-    return {"temp_mib": mib(stats.temp_size_in_bytes), "argument_mib": mib(stats.argument_size_in_bytes),
-            "output_mib": mib(stats.output_size_in_bytes)}  # fmt: skip
+    return {
+        "temp_mib": mib(stats.temp_size_in_bytes),
+        "argument_mib": mib(stats.argument_size_in_bytes),
+        "output_mib": mib(stats.output_size_in_bytes),
+    }
 
 
 def peak_rss() -> int:

@@ -26,15 +26,36 @@ from readme_examples import rgb_digits_folder
 
 def unet_step(folder: Path, size: int, batch: int, steps: int, work: Path, repeat: int) -> dict:
     run_dir = work / f"unet_{size}_{repeat}"
-    wall = run_script("main.py", "--dataset", f"folder:{folder}", "--image_size", size, "--hflip", "--batch_size",
-                      batch, "--run_dir", run_dir, "--steps", steps, "--log_every", steps // 2, "--sample_every", 0,
-                      "--wandb", "disabled")  # fmt: skip
+    wall = run_script(
+        "main.py",
+        "--dataset",
+        f"folder:{folder}",
+        "--image_size",
+        size,
+        "--hflip",
+        "--batch_size",
+        batch,
+        "--run_dir",
+        run_dir,
+        "--steps",
+        steps,
+        "--log_every",
+        steps // 2,
+        "--sample_every",
+        0,
+        "--wandb",
+        "disabled",
+    )
     rows, startup = run_logs(run_dir)
     step_s = rows[-1]["train/step_time_ms"] / 1000
     flops = startup["startup/step_flops_per_device"]
-    return {"step_s": round(step_s, 3), "images_per_s": round(batch / step_s, 1),
-            "achieved_gflops": round(flops / step_s / 1e9, 1),
-            "first_step_s": round(startup["startup/time_to_first_step_s"], 1), "wall_s": round(wall, 1)}  # fmt: skip
+    return {
+        "step_s": round(step_s, 3),
+        "images_per_s": round(batch / step_s, 1),
+        "achieved_gflops": round(flops / step_s / 1e9, 1),
+        "first_step_s": round(startup["startup/time_to_first_step_s"], 1),
+        "wall_s": round(wall, 1),
+    }
 
 
 def main() -> None:
@@ -54,10 +75,17 @@ def main() -> None:
                 results[f"{s}x{s}"].append(unet_step(folder, s, args.batch, args.steps, work, repeat))
             matmul.append(matmul_gflops())
     best = {size: min(runs, key=lambda r: r["step_s"]) for size, runs in results.items()}
-    report("unet_own_images", {
-        "matmul_gflops_rounds": matmul, "model": "unet", "batch": args.batch, "steps": args.steps, "best": best,
-        "all_step_s": {k: [r["step_s"] for r in v] for k, v in results.items()},
-    })  # fmt: skip
+    report(
+        "unet_own_images",
+        {
+            "matmul_gflops_rounds": matmul,
+            "model": "unet",
+            "batch": args.batch,
+            "steps": args.steps,
+            "best": best,
+            "all_step_s": {k: [r["step_s"] for r in v] for k, v in results.items()},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -80,9 +80,15 @@ def flaxdiff_unet_workload(mesh, args, total_steps) -> TrainWork:
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(args.seed), mesh, 2**14)
     prepare, loss_fn = unconditional_edm()
     step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.995,
-        state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=args.seed,
-    )  # fmt: skip
+        prepare=prepare,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        ema_decay=0.995,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=args.seed,
+    )
     rng = np.random.default_rng(args.seed)
     size = 8 if args.quick else 32
     return TrainWork(state, step, lambda: {"image": rng.integers(0, 256, (args.batch, size, size, 3), dtype=np.uint8)})

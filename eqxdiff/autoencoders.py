@@ -42,8 +42,10 @@ TILING_MODES = ("auto", "on", "off")
 # A diffusers folder's config.json `_class_name` -> the port that reads it: `from_diffusers(folder, *, place)`,
 # `place(abstract module) -> its shardings` (eqxdiff.sharding.placement) or None.
 DIFFUSERS_AUTOENCODERS = {"AutoencoderKL": AutoencoderKL}
-SPEC_FORMS = (f"space_to_depth:F (F an integer >= 1), or a diffusers autoencoder folder (config.json + {WEIGHTS_FILE}) "
-              f"of a class in eqxdiff.autoencoders.DIFFUSERS_AUTOENCODERS ({', '.join(DIFFUSERS_AUTOENCODERS)})")  # fmt: skip
+SPEC_FORMS = (
+    f"space_to_depth:F (F an integer >= 1), or a diffusers autoencoder folder (config.json + {WEIGHTS_FILE}) "
+    f"of a class in eqxdiff.autoencoders.DIFFUSERS_AUTOENCODERS ({', '.join(DIFFUSERS_AUTOENCODERS)})"
+)
 _HASH_CHUNK = 1 << 20  # bytes read at a time: a large VAE file is never held whole
 
 
@@ -94,13 +96,16 @@ def _folder(spec: str) -> tuple[Path, type]:
     except (json.JSONDecodeError, AttributeError) as e:  # not JSON, or not an object
         raise ValueError(f"Autoencoder {spec!r}: {path / 'config.json'} is not a diffusers config ({e}).") from e
     if kind not in DIFFUSERS_AUTOENCODERS:
-        raise ValueError(f"Autoencoder {spec!r}: {path} holds a diffusers {kind}, which eqxdiff has no port of; "
-                         f"the accepted forms are {SPEC_FORMS}.")  # fmt: skip
+        raise ValueError(
+            f"Autoencoder {spec!r}: {path} holds a diffusers {kind}, which eqxdiff has no port of; "
+            f"the accepted forms are {SPEC_FORMS}."
+        )
     try:
         weight_files(path, WEIGHTS_FILE)
     except (FileNotFoundError, ValueError) as e:  # no plain weights (a variant's only), or them twice
-        raise type(e)(f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder ({e}); "
-                      f"the accepted forms are {SPEC_FORMS}.") from e  # fmt: skip
+        raise type(e)(
+            f"Autoencoder {spec!r}: {path} is not a diffusers VAE folder ({e}); the accepted forms are {SPEC_FORMS}."
+        ) from e
     return path, DIFFUSERS_AUTOENCODERS[kind]
 
 
@@ -111,8 +116,9 @@ def check_autoencoder(spec: str) -> None:
         _folder(spec)
 
 
-def open_autoencoder(spec: str, *, mesh: Mesh | None = None, min_size: int = 2**12, rules: Sequence[Rule] = ()
-                     ) -> Autoencoder:  # fmt: skip
+def open_autoencoder(
+    spec: str, *, mesh: Mesh | None = None, min_size: int = 2**12, rules: Sequence[Rule] = ()
+) -> Autoencoder:
     """The autoencoder a spec names; AutoencoderKL weights load into `mesh`'s layout (see
     `AutoencoderKL.from_diffusers`), else onto the first device: each weight read straight into
     `eqxdiff.sharding.state_shardings`'s layout for `(min_size, rules)`, its leaves named

@@ -29,11 +29,14 @@ from eqxdiff.training import TrainState
 # blocking time (BENCHMARKS.md). Kept only where the slices are large enough to pay for it
 # (`min_slice_bytes_for_replica_parallel` below).
 ARRAY_HANDLERS = ocp.type_handlers.create_type_handler_registry(
-    (jax.Array, ocp.type_handlers.ArrayHandler(
-        array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
-    )),
+    (
+        jax.Array,
+        ocp.type_handlers.ArrayHandler(
+            array_metadata_store=ArrayMetadataStore(), min_slice_bytes_for_replica_parallel=2**20
+        ),
+    ),
     (np.ndarray, ocp.type_handlers.NumpyHandler()),  # a saved jax.Array read onto the host (EmaSnapshots.restore)
-)  # fmt: skip
+)
 
 
 class CheckpointError(RuntimeError):
@@ -125,16 +128,18 @@ class Checkpoints:
     are written in the background. `wait()` (also called by `close()`) blocks until they are.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
-                 read_only: bool = False):  # fmt: skip
+    def __init__(
+        self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True, read_only: bool = False
+    ):
         """`read_only`: for readers (train/sample.py): nothing is created, saved or deleted (orbax's own
         read_only mode logs warnings at every open; without `create` and saves it writes nothing)."""
         if keep < 1:
             raise ValueError(f"--keep_checkpoints must be >= 1, got {keep}.")
         self.directory = absolute(directory)  # a local folder or a bucket's prefix (eqxdiff/paths.py)
         self.read_only = read_only
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=not read_only)  # fmt: skip
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=async_save, create=not read_only
+        )
         handlers = {
             "state": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
             "data": ocp.JsonCheckpointHandler(),
@@ -194,8 +199,9 @@ class Checkpoints:
                 "--run_dir; another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
             )
         args = ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(_as_saved(target),
-                                         restore_args=ocp.checkpoint_utils.construct_restore_args(_as_saved(target))),
+            state=ocp.args.PyTreeRestore(
+                _as_saved(target), restore_args=ocp.checkpoint_utils.construct_restore_args(_as_saved(target))
+            ),
             data=ocp.args.JsonRestore(),
             config=ocp.args.JsonRestore(),
         )

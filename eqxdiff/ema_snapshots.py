@@ -25,10 +25,14 @@ class EmaSnapshots:
     def __init__(self, directory: str | os.PathLike, *, read_only: bool = False, async_save: bool = True):
         self.directory = absolute(directory)  # a local folder or a bucket's prefix (eqxdiff/paths.py)
         self.read_only = read_only
-        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
-                                               create=not read_only)  # fmt: skip
-        handlers = {"emas": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
-                    "meta": ocp.JsonCheckpointHandler(), "layout": ocp.JsonCheckpointHandler()}  # fmt: skip
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None, enable_async_checkpointing=async_save, create=not read_only
+        )
+        handlers = {
+            "emas": ocp.PyTreeCheckpointHandler(type_handler_registry=ARRAY_HANDLERS),
+            "meta": ocp.JsonCheckpointHandler(),
+            "layout": ocp.JsonCheckpointHandler(),
+        }
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
     @property
@@ -45,8 +49,9 @@ class EmaSnapshots:
         if step in self._manager.all_steps():
             return "exists"
         arrays = eqx.filter(tuple(emas), eqx.is_array)
-        args = ocp.args.Composite(emas=ocp.args.PyTreeSave(arrays), meta=ocp.args.JsonSave(meta),
-                                  layout=ocp.args.JsonSave(layout(arrays)))  # fmt: skip
+        args = ocp.args.Composite(
+            emas=ocp.args.PyTreeSave(arrays), meta=ocp.args.JsonSave(meta), layout=ocp.args.JsonSave(layout(arrays))
+        )
         self._manager.save(step, args=args, force=True)  # force: orbax's default policy refuses older steps
         return "saved"
 
@@ -66,21 +71,25 @@ class EmaSnapshots:
             target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
             restore_args = jax.tree.map(lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype), target)
         else:
-            target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays,
-                                  tuple(shardings))  # fmt: skip
+            target = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, tuple(shardings)
+            )
             restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        mismatch = check and table_differences(saved_table(self._manager, self.directory, step, "emas"),
-                                               leaf_table(target))  # fmt: skip
+        mismatch = check and table_differences(
+            saved_table(self._manager, self.directory, step, "emas"), leaf_table(target)
+        )
         if mismatch:
-            raise CheckpointError(f"EMA snapshot step {step} in {self.directory} does not fit this run's model: "
-                                  + "; ".join(mismatch))  # fmt: skip
+            raise CheckpointError(
+                f"EMA snapshot step {step} in {self.directory} does not fit this run's model: " + "; ".join(mismatch)
+            )
         args = ocp.args.Composite(emas=ocp.args.PyTreeRestore(target, restore_args=restore_args))
         return eqx.combine(self._manager.restore(step, args=args).emas, static)
 
     def _require(self, step: int) -> None:
         if step not in self._manager.all_steps():
-            raise CheckpointError(f"No EMA snapshot of step {step} in {self.directory}; complete ones: "
-                                  f"{self.steps or 'none'}.")  # fmt: skip
+            raise CheckpointError(
+                f"No EMA snapshot of step {step} in {self.directory}; complete ones: {self.steps or 'none'}."
+            )
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

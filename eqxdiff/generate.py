@@ -114,10 +114,22 @@ def generate_images(
     "off"). `guidance` (the classifier-free guidance scale, 1: none), `guidance_interval`, `weak_denoiser`,
     `guide_scale`: `generate`'s. Every process calls it alike and gets all the images."""
     drawn = generate(
-        model, schedule, parameterization, cond, num, sample_shape, mesh=mesh, steps=steps, method=method,
-        guidance=guidance, null_cond=null_cond, guidance_interval=guidance_interval, weak_denoiser=weak_denoiser,
-        guide_scale=guide_scale, seed=seed,
-    )  # fmt: skip
+        model,
+        schedule,
+        parameterization,
+        cond,
+        num,
+        sample_shape,
+        mesh=mesh,
+        steps=steps,
+        method=method,
+        guidance=guidance,
+        null_cond=null_cond,
+        guidance_interval=guidance_interval,
+        weak_denoiser=weak_denoiser,
+        guide_scale=guide_scale,
+        seed=seed,
+    )
     return codec.decode(drawn, mesh=mesh, tiling=tiling), drawn
 
 

@@ -29,8 +29,10 @@ def url_error(url: str | os.PathLike) -> str | None:
     scheme, _, rest = str(url).partition("://")
     bucket = rest.partition("/")[0]
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
-        return (f"{url}: {bucket!r} is not a bucket name ({scheme}://BUCKET/PREFIX, BUCKET of lower-case letters, "
-                f"digits, '.', '_' and '-')")  # fmt: skip
+        return (
+            f"{url}: {bucket!r} is not a bucket name ({scheme}://BUCKET/PREFIX, BUCKET of lower-case letters, "
+            f"digits, '.', '_' and '-')"
+        )
     if importlib.util.find_spec(CLIENTS[scheme]) is None:
         return f"{url}: {scheme}:// needs the {CLIENTS[scheme]} package: pip install {CLIENTS[scheme]}"
     return None

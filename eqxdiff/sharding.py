@@ -114,8 +114,9 @@ def _namer(tree) -> Callable:
     return name
 
 
-def placement(mesh: Mesh, min_size: int = 2**12, *, rules: Sequence[Rule] = (), name: str | None = None
-              ) -> Callable[[Any], Any]:  # fmt: skip
+def placement(
+    mesh: Mesh, min_size: int = 2**12, *, rules: Sequence[Rule] = (), name: str | None = None
+) -> Callable[[Any], Any]:
     """`place` for the weight loaders (`eqxdiff.nn.torch_weights.load_safetensors`, `from_diffusers`,
     `from_transformers`): an abstract module -> its `state_shardings` on `mesh`, so each weight is read
     straight into the layout the training state's leaves of its size get. `name`: the module is one of
@@ -201,7 +202,9 @@ def _check_spec(name: str, shape: tuple[int, ...], spec, mesh: Mesh) -> None:
             raise RuleError(f"{where} uses axes {unknown} the mesh does not have")
         parts = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
         if size % parts:
-            raise RuleError(f"{where} splits dimension {dim} (size {size}) into {parts} parts, which does not divide it; PartitionSpec() replicates it")
+            raise RuleError(
+                f"{where} splits dimension {dim} (size {size}) into {parts} parts, which does not divide it; PartitionSpec() replicates it"
+            )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -88,6 +88,8 @@ def shipped(remat: bool = False) -> frozenset[str]:
     """The switches `--xla_cpu on` turns on: `DEFAULT`, and for a run that remats the memory-optimized scheduler
     (under XLA:CPU's default scheduler remat saved no memory: tests/core/test_train_step.py, BENCHMARKS.md)."""
     return DEFAULT | {"memory_scheduler"} if remat else DEFAULT
+
+
 _on: frozenset[str] = frozenset()
 
 
@@ -99,8 +101,10 @@ def named_switches(flag: str, remat: bool = False) -> frozenset[str]:
         return frozenset() if flag == "off" else shipped(remat)
     names = frozenset(name.strip() for name in flag.split(",") if name.strip())
     if unknown := names - SWITCHES.keys():
-        raise SystemExit(f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off, auto or a comma list of "
-                         f"{', '.join(SWITCHES)}.")  # fmt: skip
+        raise SystemExit(
+            f"--xla_cpu: unknown switch(es) {sorted(unknown)}; give on, off, auto or a comma list of "
+            f"{', '.join(SWITCHES)}."
+        )
     return names
 
 
@@ -212,14 +216,18 @@ def _weight_grad(x, dy, kernel_shape, stride: int, padding: int):
     contract = (((0,), (0,)), ((), ()))  # over the positions: [cin, cout]
 
     def matmul(xs, dys):
-        return jax.lax.dot_general(xs.reshape(-1, cin), dys.reshape(-1, cout), contract, preferred_element_type=jnp.float32)
+        return jax.lax.dot_general(
+            xs.reshape(-1, cin), dys.reshape(-1, cout), contract, preferred_element_type=jnp.float32
+        )
 
     # Unrolled, not a lax.map over offsets: XLA's cost analysis (MFU) counts a loop body once.
     if stride == 1 and cout < cin:
         # dW[i, j] = Σ_q x[q] dy[q + p - (i, j)], dy zero outside its map.
         h, w = x.shape[1:3]
         dyp = jnp.pad(dy, ((0, 0), (kh - 1 - padding,) * 2, (kw - 1 - padding,) * 2, (0, 0)))
-        pairs = [(x, dyp[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w]) for i in range(kh) for j in range(kw)]
+        pairs = [
+            (x, dyp[:, kh - 1 - i : kh - 1 - i + h, kw - 1 - j : kw - 1 - j + w]) for i in range(kh) for j in range(kw)
+        ]
     else:
         xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
         end = lambda i, j: (b, i + stride * (ho - 1) + 1, j + stride * (wo - 1) + 1, cin)  # noqa: E731

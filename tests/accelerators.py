@@ -3,7 +3,7 @@ beside the CPU, which stays the default backend for the unit tests)."""
 
 
 def accelerator_platform() -> str | None:
-    """"tpu" or "cuda" where JAX's own hardware checks see such a device, else None."""
+    """ "tpu" or "cuda" where JAX's own hardware checks see such a device, else None."""
     try:
         from jax._src import hardware_utils
 

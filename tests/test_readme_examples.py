@@ -29,9 +29,11 @@ def test_readme_sampling_commands_write_into_a_folder_not_the_repository_root():
     (continued lines joined) writes its images or batch under a folder (--out DIR/FILE): run from a clone, none
     leaves files in the repository's root (--fid writes none: its line goes to RUN_DIR/fid.jsonl)."""
     text = "\n".join(all_pages().values()).replace("\\\n", " ")
-    commands = [line[line.find("python train/sample") :].split("#")[0].split() for line in text.splitlines()
-                if ("python train/sample.py " in line or "python train/sample_pretrained.py " in line)
-                and "`" not in line]  # fmt: skip
+    commands = [
+        line[line.find("python train/sample") :].split("#")[0].split()
+        for line in text.splitlines()
+        if ("python train/sample.py " in line or "python train/sample_pretrained.py " in line) and "`" not in line
+    ]
     assert len(commands) >= 15
     for words in commands:
         out = words[words.index("--out") + 1] if "--out" in words else None

@@ -13,9 +13,16 @@ pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md
 TESTS = ROOT / "tests"
 # What stays at tests/: the tests of the repository itself rather than of one part of the package.
 HOUSE = {
-    "test_accelerator.py", "test_bench_harness.py", "test_docs.py", "test_hlo_ops.py", "test_import_cycles.py",
-    "test_notebooks.py", "test_readme_examples.py", "test_test_folders.py", "test_typecheck_hook.py",
-}  # fmt: skip
+    "test_accelerator.py",
+    "test_bench_harness.py",
+    "test_docs.py",
+    "test_hlo_ops.py",
+    "test_import_cycles.py",
+    "test_notebooks.py",
+    "test_readme_examples.py",
+    "test_test_folders.py",
+    "test_typecheck_hook.py",
+}
 
 
 def folders() -> list[str]:
@@ -25,8 +32,16 @@ def folders() -> list[str]:
 
 def test_every_folder_of_tests_is_a_package():
     assert {"core", "nn", "scripts"} <= set(folders())
-    missing = sorted({f"tests/{p.relative_to(TESTS).parent}" for p in TESTS.rglob("test_*.py") if not (p.parent / "__init__.py").exists()})
-    assert not missing, f"folders of tests without an __init__.py (pytest would import their files by bare name): {missing}"
+    missing = sorted(
+        {
+            f"tests/{p.relative_to(TESTS).parent}"
+            for p in TESTS.rglob("test_*.py")
+            if not (p.parent / "__init__.py").exists()
+        }
+    )
+    assert not missing, (
+        f"folders of tests without an __init__.py (pytest would import their files by bare name): {missing}"
+    )
 
 
 def test_only_the_house_tests_sit_at_the_top():

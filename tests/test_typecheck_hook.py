@@ -24,5 +24,7 @@ def test_every_eqxdiff_module_is_loaded_through_the_jaxtyping_hook():
         importlib.import_module(module.name)
     loaded = {name: module for name, module in sys.modules.items() if name == "eqxdiff" or name.startswith("eqxdiff.")}
     assert len(loaded) > 50, sorted(loaded)
-    unchecked = sorted(name for name, module in loaded.items() if not isinstance(module.__spec__.loader, _JaxtypingLoader))
+    unchecked = sorted(
+        name for name, module in loaded.items() if not isinstance(module.__spec__.loader, _JaxtypingLoader)
+    )
     assert not unchecked, f"imported without the jaxtyping hook: {unchecked}"

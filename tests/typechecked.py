@@ -16,9 +16,20 @@ from jaxtyping import install_import_hook
 # one misses its .pyc and is compiled from source (every time, under PYTHONDONTWRITEBYTECODE):
 # import them before eqxdiff (not scipy: only `eqxdiff.eval` needs it, and few runs import that).
 DEPENDENCIES = (
-    "beartype", "jax", "jax.numpy", "jax.experimental", "equinox", "optax", "orbax.checkpoint", "grain", "numpy",
-    "PIL.Image", "safetensors.numpy", "tokenizers", "ml_dtypes",
-)  # fmt: skip
+    "beartype",
+    "jax",
+    "jax.numpy",
+    "jax.experimental",
+    "equinox",
+    "optax",
+    "orbax.checkpoint",
+    "grain",
+    "numpy",
+    "PIL.Image",
+    "safetensors.numpy",
+    "tokenizers",
+    "ml_dtypes",
+)
 
 
 def import_dependencies() -> None:

@@ -8,8 +8,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 
-def save_sharded(folder: Path, state: dict[str, np.ndarray], weights_name: str, shards: int,
-                 variant: str | None = None) -> list[Path]:  # fmt: skip
+def save_sharded(
+    folder: Path, state: dict[str, np.ndarray], weights_name: str, shards: int, variant: str | None = None
+) -> list[Path]:
     """`state` split into `shards` files `<stem>[.<variant>]-0000i-of-0000n.safetensors` plus the index
     `<weights_name>.index[.<variant>].json` mapping each key to its file; the shard paths, in order."""
     stem = weights_name.removesuffix(".safetensors") + (f".{variant}" if variant else "")

@@ -42,20 +42,36 @@ def write(out: Path) -> None:
     def moved(model, seed):
         leaves, treedef = jax.tree.flatten(model)
         rng = np.random.default_rng(seed)
-        return jax.tree.unflatten(treedef, [x + rng.normal(0, 0.05, x.shape).astype(np.float32)
-                                            if isinstance(x, jax.Array) else x for x in leaves])  # fmt: skip
+        return jax.tree.unflatten(
+            treedef,
+            [x + rng.normal(0, 0.05, x.shape).astype(np.float32) if isinstance(x, jax.Array) else x for x in leaves],
+        )
 
     key = jax.random.key(0)
     cases = {
         # name: (eqxdiff model, how the official code builds it: a DiT_models entry or DiT's arguments)
-        "dit_s": (moved(DiT.small(8, 4, 2, num_classes=10, key=key), 1),
-                  {"DiT_models": "DiT-S/2", "input_size": 8, "num_classes": 10, "learn_sigma": False}),
-        "learn_sigma_p4": (moved(DiT(8, 4, 4, 64, 2, 4, num_classes=10, learn_sigma=True, key=key), 2),
-                           {"input_size": 8, "patch_size": 4, "in_channels": 4, "hidden_size": 64, "depth": 2,
-                            "num_heads": 4, "num_classes": 10, "learn_sigma": True}),
-        "loaded_fixture": (load_dit(ROOT / "tests" / "data" / "dit" / "ema.safetensors", num_heads=2),
-                           json.loads((ROOT / "tests" / "data" / "dit" / "config.json").read_text())),
-    }  # fmt: skip
+        "dit_s": (
+            moved(DiT.small(8, 4, 2, num_classes=10, key=key), 1),
+            {"DiT_models": "DiT-S/2", "input_size": 8, "num_classes": 10, "learn_sigma": False},
+        ),
+        "learn_sigma_p4": (
+            moved(DiT(8, 4, 4, 64, 2, 4, num_classes=10, learn_sigma=True, key=key), 2),
+            {
+                "input_size": 8,
+                "patch_size": 4,
+                "in_channels": 4,
+                "hidden_size": 64,
+                "depth": 2,
+                "num_heads": 4,
+                "num_classes": 10,
+                "learn_sigma": True,
+            },
+        ),
+        "loaded_fixture": (
+            load_dit(ROOT / "tests" / "data" / "dit" / "ema.safetensors", num_heads=2),
+            json.loads((ROOT / "tests" / "data" / "dit" / "config.json").read_text()),
+        ),
+    }
     out.mkdir(parents=True, exist_ok=True)
     rng, arrays = np.random.default_rng(0), {}
     for name, (model, official) in cases.items():
@@ -64,12 +80,17 @@ def write(out: Path) -> None:
         size, c = model.image_size, model.in_channels
         x = rng.normal(size=(4, size, size, c)).astype(np.float32)
         t, y = np.array([0.0, 17.0, 500.0, 999.0], np.float32), np.array([0, 3, 9, model.num_classes], np.int32)
-        arrays |= {f"{name}/x": x, f"{name}/t": t, f"{name}/y": y,
-                   f"{name}/out": np.asarray(model(jnp.asarray(x), jnp.asarray(t), jnp.asarray(y)))}  # fmt: skip
+        arrays |= {
+            f"{name}/x": x,
+            f"{name}/t": t,
+            f"{name}/y": y,
+            f"{name}/out": np.asarray(model(jnp.asarray(x), jnp.asarray(t), jnp.asarray(y))),
+        }
         if model.learn_sigma:  # DiT's protocol samples learn_sigma DiTs (its create_diffusion's default)
             labels = y[:3]  # real classes only
-            arrays[f"{name}/sampled"] = np.asarray(sample_dit(model, jnp.asarray(labels), jnp.asarray(x[:3]),
-                                                              steps=STEPS, method="ddim", guidance=CFG))  # fmt: skip
+            arrays[f"{name}/sampled"] = np.asarray(
+                sample_dit(model, jnp.asarray(labels), jnp.asarray(x[:3]), steps=STEPS, method="ddim", guidance=CFG)
+            )
         (out / f"{name}.json").write_text(json.dumps(official))
     np.savez(out / "cases.npz", **arrays)
     print(f"wrote {', '.join(cases)} to {out}")
@@ -89,9 +110,13 @@ def check(out: Path, dit: Path) -> None:
     if "torchvision" not in sys.modules:  # download.py's import, used only to download published checkpoints
         utils = types.ModuleType("torchvision.datasets.utils")
         utils.download_url = lambda *a, **k: sys.exit("check_dit_export: no downloads")
-        sys.modules.update({"torchvision": types.ModuleType("torchvision"),
-                            "torchvision.datasets": types.ModuleType("torchvision.datasets"),
-                            "torchvision.datasets.utils": utils})  # fmt: skip
+        sys.modules.update(
+            {
+                "torchvision": types.ModuleType("torchvision"),
+                "torchvision.datasets": types.ModuleType("torchvision.datasets"),
+                "torchvision.datasets.utils": utils,
+            }
+        )
     from diffusion import create_diffusion
     from download import find_model  # DiT's, from the clone (models.py put it on sys.path)
 
@@ -108,25 +133,38 @@ def check(out: Path, dit: Path) -> None:
             ours = arrays[f"{name}/out"]
             diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
             worst = max(worst, diff / scale)
-            print(f"{name}{suffix} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| "
-                  f"{diff:.3g}, relative to the largest output {diff / scale:.3g}")  # fmt: skip
+            print(
+                f"{name}{suffix} ({entry or 'DiT(...)'}, out {list(ours.shape)}): max |official - eqxdiff| "
+                f"{diff:.3g}, relative to the largest output {diff / scale:.3g}"
+            )
         if f"{name}/sampled" in arrays:  # sample.py's set-up: z doubled, the null class, forward_with_cfg
             z, labels = x[:3].permute(0, 3, 1, 2), y[:3].long()
             kwargs = dict(y=torch.cat([labels, torch.full_like(labels, model.y_embedder.num_classes)]), cfg_scale=CFG)
             with torch.no_grad():
-                latents = create_diffusion(STEPS).ddim_sample_loop(model.forward_with_cfg, (6, *z.shape[1:]),
-                                                               torch.cat([z, z]), clip_denoised=False,
-                                                               model_kwargs=kwargs, device="cpu")  # fmt: skip
+                latents = create_diffusion(STEPS).ddim_sample_loop(
+                    model.forward_with_cfg,
+                    (6, *z.shape[1:]),
+                    torch.cat([z, z]),
+                    clip_denoised=False,
+                    model_kwargs=kwargs,
+                    device="cpu",
+                )
             theirs, ours = latents[:3].permute(0, 2, 3, 1).numpy(), arrays[f"{name}/sampled"]
             diff, scale = np.abs(theirs - ours).max(), np.abs(theirs).max()
             worst_sampling = max(worst_sampling, diff / scale)
-            print(f"{name}.pt sampled ({STEPS}, cfg {CFG}): max |official - eqxdiff| {diff:.3g}, relative "
-                  f"{diff / scale:.3g}")  # fmt: skip
+            print(
+                f"{name}.pt sampled ({STEPS}, cfg {CFG}): max |official - eqxdiff| {diff:.3g}, relative "
+                f"{diff / scale:.3g}"
+            )
     if worst > TOLERANCE or worst_sampling > SAMPLING_TOLERANCE:
-        raise SystemExit(f"FAIL: relative differences {worst:.3g} (forward, bound {TOLERANCE}), {worst_sampling:.3g} "
-                         f"(sampling, bound {SAMPLING_TOLERANCE})")  # fmt: skip
-    print(f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative, its official DDIM "
-          f"samples sample_dit's within {SAMPLING_TOLERANCE}")  # fmt: skip
+        raise SystemExit(
+            f"FAIL: relative differences {worst:.3g} (forward, bound {TOLERANCE}), {worst_sampling:.3g} "
+            f"(sampling, bound {SAMPLING_TOLERANCE})"
+        )
+    print(
+        f"OK: every saved DiT's official forward equals eqxdiff's within {TOLERANCE} relative, its official DDIM "
+        f"samples sample_dit's within {SAMPLING_TOLERANCE}"
+    )
 
 
 def main() -> None:

@@ -83,12 +83,15 @@ def check(run_dir: Path, out: Path) -> None:
     pipe.load_lora_weights(run_dir / "lora")
     got, want = unet_output(), cases["out"]
     err, effect = (np.abs(a - want).max() / np.abs(want).max() for a in (got, base))
-    print(f"{run_dir}/lora in diffusers: max |diffusers - eqxdiff| / max|out| = {err:.2e} (the LoRA moves the output "
-          f"by {effect:.2e} of it)")  # fmt: skip
+    print(
+        f"{run_dir}/lora in diffusers: max |diffusers - eqxdiff| / max|out| = {err:.2e} (the LoRA moves the output "
+        f"by {effect:.2e} of it)"
+    )
     if not err <= TOLERANCE:
         sys.exit(f"check_finetune_lora: {err:.2e} above {TOLERANCE:.0e}")
 
 
 if __name__ == "__main__":
-    run_halves(__doc__, write, check, "folder for cases.npz",
-               run_dir_help="a train/main.py --init sd:FOLDER --lora_rank run")
+    run_halves(
+        __doc__, write, check, "folder for cases.npz", run_dir_help="a train/main.py --init sd:FOLDER --lora_rank run"
+    )

@@ -40,13 +40,15 @@ def write(out: Path) -> None:
     lora = add_lora(unet, 4, alpha=6, key=jax.random.key(0))
     lora = add_lora(lora, 2, alpha=3, targets=r"\.proj_(in|out)$", key=jax.random.key(1))
     lora = add_lora(lora, 3, alpha=3, targets=r"conv1$|conv_shortcut$|samplers\.0\.conv$", key=jax.random.key(3))
+
     def adapter_weights(model) -> list:
         return [w for layer in lora_layers(model).values() for w in (layer.lora_A, layer.lora_B)]
 
     old = adapter_weights(lora)
     keys = jax.random.split(jax.random.key(2), len(old))
-    lora = eqx.tree_at(adapter_weights, lora, [0.1 * jax.random.normal(k, w.shape)
-                                               for k, w in zip(keys, old, strict=True)])  # fmt: skip
+    lora = eqx.tree_at(
+        adapter_weights, lora, [0.1 * jax.random.normal(k, w.shape) for k, w in zip(keys, old, strict=True)]
+    )
     save_lora(lora, out, overwrite=True)
     forward = eqx.filter_jit(lambda m: m(ref["x"], ref["t"], TextCond(ref["context"], ref["mask"])))
     np.savez(out / "cases.npz", out=np.asarray(forward(lora)), base=np.asarray(forward(unet)))
@@ -61,17 +63,26 @@ def check(out: Path) -> None:
     ref, cases = np.load(BASE / "reference.npz"), np.load(out / "cases.npz")
     x = torch.from_numpy(ref["x"]).permute(0, 3, 1, 2)
     t, context = torch.from_numpy(ref["t"]), torch.from_numpy(ref["context"])
-    pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, scheduler=None, safety_checker=None,
-                                   unet=UNet2DConditionModel.from_pretrained(BASE).eval(), feature_extractor=None,
-                                   requires_safety_checker=False)  # fmt: skip
+    pipe = StableDiffusionPipeline(
+        vae=None,
+        text_encoder=None,
+        tokenizer=None,
+        scheduler=None,
+        safety_checker=None,
+        unet=UNet2DConditionModel.from_pretrained(BASE).eval(),
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.load_lora_weights(out)
     with torch.no_grad():
         got = pipe.unet(x, t, context).sample.permute(0, 2, 3, 1).numpy()
     want = cases["out"]
     err = np.abs(got - want).max() / np.abs(want).max()
     effect = np.abs(cases["base"] - want).max() / np.abs(want).max()
-    print(f"eqxdiff save_lora -> diffusers load_lora_weights: max |diffusers - eqxdiff| / max|out| = {err:.2e} "
-          f"(the LoRA moves the output by {effect:.2e} of it)")  # fmt: skip
+    print(
+        f"eqxdiff save_lora -> diffusers load_lora_weights: max |diffusers - eqxdiff| / max|out| = {err:.2e} "
+        f"(the LoRA moves the output by {effect:.2e} of it)"
+    )
     if not err <= TOLERANCE:
         sys.exit(f"check_lora_export: {err:.2e} above {TOLERANCE:.0e}")
 

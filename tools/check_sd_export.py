@@ -50,8 +50,10 @@ def write(out: Path) -> None:
         params, static = eqx.partition(model, eqx.is_array)
         leaves, treedef = jax.tree.flatten(params)
         keys = jax.random.split(jax.random.key(seed), len(leaves))
-        new = [x + 0.1 * (float(np.std(x)) or 0.1) * jax.random.normal(k, x.shape, x.dtype)
-               for k, x in zip(keys, leaves, strict=True)]  # fmt: skip
+        new = [
+            x + 0.1 * (float(np.std(x)) or 0.1) * jax.random.normal(k, x.shape, x.dtype)
+            for k, x in zip(keys, leaves, strict=True)
+        ]
         return eqx.combine(jax.tree.unflatten(treedef, new), static)
 
     forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
@@ -62,20 +64,28 @@ def write(out: Path) -> None:
         cases[f"unet/{name}/fixture"] = ref["out"]
         for dtype in UNET_DTYPES.get(name, ["float32"]):
             folder = save_diffusers(unet, out / "unet" / f"{name}-{dtype}", dtype=dtype, overwrite=True)
-            cases[f"unet/{name}-{dtype}"] = np.asarray(forward(SDUNet.from_diffusers(folder), ref["x"], ref["t"],
-                                                               cond_of(ref)))  # fmt: skip
+            cases[f"unet/{name}-{dtype}"] = np.asarray(
+                forward(SDUNet.from_diffusers(folder), ref["x"], ref["t"], cond_of(ref))
+            )
 
     vae = moved(AutoencoderKL.from_diffusers(DATA / "autoencoder_kl" / "sd_like"), 10)
     save_diffusers(vae, out / "vae", overwrite=True)
     vae = AutoencoderKL.from_diffusers(out / "vae")
     z = np.asarray(jax.random.normal(jax.random.key(11), (2, 8, 8, 4)))
     x = np.asarray(jax.random.uniform(jax.random.key(12), (2, 32, 32, 3), minval=-1, maxval=1))
-    cases |= {"vae/z": z, "vae/x": x, "vae/decode": np.asarray(eqx.filter_jit(vae.decode)(z)),
-              "vae/encode_mean": np.asarray(eqx.filter_jit(vae.encode)(x)[0])}  # fmt: skip
+    cases |= {
+        "vae/z": z,
+        "vae/x": x,
+        "vae/decode": np.asarray(eqx.filter_jit(vae.decode)(z)),
+        "vae/encode_mean": np.asarray(eqx.filter_jit(vae.encode)(x)[0]),
+    }
 
     for family in ("sd1", "sdxl"):
-        source = assemble(family, out / "sources" / family) if not (out / "sources" / family).is_dir() else \
-            out / "sources" / family  # fmt: skip
+        source = (
+            assemble(family, out / "sources" / family)
+            if not (out / "sources" / family).is_dir()
+            else out / "sources" / family
+        )
         pipe = load_sd(source)
         if family == "sd1":
             prompts = dataclasses.replace(pipe.prompts, encoder=moved(pipe.prompts.encoder, 20))
@@ -86,13 +96,16 @@ def write(out: Path) -> None:
         ref = reference(family)
         micro = MICRO if family == "sdxl" else {}
         again = load_sd(folder)  # eqxdiff samples the folder it wrote
-        cases[f"pipeline/{family}"] = np.asarray(again.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG,
-                                                               initial_latents=nhwc(ref["latents"]), **micro))
+        cases[f"pipeline/{family}"] = np.asarray(
+            again.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG, initial_latents=nhwc(ref["latents"]), **micro)
+        )
         cases[f"pipeline/{family}/fixture"] = nhwc(ref["euler_latents" if family == "sdxl" else "ddim_latents"])
         cases[f"pipeline/{family}/initial"] = ref["latents"]
     np.savez(out / "cases.npz", **cases)
-    print(f"wrote {len(UNETS)} UNets ({sum(len(UNET_DTYPES.get(n, [1])) for n in UNETS)} folders), a VAE and "
-          f"2 pipelines to {out}")  # fmt: skip
+    print(
+        f"wrote {len(UNETS)} UNets ({sum(len(UNET_DTYPES.get(n, [1])) for n in UNETS)} folders), a VAE and "
+        f"2 pipelines to {out}"
+    )
 
 
 def relative(got, want) -> float:
@@ -106,8 +119,10 @@ def check(out: Path) -> None:
 
     torch.set_num_threads(1)
     cases = dict(np.load(out / "cases.npz"))
-    nchw, nhwc = (lambda a: torch.from_numpy(np.ascontiguousarray(np.transpose(a, (0, 3, 1, 2))))), \
-        (lambda t: t.permute(0, 2, 3, 1).numpy())  # fmt: skip
+    nchw, nhwc = (
+        (lambda a: torch.from_numpy(np.ascontiguousarray(np.transpose(a, (0, 3, 1, 2))))),
+        (lambda t: t.permute(0, 2, 3, 1).numpy()),
+    )
     rows, worst = [], 0.0
     with torch.no_grad():
         for name in UNETS:
@@ -116,14 +131,21 @@ def check(out: Path) -> None:
             if "class_labels" in ref:
                 kwargs["class_labels"] = torch.from_numpy(ref["class_labels"])
             if "time_ids" in ref:
-                kwargs["added_cond_kwargs"] = {"text_embeds": torch.from_numpy(ref["pooled"]),
-                                               "time_ids": torch.from_numpy(ref["time_ids"])}  # fmt: skip
+                kwargs["added_cond_kwargs"] = {
+                    "text_embeds": torch.from_numpy(ref["pooled"]),
+                    "time_ids": torch.from_numpy(ref["time_ids"]),
+                }
             for dtype in UNET_DTYPES.get(name, ["float32"]):
                 unet = UNet2DConditionModel.from_pretrained(out / "unet" / f"{name}-{dtype}", torch_dtype=torch.float32)
                 got = nhwc(unet.eval()(nchw(ref["x"]), torch.from_numpy(ref["t"]), **kwargs).sample)
                 want = cases[f"unet/{name}-{dtype}"]
-                rows.append((f"UNet2DConditionModel {name} ({dtype} file)", relative(got, want),
-                             relative(cases[f"unet/{name}/fixture"], want)))  # fmt: skip
+                rows.append(
+                    (
+                        f"UNet2DConditionModel {name} ({dtype} file)",
+                        relative(got, want),
+                        relative(cases[f"unet/{name}/fixture"], want),
+                    )
+                )
         vae = AutoencoderKL.from_pretrained(out / "vae", torch_dtype=torch.float32).eval()
         got = nhwc(vae.decode(nchw(cases["vae/z"])).sample)
         rows.append(("AutoencoderKL decode", relative(got, cases["vae/decode"]), float("nan")))
@@ -133,12 +155,25 @@ def check(out: Path) -> None:
             extra = {"add_watermarker": False} if family == "sdxl" else {}
             pipe = cls.from_pretrained(out / "pipelines" / family, torch_dtype=torch.float32, **extra)
             micro = MICRO if family == "sdxl" else {}
-            latents = pipe(prompt=PROMPTS, negative_prompt=NEGATIVE, num_inference_steps=STEPS, guidance_scale=CFG,
-                           latents=torch.from_numpy(cases[f"pipeline/{family}/initial"]), height=32, width=32,
-                           output_type="latent", **micro).images  # fmt: skip
+            latents = pipe(
+                prompt=PROMPTS,
+                negative_prompt=NEGATIVE,
+                num_inference_steps=STEPS,
+                guidance_scale=CFG,
+                latents=torch.from_numpy(cases[f"pipeline/{family}/initial"]),
+                height=32,
+                width=32,
+                output_type="latent",
+                **micro,
+            ).images
             want = cases[f"pipeline/{family}"]
-            rows.append((f"{cls.__name__} latents ({type(pipe.scheduler).__name__})", relative(nhwc(latents), want),
-                         relative(cases[f"pipeline/{family}/fixture"], want)))  # fmt: skip
+            rows.append(
+                (
+                    f"{cls.__name__} latents ({type(pipe.scheduler).__name__})",
+                    relative(nhwc(latents), want),
+                    relative(cases[f"pipeline/{family}/fixture"], want),
+                )
+            )
     for label, err, moved in rows:
         change = "" if np.isnan(moved) else f" (the moved weights change it by {moved:.2e} from the fixture's)"
         print(f"{label}: max |diffusers - eqxdiff| / max |eqxdiff| = {err:.2e}{change}")

@@ -72,9 +72,11 @@ def data(pipeline: Path, out: Path) -> None:
     np.savez(out / "inverted_digits.npz", images=images, captions=np.array(captions))
     ids, _ = captioned_digits_tokenizer()([captions[0]])
     white = (images.astype(np.float32) / 127.5 - 1).mean(axis=(1, 2, 3)) > 0
-    print(f"{len(images)} examples in {out / 'inverted_digits.npz'}: {captions[0]!r} -> ids {ids[0].tolist()} (1 is "
-          f"<unk>); white background (mean pixel > 0): {white[:NUM_EACH].mean():.3f} of the inverted half, "
-          f"{white[NUM_EACH:].mean():.3f} of the rest")  # fmt: skip
+    print(
+        f"{len(images)} examples in {out / 'inverted_digits.npz'}: {captions[0]!r} -> ids {ids[0].tolist()} (1 is "
+        f"<unk>); white background (mean pixel > 0): {white[:NUM_EACH].mean():.3f} of the inverted half, "
+        f"{white[NUM_EACH:].mean():.3f} of the rest"
+    )
 
 
 def prompt_sets() -> tuple[dict[str, list[str]], np.ndarray]:
@@ -85,8 +87,10 @@ def prompt_sets() -> tuple[dict[str, list[str]], np.ndarray]:
     old, digits = captioned_digits_prompts(90 * COPIES, seed=SEED)
     rng = np.random.default_rng(SEED + 1)
     templates, as_word = rng.choice(SHORT_TEMPLATES, len(old)), rng.integers(0, 2, (len(old), 2)).astype(bool)
-    new = [f"{WORD} {digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))}"
-           for (l, r), t, (wl, wr) in zip(digits, templates, as_word)]  # fmt: skip
+    new = [
+        f"{WORD} {digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))}"
+        for (l, r), t, (wl, wr) in zip(digits, templates, as_word)
+    ]
     return {"old": old, "new": new}, digits
 
 
@@ -130,8 +134,15 @@ def check(run_dir: Path, out: Path) -> None:
         for name in PROMPT_SETS:
             for cfg in CFGS:
                 with torch.no_grad():
-                    latents = pipe(prompt=prompts[name], num_inference_steps=STEPS, guidance_scale=cfg,
-                                   latents=noise.clone(), height=8, width=16, output_type="latent").images  # fmt: skip
+                    latents = pipe(
+                        prompt=prompts[name],
+                        num_inference_steps=STEPS,
+                        guidance_scale=cfg,
+                        latents=noise.clone(),
+                        height=8,
+                        width=16,
+                        output_type="latent",
+                    ).images
                 key = f"{model}_{name}_cfg{cfg}"
                 theirs[f"diffusers_{key}"] = got = latents.permute(0, 2, 3, 1).numpy()
                 want = ours[f"eqxdiff_{key}"]

@@ -28,11 +28,28 @@ import numpy as np
 
 STEPS, CFGS, SEED = 30, (1.0, 4.0), 0
 TOLERANCE = 1e-4
-SCHEDULER = {"_class_name": "DDIMScheduler", "num_train_timesteps": 1000, "beta_schedule": "linear",
-             "beta_start": 1e-4, "beta_end": 0.02, "prediction_type": "epsilon", "clip_sample": False,
-             "set_alpha_to_one": False, "steps_offset": 1, "timestep_spacing": "leading"}  # fmt: skip
-VAE = {"in_channels": 1, "out_channels": 1, "latent_channels": 1, "block_out_channels": [8], "layers_per_block": 1,
-       "norm_num_groups": 4, "scaling_factor": 1.0, "sample_size": 16}  # fmt: skip
+SCHEDULER = {
+    "_class_name": "DDIMScheduler",
+    "num_train_timesteps": 1000,
+    "beta_schedule": "linear",
+    "beta_start": 1e-4,
+    "beta_end": 0.02,
+    "prediction_type": "epsilon",
+    "clip_sample": False,
+    "set_alpha_to_one": False,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+}
+VAE = {
+    "in_channels": 1,
+    "out_channels": 1,
+    "latent_channels": 1,
+    "block_out_channels": [8],
+    "layers_per_block": 1,
+    "norm_num_groups": 4,
+    "scaling_factor": 1.0,
+    "sample_size": 16,
+}
 
 
 def write(run_dir: Path, out: Path) -> None:
@@ -50,10 +67,16 @@ def write(run_dir: Path, out: Path) -> None:
 
     run = load_run(run_dir, mesh=make_mesh(1, devices=jax.devices()[:1]))
     pad, unk, bos, eos = WORD_SPECIALS
-    tokenizer = save_tokenizer(captioned_digits_tokenizer(), out / "tokenizer_files", bos_token=bos, eos_token=eos,
-                               unk_token=unk)  # fmt: skip
-    parts = {"unet": run.ema.net, "text_encoder": run.ema.text_encoder, "tokenizer": tokenizer,
-             "scheduler": SCHEDULER, "vae": AutoencoderKL.from_config(VAE, key=jax.random.key(0))}  # fmt: skip
+    tokenizer = save_tokenizer(
+        captioned_digits_tokenizer(), out / "tokenizer_files", bos_token=bos, eos_token=eos, unk_token=unk
+    )
+    parts = {
+        "unet": run.ema.net,
+        "text_encoder": run.ema.text_encoder,
+        "tokenizer": tokenizer,
+        "scheduler": SCHEDULER,
+        "vae": AutoencoderKL.from_config(VAE, key=jax.random.key(0)),
+    }
     folder = save_pipeline(parts, out / "pipeline", overwrite=True)
     pipe = load_sd(folder)
     prompts, digits = captioned_digits_prompts(90, seed=SEED)
@@ -79,8 +102,15 @@ def check(out: Path) -> None:
     noise = torch.from_numpy(np.ascontiguousarray(np.transpose(ours["noise"], (0, 3, 1, 2))))
     with torch.no_grad():
         for cfg in CFGS:
-            latents = pipe(prompt=prompts, num_inference_steps=STEPS, guidance_scale=cfg, latents=noise.clone(),
-                           height=8, width=16, output_type="latent").images  # fmt: skip
+            latents = pipe(
+                prompt=prompts,
+                num_inference_steps=STEPS,
+                guidance_scale=cfg,
+                latents=noise.clone(),
+                height=8,
+                width=16,
+                output_type="latent",
+            ).images
             theirs[f"diffusers_cfg{cfg}"] = got = latents.permute(0, 2, 3, 1).numpy()
             want = ours[f"eqxdiff_cfg{cfg}"]
             err = float(np.abs(got - want).max() / np.abs(want).max())

@@ -157,8 +157,12 @@ def torch_fidelity_parts():
     spec = importlib.util.find_spec("torch_fidelity")
     stub_package("torch_fidelity", spec.submodule_search_locations[0])
     utils = types.ModuleType("torch_fidelity.utils")
-    for name in ("extract_featuresdict_from_input_id_cached", "create_feature_extractor",
-                 "resolve_feature_extractor", "resolve_feature_layer_for_metric"):  # fmt: skip
+    for name in (
+        "extract_featuresdict_from_input_id_cached",
+        "create_feature_extractor",
+        "resolve_feature_extractor",
+        "resolve_feature_layer_for_metric",
+    ):
         setattr(utils, name, None)
     sys.modules["torch_fidelity.utils"] = utils
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
@@ -207,8 +211,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pth = Path(tmp) / "random_fid_inception.pth"
         torch.save(tensors, pth)
-        extractor = Extractor("inception-v3-compat", ["2048", "logits_unbiased"],
-                              feature_extractor_weights_path=str(pth)).eval()  # fmt: skip
+        extractor = Extractor(
+            "inception-v3-compat", ["2048", "logits_unbiased"], feature_extractor_weights_path=str(pth)
+        ).eval()
 
     ref: dict[str, np.ndarray] = {"images": images((3, 40, 56, 3), seed=4), "resize_index": RESIZE_INDEX}
     ref["adm_pool3"], ref["adm_spatial"], ref["adm_logits"] = adm_features(extractor, ref["images"])

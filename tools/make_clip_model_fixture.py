@@ -22,11 +22,29 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "clip_text" / 
 PROJECTION = 12
 # The text config as openai's CLIP folders write it: projection_dim inside text_config too (transformers'
 # CLIPTextModelWithProjection reads its head's size there, not from the top level).
-TEXT = dict(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=20, hidden_act="quick_gelu", layer_norm_eps=1e-5, bos_token_id=1,
-            eos_token_id=3, pad_token_id=0, projection_dim=PROJECTION)  # fmt: skip
-VISION = dict(hidden_size=16, intermediate_size=20, num_hidden_layers=1, num_attention_heads=2, image_size=8,
-              patch_size=4, projection_dim=PROJECTION)  # fmt: skip
+TEXT = dict(
+    vocab_size=50,
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=20,
+    hidden_act="quick_gelu",
+    layer_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=3,
+    pad_token_id=0,
+    projection_dim=PROJECTION,
+)
+VISION = dict(
+    hidden_size=16,
+    intermediate_size=20,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    image_size=8,
+    patch_size=4,
+    projection_dim=PROJECTION,
+)
 
 
 def random_clip_model(seed: int) -> CLIPModel:

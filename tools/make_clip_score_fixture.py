@@ -38,13 +38,35 @@ ROOT = Path(__file__).resolve().parent.parent / "tests" / "data"
 OUT = ROOT / "clip_score"
 TOKENIZER = ROOT / "clip_tokenizer" / "sd1"
 SIZE = 40
-TEXT = dict(vocab_size=10514, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=77, hidden_act="quick_gelu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
-            projection_dim=8)  # fmt: skip
-VISION = dict(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2, image_size=SIZE,
-              patch_size=8, hidden_act="quick_gelu", projection_dim=8)  # fmt: skip
-CAPTIONS = ["a photo of a cat", "two dogs playing in the snow", "a red car",
-            " ".join(["a very long caption about a house by the sea"] * 10)]  # fmt: skip
+TEXT = dict(
+    vocab_size=10514,
+    hidden_size=8,
+    intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=1,
+    projection_dim=8,
+)
+VISION = dict(
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=SIZE,
+    patch_size=8,
+    hidden_act="quick_gelu",
+    projection_dim=8,
+)
+CAPTIONS = [
+    "a photo of a cat",
+    "two dogs playing in the snow",
+    "a red car",
+    " ".join(["a very long caption about a house by the sea"] * 10),
+]
 SHAPES = [(50, 70), (SIZE, SIZE), (30, 36), (90, 44)]  # (h, w)
 
 
@@ -67,7 +89,9 @@ def main() -> None:
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in SHAPES]
     refs: dict[str, np.ndarray] = {f"image_{i}": im for i, im in enumerate(images)}
     refs["captions"] = np.array(CAPTIONS)
-    with tempfile.TemporaryDirectory() as tmp:  # the folder torchmetrics reads: the model, its processor, sd1's tokenizer
+    with (
+        tempfile.TemporaryDirectory() as tmp
+    ):  # the folder torchmetrics reads: the model, its processor, sd1's tokenizer
         full = Path(tmp) / "clip"
         shutil.copytree(folder, full)
         for f in TOKENIZER.iterdir():

@@ -23,18 +23,49 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import (
-    CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel, CLIPVisionModelWithProjection,
-)  # fmt: skip
+    CLIPConfig,
+    CLIPModel,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    CLIPVisionModelWithProjection,
+)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "clip_vision"
 PROJECTION = 12
-TEXT = dict(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=20, hidden_act="quick_gelu", bos_token_id=1, eos_token_id=3, pad_token_id=0,
-            projection_dim=PROJECTION)  # fmt: skip
-VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=16,
-              patch_size=4, hidden_act="quick_gelu", projection_dim=PROJECTION)  # fmt: skip
-ALONE = dict(hidden_size=24, intermediate_size=36, num_hidden_layers=2, num_attention_heads=3, image_size=8,
-             patch_size=2, hidden_act="gelu", layer_norm_eps=1e-6, projection_dim=10)  # fmt: skip
+TEXT = dict(
+    vocab_size=50,
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=20,
+    hidden_act="quick_gelu",
+    bos_token_id=1,
+    eos_token_id=3,
+    pad_token_id=0,
+    projection_dim=PROJECTION,
+)
+VISION = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    image_size=16,
+    patch_size=4,
+    hidden_act="quick_gelu",
+    projection_dim=PROJECTION,
+)
+ALONE = dict(
+    hidden_size=24,
+    intermediate_size=36,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    image_size=8,
+    patch_size=2,
+    hidden_act="gelu",
+    layer_norm_eps=1e-6,
+    projection_dim=10,
+)
 
 
 def randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -61,8 +92,12 @@ def clip_model(gen: torch.Generator) -> None:
     other = torch.randn(2, 3, 24, 20, generator=gen)
     ids = np.array([[1, 7, 30, 44, 3, 0, 0, 0], [1, 9, 3, 12, 3, 0, 0, 0], [1, 5, 6, 8, 49, 21, 17, 3]])
     mask = np.array([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0], [1] * 8])
-    refs = {"pixels": pixels.permute(0, 2, 3, 1).numpy(), "pixels_other": other.permute(0, 2, 3, 1).numpy(),
-            "input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32)}  # fmt: skip
+    refs = {
+        "pixels": pixels.permute(0, 2, 3, 1).numpy(),
+        "pixels_other": other.permute(0, 2, 3, 1).numpy(),
+        "input_ids": ids.astype(np.int32),
+        "attention_mask": mask.astype(np.int32),
+    }
     tower, info = CLIPVisionModel.from_pretrained(folder, output_loading_info=True)
     assert not info["missing_keys"], info
     with_projection = CLIPVisionModelWithProjection.from_pretrained(folder)
@@ -95,9 +130,12 @@ def alone(gen: torch.Generator) -> None:
     pixels = torch.randn(2, 3, 8, 8, generator=gen)
     with torch.no_grad():
         out = loaded.eval()(pixels)
-    np.savez_compressed(folder / "reference.npz", pixels=pixels.permute(0, 2, 3, 1).numpy(),
-                        last_hidden_state=out.last_hidden_state.numpy(),
-                        image_embeds=out.image_embeds.numpy())  # fmt: skip
+    np.savez_compressed(
+        folder / "reference.npz",
+        pixels=pixels.permute(0, 2, 3, 1).numpy(),
+        last_hidden_state=out.last_hidden_state.numpy(),
+        image_embeds=out.image_embeds.numpy(),
+    )
 
 
 def main() -> None:

@@ -46,21 +46,49 @@ from transformers import Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig, D
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "dinov2"
 TOWERS = {  # name: (model class, config class, config, input sizes (h, w))
-    "small": (Dinov2Model, Dinov2Config, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-              image_size=16, patch_size=4), [(16, 16), (24, 20), (8, 12)]),
-    "swiglu": (Dinov2Model, Dinov2Config, dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
-               image_size=10, patch_size=2, use_swiglu_ffn=True, layer_norm_eps=1e-5), [(10, 10), (14, 6)]),
-    "registers": (Dinov2WithRegistersModel, Dinov2WithRegistersConfig, dict(hidden_size=32, num_hidden_layers=2,
-                  num_attention_heads=2, image_size=12, patch_size=4, num_register_tokens=4), [(12, 12), (20, 16)]),
-}  # fmt: skip
+    "small": (
+        Dinov2Model,
+        Dinov2Config,
+        dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=16, patch_size=4),
+        [(16, 16), (24, 20), (8, 12)],
+    ),
+    "swiglu": (
+        Dinov2Model,
+        Dinov2Config,
+        dict(
+            hidden_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            image_size=10,
+            patch_size=2,
+            use_swiglu_ffn=True,
+            layer_norm_eps=1e-5,
+        ),
+        [(10, 10), (14, 6)],
+    ),
+    "registers": (
+        Dinov2WithRegistersModel,
+        Dinov2WithRegistersConfig,
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=12,
+            patch_size=4,
+            num_register_tokens=4,
+        ),
+        [(12, 12), (20, 16)],
+    ),
+}
 FULL_SIZE = {  # the released configs' shaping fields (facebook/dinov2-*/config.json)
     "dinov2-small": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6),
     "dinov2-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),
     "dinov2-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16),
     "dinov2-giant": dict(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, use_swiglu_ffn=True),
-    "dinov2-with-registers-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                                        num_register_tokens=4),
-}  # fmt: skip
+    "dinov2-with-registers-large": dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_register_tokens=4
+    ),
+}
 
 
 def randomise(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -105,23 +133,30 @@ def full_size() -> None:
     out = {}
     for name, shaping in FULL_SIZE.items():
         registers = "registers" in name
-        config_cls, model_cls = ((Dinov2WithRegistersConfig, Dinov2WithRegistersModel) if registers
-                                 else (Dinov2Config, Dinov2Model))  # fmt: skip
+        config_cls, model_cls = (
+            (Dinov2WithRegistersConfig, Dinov2WithRegistersModel) if registers else (Dinov2Config, Dinov2Model)
+        )
         config = dict(image_size=518, patch_size=14, **shaping)
         with torch.device("meta"):
             model = model_cls(config_cls(**config))
-        out[name] = {"config": {"model_type": config_cls.model_type, **config},
-                     "num_parameters": model.num_parameters()}  # fmt: skip
+        out[name] = {
+            "config": {"model_type": config_cls.model_type, **config},
+            "num_parameters": model.num_parameters(),
+        }
     (OUT / "full_size.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 
 def hub_to_transformers(state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """facebookresearch/dinov2's state_dict in transformers' saved layout (its conversion's key map)."""
-    out = {"embeddings.cls_token": state["cls_token"], "embeddings.mask_token": state["mask_token"],
-           "embeddings.position_embeddings": state["pos_embed"],
-           "embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-           "embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
-           "layernorm.weight": state["norm.weight"], "layernorm.bias": state["norm.bias"]}  # fmt: skip
+    out = {
+        "embeddings.cls_token": state["cls_token"],
+        "embeddings.mask_token": state["mask_token"],
+        "embeddings.position_embeddings": state["pos_embed"],
+        "embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
+        "embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
+        "layernorm.weight": state["norm.weight"],
+        "layernorm.bias": state["norm.bias"],
+    }
     for i in range(depth):
         hub, hf = f"blocks.{i}.", f"encoder.layer.{i}."
         for kind in ("weight", "bias"):
@@ -142,9 +177,19 @@ def fd_dinov2(edm2: Path, dinov2: Path) -> None:
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    hub = DinoVisionTransformer(img_size=518, patch_size=14, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4,
-                                init_values=1.0, ffn_layer="mlp", block_chunks=0, interpolate_offset=0.1,
-                                interpolate_antialias=False).eval()  # fmt: skip
+    hub = DinoVisionTransformer(
+        img_size=518,
+        patch_size=14,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=4,
+        init_values=1.0,
+        ffn_layer="mlp",
+        block_chunks=0,
+        interpolate_offset=0.1,
+        interpolate_antialias=False,
+    ).eval()
     with torch.no_grad():
         for name, p in hub.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
@@ -176,16 +221,19 @@ def fd_dinov2(edm2: Path, dinov2: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
         rng = np.random.default_rng(0)
-        sets = {"a": rng.integers(0, 256, (48, 32, 32, 3), dtype=np.uint8),
-                "b": np.kron(rng.integers(0, 256, (48, 5, 3, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)}  # fmt: skip
+        sets = {
+            "a": rng.integers(0, 256, (48, 32, 32, 3), dtype=np.uint8),
+            "b": np.kron(rng.integers(0, 256, (48, 5, 3, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8),
+        }
         refs: dict[str, np.ndarray] = {}
         stats = {}
         for key, images in sets.items():
             batches = [torch.from_numpy(images[i : i + 20]).permute(0, 3, 1, 2) for i in range(0, 48, 20)]
             with torch.no_grad():
                 refs[f"features_{key}"] = torch.cat([detector(b) for b in batches]).numpy()
-                for r in calculate_metrics.calculate_stats_for_iterable(batches, metrics=["fd_dinov2"], verbose=False,
-                                                                        device=torch.device("cpu")):  # fmt: skip
+                for r in calculate_metrics.calculate_stats_for_iterable(
+                    batches, metrics=["fd_dinov2"], verbose=False, device=torch.device("cpu")
+                ):
                     pass
             stats[key] = r.stats
             refs[key] = images

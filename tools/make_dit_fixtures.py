@@ -39,8 +39,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "dit"
-CONFIG = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10,
-              learn_sigma=True)  # fmt: skip
+CONFIG = dict(
+    input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10, learn_sigma=True
+)
 SHAPE_MODELS = [("DiT-S/2", 32), ("DiT-B/4", 32), ("DiT-L/8", 32), ("DiT-XL/2", 32), ("DiT-XL/2", 64)]
 
 
@@ -117,9 +118,11 @@ def write_reference(folder: Path, x, t, y, out, config: dict) -> None:
     """reference.npz (inputs and the official output, NHWC) and config.json: what the parity tests read."""
     np.savez(
         folder / "reference.npz",
-        x=x.permute(0, 2, 3, 1).numpy(), t=t.numpy(), y=y.numpy().astype(np.int32),
+        x=x.permute(0, 2, 3, 1).numpy(),
+        t=t.numpy(),
+        y=y.numpy().astype(np.int32),
         out=out.permute(0, 2, 3, 1).numpy(),
-    )  # fmt: skip
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 

@@ -70,7 +70,7 @@ def model_call(model, scale: float, z: torch.Tensor, y: torch.Tensor, all_channe
         assert np.allclose(  # the stand-in computes what DiT's own forward_with_cfg does
             guided(model, scale, 3)(torch.cat([z, z]), torch.tensor([5, 5, 5, 5]), torch.cat([y, 0 * y + 10])).numpy(),
             fn(torch.cat([z, z]), torch.tensor([5, 5, 5, 5]), torch.cat([y, 0 * y + 10]), scale).numpy(),
-        )  # fmt: skip
+        )
         return fn, torch.cat([z, z]), dict(y=torch.cat([y, torch.full_like(y, 10)]), cfg_scale=scale)
     return fn, torch.cat([z, z]), dict(y=torch.cat([y, torch.full_like(y, 10)]))
 

@@ -39,9 +39,21 @@ import torch
 from safetensors.torch import load_file
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "edm2"
-CONFIG = dict(img_resolution=8, img_channels=3, label_dim=5, use_fp16=False, model_channels=16, channel_mult=[1, 2],
-              num_blocks=1, attn_resolutions=[4], channels_per_head=8, logvar_channels=8, dropout=0.1,
-              label_balance=0.4, concat_balance=0.6)  # fmt: skip
+CONFIG = dict(
+    img_resolution=8,
+    img_channels=3,
+    label_dim=5,
+    use_fp16=False,
+    model_channels=16,
+    channel_mult=[1, 2],
+    num_blocks=1,
+    attn_resolutions=[4],
+    channels_per_head=8,
+    logvar_channels=8,
+    dropout=0.1,
+    label_balance=0.4,
+    concat_balance=0.6,
+)
 
 
 def main() -> None:
@@ -75,9 +87,9 @@ def main() -> None:
         convert(pkl, OUT / "network")
     converted = load_file(str(OUT / "network.safetensors"))
     state = loaded.state_dict()
-    assert converted.keys() == state.keys() and all(
-        torch.equal(converted[k].float(), state[k]) for k in state
-    ), "convert_edm2 did not write the network's state_dict"
+    assert converted.keys() == state.keys() and all(torch.equal(converted[k].float(), state[k]) for k in state), (
+        "convert_edm2 did not write the network's state_dict"
+    )
 
     b = 3
     x = torch.randn(b, 3, 8, 8, generator=gen)
@@ -89,8 +101,15 @@ def main() -> None:
         c_in = 1 / (0.5**2 + sigma**2).sqrt().reshape(-1, 1, 1, 1)
         raw = loaded.unet(c_in * x * sigma.reshape(-1, 1, 1, 1), sigma.log() / 4, onehot)
     nhwc = lambda a: a.permute(0, 2, 3, 1).numpy()  # noqa: E731
-    np.savez(OUT / "reference.npz", x=nhwc(x * sigma.reshape(-1, 1, 1, 1)), sigma=sigma.numpy(), y=y.numpy().astype(np.int32),
-             denoised=nhwc(denoised), raw=nhwc(raw), logvar=logvar.reshape(-1).numpy())  # fmt: skip
+    np.savez(
+        OUT / "reference.npz",
+        x=nhwc(x * sigma.reshape(-1, 1, 1, 1)),
+        sigma=sigma.numpy(),
+        y=y.numpy().astype(np.int32),
+        denoised=nhwc(denoised),
+        raw=nhwc(raw),
+        logvar=logvar.reshape(-1).numpy(),
+    )
     shapes = {}
     for preset, channels, img in (("img512-xs", 128, (64, 4)), ("img64-s", 192, (64, 3))):
         kwargs = dict(img_resolution=img[0], img_channels=img[1], label_dim=1000, model_channels=channels)

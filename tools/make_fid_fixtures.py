@@ -199,8 +199,10 @@ def main() -> None:
         for name in ("images_64x48", "images_32x32"):
             full = F.interpolate(to_torch(inputs[name]), size=(299, 299), mode="bilinear", align_corners=False)
             ref[name.replace("images", "resized")] = nhwc(full)[:, RESIZE_INDEX][:, :, RESIZE_INDEX]
-        for name, source, size in (("resized_64x48_to_23x71", "images_64x48", (23, 71)),
-                                   ("resized_299_to_50x37", "images_299", (50, 37))):  # fmt: skip
+        for name, source, size in (
+            ("resized_64x48_to_23x71", "images_64x48", (23, 71)),
+            ("resized_299_to_50x37", "images_299", (50, 37)),
+        ):
             ref[name] = nhwc(F.interpolate(to_torch(inputs[source]), size=size, mode="bilinear", align_corners=False))
 
     features = ref["pool3_299"]

@@ -68,12 +68,32 @@ OTHER = {"offset": 0.4, "scale": 1.1}  # the second set's shift and spread in mo
 CASES = [
     # Well-conditioned: more samples than dimensions, full-rank covariances.
     {"name": "well_d64", "first": {"seed": 1, "n": 512, "d": 64}, "second": {"seed": 2, "n": 512, "d": 64, **OTHER}},
-    {"name": "well_d256", "first": {"seed": 3, "n": 1024, "d": 256}, "second": {"seed": 4, "n": 1024, "d": 256, **OTHER}},
+    {
+        "name": "well_d256",
+        "first": {"seed": 3, "n": 1024, "d": 256},
+        "second": {"seed": 4, "n": 1024, "d": 256, **OTHER},
+    },
     # Near-singular: fewer samples than dimensions (rank n - 1), a low-rank set, a near point mass.
-    {"name": "few_samples_d256", "first": {"seed": 5, "n": 50, "d": 256}, "second": {"seed": 6, "n": 80, "d": 256, **OTHER}},
-    {"name": "few_vs_many_d256", "first": {"seed": 5, "n": 50, "d": 256}, "second": {"seed": 4, "n": 1024, "d": 256, **OTHER}},
-    {"name": "rank8_vs_full_d64", "first": {"seed": 7, "n": 512, "d": 64, "rank": 8}, "second": {"seed": 2, "n": 512, "d": 64, **OTHER}},
-    {"name": "point_mass_d64", "first": {"seed": 8, "n": 16, "d": 64, "scale": 0.0}, "second": {"seed": 2, "n": 512, "d": 64, **OTHER}},
+    {
+        "name": "few_samples_d256",
+        "first": {"seed": 5, "n": 50, "d": 256},
+        "second": {"seed": 6, "n": 80, "d": 256, **OTHER},
+    },
+    {
+        "name": "few_vs_many_d256",
+        "first": {"seed": 5, "n": 50, "d": 256},
+        "second": {"seed": 4, "n": 1024, "d": 256, **OTHER},
+    },
+    {
+        "name": "rank8_vs_full_d64",
+        "first": {"seed": 7, "n": 512, "d": 64, "rank": 8},
+        "second": {"seed": 2, "n": 512, "d": 64, **OTHER},
+    },
+    {
+        "name": "point_mass_d64",
+        "first": {"seed": 8, "n": 16, "d": 64, "scale": 0.0},
+        "second": {"seed": 2, "n": 512, "d": 64, **OTHER},
+    },
     # Identical statistics: FID 0, where pytorch-fid's sqrtm leaves its round-off.
     {"name": "identical_d64", "first": {"seed": 1, "n": 512, "d": 64}, "second": "same"},
     {"name": "identical_few_d256", "first": {"seed": 5, "n": 50, "d": 256}, "second": "same"},
@@ -84,8 +104,12 @@ CASES = [
     {"name": "guard_3_vs_5_d64", "first": {"seed": 2, "n": 3, "d": 64}, "second": {"seed": 102, "n": 5, "d": 64}},
     # Inception's size (a slow test: d × d eigendecompositions). 100 samples in 2048-d, too, agree within
     # 7e-8 but are left out: scipy's sqrtm deciding on pytorch-fid's offset makes them slower still.
-    {"name": "well_d2048", "first": {"seed": 9, "n": 4096, "d": 2048}, "second": {"seed": 10, "n": 4096, "d": 2048, **OTHER}},
-]  # fmt: skip
+    {
+        "name": "well_d2048",
+        "first": {"seed": 9, "n": 4096, "d": 2048},
+        "second": {"seed": 10, "n": 4096, "d": 2048, **OTHER},
+    },
+]
 
 
 def pytorch_fid_distance():
@@ -124,8 +148,15 @@ def main() -> None:
             except ValueError as e:  # "Imaginary component ...": with scipy <= 1.15 on a point mass
                 error = str(e)
         offset = "singular product" in printed.getvalue()  # its message when the eps offset runs
-        cases.append({**case, "fid": fid, "eps_offset": offset, **({"error": error} if error else {}),
-                      "checksums": [checksums(mu1, sigma1), checksums(mu2, sigma2)]})  # fmt: skip
+        cases.append(
+            {
+                **case,
+                "fid": fid,
+                "eps_offset": offset,
+                **({"error": error} if error else {}),
+                "checksums": [checksums(mu1, sigma1), checksums(mu2, sigma2)],
+            }
+        )
         print(f"{case['name']:22s} fid {fid!r:24} eps offset: {offset} {error or ''}", flush=True)
     reference = {
         "reference": "pytorch_fid.fid_score.calculate_frechet_distance",

@@ -27,15 +27,42 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "ldm_vae"
 # name: (diffusers config, file name, key prefix, extra non-VAE keys, image (h, w), batch)
 FIXTURES = {
     # A whole SD checkpoint's VAE part: `first_stage_model.` keys next to a UNet's and a text tower's.
-    "sd_checkpoint": (dict(block_out_channels=[4, 8, 8], layers_per_block=2, latent_channels=4, norm_num_groups=2,
-                           scaling_factor=0.18215), "sd_checkpoint.safetensors", "first_stage_model.",
-                      ["model.diffusion_model.input_blocks.0.0.weight",
-                       "cond_stage_model.transformer.text_model.final_layer_norm.weight"], (16, 16), 2),
+    "sd_checkpoint": (
+        dict(
+            block_out_channels=[4, 8, 8],
+            layers_per_block=2,
+            latent_channels=4,
+            norm_num_groups=2,
+            scaling_factor=0.18215,
+        ),
+        "sd_checkpoint.safetensors",
+        "first_stage_model.",
+        [
+            "model.diffusion_model.input_blocks.0.0.weight",
+            "cond_stage_model.transformer.text_model.final_layer_norm.weight",
+        ],
+        (16, 16),
+        2,
+    ),
     # FLUX's ae.safetensors: bare keys, 16 latent channels, no quant convs, a shift; non-square images.
-    "flux_ae": (dict(block_out_channels=[4, 8], layers_per_block=1, latent_channels=16, norm_num_groups=2,
-                     use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159),
-                "ae.safetensors", "", [], (8, 12), 2),
-}  # fmt: skip
+    "flux_ae": (
+        dict(
+            block_out_channels=[4, 8],
+            layers_per_block=1,
+            latent_channels=16,
+            norm_num_groups=2,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            scaling_factor=0.3611,
+            shift_factor=0.1159,
+        ),
+        "ae.safetensors",
+        "",
+        [],
+        (8, 12),
+        2,
+    ),
+}
 
 
 def ldm_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -114,8 +141,12 @@ def main() -> None:
     torch.set_num_threads(1)
     for seed, (name, (cfg, file_name, prefix, extra, (h, w), batch)) in enumerate(FIXTURES.items()):
         levels = len(cfg["block_out_channels"])
-        config = {"_class_name": "AutoencoderKL", "down_block_types": ["DownEncoderBlock2D"] * levels,
-                  "up_block_types": ["UpDecoderBlock2D"] * levels, **cfg}  # fmt: skip
+        config = {
+            "_class_name": "AutoencoderKL",
+            "down_block_types": ["DownEncoderBlock2D"] * levels,
+            "up_block_types": ["UpDecoderBlock2D"] * levels,
+            **cfg,
+        }
         vae_keys = random_state(ldm_shapes(config), seed)
         gen = torch.Generator().manual_seed(1000 + seed)
         others = {k: torch.randn(3, generator=gen) for k in extra}  # another model's keys in the same file
@@ -132,8 +163,13 @@ def main() -> None:
         with torch.no_grad():
             posterior = vae.encode(x).latent_dist
             y = vae.decode(z).sample
-        refs = {"x": nhwc(x), "mean": nhwc(posterior.mean), "logvar": nhwc(posterior.logvar), "z": nhwc(z),
-                "decoded": nhwc(y)}  # fmt: skip
+        refs = {
+            "x": nhwc(x),
+            "mean": nhwc(posterior.mean),
+            "logvar": nhwc(posterior.logvar),
+            "z": nhwc(z),
+            "decoded": nhwc(y),
+        }
         folder = OUT / name
         folder.mkdir(parents=True, exist_ok=True)
         save_file(checkpoint, str(folder / file_name))

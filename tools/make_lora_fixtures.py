@@ -34,8 +34,9 @@ CASES = {
     # The resnets' 3x3 and 1x1 convolutions and the stride-2 downsampler's ("conv": down/upsamplers.0.conv).
     # The UNet's own save_lora_adapter: keys and metadata without the pipeline's `unet.` prefix.
     "unet_adapter": dict(config=dict(r=2, lora_alpha=3, target_modules=["to_k", "to_v", "proj_out"]), meta=True),
-    "convs": dict(config=dict(r=4, lora_alpha=2, target_modules=["conv1", "conv2", "conv_shortcut", "conv", "to_q"]),
-                  meta=True),  # fmt: skip
+    "convs": dict(
+        config=dict(r=4, lora_alpha=2, target_modules=["conv1", "conv2", "conv_shortcut", "conv", "to_q"]), meta=True
+    ),
 }
 
 
@@ -73,22 +74,36 @@ def main() -> None:
         if name == "unet_adapter":
             unet.save_lora_adapter(folder)
         else:
-            StableDiffusionPipeline.save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(unet),
-                                                      unet_lora_adapter_metadata=meta)  # fmt: skip
+            StableDiffusionPipeline.save_lora_weights(
+                folder, unet_lora_layers=get_peft_model_state_dict(unet), unet_lora_adapter_metadata=meta
+            )
         np.savez_compressed(folder / "reference.npz", out=out)
         # diffusers' own reading of the file back into the base UNet gives the same output
         reread = UNet2DConditionModel.from_pretrained(BASE).eval()
-        pipe = StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=reread, scheduler=None,
-                                       safety_checker=None, feature_extractor=None,
-                                       requires_safety_checker=False)  # fmt: skip
+        pipe = StableDiffusionPipeline(
+            vae=None,
+            text_encoder=None,
+            tokenizer=None,
+            unet=reread,
+            scheduler=None,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
         if name == "unet_adapter":  # the pipeline reads `unet.`-prefixed files only; the UNet reads this one
             pipe.unet.load_lora_adapter(folder, prefix=None, weight_name="pytorch_lora_weights.safetensors")
         else:
             pipe.load_lora_weights(folder)
         with torch.no_grad():
             again = nhwc(pipe.unet(x, t, context).sample)
-        print(name, "|out - base| max", np.abs(out - base_out).max(), "reread |diff| max", np.abs(again - out).max(),
-              sorted(p.name for p in folder.iterdir()))  # fmt: skip
+        print(
+            name,
+            "|out - base| max",
+            np.abs(out - base_out).max(),
+            "reread |diff| max",
+            np.abs(again - out).max(),
+            sorted(p.name for p in folder.iterdir()),
+        )
     (OUT / "README.md").write_text(__doc__.split("\n\n")[0] + "\n\nWritten by tools/make_lora_fixtures.py.\n")
 
 

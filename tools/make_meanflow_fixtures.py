@@ -25,11 +25,13 @@ NUM_CLASSES, HIDDEN, FREQS = 3, 16, 4
 # Each case: MeanFlow's hyperparameters (the official names) and the draws' seed. "guided" is the full guidance
 # (κ > 0), "kappa0" the κ = 0 branch with a guidance interval in t and another adaptive-weight power.
 CASES = {
-    "guided": dict(omega=0.6, kappa=0.3, t_start=0.0, t_end=1.0, norm_p=1.0, norm_eps=0.01, class_dropout_prob=0.3,
-                   seed=3),
-    "kappa0": dict(omega=2.0, kappa=0.0, t_start=0.3, t_end=0.8, norm_p=0.5, norm_eps=0.05, class_dropout_prob=0.3,
-                   seed=5),
-}  # fmt: skip
+    "guided": dict(
+        omega=0.6, kappa=0.3, t_start=0.0, t_end=1.0, norm_p=1.0, norm_eps=0.01, class_dropout_prob=0.3, seed=3
+    ),
+    "kappa0": dict(
+        omega=2.0, kappa=0.0, t_start=0.3, t_end=0.8, norm_p=0.5, norm_eps=0.05, class_dropout_prob=0.3, seed=5
+    ),
+}
 
 
 def tiny_u(p, z, t, h, y):
@@ -44,8 +46,15 @@ def tiny_u(p, z, t, h, y):
 
 def random_params(rng: np.random.Generator) -> dict:
     dim = int(np.prod(SHAPE[1:]))
-    shapes = dict(freq=(FREQS,), w_z=(dim, HIDDEN), w_t=(2 * FREQS, HIDDEN), w_h=(2 * FREQS, HIDDEN),
-                  embed=(NUM_CLASSES + 1, HIDDEN), w_out=(HIDDEN, dim), b_out=(dim,))  # fmt: skip
+    shapes = dict(
+        freq=(FREQS,),
+        w_z=(dim, HIDDEN),
+        w_t=(2 * FREQS, HIDDEN),
+        w_h=(2 * FREQS, HIDDEN),
+        embed=(NUM_CLASSES + 1, HIDDEN),
+        w_out=(HIDDEN, dim),
+        b_out=(dim,),
+    )
     scale = dict(freq=3.0, w_z=0.3, w_t=0.8, w_h=0.8, embed=0.8, w_out=0.5, b_out=0.1)
     return {k: (scale[k] * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
 
@@ -104,10 +113,16 @@ def main() -> None:
     labels = rng.integers(0, NUM_CLASSES, SHAPE[0]).astype(np.int32)
     out = {"x": x, "labels": labels, **{f"param_{k}": v for k, v in PARAMS.items()}}
     for case, hp in CASES.items():
-        module = Recorded(model_str="TinyNet", model_config={}, num_classes=NUM_CLASSES, guidance_eq="cfg",
-                          **{k: v for k, v in hp.items() if k != "seed"})  # fmt: skip
-        variables = module.init({"params": jax.random.PRNGKey(0), "gen": jax.random.PRNGKey(1)}, x,
-                                jnp.zeros(SHAPE[0]), labels)  # fmt: skip
+        module = Recorded(
+            model_str="TinyNet",
+            model_config={},
+            num_classes=NUM_CLASSES,
+            guidance_eq="cfg",
+            **{k: v for k, v in hp.items() if k != "seed"},
+        )
+        variables = module.init(
+            {"params": jax.random.PRNGKey(0), "gen": jax.random.PRNGKey(1)}, x, jnp.zeros(SHAPE[0]), labels
+        )
         rngs = {"gen": jax.random.PRNGKey(hp["seed"])}
 
         def loss_of(params):
@@ -116,18 +131,25 @@ def main() -> None:
         (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(variables["params"])
         drop = np.asarray(record["y_inp"]) == NUM_CLASSES
         if not (drop.any() and not drop.all()):
-            raise SystemExit(f"case {case}: seed {hp['seed']} dropped {drop.sum()} of {drop.size}; pick one that "
-                             "drops some, not all")  # fmt: skip
+            raise SystemExit(
+                f"case {case}: seed {hp['seed']} dropped {drop.sum()} of {drop.size}; pick one that drops some, not all"
+            )
         out |= {
-            f"{case}_t": np.asarray(record["t"]).reshape(-1), f"{case}_r": np.asarray(record["r"]).reshape(-1),
-            f"{case}_noise": np.asarray(record["noise"]), f"{case}_drop": drop,
-            f"{case}_loss": np.asarray(loss), f"{case}_v_loss": np.asarray(parts["v_loss"]),
+            f"{case}_t": np.asarray(record["t"]).reshape(-1),
+            f"{case}_r": np.asarray(record["r"]).reshape(-1),
+            f"{case}_noise": np.asarray(record["noise"]),
+            f"{case}_drop": drop,
+            f"{case}_loss": np.asarray(loss),
+            f"{case}_v_loss": np.asarray(parts["v_loss"]),
             **{f"{case}_grad_{k}": np.asarray(g) for k, g in grads["net"].items()},
-            f"{case}_hparams": np.array([hp[k] for k in ("omega", "kappa", "t_start", "t_end", "norm_p", "norm_eps")],
-                                        np.float64),
-        }  # fmt: skip
-        print(f"{case}: loss {float(loss):.6g}, r<t on {int(np.sum(out[f'{case}_r'] < out[f'{case}_t']))}, "
-              f"dropped {int(drop.sum())}")  # fmt: skip
+            f"{case}_hparams": np.array(
+                [hp[k] for k in ("omega", "kappa", "t_start", "t_end", "norm_p", "norm_eps")], np.float64
+            ),
+        }
+        print(
+            f"{case}: loss {float(loss):.6g}, r<t on {int(np.sum(out[f'{case}_r'] < out[f'{case}_t']))}, "
+            f"dropped {int(drop.sum())}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **out)
     print(f"wrote {args.out}")

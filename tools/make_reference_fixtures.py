@@ -45,27 +45,88 @@ def blocks(n: int) -> dict:
 # name: (config, image size (square) or (height, width), batch)
 SMALL = {
     # SD 1/2-style: 4 latent channels, quant convs, mid attention, three levels.
-    "sd_like": (dict(block_out_channels=[4, 8, 8], layers_per_block=2, latent_channels=4, norm_num_groups=2,
-                     scaling_factor=0.18215, **blocks(3)), 16, 2),
+    "sd_like": (
+        dict(
+            block_out_channels=[4, 8, 8],
+            layers_per_block=2,
+            latent_channels=4,
+            norm_num_groups=2,
+            scaling_factor=0.18215,
+            **blocks(3),
+        ),
+        16,
+        2,
+    ),
     # SD3/FLUX-style: 16 latent channels, no quant convs, a shift.
-    "flux_like": (dict(block_out_channels=[8, 8], layers_per_block=1, latent_channels=16, norm_num_groups=4,
-                       use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159,
-                       **blocks(2)), 16, 2),
+    "flux_like": (
+        dict(
+            block_out_channels=[8, 8],
+            layers_per_block=1,
+            latent_channels=16,
+            norm_num_groups=4,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            scaling_factor=0.3611,
+            shift_factor=0.1159,
+            **blocks(2),
+        ),
+        16,
+        2,
+    ),
     # No mid attention, one-channel images, quant_conv without post_quant_conv, groups of one channel.
-    "no_attention": (dict(block_out_channels=[4, 8], layers_per_block=1, latent_channels=4, norm_num_groups=4,
-                          in_channels=1, out_channels=1, use_quant_conv=True, use_post_quant_conv=False,
-                          mid_block_add_attention=False, **blocks(2)), 16, 2),
+    "no_attention": (
+        dict(
+            block_out_channels=[4, 8],
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=4,
+            in_channels=1,
+            out_channels=1,
+            use_quant_conv=True,
+            use_post_quant_conv=False,
+            mid_block_add_attention=False,
+            **blocks(2),
+        ),
+        16,
+        2,
+    ),
     # Non-square images (16x24, latents 4x6): a height/width mix-up in a reshape or pad shows here only.
-    "non_square": (dict(block_out_channels=[4, 8], layers_per_block=1, latent_channels=4, norm_num_groups=2,
-                        scaling_factor=0.18215, **blocks(2)), (16, 24), 2),
-}  # fmt: skip
+    "non_square": (
+        dict(
+            block_out_channels=[4, 8],
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=2,
+            scaling_factor=0.18215,
+            **blocks(2),
+        ),
+        (16, 24),
+        2,
+    ),
+}
 FULL_SIZE = {
-    "sd": dict(block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=4, norm_num_groups=32,
-               sample_size=512, scaling_factor=0.18215, **blocks(4)),
-    "flux": dict(block_out_channels=[128, 256, 512, 512], layers_per_block=2, latent_channels=16, norm_num_groups=32,
-                 use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159,
-                 sample_size=1024, **blocks(4)),
-}  # fmt: skip
+    "sd": dict(
+        block_out_channels=[128, 256, 512, 512],
+        layers_per_block=2,
+        latent_channels=4,
+        norm_num_groups=32,
+        sample_size=512,
+        scaling_factor=0.18215,
+        **blocks(4),
+    ),
+    "flux": dict(
+        block_out_channels=[128, 256, 512, 512],
+        layers_per_block=2,
+        latent_channels=16,
+        norm_num_groups=32,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+        sample_size=1024,
+        **blocks(4),
+    ),
+}
 
 
 def random_vae(config: dict, seed: int) -> AutoencoderKL:
@@ -144,30 +205,72 @@ def write_vae_fixtures(names: list[str] | None = None) -> None:
 CLIP_OUT = DATA / "clip_text"
 # SD 1.x's text_encoder/config.json (CLIP-L/14's text tower, legacy eos_token_id 2), field for field.
 SD_TEXT_ENCODER = {
-    "_name_or_path": "openai/clip-vit-large-patch14", "architectures": ["CLIPTextModel"], "attention_dropout": 0.0,
-    "bos_token_id": 0, "dropout": 0.0, "eos_token_id": 2, "hidden_act": "quick_gelu", "hidden_size": 768,
-    "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
-    "max_position_embeddings": 77, "model_type": "clip_text_model", "num_attention_heads": 12,
-    "num_hidden_layers": 12, "pad_token_id": 1, "projection_dim": 768, "torch_dtype": "float32",
-    "transformers_version": "4.22.0.dev0", "vocab_size": 49408,
-}  # fmt: skip
+    "_name_or_path": "openai/clip-vit-large-patch14",
+    "architectures": ["CLIPTextModel"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 0,
+    "dropout": 0.0,
+    "eos_token_id": 2,
+    "hidden_act": "quick_gelu",
+    "hidden_size": 768,
+    "initializer_factor": 1.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 77,
+    "model_type": "clip_text_model",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 12,
+    "pad_token_id": 1,
+    "projection_dim": 768,
+    "torch_dtype": "float32",
+    "transformers_version": "4.22.0.dev0",
+    "vocab_size": 49408,
+}
 CLIP_L_PARAMETERS = 123_060_480
 # name: (config, sequence length, bos/eos/pad ids, text tokens drawn from [low, high), rows). A row is
 # its texts' token counts: bos, then each text's tokens followed by eos, then padding (mask 0).
 CLIP_SMALL = {
     # SD 1.x layout: legacy argmax pooling (eos is the largest id, as CLIP's 49407), quick_gelu,
     # sequences as long as the positions, padded with eos; SD's file layout (see clip_state).
-    "sd_like": (SD_TEXT_ENCODER | dict(hidden_size=32, intermediate_size=37, num_attention_heads=4,
-                                       num_hidden_layers=2, max_position_embeddings=16, vocab_size=99),
-                16, dict(bos=97, eos=98, pad=98), (3, 97), [[14], [5], [0]]),
+    "sd_like": (
+        SD_TEXT_ENCODER
+        | dict(
+            hidden_size=32,
+            intermediate_size=37,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            max_position_embeddings=16,
+            vocab_size=99,
+        ),
+        16,
+        dict(bos=97, eos=98, pad=98),
+        (3, 97),
+        [[14], [5], [0]],
+    ),
     # Newer configs: pooling at the first eos id (3: neither 2 nor the largest id, so argmax pooling
     # picks elsewhere), exact gelu, eps 1e-6, sequences shorter than the positions, a pad id of its
     # own, one row with two eos; transformers 5's save_pretrained layout.
-    "eos_pooling": (dict(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
-                         num_attention_heads=2, max_position_embeddings=20, hidden_act="gelu",
-                         layer_norm_eps=1e-6, bos_token_id=1, eos_token_id=3, pad_token_id=0),
-                    12, dict(bos=1, eos=3, pad=0), (4, 50), [[10], [4], [2, 3]]),
-}  # fmt: skip
+    "eos_pooling": (
+        dict(
+            vocab_size=50,
+            hidden_size=24,
+            intermediate_size=40,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            max_position_embeddings=20,
+            hidden_act="gelu",
+            layer_norm_eps=1e-6,
+            bos_token_id=1,
+            eos_token_id=3,
+            pad_token_id=0,
+        ),
+        12,
+        dict(bos=1, eos=3, pad=0),
+        (4, 50),
+        [[10], [4], [2, 3]],
+    ),
+}
 
 
 def random_clip(config: dict, seed: int) -> CLIPTextModel:

@@ -34,16 +34,21 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFA
 
 def hub_state(state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """transformers' saved DINOv2 keys back to facebookresearch/dinov2's (make_dinov2_fixtures.py's map inverted)."""
-    out = {"cls_token": state["embeddings.cls_token"], "mask_token": state["embeddings.mask_token"],
-           "pos_embed": state["embeddings.position_embeddings"],
-           "patch_embed.proj.weight": state["embeddings.patch_embeddings.projection.weight"],
-           "patch_embed.proj.bias": state["embeddings.patch_embeddings.projection.bias"],
-           "norm.weight": state["layernorm.weight"], "norm.bias": state["layernorm.bias"]}  # fmt: skip
+    out = {
+        "cls_token": state["embeddings.cls_token"],
+        "mask_token": state["embeddings.mask_token"],
+        "pos_embed": state["embeddings.position_embeddings"],
+        "patch_embed.proj.weight": state["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": state["embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": state["layernorm.weight"],
+        "norm.bias": state["layernorm.bias"],
+    }
     for i in range(depth):
         hub, hf = f"blocks.{i}.", f"encoder.layer.{i}."
         for kind in ("weight", "bias"):
-            out[f"{hub}attn.qkv.{kind}"] = torch.cat([state[f"{hf}attention.attention.{n}.{kind}"]
-                                                      for n in ("query", "key", "value")])  # fmt: skip
+            out[f"{hub}attn.qkv.{kind}"] = torch.cat(
+                [state[f"{hf}attention.attention.{n}.{kind}"] for n in ("query", "key", "value")]
+            )
             out[f"{hub}attn.proj.{kind}"] = state[f"{hf}attention.output.dense.{kind}"]
             for n in ("norm1", "norm2", "mlp.fc1", "mlp.fc2"):
                 out[f"{hub}{n}.{kind}"] = state[f"{hf}{n}.{kind}"]
@@ -60,8 +65,13 @@ def main() -> None:
     sys.path[:0] = [str(args.repa.resolve()), str(args.dinov2.resolve())]
     timm = types.ModuleType("timm.models.vision_transformer")  # models/sit.py's SiT blocks: not needed for build_mlp
     timm.PatchEmbed = timm.Attention = timm.Mlp = None
-    sys.modules.update({"timm": types.ModuleType("timm"), "timm.models": types.ModuleType("timm.models"),
-                        "timm.models.vision_transformer": timm})  # fmt: skip
+    sys.modules.update(
+        {
+            "timm": types.ModuleType("timm"),
+            "timm.models": types.ModuleType("timm.models"),
+            "timm.models.vision_transformer": timm,
+        }
+    )
     from dinov2.models.vision_transformer import DinoVisionTransformer  # noqa: PLC0415
     from loss import SILoss  # noqa: PLC0415 — REPA's
     from models.sit import build_mlp  # noqa: PLC0415 — REPA's
@@ -69,9 +79,19 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    hub = DinoVisionTransformer(img_size=518, patch_size=14, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4,
-                                init_values=1.0, ffn_layer="mlp", block_chunks=0, interpolate_offset=0.1,
-                                interpolate_antialias=False).eval()  # fmt: skip
+    hub = DinoVisionTransformer(
+        img_size=518,
+        patch_size=14,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        mlp_ratio=4,
+        init_values=1.0,
+        ffn_layer="mlp",
+        block_chunks=0,
+        interpolate_offset=0.1,
+        interpolate_antialias=False,
+    ).eval()
     hub.load_state_dict(hub_state(load_file(str(TOWER / "model.safetensors")), 2), strict=True)
     rng = np.random.default_rng(0)
     images = np.kron(rng.integers(0, 256, (2, 32, 32, 3)), np.ones((1, 8, 8, 1))).astype(np.uint8)  # 8×8 blocks
@@ -90,8 +110,13 @@ def main() -> None:
         projected = projector(tokens)
         stand_in = lambda x, t, **kwargs: (torch.zeros_like(x), [projected])  # noqa: E731 — the model REPA calls
         _, proj_loss = SILoss()(stand_in, torch.zeros(2, 4, 8, 8), zs=[targets])
-    refs = {"images": images, "targets": targets.numpy(),
-            "tokens": tokens.numpy(), "projected": projected.numpy(), "proj_loss": proj_loss.numpy()}  # fmt: skip
+    refs = {
+        "images": images,
+        "targets": targets.numpy(),
+        "tokens": tokens.numpy(),
+        "projected": projected.numpy(),
+        "proj_loss": proj_loss.numpy(),
+    }
     for i, layer in zip((1, 2, 3), (0, 2, 4), strict=True):
         refs[f"fc{i}_weight"] = projector[layer].weight.detach().numpy()
         refs[f"fc{i}_bias"] = projector[layer].bias.detach().numpy()

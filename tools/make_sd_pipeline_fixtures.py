@@ -43,10 +43,24 @@ STEPS, CFG, SIZE = 4, 5.0, 32  # SIZE: image pixels, latents SIZE / 4 = 8
 PROMPTS = ["a photo of a cat", "wow! a dog!!"]
 NEGATIVE = ["blurry, ugly", ""]
 # SD 1.5's scheduler_config.json (PNDM there; DDIM is what diffusers' docs pair with it), and SDXL base's
-SD1_SCHEDULER = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                     set_alpha_to_one=False, steps_offset=1, num_train_timesteps=1000)  # fmt: skip
-SDXL_SCHEDULER = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
-                      timestep_spacing="leading", interpolation_type="linear", num_train_timesteps=1000)  # fmt: skip
+SD1_SCHEDULER = dict(
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    clip_sample=False,
+    set_alpha_to_one=False,
+    steps_offset=1,
+    num_train_timesteps=1000,
+)
+SDXL_SCHEDULER = dict(
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    steps_offset=1,
+    timestep_spacing="leading",
+    interpolation_type="linear",
+    num_train_timesteps=1000,
+)
 # case: (scheduler class or None for the folder's, its config overrides, negative prompts?, cfg)
 SD1_CASES = {
     "ddim": (None, {}, True, CFG),
@@ -55,14 +69,14 @@ SD1_CASES = {
     "ddim_v": (None, dict(prediction_type="v_prediction"), True, CFG),  # SD 2.x's parameterization
     "euler": (EulerDiscreteScheduler, {}, True, CFG),
     "dpmpp_2m": (DPMSolverMultistepScheduler, dict(use_karras_sigmas=True), True, CFG),
-}  # fmt: skip
+}
 SDXL_MICRO = dict(original_size=(40, 24), crops_coords_top_left=(2, 3), target_size=(32, 28))
 SDXL_CASES = {
     "euler": (None, {}, True, SDXL_MICRO),
     "euler_zeros": (None, {}, False, SDXL_MICRO),  # force_zeros_for_empty_prompt: zeros as the negative
     "euler_default_sizes": (None, {}, True, {}),  # original_size = target_size = (SIZE, SIZE), crop (0, 0)
     "dpmpp_2m": (DPMSolverMultistepScheduler, {}, True, SDXL_MICRO),
-}  # fmt: skip
+}
 
 
 def randomize(model: torch.nn.Module) -> None:
@@ -98,15 +112,24 @@ def save(pipe, folder: Path, out: Path) -> None:
         shutil.copytree(folder / name, out / name)
 
 
-def run(pipe, scheduler, overrides: dict, negative: bool, cfg: float, latents: torch.Tensor, refs: dict, case: str,
-        **extra) -> None:  # fmt: skip
+def run(
+    pipe, scheduler, overrides: dict, negative: bool, cfg: float, latents: torch.Tensor, refs: dict, case: str, **extra
+) -> None:
     base = pipe.scheduler
     # from_config's keyword overrides: a key merged into the config dict is dropped when the base config lists it
     # under _use_default_values (an Euler config's use_karras_sigmas, say)
     pipe.scheduler = (scheduler or type(base)).from_config(base.config, **overrides)
-    out = pipe(prompt=PROMPTS, negative_prompt=NEGATIVE if negative else None, num_inference_steps=STEPS,
-               guidance_scale=cfg, latents=latents.clone(), height=SIZE, width=SIZE, output_type="latent",
-               **extra).images  # fmt: skip
+    out = pipe(
+        prompt=PROMPTS,
+        negative_prompt=NEGATIVE if negative else None,
+        num_inference_steps=STEPS,
+        guidance_scale=cfg,
+        latents=latents.clone(),
+        height=SIZE,
+        width=SIZE,
+        output_type="latent",
+        **extra,
+    ).images
     refs[f"{case}_latents"] = out.numpy()
     assert all(pipe.scheduler.config[k] == v for k, v in overrides.items()), f"{case}: overrides not applied"
     print(case, type(pipe.scheduler).__name__, float(out.abs().mean()))
@@ -124,10 +147,16 @@ def main() -> None:
     vae = AutoencoderKL.from_pretrained(DATA / "autoencoder_kl" / "sd_like").eval()
     latents = torch.randn(len(PROMPTS), 4, SIZE // 4, SIZE // 4)
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        sd1 = StableDiffusionPipeline(vae=vae, text_encoder=tower_1, tokenizer=tokenizer_1,
-                                      unet=unet("sd1_like", cross_attention_dim=8),
-                                      scheduler=DDIMScheduler(**SD1_SCHEDULER), safety_checker=None,
-                                      feature_extractor=None, requires_safety_checker=False)  # fmt: skip
+        sd1 = StableDiffusionPipeline(
+            vae=vae,
+            text_encoder=tower_1,
+            tokenizer=tokenizer_1,
+            unet=unet("sd1_like", cross_attention_dim=8),
+            scheduler=DDIMScheduler(**SD1_SCHEDULER),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
         save(sd1, Path(tmp) / "sd1", OUT / "sd1")
         sd1 = StableDiffusionPipeline.from_pretrained(Path(tmp) / "sd1", torch_dtype=torch.float32)
         refs = {"latents": latents.numpy()}
@@ -137,18 +166,29 @@ def main() -> None:
             run(sd1, scheduler, overrides, negative, cfg, latents, refs, case)
         np.savez_compressed(OUT / "sd1" / "reference.npz", **refs)
 
-        sdxl = StableDiffusionXLPipeline(vae=vae, text_encoder=tower_1, text_encoder_2=tower_2, tokenizer=tokenizer_1,
-                                         tokenizer_2=tokenizer_2, scheduler=EulerDiscreteScheduler(**SDXL_SCHEDULER),
-                                         unet=unet("sdxl_like", cross_attention_dim=24,
-                                                   projection_class_embeddings_input_dim=12 + 6 * 4),
-                                         force_zeros_for_empty_prompt=True, add_watermarker=False)  # fmt: skip
+        sdxl = StableDiffusionXLPipeline(
+            vae=vae,
+            text_encoder=tower_1,
+            text_encoder_2=tower_2,
+            tokenizer=tokenizer_1,
+            tokenizer_2=tokenizer_2,
+            scheduler=EulerDiscreteScheduler(**SDXL_SCHEDULER),
+            unet=unet("sdxl_like", cross_attention_dim=24, projection_class_embeddings_input_dim=12 + 6 * 4),
+            force_zeros_for_empty_prompt=True,
+            add_watermarker=False,
+        )
         save(sdxl, Path(tmp) / "sdxl", OUT / "sdxl")
-        sdxl = StableDiffusionXLPipeline.from_pretrained(Path(tmp) / "sdxl", torch_dtype=torch.float32,
-                                                         add_watermarker=False)  # fmt: skip
+        sdxl = StableDiffusionXLPipeline.from_pretrained(
+            Path(tmp) / "sdxl", torch_dtype=torch.float32, add_watermarker=False
+        )
         refs = {"latents": latents.numpy()}
         embeds, negative, pooled, negative_pooled = sdxl.encode_prompt(PROMPTS, device="cpu", negative_prompt=NEGATIVE)
-        refs |= dict(prompt_embeds=embeds.numpy(), negative_embeds=negative.numpy(), pooled=pooled.numpy(),
-                     negative_pooled=negative_pooled.numpy())  # fmt: skip
+        refs |= dict(
+            prompt_embeds=embeds.numpy(),
+            negative_embeds=negative.numpy(),
+            pooled=pooled.numpy(),
+            negative_pooled=negative_pooled.numpy(),
+        )
         for case, (scheduler, overrides, negative, micro) in SDXL_CASES.items():
             run(sdxl, scheduler, overrides, negative, CFG, latents, refs, case, **micro)
         np.savez_compressed(OUT / "sdxl" / "reference.npz", **refs)

@@ -31,24 +31,57 @@ from diffusers.schedulers import scheduling_euler_ancestral_discrete
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "sd_scheduler"
 
 # runwayml/stable-diffusion-v1-5's scheduler/scheduler_config.json (PNDMScheduler).
-SD15 = {"_class_name": "PNDMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear", "beta_start": 0.00085,
-        "clip_sample": False, "num_train_timesteps": 1000, "set_alpha_to_one": False, "skip_prk_steps": True,
-        "steps_offset": 1, "trained_betas": None}  # fmt: skip
+SD15 = {
+    "_class_name": "PNDMScheduler",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "num_train_timesteps": 1000,
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "trained_betas": None,
+}
 # stabilityai/stable-diffusion-2-1's (DDIMScheduler, v-prediction).
-SD21 = {"_class_name": "DDIMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear", "beta_start": 0.00085,
-        "clip_sample": False, "num_train_timesteps": 1000, "prediction_type": "v_prediction",
-        "set_alpha_to_one": False, "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None}  # fmt: skip
+SD21 = {
+    "_class_name": "DDIMScheduler",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "num_train_timesteps": 1000,
+    "prediction_type": "v_prediction",
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "trained_betas": None,
+}
 # stabilityai/stable-diffusion-xl-base-1.0's (EulerDiscreteScheduler).
-SDXL = {"_class_name": "EulerDiscreteScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
-        "beta_start": 0.00085, "clip_sample": False, "interpolation_type": "linear", "num_train_timesteps": 1000,
-        "prediction_type": "epsilon", "sample_max_value": 1.0, "set_alpha_to_one": False, "skip_prk_steps": True,
-        "steps_offset": 1, "timestep_spacing": "leading", "trained_betas": None,
-        "use_karras_sigmas": False}  # fmt: skip
+SDXL = {
+    "_class_name": "EulerDiscreteScheduler",
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "clip_sample": False,
+    "interpolation_type": "linear",
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "sample_max_value": 1.0,
+    "set_alpha_to_one": False,
+    "skip_prk_steps": True,
+    "steps_offset": 1,
+    "timestep_spacing": "leading",
+    "trained_betas": None,
+    "use_karras_sigmas": False,
+}
 # Lin et al. 2023's fix: trailing timesteps, zero terminal SNR, v-prediction.
 ZSNR = dict(SD21, timestep_spacing="trailing", rescale_betas_zero_snr=True)
 
-CLASSES = {c.__name__: c for c in (DDIMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler,
-                                   DPMSolverMultistepScheduler)}  # fmt: skip
+CLASSES = {
+    c.__name__: c
+    for c in (DDIMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, DPMSolverMultistepScheduler)
+}
 # fmt: off
 CASES = {  # name: (scheduler class, config over the base, steps)
     "sd15_ddim": ("DDIMScheduler", SD15, 20),  # DDIMScheduler.from_config(SD 1.5's PNDM config)
@@ -117,9 +150,12 @@ def run(name: str, cls_name: str, config: dict, steps: int, seed: int) -> dict[s
             latents = scheduler.step(out, t, latents, **kwargs).prev_sample
     finally:
         scheduling_euler_ancestral_discrete.randn_tensor = original
-    ref = {f"{name}_noise": nhwc(noise), f"{name}_latents": nhwc(latents),
-           f"{name}_t": np.array(fed, np.float32),
-           f"{name}_alphas_cumprod": scheduler.alphas_cumprod.numpy()}  # fmt: skip
+    ref = {
+        f"{name}_noise": nhwc(noise),
+        f"{name}_latents": nhwc(latents),
+        f"{name}_t": np.array(fed, np.float32),
+        f"{name}_alphas_cumprod": scheduler.alphas_cumprod.numpy(),
+    }
     if cls_name == "DDIMScheduler":
         a = scheduler.alphas_cumprod.double()
         ts = scheduler.timesteps.numpy()

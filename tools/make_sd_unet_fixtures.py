@@ -33,51 +33,111 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "sd_unet"
 COMMON = dict(sample_size=8, in_channels=4, out_channels=4, cross_attention_dim=16, layers_per_block=1)
 FAMILIES = {
     # SD 1.x: attention_head_dim 8 as an int (diffusers reads it as 8 heads per level), 1x1-conv projections.
-    "sd1_like": dict(COMMON, block_out_channels=[8, 16], norm_num_groups=4, attention_head_dim=8,
-                     down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
-                     up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"]),
+    "sd1_like": dict(
+        COMMON,
+        block_out_channels=[8, 16],
+        norm_num_groups=4,
+        attention_head_dim=8,
+        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"],
+    ),
     # SD 2.x: heads per level, linear projections, upcast attention; the x4 upscaler's only_cross_attention.
-    "sd2_like": dict(COMMON, block_out_channels=[8, 16, 16], norm_num_groups=4, attention_head_dim=[2, 4, 4],
-                     use_linear_projection=True, upcast_attention=True, only_cross_attention=[True, False, False],
-                     down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
-                     up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]),
+    "sd2_like": dict(
+        COMMON,
+        block_out_channels=[8, 16, 16],
+        norm_num_groups=4,
+        attention_head_dim=[2, 4, 4],
+        use_linear_projection=True,
+        upcast_attention=True,
+        only_cross_attention=[True, False, False],
+        down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    ),
     # SDXL: no attention in the first level, transformer depth per level (and in the mid block), text_time.
-    "sdxl_like": dict(COMMON, block_out_channels=[8, 16, 16], norm_num_groups=4, attention_head_dim=[2, 4, 4],
-                      use_linear_projection=True, transformer_layers_per_block=[1, 1, 2], layers_per_block=2,
-                      down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-                      up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-                      addition_embed_type="text_time", addition_time_embed_dim=4, projection_class_embeddings_input_dim=
-                      8 + 6 * 4, norm_eps=1e-6, flip_sin_to_cos=True, freq_shift=0),
+    "sdxl_like": dict(
+        COMMON,
+        block_out_channels=[8, 16, 16],
+        norm_num_groups=4,
+        attention_head_dim=[2, 4, 4],
+        use_linear_projection=True,
+        transformer_layers_per_block=[1, 1, 2],
+        layers_per_block=2,
+        down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+        up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+        addition_embed_type="text_time",
+        addition_time_embed_dim=4,
+        projection_class_embeddings_input_dim=8 + 6 * 4,
+        norm_eps=1e-6,
+        flip_sin_to_cos=True,
+        freq_shift=0,
+    ),
     # The SD x4 upscaler: 7 input channels (latent + low-res image), a noise-level embedding table.
-    "upscaler_like": dict(COMMON, in_channels=7, block_out_channels=[8, 16, 16], norm_num_groups=4,
-                          attention_head_dim=2, use_linear_projection=True, num_class_embeds=10,
-                          only_cross_attention=[True, True, False],
-                          down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-                          up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"]),
+    "upscaler_like": dict(
+        COMMON,
+        in_channels=7,
+        block_out_channels=[8, 16, 16],
+        norm_num_groups=4,
+        attention_head_dim=2,
+        use_linear_projection=True,
+        num_class_embeds=10,
+        only_cross_attention=[True, True, False],
+        down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+        up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    ),
     # SD 2.x unCLIP: class_embed_type "projection" of a (noised) image embedding.
-    "unclip_like": dict(COMMON, block_out_channels=[8, 16], norm_num_groups=4, attention_head_dim=[2, 4],
-                        use_linear_projection=True, class_embed_type="projection",
-                        projection_class_embeddings_input_dim=12,
-                        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
-                        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"]),
-}  # fmt: skip
+    "unclip_like": dict(
+        COMMON,
+        block_out_channels=[8, 16],
+        norm_num_groups=4,
+        attention_head_dim=[2, 4],
+        use_linear_projection=True,
+        class_embed_type="projection",
+        projection_class_embeddings_input_dim=12,
+        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+        up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"],
+    ),
+}
 SD_BLOCKS = dict(
     down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
     up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
 )
 FULL_SIZE = {
-    "sd15": dict(SD_BLOCKS, block_out_channels=[320, 640, 1280, 1280], attention_head_dim=8, cross_attention_dim=768,
-                 layers_per_block=2, norm_num_groups=32, sample_size=64),
-    "sd21": dict(SD_BLOCKS, block_out_channels=[320, 640, 1280, 1280], attention_head_dim=[5, 10, 20, 20],
-                 cross_attention_dim=1024, layers_per_block=2, norm_num_groups=32, sample_size=96,
-                 use_linear_projection=True, upcast_attention=True),
-    "sdxl_base": dict(block_out_channels=[320, 640, 1280], attention_head_dim=[5, 10, 20], cross_attention_dim=2048,
-                      down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-                      up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-                      layers_per_block=2, norm_num_groups=32, sample_size=128, use_linear_projection=True,
-                      transformer_layers_per_block=[1, 2, 10], addition_embed_type="text_time",
-                      addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816),
-}  # fmt: skip
+    "sd15": dict(
+        SD_BLOCKS,
+        block_out_channels=[320, 640, 1280, 1280],
+        attention_head_dim=8,
+        cross_attention_dim=768,
+        layers_per_block=2,
+        norm_num_groups=32,
+        sample_size=64,
+    ),
+    "sd21": dict(
+        SD_BLOCKS,
+        block_out_channels=[320, 640, 1280, 1280],
+        attention_head_dim=[5, 10, 20, 20],
+        cross_attention_dim=1024,
+        layers_per_block=2,
+        norm_num_groups=32,
+        sample_size=96,
+        use_linear_projection=True,
+        upcast_attention=True,
+    ),
+    "sdxl_base": dict(
+        block_out_channels=[320, 640, 1280],
+        attention_head_dim=[5, 10, 20],
+        cross_attention_dim=2048,
+        down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+        up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+        layers_per_block=2,
+        norm_num_groups=32,
+        sample_size=128,
+        use_linear_projection=True,
+        transformer_layers_per_block=[1, 2, 10],
+        addition_embed_type="text_time",
+        addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=2816,
+    ),
+}
 POOLED_DIM = 8  # sdxl_like's text_embeds width: projection_class_embeddings_input_dim - 6 * addition_time_embed_dim
 BATCH, TOKENS = 2, 5
 
@@ -143,8 +203,12 @@ def main() -> None:
         unet.save_pretrained(folder, **shard)
         if name == "sd1_like":
             unet.half().save_pretrained(folder, variant="fp16")
-        arrays = {"x": nhwc(ins["x"]), "t": ins["t"].numpy(), "context": ins["context"].numpy(),
-                  "mask": ins["mask"].numpy()}  # fmt: skip
+        arrays = {
+            "x": nhwc(ins["x"]),
+            "t": ins["t"].numpy(),
+            "context": ins["context"].numpy(),
+            "mask": ins["mask"].numpy(),
+        }
         arrays |= {k: ins[k].numpy() for k in ("pooled", "time_ids", "class_labels") if k in ins}
         np.savez_compressed(folder / "reference.npz", **arrays, **refs)
         n = sum(p.numel() for p in unet.parameters())
@@ -153,9 +217,11 @@ def main() -> None:
     for name, config in FULL_SIZE.items():
         with torch.device("meta"):
             unet = UNet2DConditionModel(**config)
-        full[name] = {"config": {"_class_name": "UNet2DConditionModel", **config},
-                      "num_parameters": unet.num_parameters(),  # diffusers' ModelMixin count
-                      "shapes": {k: list(v.shape) for k, v in unet.state_dict().items()}}  # fmt: skip
+        full[name] = {
+            "config": {"_class_name": "UNet2DConditionModel", **config},
+            "num_parameters": unet.num_parameters(),  # diffusers' ModelMixin count
+            "shapes": {k: list(v.shape) for k, v in unet.state_dict().items()},
+        }
         print(name, full[name]["num_parameters"], "params (diffusers)")
     with gzip.GzipFile(OUT / "full_size_shapes.json.gz", "wb", mtime=0) as f:  # mtime 0: the same bytes each run
         f.write(json.dumps(full, indent=1).encode())

@@ -37,13 +37,23 @@ TOKENIZERS = ROOT / "tests" / "data" / "clip_tokenizer"
 VOCAB = 10514  # the committed tokenizer's ids (10,000 merges of CLIP's BPE, 512 symbols, 2 specials)
 # SDXL's text_encoder (CLIP-L: quick_gelu) and text_encoder_2 (OpenCLIP bigG: gelu, a projection head) in small:
 # 3 layers, so that hidden_states[-2], [-3] and [-4] (SDXL's clip_skip None, 1, 2) are all different layers.
-TOWER = dict(vocab_size=VOCAB, num_hidden_layers=3, num_attention_heads=2, max_position_embeddings=77,
-             layer_norm_eps=1e-5, bos_token_id=0, eos_token_id=2, pad_token_id=1)  # fmt: skip
+TOWER = dict(
+    vocab_size=VOCAB,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    max_position_embeddings=77,
+    layer_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=1,
+)
 TOWER_1 = dict(TOWER, hidden_size=8, intermediate_size=16, hidden_act="quick_gelu")
 TOWER_2 = dict(TOWER, hidden_size=16, intermediate_size=24, hidden_act="gelu", projection_dim=12)
-LONG = ("a highly detailed oil painting of a lighthouse on a rocky cliff at sunset, waves crashing below, seagulls "
-        "circling overhead, dramatic clouds lit in orange and purple, a small fishing boat returning to the harbor, "
-        "warm light in the keeper's window, masterpiece, best quality, intricate brushwork, 8k, trending")  # fmt: skip
+LONG = (
+    "a highly detailed oil painting of a lighthouse on a rocky cliff at sunset, waves crashing below, seagulls "
+    "circling overhead, dramatic clouds lit in orange and purple, a small fishing boat returning to the harbor, "
+    "warm light in the keeper's window, masterpiece, best quality, intricate brushwork, 8k, trending"
+)
 PROMPTS = ["a photo of a cat", "wow! a dog!!", LONG]  # "!" is tokenizer_2's padding and a word here; LONG truncates
 # name: encode_prompt's arguments (prompt is PROMPTS) and the pipeline's force_zeros_for_empty_prompt
 CASES = {
@@ -51,14 +61,18 @@ CASES = {
     "empty": dict(force_zeros=False),  # no negative prompt, not forced -> "" encoded by both towers
     "explicit_empty": dict(force_zeros=True, negative_prompt=["", "", ""]),  # "" given: encoded, not zeros
     "negative": dict(force_zeros=True, negative_prompt=["", "blurry, ugly", "lowres"]),  # given: encoded
-    "prompt_2": dict(force_zeros=True, prompt_2=["an oil painting", "", "a cat"],
-                     negative_prompt=["bad", "worse", "worst"], negative_prompt_2=["grey", "", "flat"]),
+    "prompt_2": dict(
+        force_zeros=True,
+        prompt_2=["an oil painting", "", "a cat"],
+        negative_prompt=["bad", "worse", "worst"],
+        negative_prompt_2=["grey", "", "flat"],
+    ),
     # diffusers encodes a given negative prompt at hidden_states[-2] whatever clip_skip says
     "clip_skip_1": dict(force_zeros=True, clip_skip=1, negative_prompt=["", "blurry, ugly", "lowres"]),
     "clip_skip_2": dict(force_zeros=True, clip_skip=2),
     "unguided": dict(force_zeros=True, do_classifier_free_guidance=False),
     "refiner": dict(force_zeros=False, refiner=True),  # SDXL's refiner: text_encoder_2 and tokenizer_2 only
-}  # fmt: skip
+}
 
 
 def randomize(model: torch.nn.Module) -> None:
@@ -95,8 +109,16 @@ def main() -> None:
     tokenizer_1 = CLIPTokenizer.from_pretrained(TOKENIZERS / "sd1")
     tokenizer_2 = CLIPTokenizer.from_pretrained(TOKENIZERS / "sd2")
     assert (tokenizer_1.pad_token, tokenizer_2.pad_token) == ("<|endoftext|>", "!"), "SDXL's two paddings"
-    parts = dict(text_encoder=tower_1, text_encoder_2=tower_2, tokenizer=tokenizer_1, tokenizer_2=tokenizer_2,
-                 vae=None, unet=None, scheduler=None, add_watermarker=False)  # fmt: skip
+    parts = dict(
+        text_encoder=tower_1,
+        text_encoder_2=tower_2,
+        tokenizer=tokenizer_1,
+        tokenizer_2=tokenizer_2,
+        vae=None,
+        unet=None,
+        scheduler=None,
+        add_watermarker=False,
+    )
     refs: dict[str, np.ndarray] = {}
     with torch.no_grad():
         for name, case in CASES.items():
@@ -110,9 +132,16 @@ def main() -> None:
                 refs[f"{name}_negative_embeds"] = negative.numpy()
                 refs[f"{name}_negative_pooled"] = negative_pooled.numpy()
         StableDiffusionXLPipeline(**parts).save_config(OUT)  # model_index.json: force_zeros_for_empty_prompt true
-        sd1 = StableDiffusionPipeline(vae=None, text_encoder=tower_1, tokenizer=tokenizer_1, unet=None, scheduler=None,
-                                      safety_checker=None, feature_extractor=None,
-                                      requires_safety_checker=False)  # fmt: skip
+        sd1 = StableDiffusionPipeline(
+            vae=None,
+            text_encoder=tower_1,
+            tokenizer=tokenizer_1,
+            unet=None,
+            scheduler=None,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
         # diffusers 0.42's clip_skip line reads `text_encoder.text_model.final_layer_norm`, transformers 4's nesting;
         # transformers 5's CLIPTextModel holds final_layer_norm itself: an alias (not a submodule) lets that line run.
         object.__setattr__(tower_1, "text_model", tower_1)

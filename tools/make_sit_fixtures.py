@@ -32,8 +32,9 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "sit"
-CONFIG = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10,
-              learn_sigma=True)  # fmt: skip
+CONFIG = dict(
+    input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10, learn_sigma=True
+)
 
 
 def main() -> None:

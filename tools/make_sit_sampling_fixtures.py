@@ -50,11 +50,17 @@ CASES = {
     "sde_euler_tweedie": ("SDE", dict(sampling_method="Euler", num_steps=12, last_step="Tweedie"), 1.0),
     "sde_euler_euler": ("SDE", dict(sampling_method="Euler", num_steps=12, last_step="Euler", last_step_size=0.1), 1.0),
     "sde_euler_none": ("SDE", dict(sampling_method="Euler", num_steps=12, last_step=None), 1.0),
-    "sde_euler_linear": ("SDE", dict(sampling_method="Euler", num_steps=12, diffusion_form="linear",
-                                       diffusion_norm=0.5), 1.0),
-    "sde_heun_decreasing": ("SDE", dict(sampling_method="Heun", num_steps=12, diffusion_form="decreasing",
-                                        diffusion_norm=2.0), 1.0),
-}  # fmt: skip
+    "sde_euler_linear": (
+        "SDE",
+        dict(sampling_method="Euler", num_steps=12, diffusion_form="linear", diffusion_norm=0.5),
+        1.0,
+    ),
+    "sde_heun_decreasing": (
+        "SDE",
+        dict(sampling_method="Heun", num_steps=12, diffusion_form="decreasing", diffusion_norm=2.0),
+        1.0,
+    ),
+}
 SDE_DEFAULTS = dict(diffusion_form="sigma", diffusion_norm=1.0, last_step="Mean", last_step_size=0.04)  # parse_sde_args
 
 

@@ -53,7 +53,7 @@ PROMPTS = [
     "A Photo Of A CAT, IN UPPER CASE",
     "it's a dog's life, isn't it? we'll see; they're here, I'm sure you've heard, he'd know",
     "IT'S LOUD, DON'T SHOUT",
-    "Hello, World!!! (a test) -- [brackets] {braces} @#$%^&*_+=~`|\\/<>?;:\"...",
+    'Hello, World!!! (a test) -- [brackets] {braces} @#$%^&*_+=~`|\\/<>?;:"...',
     "wow!",
     "3 cats and 1024 dogs in 2024, pi = 3.14159, -7e-3",
     "a  cat\n\nsitting\t on   a\r\nmat ",
@@ -88,13 +88,24 @@ def sd_configs(pad_token: str, name_or_path: str) -> tuple[dict, dict]:
     """SD's tokenizer/ tokenizer_config.json and special_tokens_map.json (SD 2: pad "!" in the map only)."""
     added = lambda content: {"__type": "AddedToken", **token_flags(content)}  # noqa: E731
     config = {
-        "add_prefix_space": False, "bos_token": added(BOS), "do_lower_case": True, "eos_token": added(EOS),
-        "errors": "replace", "model_max_length": 77, "name_or_path": name_or_path, "pad_token": EOS,
-        "special_tokens_map_file": "./special_tokens_map.json", "tokenizer_class": "CLIPTokenizer",
+        "add_prefix_space": False,
+        "bos_token": added(BOS),
+        "do_lower_case": True,
+        "eos_token": added(EOS),
+        "errors": "replace",
+        "model_max_length": 77,
+        "name_or_path": name_or_path,
+        "pad_token": EOS,
+        "special_tokens_map_file": "./special_tokens_map.json",
+        "tokenizer_class": "CLIPTokenizer",
         "unk_token": added(EOS),
-    }  # fmt: skip
-    special = {"bos_token": token_flags(BOS), "eos_token": token_flags(EOS), "pad_token": pad_token,
-               "unk_token": token_flags(EOS)}  # fmt: skip
+    }
+    special = {
+        "bos_token": token_flags(BOS),
+        "eos_token": token_flags(EOS),
+        "pad_token": pad_token,
+        "unk_token": token_flags(EOS),
+    }
     return config, special
 
 
@@ -115,8 +126,9 @@ def write_vocab_and_merges(folder: Path, merges: list[str], byte_alphabet: list[
     """CLIP's vocabulary order: 256 byte symbols, the same with </w>, one token per merge, then the specials."""
     tokens = byte_alphabet + [b + "</w>" for b in byte_alphabet] + ["".join(m.split()) for m in merges] + [BOS, EOS]
     assert len(set(tokens)) == len(tokens)
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False),
-                                       encoding="utf-8")  # fmt: skip
+    (folder / "vocab.json").write_text(
+        json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False), encoding="utf-8"
+    )
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
 
 
@@ -146,8 +158,9 @@ def make_tokenizer_fixtures(out: Path = OUT) -> None:
     sd1.mkdir(parents=True)
     sd2.mkdir()
     write_vocab_and_merges(sd1, merges, byte_alphabet)
-    for name, value in zip(["tokenizer_config.json", "special_tokens_map.json"],
-                           sd_configs(EOS, "openai/clip-vit-large-patch14")):  # fmt: skip
+    for name, value in zip(
+        ["tokenizer_config.json", "special_tokens_map.json"], sd_configs(EOS, "openai/clip-vit-large-patch14")
+    ):
         write_json(sd1 / name, value)
     sd2_configs = sd_configs("!", "hf-models/clip-vit-large-patch14")
 
@@ -186,8 +199,14 @@ def make_tokenizer_fixtures(out: Path = OUT) -> None:
                 continue
             agree = original.encode(prompt) == fast
             assert agree == (prompt not in SLOW_DIVERGENT), (prompt, original.encode(prompt), fast)
-    print("transformers' ids agree with CLIP's original BPE (slow cleanup, ftfy) on", len(PROMPTS) - 2, "prompts",
-          "and differ on the", len(SLOW_DIVERGENT), "SLOW_DIVERGENT ones, as expected")  # fmt: skip
+    print(
+        "transformers' ids agree with CLIP's original BPE (slow cleanup, ftfy) on",
+        len(PROMPTS) - 2,
+        "prompts",
+        "and differ on the",
+        len(SLOW_DIVERGENT),
+        "SLOW_DIVERGENT ones, as expected",
+    )
 
     packages = ["transformers", "tokenizers", "open_clip_torch", "ftfy"]
     versions = {package: importlib.metadata.version(package) for package in packages}
@@ -208,8 +227,9 @@ def make_tokenizer_fixtures(out: Path = OUT) -> None:
         "slow_divergent_prompts": SLOW_DIVERGENT,
         **references,
     }
-    (out / "reference.json").write_text(compact(json.dumps(reference, indent=1, ensure_ascii=False)) + "\n",
-                                        encoding="utf-8")  # fmt: skip
+    (out / "reference.json").write_text(
+        compact(json.dumps(reference, indent=1, ensure_ascii=False)) + "\n", encoding="utf-8"
+    )
     sizes = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
     print(json.dumps(sizes), "total", sum(sizes.values()))
 

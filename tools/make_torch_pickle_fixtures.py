@@ -43,21 +43,28 @@ def state_dict() -> OrderedDict:
     matrix = torch.randn(5, 7, generator=gen)
     shared = torch.randn(3, 6, generator=gen)
     big = torch.arange(60, dtype=torch.float32).reshape(6, 10) / 7
-    state.update({
-        "half": torch.randn(9, generator=gen).half(),
-        "bf16": torch.randn(2, 3, generator=gen).bfloat16(),
-        "long": torch.arange(-3, 5, dtype=torch.int64) * 1_000_000_007,
-        "counter": torch.tensor(12345, dtype=torch.int64),
-        "mask": torch.tensor([True, False, True]),
-        "u16": torch.tensor([1, 40000, 65535], dtype=torch.uint16),
-        "empty": torch.zeros(0, 4),
-        "param": torch.nn.Parameter(torch.randn(2, 2, generator=gen)),
-        "transposed": matrix.t(),  # strides (1, 7)
-        "slice": big[2:5, 1::3],  # offset 21, strides (10, 3)
-        "row0": shared[0],  # two overlapping views of one storage
-        "col1": shared[:, 1],
-        "ema": OrderedDict({"weight": torch.randn(4, 3, generator=gen), "inner": OrderedDict({"scale": torch.tensor([0.5, 2.0]).half()})}),
-    })  # fmt: skip
+    state.update(
+        {
+            "half": torch.randn(9, generator=gen).half(),
+            "bf16": torch.randn(2, 3, generator=gen).bfloat16(),
+            "long": torch.arange(-3, 5, dtype=torch.int64) * 1_000_000_007,
+            "counter": torch.tensor(12345, dtype=torch.int64),
+            "mask": torch.tensor([True, False, True]),
+            "u16": torch.tensor([1, 40000, 65535], dtype=torch.uint16),
+            "empty": torch.zeros(0, 4),
+            "param": torch.nn.Parameter(torch.randn(2, 2, generator=gen)),
+            "transposed": matrix.t(),  # strides (1, 7)
+            "slice": big[2:5, 1::3],  # offset 21, strides (10, 3)
+            "row0": shared[0],  # two overlapping views of one storage
+            "col1": shared[:, 1],
+            "ema": OrderedDict(
+                {
+                    "weight": torch.randn(4, 3, generator=gen),
+                    "inner": OrderedDict({"scale": torch.tensor([0.5, 2.0]).half()}),
+                }
+            ),
+        }
+    )
     return state
 
 
@@ -88,7 +95,10 @@ def write_state_dicts() -> None:
     legacy._metadata = state._metadata
     torch.save(legacy, OUT / "state_dict_legacy.pth", _use_new_zipfile_serialization=False)
     tensors = flat(state)
-    ref = {k: (v.detach().float() if v.dtype == torch.bfloat16 else v.detach()).contiguous().numpy() for k, v in tensors.items()}
+    ref = {
+        k: (v.detach().float() if v.dtype == torch.bfloat16 else v.detach()).contiguous().numpy()
+        for k, v in tensors.items()
+    }
     np.savez(OUT / "reference.npz", **ref)
     storages: dict[int, list[str]] = {}
     for key, value in tensors.items():
@@ -100,7 +110,10 @@ def write_state_dicts() -> None:
         "non_contiguous": [k for k, v in tensors.items() if not v.is_contiguous()],
     }
     (OUT / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
-    for value in (torch.load(OUT / "state_dict.pth", weights_only=True), torch.load(OUT / "state_dict_legacy.pth", weights_only=True)):
+    for value in (
+        torch.load(OUT / "state_dict.pth", weights_only=True),
+        torch.load(OUT / "state_dict_legacy.pth", weights_only=True),
+    ):
         for key, t in flat(value).items():  # torch's own reader gives the same tensors
             assert torch.equal(t, tensors[key]), key
         assert set(flat(value)) | {"u16"} == set(tensors)

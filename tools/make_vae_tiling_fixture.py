@@ -44,8 +44,13 @@ def main() -> None:
         untiled = vae.decode(z).sample
     # Tiling changes the result (each tile sees only its own part of the image): else the test proves nothing.
     assert (decoded - untiled).abs().max() > 0.05, (decoded - untiled).abs().max()
-    refs = {"x_uint8": x_uint8, "mean": nhwc(posterior.mean), "logvar": nhwc(posterior.logvar), "z": nhwc(z),
-            "decoded": nhwc(decoded)}  # fmt: skip
+    refs = {
+        "x_uint8": x_uint8,
+        "mean": nhwc(posterior.mean),
+        "logvar": nhwc(posterior.logvar),
+        "z": nhwc(z),
+        "decoded": nhwc(decoded),
+    }
     (OUT / "tiled").mkdir(exist_ok=True)
     np.savez_compressed(OUT / "tiled" / "reference.npz", **refs)
 

@@ -61,8 +61,10 @@ def check_objective(cfg) -> None:
         raise SystemExit(f"--objective meanflow trains a flow: pass --schedule flow --parameterization flow (got "
                          f"--schedule {cfg.schedule} --parameterization {cfg.parameterization}).")  # fmt: skip
     if cfg.xla_cpu == "auto":
-        raise SystemExit("--objective meanflow takes jax.jvp through the network, which --xla_cpu auto's candidates "
-                         "(custom_vjp workarounds) do not allow: pass --xla_cpu on (main.py leaves those off).")
+        raise SystemExit(
+            "--objective meanflow takes jax.jvp through the network, which --xla_cpu auto's candidates "
+            "(custom_vjp workarounds) do not allow: pass --xla_cpu on (main.py leaves those off)."
+        )
     if not 0 <= cfg.meanflow_r_neq_t <= 1:
         raise SystemExit(f"--meanflow_r_neq_t is a share of the batch, in [0, 1]; got {cfg.meanflow_r_neq_t}.")
 
@@ -76,8 +78,10 @@ def with_two_times(cfg, args: dict) -> dict:
     if cfg.objective != "meanflow":
         return args
     if args["constructor"] not in TWO_TIME_CONSTRUCTORS:
-        raise SystemExit(f"--objective meanflow needs a network of two times: --model {cfg.model} builds "
-                         f"{args['constructor']}, which has none; use a unet or dit model (e.g. --model unet).")
+        raise SystemExit(
+            f"--objective meanflow needs a network of two times: --model {cfg.model} builds "
+            f"{args['constructor']}, which has none; use a unet or dit model (e.g. --model unet)."
+        )
     return {**args, "kwargs": {**args["kwargs"], "interval_embedding": True}}
 
 

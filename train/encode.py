@@ -41,12 +41,26 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from eqxdiff.autoencoders import (
-    TILING_MODES, auto_batch_size, check_autoencoder, describe_autoencoder, open_autoencoder, sha256_file, use_tiling,
-)  # fmt: skip
+    TILING_MODES,
+    auto_batch_size,
+    check_autoencoder,
+    describe_autoencoder,
+    open_autoencoder,
+    sha256_file,
+    use_tiling,
+)
 from eqxdiff.data.latents import (
-    META, NULL_FILE, TMP_SUFFIX, fields_from_meta, fields_to_meta, null_npz_bytes, record_bytes, shard_name,
-    tokenizer_files_sha256, write_shard,
-)  # fmt: skip
+    META,
+    NULL_FILE,
+    TMP_SUFFIX,
+    fields_from_meta,
+    fields_to_meta,
+    null_npz_bytes,
+    record_bytes,
+    shard_name,
+    tokenizer_files_sha256,
+    write_shard,
+)
 from eqxdiff.data.offline import run_offline  # a dataset through the devices once
 from eqxdiff.images import from_uint8
 from eqxdiff.local_copies import canonical, local_copy
@@ -55,9 +69,14 @@ from eqxdiff.nn.vae_tiling import encode_in_pieces
 from eqxdiff.paths import is_url
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.text.conditioning import (
-    NULL_TEXTS, SCRATCH, TextConditioning, check_text_folders, open_text_conditioning, tokenizer_folder,
+    NULL_TEXTS,
+    SCRATCH,
+    TextConditioning,
+    check_text_folders,
+    open_text_conditioning,
+    tokenizer_folder,
     tokenizer_location,
-)  # fmt: skip
+)
 from offline import open_dataset  # train/offline.py: the dataset named, or one line why not
 from outputs import check_writable  # train/outputs.py: the output's folder, before the long part
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
@@ -65,6 +84,8 @@ from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # t
 PLAN = "encode.json"  # the meta.json to be, written at the start: a restart with other flags is refused
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Config(Launch):
     """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
@@ -83,6 +104,7 @@ class Config(Launch):
     null_text: str = "empty"  # the null condition stored in null_text.npz: the encoded "" | zeros
     attend_padding: bool = False  # the tower reads the padding tokens too, as SD's pipelines (for main.py --init sd:)
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of stopping the encode
+# fmt: on
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -91,11 +113,17 @@ def parse_config(argv: list[str] | None = None) -> Config:
     parser = dataclass_parser(Config, __doc__, choices, required=("vae", "out"))
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.shard_size < 1 or cfg.batch_size < 0:
-        parser.error(f"--shard_size must be >= 1 and --batch_size >= 0 (0: from the image size), got "
-                     f"{cfg.shard_size} and {cfg.batch_size}")  # fmt: skip
-    text_flags = {"--tokenizer": cfg.tokenizer, "--encode_text": cfg.encode_text, "--null_text zeros":
-                  cfg.null_text != "empty", "--allow_uncaptioned": cfg.allow_uncaptioned,
-                  "--attend_padding": cfg.attend_padding}  # fmt: skip
+        parser.error(
+            f"--shard_size must be >= 1 and --batch_size >= 0 (0: from the image size), got "
+            f"{cfg.shard_size} and {cfg.batch_size}"
+        )
+    text_flags = {
+        "--tokenizer": cfg.tokenizer,
+        "--encode_text": cfg.encode_text,
+        "--null_text zeros": cfg.null_text != "empty",
+        "--allow_uncaptioned": cfg.allow_uncaptioned,
+        "--attend_padding": cfg.attend_padding,
+    }
     given = [flag for flag, value in text_flags.items() if value]
     if given and not cfg.text_encoder:
         parser.error(f"{given[0]} applies to captions, which are read and tokenized only with --text_encoder DIR")
@@ -121,15 +149,21 @@ def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str]) -> d
     fields = {"mean": latent_field, "logvar": latent_field, **{k: f for k, f in source.fields.items() if k != "image"}}
     count = len(source) * (2 if cfg.hflip_copies else 1)
     meta = {
-        "fields": fields_to_meta(fields | text.fields()), "vae": describe_autoencoder(cfg.vae),
+        "fields": fields_to_meta(fields | text.fields()),
+        "vae": describe_autoencoder(cfg.vae),
         # per channel (lists) for a VAE with latents_mean/latents_std
         "scaling_factor": np.asarray(vae.scaling_factor).tolist(),
         "shift_factor": np.asarray(vae.shift_factor).tolist(),
-        "latent_shape": list(latent), "count": count, "shard_size": cfg.shard_size,
-        "num_shards": -(-count // cfg.shard_size), "num_classes": source.num_classes,
-        "source": source.spec, "image_shape": list(source.image_shape), "hflip_copies": cfg.hflip_copies,
+        "latent_shape": list(latent),
+        "count": count,
+        "shard_size": cfg.shard_size,
+        "num_shards": -(-count // cfg.shard_size),
+        "num_classes": source.num_classes,
+        "source": source.spec,
+        "image_shape": list(source.image_shape),
+        "hflip_copies": cfg.hflip_copies,
         "class_names": getattr(source, "class_names", None) or None,  # a folder's sub-folders: grid rows, --classes
-    }  # fmt: skip
+    }
     return meta | text.meta(files_sha256)
 
 
@@ -155,12 +189,15 @@ def refuse_other_encode(out: os.PathLike, plan: dict) -> None:
             if differ:
                 found = differences(old, new)
                 said = "; ".join(found[:3]) + (f"; {len(found) - 3} more" if len(found) > 3 else "")
-                raise SystemExit(f"{out} holds another encode ({name} differs in {', '.join(differ)}: {said}); choose "
-                                 "a new --out or delete that folder.")  # fmt: skip
+                raise SystemExit(
+                    f"{out} holds another encode ({name} differs in {', '.join(differ)}: {said}); choose "
+                    "a new --out or delete that folder."
+                )
 
 
 def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     """`key.sub: THERE there, NOW now` for each differing leaf of two nested dicts, each value cut to a few words."""
+
     def short(value) -> str:
         text = "absent" if value is None else json.dumps(value)
         return text if len(text) <= 32 else text[:31] + "…"
@@ -202,8 +239,10 @@ def split_examples(examples: list[dict], text) -> tuple[list[dict], tuple]:
     those tokens {"input_ids", "attention_mask"}, or {}))."""
     images = np.stack([e["image"] for e in examples])
     tokens = text.tokens(examples)
-    others = [{**{k: v for k, v in e.items() if k != "image"}, **{k: v[i] for k, v in tokens.items()}}
-              for i, e in enumerate(examples)]  # fmt: skip
+    others = [
+        {**{k: v for k, v in e.items() if k != "image"}, **{k: v[i] for k, v in tokens.items()}}
+        for i, e in enumerate(examples)
+    ]
     return others, (images, text.tower_tokens(tokens))
 
 
@@ -273,8 +312,10 @@ class Captions:
         fields = {"input_ids": tokens, "attention_mask": tokens}
         if self.encode_text:
             width = self.text.encoder_width
-            fields |= {"context": jax.ShapeDtypeStruct((self.text.max_length, width), np.float16),
-                       "pooled": jax.ShapeDtypeStruct((width,), np.float16)}  # fmt: skip
+            fields |= {
+                "context": jax.ShapeDtypeStruct((self.text.max_length, width), np.float16),
+                "pooled": jax.ShapeDtypeStruct((width,), np.float16),
+            }
         return fields
 
     def tokens(self, examples: list[dict]) -> dict:
@@ -291,20 +332,28 @@ class Captions:
 
     def meta(self, files_sha256: dict[str, str]) -> dict:
         (encoder, tokenizer), (local_encoder, local_tokenizer) = self.folders, self.local
-        return {"text": {
-            "text_encoder": encoder, "weights_sha256": sha256_file(local_encoder / TEXT_WEIGHTS_FILE),
-            "tokenizer": tokenizer, "tokenizer_sha256": tokenizer_files_sha256(local_tokenizer),
-            "max_length": self.text.max_length, "null_text": self.text.null_text, "encoded": self.encode_text,
-            "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
-        } | ({"attend_padding": True} if self.text.attend_padding else {})}  # fmt: skip
+        return {
+            "text": {
+                "text_encoder": encoder,
+                "weights_sha256": sha256_file(local_encoder / TEXT_WEIGHTS_FILE),
+                "tokenizer": tokenizer,
+                "tokenizer_sha256": tokenizer_files_sha256(local_tokenizer),
+                "max_length": self.text.max_length,
+                "null_text": self.text.null_text,
+                "encoded": self.encode_text,
+                "null": {"file": NULL_FILE, "sha256": files_sha256[NULL_FILE]},
+            }
+            | ({"attend_padding": True} if self.text.attend_padding else {})
+        }
 
 
 def open_text(cfg: Config, mesh) -> ImagesOnly | Captions:
     """What the encode stores of the captions: with --text_encoder DIR its tower read into `mesh`'s layout."""
     if not cfg.text_encoder:
         return ImagesOnly()
-    text = open_text_conditioning(cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh,
-                                  attend_padding=cfg.attend_padding)  # fmt: skip
+    text = open_text_conditioning(
+        cfg.text_encoder, cfg.tokenizer, null_text=cfg.null_text, mesh=mesh, attend_padding=cfg.attend_padding
+    )
     return Captions(cfg, text)
 
 
@@ -376,9 +425,17 @@ def main(cfg: Config) -> None:
         return encode_batch(vae, images, text.encoder, tokens, tiling)
 
     started = time.perf_counter()
-    run_offline(lambda g: read_example(source, g), indices, batch_size // processes,
-                lambda examples: split_examples(examples, text), compute, collect,
-                sharding=batch_sharding(mesh), desc="encode", progress=process == 0)  # fmt: skip
+    run_offline(
+        lambda g: read_example(source, g),
+        indices,
+        batch_size // processes,
+        lambda examples: split_examples(examples, text),
+        compute,
+        collect,
+        sharding=batch_sharding(mesh),
+        desc="encode",
+        progress=process == 0,
+    )
     elapsed = time.perf_counter() - started
 
     if processes > 1:

@@ -54,13 +54,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__)
     parser.add_argument("ref_batch", help="reference batch .npz (arr_0 images; ADM's: also mu, sigma, mu_s, sigma_s)")
     parser.add_argument("sample_batch", help="the sample batch .npz (arr_0 uint8 images [n, h, w, 3])")
-    parser.add_argument("--inception", default="",
-                        help="pytorch-fid's weights pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)")
-    parser.add_argument("--dinov2", default="",
-                        help="FD-DINOv2 too: a transformers DINOv2 folder (facebook/dinov2-large, EDM2's detector)")
+    parser.add_argument(
+        "--inception",
+        default="",
+        help="pytorch-fid's weights pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)",
+    )
+    parser.add_argument(
+        "--dinov2",
+        default="",
+        help="FD-DINOv2 too: a transformers DINOv2 folder (facebook/dinov2-large, EDM2's detector)",
+    )
     parser.add_argument("--batch_size", type=int, default=256, help="images per step over all local devices")
-    parser.add_argument("--preprocess", default="adm", choices=PREPROCESS,
-                        help="adm: the TF graph's resize and scaling (ADM's numbers); pytorch_fid: pytorch-fid's")
+    parser.add_argument(
+        "--preprocess",
+        default="adm",
+        choices=PREPROCESS,
+        help="adm: the TF graph's resize and scaling (ADM's numbers); pytorch_fid: pytorch-fid's",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     add_flags(parser, Launch)  # --cpu_devices, ...: every script's (train/startup.py)
     args = parser.parse_args(argv)

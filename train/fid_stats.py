@@ -41,8 +41,14 @@ from eqxdiff.data.offline import run_offline  # a dataset through the devices on
 from eqxdiff.eval.fd_dinov2 import DINOv2Features
 from eqxdiff.eval.feature_stats import FeatureStats, gather_feature_stats
 from eqxdiff.eval.fid import (
-    KeptFeatures, feature_dim, load_inception, replicated, rgb_features, save_reference, warn_if_degenerate,
-)  # fmt: skip
+    KeptFeatures,
+    feature_dim,
+    load_inception,
+    replicated,
+    rgb_features,
+    save_reference,
+    warn_if_degenerate,
+)
 from eqxdiff.paths import as_path
 from eqxdiff.sharding import batch_sharding, make_mesh
 from offline import open_dataset  # train/offline.py: the dataset named, or one line why not
@@ -50,6 +56,8 @@ from outputs import check_writable  # train/outputs.py: the output's folder, bef
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags; JAX's start
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Config(Launch):
     """The flags: each field is `--name`, its comment the flag's help; the launch flags are `Launch`'s."""
@@ -62,6 +70,7 @@ class Config(Launch):
     batch_size: int = 200  # global: every process runs batch_size / num_processes at a time
     keep_features: int = 0  # >0: also keep this many random feature rows (key "features") for precision/recall
     seed: int = 0  # which rows --keep_features keeps
+# fmt: on
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -69,8 +78,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
     parser = dataclass_parser(Config, __doc__, required=("out",))
     cfg = Config(**vars(parser.parse_args(argv)))
     if bool(cfg.inception) == bool(cfg.dinov2):
-        parser.error("pass --inception FILE (FID's statistics: pytorch-fid's pt_inception-2015-12-05-6726825d.pth) "
-                     "or --dinov2 FOLDER (FD-DINOv2's: a transformers DINOv2 folder), one of them")  # fmt: skip
+        parser.error(
+            "pass --inception FILE (FID's statistics: pytorch-fid's pt_inception-2015-12-05-6726825d.pth) "
+            "or --dinov2 FOLDER (FD-DINOv2's: a transformers DINOv2 folder), one of them"
+        )
     if not cfg.out.endswith(".npz"):
         parser.error(f"--out must name an .npz file (pytorch-fid reads a path as statistics only then), got {cfg.out}")
     if cfg.batch_size < 1:
@@ -133,9 +144,17 @@ def dataset_stats(
             keep.update(features, indices.start + done)
         done += len(features)
 
-    run_offline(lambda g: source[g]["image"], indices, local, lambda images: (None, np.stack(images)),
-                lambda images: rgb_features(features_fn, images), collect, sharding=batch_sharding(mesh),
-                desc="fid stats", progress=progress and p == 0)  # fmt: skip
+    run_offline(
+        lambda g: source[g]["image"],
+        indices,
+        local,
+        lambda images: (None, np.stack(images)),
+        lambda images: rgb_features(features_fn, images),
+        collect,
+        sharding=batch_sharding(mesh),
+        desc="fid stats",
+        progress=progress and p == 0,
+    )
     if progress and p == 0:
         print(f"{len(indices)} images of {source.spec} in {time.perf_counter() - started:.1f} s on process 0")
     return stats

@@ -9,6 +9,8 @@ from eqxdiff.run.finetune import parts
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclasses.dataclass(frozen=True)
 class FineTuneFlags:
     """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
@@ -19,6 +21,7 @@ class FineTuneFlags:
     lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
     lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
     finetune: str = ""  # a fine-tuning kind by its FINETUNE_KINDS name, eqxdiff/run/finetune.py (default: --init's, --lora_rank's)
+# fmt: on
 
 
 def with_init_flags(cfg):
@@ -29,22 +32,32 @@ def with_init_flags(cfg):
         if cfg.lora_rank or cfg.lora_targets or cfg.lora_alpha:
             raise SystemExit("--lora_rank/--lora_targets/--lora_alpha adapt a pretrained UNet: add --init sd:FOLDER.")
         if is_sdxl_folder(cfg.text_encoder):
-            raise SystemExit(f"--text_encoder {cfg.text_encoder}: an SDXL pipeline's two towers condition its own "
-                             "UNet: pass --init sd:FOLDER instead.")  # fmt: skip
+            raise SystemExit(
+                f"--text_encoder {cfg.text_encoder}: an SDXL pipeline's two towers condition its own "
+                "UNet: pass --init sd:FOLDER instead."
+            )
         return cfg
     folders = parts(cfg.init)
-    given = [f"--{name}" for name in ("model", "schedule", "parameterization", "edm_p_mean", "sigma_data")
-             if getattr(cfg, name) != getattr(defaults, name)]  # fmt: skip
+    given = [
+        f"--{name}"
+        for name in ("model", "schedule", "parameterization", "edm_p_mean", "sigma_data")
+        if getattr(cfg, name) != getattr(defaults, name)
+    ]
     if given:
-        raise SystemExit(f"--init {cfg.init} decides the network and its noise (the folder's unet/ and scheduler "
-                         f"config): drop {', '.join(given)}.")  # fmt: skip
+        raise SystemExit(
+            f"--init {cfg.init} decides the network and its noise (the folder's unet/ and scheduler "
+            f"config): drop {', '.join(given)}."
+        )
     if cfg.lora_rank < 0 or (not cfg.lora_rank and (cfg.lora_targets or cfg.lora_alpha)):
         raise SystemExit("--lora_targets and --lora_alpha need --lora_rank R >= 1 (0: fine-tune the whole UNet).")
     tower = folders["text_encoder"]
     if cfg.text_encoder and tower and Path(cfg.text_encoder).expanduser().resolve() != tower:
-        raise SystemExit(f"--text_encoder {cfg.text_encoder}: --init {cfg.init} conditions on its own {tower}; drop "
-                         "--text_encoder.")  # fmt: skip
+        raise SystemExit(
+            f"--text_encoder {cfg.text_encoder}: --init {cfg.init} conditions on its own {tower}; drop --text_encoder."
+        )
     if not cfg.text_encoder and not tower:
-        raise SystemExit(f"--init {cfg.init} has no text_encoder/ beside its unet/: pass --text_encoder FOLDER, the "
-                         "CLIP text tower it was trained with.")  # fmt: skip
+        raise SystemExit(
+            f"--init {cfg.init} has no text_encoder/ beside its unet/: pass --text_encoder FOLDER, the "
+            "CLIP text tower it was trained with."
+        )
     return dataclasses.replace(cfg, text_encoder=cfg.text_encoder or str(tower))

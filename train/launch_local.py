@@ -36,8 +36,10 @@ def free_port() -> int:
 
 # Gloo (XLA:CPU's collectives) prints every rank's connection to stdout from C++ threads, once per
 # collective group, in pieces: two threads' pieces can interleave and split a report over lines.
-CHATTER = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
-                     r"Expected number of connected peer ranks is : ?\d*")
+CHATTER = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : ?\d*"
+)
 CHATTER_PIECES = ("[Gloo]", "is connected to", "peer ranks")
 
 

@@ -82,8 +82,10 @@ def save_checkpoint(step: int, state, *, checkpoints: Checkpoints, config: dict,
     if saved == "non_finite":
         tqdm.write(f"step {step}: the state holds a non-finite value; checkpoint not saved")
     elif saved == "not_newest":
-        tqdm.write(f"step {step}: not saved, {config['run_dir']} holds newer step {checkpoints.steps[-1]}; "
-                   f"to branch from an older step, copy it into a new --run_dir")
+        tqdm.write(
+            f"step {step}: not saved, {config['run_dir']} holds newer step {checkpoints.steps[-1]}; "
+            f"to branch from an older step, copy it into a new --run_dir"
+        )
 
 
 def save_snapshot(step: int, state, *, snapshots: EmaSnapshots, sigma_rels: tuple[float, ...]) -> None:

@@ -76,9 +76,15 @@ from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
 from checks import (  # train/checks.py
-    check_batch, check_eval, check_eval_condition, check_objective, check_schedule, check_text_folders_exist,
-    flag_value_error, with_two_times,
-)  # fmt: skip
+    check_batch,
+    check_eval,
+    check_eval_condition,
+    check_objective,
+    check_schedule,
+    check_text_folders_exist,
+    flag_value_error,
+    with_two_times,
+)
 from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
 from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
@@ -89,6 +95,8 @@ from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # t
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Config(FineTuneFlags, Launch):
     """train/main.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
@@ -163,6 +171,7 @@ class Config(FineTuneFlags, Launch):
     resume_step: int = -1  # the checkpoint to resume from; -1: the newest in --run_dir, if any
     profile_steps: str = ""  # "A:B" traces steps A..B-1 to RUN_DIR/profile
     wandb: str = "offline"  # Weights & Biases: offline (files in RUN_DIR/wandb) | online | disabled
+# fmt: on
 
 
 # (regex on a leaf's path, PartitionSpec or spec function): the first match decides how a leaf is laid
@@ -188,8 +197,9 @@ CHOICES = {
 
 
 # ---- where a batch of records meets the model, and the loss: edit these ----
-def prepare(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition, schedule,
-            cond_dropout: float) -> dict:  # fmt: skip
+def prepare(
+    batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition, schedule, cond_dropout: float
+) -> dict:
     """A record batch -> what `loss_fn` reads: x0 (`codec`: images in [-1, 1], or latents), the condition
     (`condition`, eqxdiff/run/conditions.py: labels, tokens, or text encoded by the step's frozen tower; each
     example's replaced by the condition's null with probability `cond_dropout` for classifier-free
@@ -216,8 +226,18 @@ def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -
 
 
 # --objective meanflow: a network of two times learns the average velocity u(z_t, r, t), one step z_0 = z_1 - u.
-def prepare_meanflow(batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition,
-                     cond_dropout: float, p_mean: float, p_std: float, r_neq_t: float) -> dict:  # fmt: skip
+def prepare_meanflow(
+    batch: dict,
+    key: jax.Array,
+    frozen: dict | None = None,
+    *,
+    codec=Pixels(),
+    condition,
+    cond_dropout: float,
+    p_mean: float,
+    p_std: float,
+    r_neq_t: float,
+) -> dict:
     """A record batch -> what `meanflow_loss_fn` reads: x0 and ε as `prepare` draws them, the condition and its
     null (b rows; the loss puts the null where `drop`, as it folds guidance in), and MeanFlow's times t >= r
     (eqxdiff/diffusion/meanflow.py: logit-normal, r = t on all but `r_neq_t` of the batch)."""
@@ -227,18 +247,44 @@ def prepare_meanflow(batch: dict, key: jax.Array, frozen: dict | None = None, *,
     t, r = draw_times(key_times, b, p_mean=p_mean, p_std=p_std, r_neq_t=r_neq_t)
     cond = condition.cond(batch, frozen)
     null = None if cond is None else condition_where(jnp.ones(b, bool), condition.null(frozen), cond)  # b rows
-    return dict(x0=x0, cond=cond, null_cond=null, drop=draw_condition_drop(key_drop, b, cond_dropout), t=t, r=r,
-                noise=jax.random.normal(key_noise, x0.shape, jnp.float32))  # fmt: skip
+    return dict(
+        x0=x0,
+        cond=cond,
+        null_cond=null,
+        drop=draw_condition_drop(key_drop, b, cond_dropout),
+        t=t,
+        r=r,
+        noise=jax.random.normal(key_noise, x0.shape, jnp.float32),
+    )
 
 
-def meanflow_loss_fn(model, batch: dict, key: jax.Array, *, omega: float, kappa: float, norm_p: float,
-                     norm_eps: float, t_range: tuple[float, float] = (0.0, 1.0)) -> jax.Array:  # fmt: skip
+def meanflow_loss_fn(
+    model,
+    batch: dict,
+    key: jax.Array,
+    *,
+    omega: float,
+    kappa: float,
+    norm_p: float,
+    norm_eps: float,
+    t_range: tuple[float, float] = (0.0, 1.0),
+) -> jax.Array:
     """MeanFlow's loss (Geng et al. 2025, eq. 9-10, guidance eq. 21): ‖u - sg(u_tgt)‖², summed over each example's
     elements as the official code sums it, under the adaptive weight 1/sg(‖·‖² + c)^p (§4.3)."""
     u, target = meanflow_prediction(
-        model, batch["x0"], batch["noise"], batch["t"], batch["r"], batch["cond"], batch["null_cond"], batch["drop"],
-        omega=omega, kappa=kappa, t_range=t_range, key=key,
-    )  # fmt: skip
+        model,
+        batch["x0"],
+        batch["noise"],
+        batch["t"],
+        batch["r"],
+        batch["cond"],
+        batch["null_cond"],
+        batch["drop"],
+        omega=omega,
+        kappa=kappa,
+        t_range=t_range,
+        key=key,
+    )
     error = jnp.sum((u - target) ** 2, axis=tuple(range(1, u.ndim)))
     weight = 1 / jax.lax.stop_gradient(error + norm_eps) ** norm_p  # p = 0: the plain squared error
     return jnp.mean(weight * error)
@@ -274,22 +320,53 @@ def train_objective(cfg: Config, codec, condition, schedule, parameterization) -
     `meanflow_loss_fn`, with the run's codec, condition and flags."""
     dropout = getattr(cfg, condition.dropout_flag)
     if cfg.objective == "meanflow":
-        return (functools.partial(prepare_meanflow, codec=codec, condition=condition, cond_dropout=dropout,
-                                  p_mean=cfg.meanflow_p_mean, p_std=cfg.meanflow_p_std, r_neq_t=cfg.meanflow_r_neq_t),
-                functools.partial(meanflow_loss_fn, omega=cfg.meanflow_omega, kappa=cfg.meanflow_kappa,
-                                  norm_p=cfg.meanflow_norm_p, norm_eps=cfg.meanflow_norm_eps))  # fmt: skip
-    return (functools.partial(prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=dropout),
-            functools.partial(loss_fn, schedule=schedule, parameterization=parameterization))  # fmt: skip
+        return (
+            functools.partial(
+                prepare_meanflow,
+                codec=codec,
+                condition=condition,
+                cond_dropout=dropout,
+                p_mean=cfg.meanflow_p_mean,
+                p_std=cfg.meanflow_p_std,
+                r_neq_t=cfg.meanflow_r_neq_t,
+            ),
+            functools.partial(
+                meanflow_loss_fn,
+                omega=cfg.meanflow_omega,
+                kappa=cfg.meanflow_kappa,
+                norm_p=cfg.meanflow_norm_p,
+                norm_eps=cfg.meanflow_norm_eps,
+            ),
+        )
+    return (
+        functools.partial(prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=dropout),
+        functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
+    )
 
 
-def checkpoint_config(cfg: Config, image_shape: tuple, num_classes: int, args: dict, codec, condition,
-                      latent_config: dict, class_names: list | None) -> dict:  # fmt: skip
+def checkpoint_config(
+    cfg: Config,
+    image_shape: tuple,
+    num_classes: int,
+    args: dict,
+    codec,
+    condition,
+    latent_config: dict,
+    class_names: list | None,
+) -> dict:
     """What each checkpoint stores beside the state, enough to rebuild the run from its directory alone: the
     flags, the data's shape and classes, the network's constructor arguments (`model_args`), the codec and
     condition (`to_config`) and what latents were encoded from (`latent_config`)."""
-    return dict(dataclasses.asdict(cfg), image_shape=list(image_shape), num_classes=num_classes, model_args=args,
-                codec=codec.to_config(), condition=condition.to_config(), **latent_config,
-                **({"class_names": list(class_names)} if class_names else {}))  # fmt: skip
+    return dict(
+        dataclasses.asdict(cfg),
+        image_shape=list(image_shape),
+        num_classes=num_classes,
+        model_args=args,
+        codec=codec.to_config(),
+        condition=condition.to_config(),
+        **latent_config,
+        **({"class_names": list(class_names)} if class_names else {}),
+    )
 
 
 def main(cfg: Config, features_fn=None) -> None:
@@ -299,15 +376,20 @@ def main(cfg: Config, features_fn=None) -> None:
     resume = cfg.resume_step if cfg.resume_step >= 0 else (saved[-1] if saved else None)
     if resume is not None and resume >= cfg.steps:  # before JAX, wandb or the data start
         if cfg.process_id == 0:
-            tqdm.write(f"{cfg.run_dir} is already at step {resume} of --steps {cfg.steps}: nothing to train. To "
-                       f"train longer, run it again with a larger --steps, e.g. --steps {2 * cfg.steps} (the "
-                       f"learning rate's cosine then stretches to it).")  # fmt: skip
+            tqdm.write(
+                f"{cfg.run_dir} is already at step {resume} of --steps {cfg.steps}: nothing to train. To "
+                f"train longer, run it again with a larger --steps, e.g. --steps {2 * cfg.steps} (the "
+                f"learning rate's cosine then stretches to it)."
+            )
         return
     if cfg.process_id == 0:  # which of the two a command does, first: a mistyped --run_dir shows here
         network = f"the UNet of {cfg.init}" if cfg.init else cfg.model  # --init: the folder's, not --model's
         network += f" with LoRA rank {cfg.lora_rank} adapters" if cfg.lora_rank else ""
-        tqdm.write(f"new run in {cfg.run_dir}: {network} on {cfg.dataset}" if resume is None else
-                   f"resuming {cfg.run_dir} from step {resume}")  # fmt: skip
+        tqdm.write(
+            f"new run in {cfg.run_dir}: {network} on {cfg.dataset}"
+            if resume is None
+            else f"resuming {cfg.run_dir} from step {resume}"
+        )
     start_jax(cfg)
     if cfg.objective == "meanflow":  # its loss takes jax.jvp through the network: no custom_vjp workarounds
         xla_cpu.enable(xla_cpu.switched_on() - xla_cpu.NO_FORWARD_MODE, process_flags=False)
@@ -335,16 +417,20 @@ def main(cfg: Config, features_fn=None) -> None:
     check_eval_condition(cfg, condition)
     image_shape, num_classes = source.image_shape, source.num_classes  # latents: the latent shape
     class_names = getattr(source, "class_names", None)  # folder: the sub-folders, each grid row's label
-    sample_rows, row_labels = sample_grid_rows(cfg, condition, source)  # the sample grids' labels or prompts, a row each
+    sample_rows, row_labels = sample_grid_rows(
+        cfg, condition, source
+    )  # the sample grids' labels or prompts, a row each
     # What x0 is: pixels, or latents (eqxdiff/run/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     # EDM's preconditioning assumes the data's std is --sigma_data (--init: the folder's scheduler, no sigma_data)
     if isinstance(codec, Latents) and is_main and not cfg.init:
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
         if not 0.5 <= std / sigma <= 2:
-            tqdm.write(f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
-                       f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
-                       f"scaling_factor.")  # fmt: skip
+            tqdm.write(
+                f"warning: the latents, scaled by meta.json's factors, have std {std:.3g} (from a sample of "
+                f"records), far from --sigma_data {sigma:g}: pass --sigma_data {std:.2g}, or check the VAE's "
+                f"scaling_factor."
+            )
     source = condition.records(source)  # captions -> token ids as records are read, on the host
     schedule = training_schedule(cfg)
     parameterization = parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec))
@@ -354,16 +440,26 @@ def main(cfg: Config, features_fn=None) -> None:
     args = with_two_times(cfg, args)  # --objective meanflow: a network of t and t - r (eqxdiff/nn/unet.py, dit.py)
     # How the EMA is sampled for the grids and FID (train/ema_samples.py): by --sample_method, --sample_steps,
     # --guidance and --guidance_interval (eqxdiff/run/sampling.py), with the run's codec, condition and noise.
-    ema_sampling = dict(cfg=cfg, sampling=run_sampling(cfg), codec=codec, condition=condition, schedule=schedule,
-                        parameterization=parameterization, sample_shape=image_shape, mesh=mesh)  # fmt: skip
+    ema_sampling = dict(
+        cfg=cfg,
+        sampling=run_sampling(cfg),
+        codec=codec,
+        condition=condition,
+        schedule=schedule,
+        parameterization=parameterization,
+        sample_shape=image_shape,
+        mesh=mesh,
+    )
     write_samples = functools.partial(write_sample_grid, **ema_sampling, rows=sample_rows, row_labels=row_labels)
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
-        fid_network, fid_reference = open_eval_fid(cfg, fid_images, latent_config.get("image_dataset", cfg.dataset),
-                                                   features_fn)  # fmt: skip
-        evaluate = functools.partial(evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network,
-                                     reference=fid_reference)  # fmt: skip
+        fid_network, fid_reference = open_eval_fid(
+            cfg, fid_images, latent_config.get("image_dataset", cfg.dataset), features_fn
+        )
+        evaluate = functools.partial(
+            evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network, reference=fid_reference
+        )
 
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
@@ -382,11 +478,19 @@ def main(cfg: Config, features_fn=None) -> None:
     try:  # a spec that does not fit its leaf, or a rule that matches none of the modules the run placed (a typo)
         # The state's shapes and FSDP layout, nothing allocated: the step compiles from these.
         abstract, shardings = abstract_train_state(
-            make_model, optimizer, mesh, cfg.fsdp_min_param_size, rules=rules, strict=False,
+            make_model,
+            optimizer,
+            mesh,
+            cfg.fsdp_min_param_size,
+            rules=rules,
+            strict=False,
             num_phema=len(sigma_rels),
         )
-        frozen_shardings = None if frozen is None else state_shardings(frozen, mesh, cfg.fsdp_min_param_size,
-                                                                       rules=rules, strict=False)  # fmt: skip
+        frozen_shardings = (
+            None
+            if frozen is None
+            else state_shardings(frozen, mesh, cfg.fsdp_min_param_size, rules=rules, strict=False)
+        )
         check_rules_match(SHARDING_RULES, [abstract, frozen, condition.pretrained() | codec.pretrained()])
     except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
@@ -394,14 +498,22 @@ def main(cfg: Config, features_fn=None) -> None:
     data_sharding = batch_sharding(mesh)
     prepare_fn, loss = train_objective(cfg, codec, condition, schedule, parameterization)  # --objective
     build_step = functools.partial(
-        make_train_step, prepare=prepare_fn, loss_fn=loss,
-        optimizer=optimizer, lr_schedule=lr_schedule,
+        make_train_step,
+        prepare=prepare_fn,
+        loss_fn=loss,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
         ema_decay=ema_warmup(cfg.ema_decay) if cfg.ema_warmup else cfg.ema_decay,
-        state_shardings=shardings, batch_sharding=data_sharding, seed=cfg.seed,
-        grad_accum_steps=cfg.grad_accum_steps, precision=cfg.precision, frozen_shardings=frozen_shardings,
-        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels), model_of=training.model_of,  # LoRA: adapters + base
+        state_shardings=shardings,
+        batch_sharding=data_sharding,
+        seed=cfg.seed,
+        grad_accum_steps=cfg.grad_accum_steps,
+        precision=cfg.precision,
+        frozen_shardings=frozen_shardings,
+        phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
+        model_of=training.model_of,  # LoRA: adapters + base
         after_update=force_weight_normalization,  # EDM2's MPConv weights back on the unit sphere (others: unchanged)
-    )  # fmt: skip
+    )
     spec = batch_spec(source, cfg.batch_size)
     # --xla_cpu auto on a CPU mesh: this machine's stored choice for this step, else timed once the state exists.
     auto = xla_cpu_auto.target(cfg, abstract, spec, frozen, mesh) if cfg.xla_cpu == "auto" else None
@@ -432,31 +544,59 @@ def main(cfg: Config, features_fn=None) -> None:
 
     ckpt_config = checkpoint_config(cfg, image_shape, num_classes, args, codec, condition, latent_config, class_names)
     stream = batch_stream(
-        source, cfg.batch_size, cfg.seed, start_example=start_example, hflip=cfg.hflip,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-    )  # fmt: skip
+        source,
+        cfg.batch_size,
+        cfg.seed,
+        start_example=start_example,
+        hflip=cfg.hflip,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
     peak, peak_source = peak_flops_per_device(dtype="fp32" if cfg.precision == "fp32" else "bf16")
     flops_per_device = step_flops(train_step, abstract, spec, frozen) / mesh.size  # XLA's cost analysis of the step
-    with Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches, MetricsLogger(
-        run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main
-    ) as logger, checkpoints, snapshots or contextlib.nullcontext(), StopRequest() as stop:
+    with (
+        Prefetch(stream, functools.partial(global_batch, data_sharding), depth=2) as batches,
+        MetricsLogger(run_dir, wandb_mode=cfg.wandb, config=dataclasses.asdict(cfg), enabled=is_main) as logger,
+        checkpoints,
+        snapshots or contextlib.nullcontext(),
+        StopRequest() as stop,
+    ):
         # The grids, checkpoints and FID as the kind writes them (LoRA: of base + EMA adapters; its file beside)
-        write_grids, save, measure = tune.outputs(write_samples, functools.partial(
-            save_checkpoint, checkpoints=checkpoints, source=source, config=ckpt_config, batches=batches,
-            start_example=start_example), evaluate)  # fmt: skip
+        write_grids, save, measure = tune.outputs(
+            write_samples,
+            functools.partial(
+                save_checkpoint,
+                checkpoints=checkpoints,
+                source=source,
+                config=ckpt_config,
+                batches=batches,
+                start_example=start_example,
+            ),
+            evaluate,
+        )
         logger.truncate_after(start_step)  # a resumed run logs each step once
-        logger.log_once({
-            "startup/step_flops_per_device": flops_per_device,
-            "startup/peak_flops_per_device": peak,
-            "startup/peak_source": peak_source,
-        })  # fmt: skip
+        logger.log_once(
+            {
+                "startup/step_flops_per_device": flops_per_device,
+                "startup/peak_flops_per_device": peak,
+                "startup/peak_source": peak_source,
+            }
+        )
         train_loop(
-            cfg, state, functools.partial(train_step, frozen=frozen), batches, logger, start_step=start_step,
+            cfg,
+            state,
+            functools.partial(train_step, frozen=frozen),
+            batches,
+            logger,
+            start_step=start_step,
             log_window=LogWindow(cfg.batch_size, flops_per_device, peak),
             profile=ProfileWindow(cfg.profile_steps, run_dir / "profile"),
-            write_samples=write_grids, stop=stop, evaluate=measure, save_checkpoint=save,
+            write_samples=write_grids,
+            stop=stop,
+            evaluate=measure,
+            save_checkpoint=save,
             save_snapshot=snapshots and functools.partial(save_snapshot, snapshots=snapshots, sigma_rels=sigma_rels),
-        )  # fmt: skip
+        )
         checkpoints.wait()  # the final save is on disk before the process exits
 
 
@@ -466,8 +606,10 @@ def run_script() -> None:
     try:
         main(parse_config())
     except KeyboardInterrupt:
-        tqdm.write("SIGINT received: stopped without saving; the same command starts again (or resumes from "
-                   "the newest checkpoint, if any)")  # fmt: skip
+        tqdm.write(
+            "SIGINT received: stopped without saving; the same command starts again (or resumes from "
+            "the newest checkpoint, if any)"
+        )
         raise SystemExit(130) from None
 
 

@@ -32,6 +32,8 @@ from eqxdiff.sharding import make_mesh
 from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Flags(Launch):
     """train/posthoc_ema.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a
@@ -62,6 +64,7 @@ class Flags(Launch):
     def only(self) -> tuple[float, ...]:
         """--from_sigma_rels' profiles (empty: all)."""
         return parse_sigma_rels(self.from_sigma_rels)
+# fmt: on
 
 
 def parse_args(argv: list[str] | None = None) -> Flags:
@@ -75,8 +78,10 @@ def parse_args(argv: list[str] | None = None) -> Flags:
     if not sigma_rels:
         parser.error("--sigma_rel: give at least one relative width, e.g. 0.05")
     if flags.fid and not (flags.sweep and flags.inception and flags.num >= 2 and flags.batch_size >= 1):
-        parser.error("--fid goes with --sweep and needs --inception FILE (pytorch-fid's weights), --num >= 2 and "
-                     "--batch_size >= 1")  # fmt: skip
+        parser.error(
+            "--fid goes with --sweep and needs --inception FILE (pytorch-fid's weights), --num >= 2 and "
+            "--batch_size >= 1"
+        )
     if flags.num_processes > 1:
         parser.error("train/posthoc_ema.py runs in one process (it reads each snapshot whole)")
     return flags
@@ -88,8 +93,14 @@ def snapshot_inputs(profiles: dict[int, list[float]], only: tuple[float, ...] = 
     return [(s, k, r) for s, rels in profiles.items() for k, r in enumerate(rels) if not only or r in only]
 
 
-def reconstruct(snapshots: EmaSnapshots, step: int, sigma_rels: tuple[float, ...], abstract_ema, sharding,
-                only: tuple[float, ...] = ()):  # fmt: skip
+def reconstruct(
+    snapshots: EmaSnapshots,
+    step: int,
+    sigma_rels: tuple[float, ...],
+    abstract_ema,
+    sharding,
+    only: tuple[float, ...] = (),
+):
     """([one EMA model per σ_rel, laid out by `sharding`], weights [inputs, σ_rels], inputs): Σ_i w[i, k] · input_i
     summed in float64 on the host, over the snapshots of steps <= `step` (of the profiles `only`, when given), one
     step's in host memory at a time."""
@@ -127,8 +138,10 @@ def main(args: Flags, features_fn=None) -> None:
     """`features_fn`: --fid's feature network, a stand-in (tests); default InceptionV3 from --inception."""
     run_dir = as_path(args.run_dir)  # a local folder or gs://BUCKET/PREFIX (eqxdiff/paths.py)
     if not (run_dir / "phema").is_dir():
-        raise SystemExit(f"{run_dir / 'phema'} does not exist: train the run with --phema_sigma_rels 0.05,0.10 "
-                         f"(train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
+        raise SystemExit(
+            f"{run_dir / 'phema'} does not exist: train the run with --phema_sigma_rels 0.05,0.10 "
+            f"(train/main.py) to write post-hoc EMA's snapshots."
+        )
     ckpt_step, _ = stored_run(run_dir, -1)  # the run's model, as its newest checkpoint describes it
     start_jax(args)
     mesh = make_mesh(data=-1, fsdp=1)
@@ -142,21 +155,31 @@ def main(args: Flags, features_fn=None) -> None:
     abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune)
     with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
         if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
-            raise SystemExit(f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "
-                             f"{', '.join(map(str, snapshots.steps)) or 'none'}; pick one of them.")  # fmt: skip
+            raise SystemExit(
+                f"--step {args.step}: {run_dir / 'phema'} holds snapshots of steps "
+                f"{', '.join(map(str, snapshots.steps)) or 'none'}; pick one of them."
+            )
         step = snapshots.steps[-1] if args.step < 0 else args.step
         models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract.ema, shardings.ema, args.only)
-    print(f"{run_dir} step {step}: {len(inputs)} snapshots ({len({s for s, _, _ in inputs})} steps × profiles "
-          f"{sorted({r for _, _, r in inputs})})")  # fmt: skip
+    print(
+        f"{run_dir} step {step}: {len(inputs)} snapshots ({len({s for s, _, _ in inputs})} steps × profiles "
+        f"{sorted({r for _, _, r in inputs})})"
+    )
     print(f"{'sigma_rel':>10}{'gamma':>9}{'sum|w|':>9}  saved")
     for sigma_rel, model, w in zip(args.sigma_rels, models, weights.T):
         folder = posthoc_dir(run_dir, sigma_rel)
         with EmaSnapshots(folder) as out:
-            meta = {"step": step, "sigma_rels": [sigma_rel], "gamma": sigma_rel_to_gamma(sigma_rel),
-                    "inputs": [[s, k, r, float(x)] for (s, k, r), x in zip(inputs, w)]}  # fmt: skip
+            meta = {
+                "step": step,
+                "sigma_rels": [sigma_rel],
+                "gamma": sigma_rel_to_gamma(sigma_rel),
+                "inputs": [[s, k, r, float(x)] for (s, k, r), x in zip(inputs, w)],
+            }
             if step in out.steps and not same_inputs(out.meta(step)["inputs"], meta["inputs"]):
-                raise SystemExit(f"{folder / str(step)} holds a reconstruction from other snapshots or weights "
-                                 f"(e.g. another --from_sigma_rels): remove that folder to make it again.")  # fmt: skip
+                raise SystemExit(
+                    f"{folder / str(step)} holds a reconstruction from other snapshots or weights "
+                    f"(e.g. another --from_sigma_rels): remove that folder to make it again."
+                )
             said = out.save(step, (model,), meta)
         kept = "" if said == "saved" else " (already there, the same: kept)"
         print(f"{sigma_rel:>10g}{meta['gamma']:>9.3f}{np.abs(w).sum():>9.3f}  {folder / str(step)}{kept}")
@@ -175,14 +198,18 @@ def check_sweep(args: Flags, stored: dict) -> None:
     dataset = stored.get("image_dataset", stored["dataset"])  # latents: the images they encode
     kind = stored_condition(stored)["kind"]
     if args.fid and kind not in ("none", "labels"):
-        raise SystemExit(f"--sweep --fid samples class-conditional or unconditional runs; this run is text-to-image "
-                         f"({dataset}): rebuild with --sigma_rel and measure with train/sample.py --ema sigma_rel=S "
-                         f"--fid STATS.npz --prompts ...")  # fmt: skip
+        raise SystemExit(
+            f"--sweep --fid samples class-conditional or unconditional runs; this run is text-to-image "
+            f"({dataset}): rebuild with --sigma_rel and measure with train/sample.py --ema sigma_rel=S "
+            f"--fid STATS.npz --prompts ..."
+        )
     if args.fid:  # its output's folder made and tried first, as sample.py --fid's
         check_writable(args.fid_out or as_path(args.run_dir) / "fid.jsonl", "--fid_out")
     elif not (kind == "labels" and dataset == "digits"):
-        raise SystemExit(f"--sweep scores class-conditional digits runs with the digits scorecard; this run trained "
-                         f"on {dataset}: pass --fid STATS.npz (train/fid_stats.py) --inception FILE to sweep by FID.")
+        raise SystemExit(
+            f"--sweep scores class-conditional digits runs with the digits scorecard; this run trained "
+            f"on {dataset}: pass --fid STATS.npz (train/fid_stats.py) --inception FILE to sweep by FID."
+        )
 
 
 def fid_sweep(args: Flags, run_dir: Path, step: int, features_fn=None) -> list[tuple[float, dict]]:
@@ -204,19 +231,44 @@ def fid_sweep(args: Flags, run_dir: Path, step: int, features_fn=None) -> list[t
         labels = sample.balanced_labels(args.num, list(range(num_classes))) if num_classes else None
         cond, null_cond = run.condition.for_sampling(labels, 1)  # as sample.py's: one image per label, or none
         sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py's
-        sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
-                                          run.image_shape, mesh=mesh, null_cond=null_cond)  # fmt: skip
+        sample_images = functools.partial(
+            sampling.images,
+            run.ema,
+            run.codec,
+            run.schedule,
+            run.parameterization,
+            run.image_shape,
+            mesh=mesh,
+            null_cond=null_cond,
+        )
         image_shape = run.codec.image_shape(run.image_shape)
         opened = opened or open_fid_flags(args, image_shape, features_fn, run.image_dataset)  # one network, one read
         print(f"\nsigma_rel {sigma_rel:g}:")
-        rows.append((sigma_rel, measure_fid(args, run.step, mesh, sample_images, cond, image_shape, sampling.record(),
-                                            opened=opened, num=args.num, ema=sigma_rel)))  # fmt: skip
+        rows.append(
+            (
+                sigma_rel,
+                measure_fid(
+                    args,
+                    run.step,
+                    mesh,
+                    sample_images,
+                    cond,
+                    image_shape,
+                    sampling.record(),
+                    opened=opened,
+                    num=args.num,
+                    ema=sigma_rel,
+                ),
+            )
+        )
     if jax.process_index() == 0:
         keys = [k for k in ("fid", "precision", "recall") if k in rows[0][1]]
         best = min(rows, key=lambda r: r[1]["fid"])[0]
         interval = f" for σ in ({sampling.interval_text()}]" if sampling.guidance_interval else ""
-        print(f"\nsweep: FID of {args.num} samples each against {args.fid}, {sampling.method} {sampling.steps} steps, "
-              f"guidance {sampling.guidance:g}{interval}")  # fmt: skip
+        print(
+            f"\nsweep: FID of {args.num} samples each against {args.fid}, {sampling.method} {sampling.steps} steps, "
+            f"guidance {sampling.guidance:g}{interval}"
+        )
         print(f"{'sigma_rel':>10}" + "".join(f"{k:>12}" for k in keys))
         for sigma_rel, result in rows:
             lowest = "  <- lowest fid" if sigma_rel == best else ""
@@ -244,14 +296,26 @@ def sweep(args: Flags, run_dir: Path, step: int) -> None:
         sampling = run_sampling(run.cfg, steps=args.steps, guidance=args.guidance)  # as sample.py --eval's
         labels = sample.balanced_labels(args.num, list(range(run.stored["num_classes"])))
         cond, null_cond = run.condition.for_sampling(labels, 1)
-        images, _ = sampling.images(run.ema, run.codec, run.schedule, run.parameterization, run.image_shape, cond,
-                                    args.num, mesh=mesh, null_cond=null_cond, seed=0)  # fmt: skip
+        images, _ = sampling.images(
+            run.ema,
+            run.codec,
+            run.schedule,
+            run.parameterization,
+            run.image_shape,
+            cond,
+            args.num,
+            mesh=mesh,
+            null_cond=null_cond,
+            seed=0,
+        )
         scores = digits_sample_metrics(to_uint8(images), labels)
         rows.append((sigma_rel, scores))
         print(f"{sigma_rel:>10g}" + "".join(f"{scores[k]:>16.4f}" for k in keys))
     best = min(rows, key=lambda r: r[1]["fd"])
-    print(f"lowest fd: sigma_rel {best[0]:g} (real digits: fd {best[1]['fd_real']:.4f}, class_accuracy "
-          f"{best[1]['class_accuracy_real']:.3f})")  # fmt: skip
+    print(
+        f"lowest fd: sigma_rel {best[0]:g} (real digits: fd {best[1]['fd_real']:.4f}, class_accuracy "
+        f"{best[1]['class_accuracy_real']:.3f})"
+    )
 
 
 if __name__ == "__main__":

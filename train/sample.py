@@ -70,6 +70,8 @@ from eqxdiff.run.sampling import parse_interval, run_sampling
 from eqxdiff.sharding import make_mesh
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Flags(Launch):
     """train/sample.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line a group of
@@ -104,14 +106,19 @@ class Flags(Launch):
     dinov2: str = ""  # --fid: FD-DINOv2 instead, with this DINOv2 folder (facebook/dinov2-large)
     fid_out: str = ""  # --fid: append a JSON line here (default: RUN_DIR/fid.jsonl)
     batch_size: int = 500  # --fid, --format adm: samples per sampler call (rounded up to a multiple of the devices)
+# fmt: on
 
 
 CHOICES = {"method": METHODS, "format": ["eqxdiff", "adm"], "vae_tiling": list(TILING_MODES)}  # METHODS: live
 # A published checkpoint's flags, now train/sample_pretrained.py's: one line saying so.
-PRETRAINED = ("python train/sample_pretrained.py --pretrained dit:FILE|sit:FILE|sd:FOLDER ... samples a published "
-              "checkpoint; train/sample.py samples a run (--run_dir)")  # fmt: skip
-MOVED = {f"--{name}": f"--{name}: {PRETRAINED}" for name in ("pretrained", "vae", "sampler", "num_heads",
-                                                             "negative_prompts", "clip_score")}  # fmt: skip
+PRETRAINED = (
+    "python train/sample_pretrained.py --pretrained dit:FILE|sit:FILE|sd:FOLDER ... samples a published "
+    "checkpoint; train/sample.py samples a run (--run_dir)"
+)
+MOVED = {
+    f"--{name}": f"--{name}: {PRETRAINED}"
+    for name in ("pretrained", "vae", "sampler", "num_heads", "negative_prompts", "clip_score")
+}
 
 
 def posthoc_ema(text: str) -> float:
@@ -134,16 +141,21 @@ def parse_args(argv: list[str] | None = None) -> Flags:
     if flags.num < 1 or flags.steps < 1 or flags.per_prompt < 1:
         parser.error("--num, --steps and --per_prompt must be >= 1")
     if flags.fid and bool(flags.inception) == bool(flags.dinov2):
-        parser.error("--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth "
-                     "(or --dinov2 FOLDER for FD-DINOv2, not both)")  # fmt: skip
+        parser.error(
+            "--fid needs --inception FILE: pytorch-fid's weights, pt_inception-2015-12-05-6726825d.pth "
+            "(or --dinov2 FOLDER for FD-DINOv2, not both)"
+        )
     if flags.fid and flags.eval:
         parser.error("--fid and --eval are separate runs: --fid streams its samples and keeps none")
     if flags.json and not flags.eval:
         parser.error("--json prints --eval's scores: pass --eval too")
-    if flags.format == "adm" and (Path(flags.out).suffix != ".npz" or flags.eval or flags.fid or flags.prompts
-                                  or flags.batch_size < 1):  # fmt: skip
-        parser.error("--format adm writes --num samples to --out FILE.npz (--batch_size >= 1), without --eval, --fid "
-                     "or --prompts (its arr_1 holds class labels)")  # fmt: skip
+    if flags.format == "adm" and (
+        Path(flags.out).suffix != ".npz" or flags.eval or flags.fid or flags.prompts or flags.batch_size < 1
+    ):
+        parser.error(
+            "--format adm writes --num samples to --out FILE.npz (--batch_size >= 1), without --eval, --fid "
+            "or --prompts (its arr_1 holds class labels)"
+        )
     try:
         parse_interval(flags.guidance_interval)
     except ValueError as e:
@@ -151,8 +163,10 @@ def parse_args(argv: list[str] | None = None) -> Flags:
     if (flags.guide_step >= 0 or flags.guide_scale is not None) and not flags.guide_run:
         parser.error("--guide_step and --guide_scale go with --guide_run RUN (autoguidance)")
     if flags.guide_run and (flags.guide_scale is None or flags.guidance_interval or flags.guidance not in (None, 1)):
-        parser.error("--guide_run RUN needs --guide_scale S, and replaces classifier-free guidance: leave out "
-                     "--guidance and --guidance_interval")  # fmt: skip
+        parser.error(
+            "--guide_run RUN needs --guide_scale S, and replaces classifier-free guidance: leave out "
+            "--guidance and --guidance_interval"
+        )
     if flags.fid and (flags.num < 2 or flags.batch_size < 1):
         parser.error("--fid needs --num >= 2 and --batch_size >= 1")
     return flags
@@ -221,8 +235,10 @@ def check_eval(stored: dict) -> None:
     else:
         scored = hasattr(builtin_dataset(dataset), "prompt_digits")
     if not scored:
-        raise SystemExit("--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
-                         f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py).")
+        raise SystemExit(
+            "--eval scores class-conditional digits and captioned_digits runs with a digits classifier; "
+            f"this run trained on {dataset}: measure it with --fid STATS.npz (train/fid_stats.py)."
+        )
 
 
 def main(flags: Flags, features_fn=None) -> None:
@@ -237,8 +253,10 @@ def main(flags: Flags, features_fn=None) -> None:
         _, guide_saved = stored_run(flags.guide_run, flags.guide_step)
         check_same_task(flags.run_dir, saved, flags.guide_run, guide_saved)
     if flags.format == "adm" and stored_condition(saved)["kind"] not in ("none", "labels"):
-        raise SystemExit("--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
-                         "sample it with --prompts into eqxdiff's .npz (--format eqxdiff).")  # fmt: skip
+        raise SystemExit(
+            "--format adm writes ADM's batch of images and class labels; this run is text-to-image: "
+            "sample it with --prompts into eqxdiff's .npz (--format eqxdiff)."
+        )
     if flags.process_id == 0 and flags.fid:  # the process that writes: its output's folder made and tried first
         check_writable(flags.fid_out or as_path(flags.run_dir) / "fid.jsonl", "--fid_out")  # a gs:// run: its bucket
     elif flags.process_id == 0:
@@ -247,8 +265,15 @@ def main(flags: Flags, features_fn=None) -> None:
     mesh = make_mesh(data=-1, fsdp=1)
     run = load_run(flags.run_dir, flags.step, mesh=mesh, ema=flags.ema)
     # The run's own sampler, guidance and interval (its grids'), but what the flags override (eqxdiff/run/sampling.py)
-    sampling = run_sampling(run.cfg, method=flags.method, steps=flags.steps, guidance=flags.guidance,
-                            interval=flags.guidance_interval, guide_scale=flags.guide_scale, tiling=flags.vae_tiling)
+    sampling = run_sampling(
+        run.cfg,
+        method=flags.method,
+        steps=flags.steps,
+        guidance=flags.guidance,
+        interval=flags.guidance_interval,
+        guide_scale=flags.guide_scale,
+        tiling=flags.vae_tiling,
+    )
     how = sampling.record()  # for the records of how the samples were made
     weak_denoiser = None
     if flags.guide_run:  # autoguidance: the other run's EMA, with its own σ_data and schedule, in the same program
@@ -265,7 +290,7 @@ def main(flags: Flags, features_fn=None) -> None:
         if prompts is None and hasattr(dataset, "scoring_prompts"):  # the dataset's own, with the digits they ask for
             prompts, digits = dataset.scoring_prompts(max(1, flags.num // flags.per_prompt), seed=flags.seed)
         elif prompts is None:
-            raise SystemExit("This run is text-to-image: pass --prompts \"...\" [\"...\" ...].")
+            raise SystemExit('This run is text-to-image: pass --prompts "..." ["..." ...].')
         elif flags.eval:  # the digits each prompt asks for, in the dataset's grammar (check_eval)
             try:
                 digits = dataset.prompt_digits(list(prompts))
@@ -279,12 +304,32 @@ def main(flags: Flags, features_fn=None) -> None:
     else:
         cond, null_cond = run.condition.for_sampling(labels, 1)  # class runs: one image per label; else none
     # (cond, num, seed=) -> (images [num, h, w, c] in about [-1, 1], the samples as drawn: a latent run's latents)
-    sample_images = functools.partial(sampling.images, run.ema, run.codec, run.schedule, run.parameterization,
-                                      run.image_shape, mesh=mesh, null_cond=null_cond, weak_denoiser=weak_denoiser)
+    sample_images = functools.partial(
+        sampling.images,
+        run.ema,
+        run.codec,
+        run.schedule,
+        run.parameterization,
+        run.image_shape,
+        mesh=mesh,
+        null_cond=null_cond,
+        weak_denoiser=weak_denoiser,
+    )
 
     if flags.fid:
-        measure_fid(flags, run.step, mesh, sample_images, cond, run.codec.image_shape(run.image_shape), how,
-                    features_fn, run.image_dataset, num=num, ema=flags.ema)  # fmt: skip
+        measure_fid(
+            flags,
+            run.step,
+            mesh,
+            sample_images,
+            cond,
+            run.codec.image_shape(run.image_shape),
+            how,
+            features_fn,
+            run.image_dataset,
+            num=num,
+            ema=flags.ema,
+        )
         return
     if flags.format == "adm":
         write_adm_batch(flags, run.step, mesh, sample_images, run.condition, classes if num_classes else None, how)
@@ -319,16 +364,21 @@ def main(flags: Flags, features_fn=None) -> None:
             guided = f"guidance {sampling.guidance:g}" + (f" for σ in ({interval}]" if interval else "")
             if flags.guide_run:
                 guided = f"autoguidance {sampling.guide_scale:g} by {flags.guide_run} step {how['guide_step']}"
-            scored = (f"{flags.run_dir} step {step}: {num} samples, {sampling.method} {sampling.steps} steps, "
-                      f"{guided}, seed {flags.seed}")  # fmt: skip
+            scored = (
+                f"{flags.run_dir} step {step}: {num} samples, {sampling.method} {sampling.steps} steps, "
+                f"{guided}, seed {flags.seed}"
+            )
             record = {"step": step, "num": num, **how, "seed": flags.seed}  # --json's line
         if flags.eval and digits is not None:
             scores = two_digit_accuracy(to_uint8(images), digits)  # the digits classifier on each half
             if flags.json:
                 print(json.dumps({**record, **scores}))
             else:
-                print(f"{scored}\ntwo digits: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
-                      + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)")  # fmt: skip
+                print(
+                    f"{scored}\ntwo digits: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in scores.items())
+                    + " (fraction classified as prompted, per half and both; higher is better; real digits: ~0.98 per half)"
+                )
         elif flags.eval:  # a digits run (check_eval)
             scores = digits_sample_metrics(to_uint8(images), labels)  # scored as saved: clipped
             if flags.json:

@@ -32,8 +32,21 @@ def open_fid_flags(args, image_shape: tuple, features_fn=None, dataset: str | No
         raise SystemExit(f"--fid: {e}") from e
 
 
-def measure_fid(args, step: int, mesh, sample_images, cond, image_shape: tuple, how: dict, features_fn=None,
-                dataset: str | None = None, opened: tuple | None = None, *, num: int, ema: float | None) -> dict:
+def measure_fid(
+    args,
+    step: int,
+    mesh,
+    sample_images,
+    cond,
+    image_shape: tuple,
+    how: dict,
+    features_fn=None,
+    dataset: str | None = None,
+    opened: tuple | None = None,
+    *,
+    num: int,
+    ema: float | None,
+) -> dict:
     """FID (and precision/recall, when the reference keeps features) of `num` samples made in
     chunks of `args.batch_size` (the last one padded: one sampler program), each streamed through
     the network as it comes; process 0 prints `FID <value>` (`FD-DINOv2 <value>` with --dinov2, the record's

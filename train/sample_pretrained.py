@@ -57,6 +57,8 @@ from eqxdiff.sd import load_sd
 from eqxdiff.sharding import batch_sharding, make_mesh, placement
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Flags(Launch):
     """train/sample_pretrained.py's flags: each field is `--name`, its comment the flag's help, each `# section:` line
@@ -83,8 +85,11 @@ class Flags(Launch):
     out: str = "samples.png"  # a .png grid, or an .npz (dit:, sit: ADM's sample batch; sd: images, latents, prompts)
     clip_score: str = ""  # sd: also the images' CLIP score against their prompts, with this CLIP folder
     batch_size: int = 500  # samples per sampler call (dit:, sit: rounded up to a multiple of the devices; sd: images per pipeline call)
+# fmt: on
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclass(frozen=True)
 class Family:
     """A published family's official defaults (its sample_ddp.py's, diffusers' pipeline's) and its loader."""
@@ -95,6 +100,7 @@ class Family:
     steps: int
     guidance: float
     load: Callable | None = None  # (file, num_heads, place=) -> the network (dit:, sit:)
+# fmt: on
 
 
 FAMILIES = {
@@ -105,8 +111,11 @@ FAMILIES = {
 SIT_SAMPLERS = {"ode": "dopri5", "sde": "euler"}  # each SiT method's default integrator
 # Flags of train/sample.py's runs: one line saying where they belong.
 MOVED = {
-    **{f"--{name}": f"--{name} measures samples of a run (train/sample.py); measure a published checkpoint's batch "
-                    f"with train/evaluate.py REF.npz OUT.npz" for name in ("eval", "fid")},  # fmt: skip
+    **{
+        f"--{name}": f"--{name} measures samples of a run (train/sample.py); measure a published checkpoint's batch "
+        f"with train/evaluate.py REF.npz OUT.npz"
+        for name in ("eval", "fid")
+    },
     "--run_dir": "--run_dir: a run of train/main.py samples with python train/sample.py --run_dir RUN",
 }
 
@@ -127,20 +136,27 @@ def resolved(flags: Flags) -> Flags:
     line naming the fix."""
     family, _, path = flags.pretrained.partition(":")
     if family not in FAMILIES or not path:
-        raise SystemExit(f"--pretrained {flags.pretrained!r}: give dit:FILE or sit:FILE (a published .pt or "
-                         ".safetensors), or sd:FOLDER (a diffusers Stable Diffusion pipeline).")  # fmt: skip
+        raise SystemExit(
+            f"--pretrained {flags.pretrained!r}: give dit:FILE or sit:FILE (a published .pt or "
+            ".safetensors), or sd:FOLDER (a diffusers Stable Diffusion pipeline)."
+        )
     defaults = FAMILIES[family]
     method = flags.method or defaults.method
     if method and method not in defaults.methods:
         methods = (" or " if len(defaults.methods) == 2 else ", ").join(defaults.methods)
-        raise SystemExit(f"--method {method}: a {defaults.name} samples with {methods}"
-                         + (" (default: its scheduler's)." if family == "sd" else "."))  # fmt: skip
+        raise SystemExit(
+            f"--method {method}: a {defaults.name} samples with {methods}"
+            + (" (default: its scheduler's)." if family == "sd" else ".")
+        )
     if flags.clip_score and family != "sd":
         raise SystemExit("--clip_score scores --pretrained sd:FOLDER's images against their prompts")
     if flags.sampler and family != "sit":
         raise SystemExit("--sampler chooses SiT's integrator (ode: dopri5, heun, euler; sde: euler, heun).")
-    common = dict(method=method, steps=flags.steps or defaults.steps,
-                  guidance=defaults.guidance if flags.guidance is None else flags.guidance)  # fmt: skip
+    common = dict(
+        method=method,
+        steps=flags.steps or defaults.steps,
+        guidance=defaults.guidance if flags.guidance is None else flags.guidance,
+    )
     if family == "sd":
         return dataclasses.replace(flags, **common, **sd_counts(flags))
     check_class_conditional(flags, family, Path(path))
@@ -152,15 +168,21 @@ def check_class_conditional(flags: Flags, family: str, path: Path) -> None:
     """A dit:/sit: file, its VAE, and no flag of sd:'s, or a one-line error naming the fix."""
     if not path.is_file():
         given = what_path_is(path) + (f" (did you mean sd:{path}?)" if (path / "model_index.json").is_file() else "")
-        raise SystemExit(f"--pretrained {family}:{path}: no file {path}: it {given}; give {family}:FILE "
-                         f"(DiT-XL-2-256x256.pt, SiT-XL-2-256x256.pt, a train.py checkpoint, or one as "
-                         f".safetensors).")  # fmt: skip
+        raise SystemExit(
+            f"--pretrained {family}:{path}: no file {path}: it {given}; give {family}:FILE "
+            f"(DiT-XL-2-256x256.pt, SiT-XL-2-256x256.pt, a train.py checkpoint, or one as "
+            f".safetensors)."
+        )
     if not flags.vae or not Path(flags.vae, "config.json").is_file():
-        raise SystemExit(f"--pretrained {family}: needs --vae FOLDER: the diffusers SD VAE its paper decodes with "
-                         f"(sd-vae-ft-ema/ or sd-vae-ft-mse/, config.json + weights); got {flags.vae or 'none'}.")  # fmt: skip
+        raise SystemExit(
+            f"--pretrained {family}: needs --vae FOLDER: the diffusers SD VAE its paper decodes with "
+            f"(sd-vae-ft-ema/ or sd-vae-ft-mse/, config.json + weights); got {flags.vae or 'none'}."
+        )
     if flags.prompts or flags.negative_prompts or flags.per_prompt:
-        raise SystemExit(f"--pretrained {family}: draws class labels (--classes); --prompts, --negative_prompts and "
-                         "--per_prompt are for sd:FOLDER.")  # fmt: skip
+        raise SystemExit(
+            f"--pretrained {family}: draws class labels (--classes); --prompts, --negative_prompts and "
+            "--per_prompt are for sd:FOLDER."
+        )
 
 
 def sd_counts(flags: Flags) -> dict:
@@ -169,31 +191,43 @@ def sd_counts(flags: Flags) -> dict:
     folder = Path(flags.pretrained.partition(":")[2]).expanduser()
     if not (folder / "model_index.json").is_file():
         given = what_path_is(folder) + (f" (did you mean dit:{folder} or sit:{folder}?)" if folder.is_file() else "")
-        raise SystemExit(f"--pretrained sd:{folder}: no model_index.json there: {folder} {given}; give a diffusers "
-                         "pipeline folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
-                         "scheduler/).")  # fmt: skip
+        raise SystemExit(
+            f"--pretrained sd:{folder}: no model_index.json there: {folder} {given}; give a diffusers "
+            "pipeline folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, "
+            "scheduler/)."
+        )
     if flags.vae or flags.classes or flags.num_heads:
-        raise SystemExit("--pretrained sd: takes --prompts, --negative_prompts, --guidance, --steps, --method, --seed "
-                         "and --out; the pipeline brings its own VAE (no --vae, --classes, --num_heads).")  # fmt: skip
+        raise SystemExit(
+            "--pretrained sd: takes --prompts, --negative_prompts, --guidance, --steps, --method, --seed "
+            "and --out; the pipeline brings its own VAE (no --vae, --classes, --num_heads)."
+        )
     prompts, negative = flags.prompts, flags.negative_prompts
     if not prompts:
         raise SystemExit('--pretrained sd: needs --prompts "a photo of a cat" ... (one image each).')
     if flags.clip_score and not (Path(flags.clip_score).expanduser() / "preprocessor_config.json").is_file():
-        raise SystemExit(f"--clip_score {flags.clip_score}: no preprocessor_config.json there; give a transformers CLIP "
-                         "folder (openai/clip-vit-large-patch14: config.json, model.safetensors, its tokenizer and "
-                         "preprocessor_config.json).")  # fmt: skip
+        raise SystemExit(
+            f"--clip_score {flags.clip_score}: no preprocessor_config.json there; give a transformers CLIP "
+            "folder (openai/clip-vit-large-patch14: config.json, model.safetensors, its tokenizer and "
+            "preprocessor_config.json)."
+        )
     if negative and len(negative) not in (1, len(prompts)):
-        raise SystemExit(f"--negative_prompts: one for all prompts or one per prompt ({len(prompts)}), got "
-                         f"{len(negative)}.")  # fmt: skip
+        raise SystemExit(
+            f"--negative_prompts: one for all prompts or one per prompt ({len(prompts)}), got {len(negative)}."
+        )
     per_prompt = flags.per_prompt or 1
     if flags.num is not None:  # --num images in all: as many for each prompt
         per_prompt, rest = divmod(flags.num, len(prompts))
         if rest or (flags.per_prompt is not None and per_prompt != flags.per_prompt):
-            raise SystemExit(f"--num {flags.num}: --pretrained sd: makes --per_prompt images for each of the "
-                             f"{len(prompts)} prompts; pass --per_prompt N alone, or --num a multiple of "
-                             f"{len(prompts)}.")  # fmt: skip
-    return dict(num=len(prompts) * per_prompt, per_prompt=per_prompt,
-                negative_prompts=negative * len(prompts) if len(negative) == 1 else negative)  # fmt: skip
+            raise SystemExit(
+                f"--num {flags.num}: --pretrained sd: makes --per_prompt images for each of the "
+                f"{len(prompts)} prompts; pass --per_prompt N alone, or --num a multiple of "
+                f"{len(prompts)}."
+            )
+    return dict(
+        num=len(prompts) * per_prompt,
+        per_prompt=per_prompt,
+        negative_prompts=negative * len(prompts) if len(negative) == 1 else negative,
+    )
 
 
 def main(flags: Flags) -> None:
@@ -208,13 +242,25 @@ def main(flags: Flags) -> None:
 def latents_fn(family: str, flags: Flags):
     """(model, labels [b], x_T [b, s, s, c], key) -> latents, one jitted program (the sampler's own scan inside)."""
     if family == "dit":
+
         def run(model, labels, noise, key):
-            return sample_dit(model, labels, noise, steps=flags.steps, method=flags.method, guidance=flags.guidance,
-                              key=key)  # fmt: skip
+            return sample_dit(
+                model, labels, noise, steps=flags.steps, method=flags.method, guidance=flags.guidance, key=key
+            )
     else:
+
         def run(model, labels, noise, key):
-            return sample_sit(model, labels, noise, steps=flags.steps, method=flags.method, sampler=flags.sampler,
-                              guidance=flags.guidance, key=key)  # fmt: skip
+            return sample_sit(
+                model,
+                labels,
+                noise,
+                steps=flags.steps,
+                method=flags.method,
+                sampler=flags.sampler,
+                guidance=flags.guidance,
+                key=key,
+            )
+
     return eqx.filter_jit(run)
 
 
@@ -248,12 +294,28 @@ def sample_class_conditional(flags: Flags) -> None:
         latents = np.asarray(multihost_utils.process_allgather(latents, tiled=True))
         return to_uint8_official(decode_latents(vae, latents, mesh=mesh, tiling=flags.vae_tiling))
 
-    recorded = {"--pretrained": str(path.resolve()), "--vae": str(Path(flags.vae).resolve()), "--num": flags.num,
-                "--seed": flags.seed, "--batch_size": chunk_size, "--classes": classes, "--method": flags.method,
-                "--sampler": flags.sampler or None, "--steps": flags.steps, "--guidance": flags.guidance}  # fmt: skip
+    recorded = {
+        "--pretrained": str(path.resolve()),
+        "--vae": str(Path(flags.vae).resolve()),
+        "--num": flags.num,
+        "--seed": flags.seed,
+        "--batch_size": chunk_size,
+        "--classes": classes,
+        "--method": flags.method,
+        "--sampler": flags.sampler or None,
+        "--steps": flags.steps,
+        "--guidance": flags.guidance,
+    }
     if Path(flags.out).suffix == ".npz":
-        write_sample_batches(sample_chunk, flags.out, num=flags.num, chunk_size=chunk_size, seed=flags.seed,
-                             classes=classes, flags=recorded)  # fmt: skip
+        write_sample_batches(
+            sample_chunk,
+            flags.out,
+            num=flags.num,
+            chunk_size=chunk_size,
+            seed=flags.seed,
+            classes=classes,
+            flags=recorded,
+        )
     else:  # a grid: --num images in one chunk, grouped by class
         labels = np.sort(balanced_labels(flags.num, classes, flags.seed))
         padded = np.concatenate([labels, np.full(-len(labels) % mesh.size, labels[-1], labels.dtype)])
@@ -262,8 +324,10 @@ def sample_class_conditional(flags: Flags) -> None:
             save_image_grid(flags.out, images.astype(np.float32) / 127.5 - 1, ncols=min(10, len(images)))
     if jax.process_index() == 0:
         sampler = f" {flags.sampler}" if flags.sampler else ""
-        print(f"{flags.pretrained}: {flags.num} samples ({flags.method}{sampler}, {flags.steps} steps, guidance "
-              f"{flags.guidance:g}) -> {flags.out}")  # fmt: skip
+        print(
+            f"{flags.pretrained}: {flags.num} samples ({flags.method}{sampler}, {flags.steps} steps, guidance "
+            f"{flags.guidance:g}) -> {flags.out}"
+        )
 
 
 # ---- sd: a Stable Diffusion pipeline's images of prompts, as diffusers' pipeline makes them ----
@@ -282,22 +346,33 @@ def sample_sd(flags: Flags) -> None:
     config = json.loads(pipe.unet.config)
     side = config["sample_size"]  # latents, as diffusers' default height/width
     noise_key, step_key = jax.random.split(jax.random.key(flags.seed))
-    noise = [jax.random.normal(jax.random.fold_in(noise_key, i), (1, side, side, config["in_channels"]))
-             for i in range(len(prompts))]  # fmt: skip
+    noise = [
+        jax.random.normal(jax.random.fold_in(noise_key, i), (1, side, side, config["in_channels"]))
+        for i in range(len(prompts))
+    ]
     latents = []
     for start in range(0, len(prompts), flags.batch_size):  # images per pipeline call
         rows = slice(start, start + flags.batch_size)
-        latents.append(pipe.latents(prompts[rows], None if negative is None else negative[rows], steps=flags.steps,
-                                    guidance=flags.guidance, initial_latents=np.concatenate(noise[rows]),
-                                    key=jax.random.fold_in(step_key, start)))  # fmt: skip
+        latents.append(
+            pipe.latents(
+                prompts[rows],
+                None if negative is None else negative[rows],
+                steps=flags.steps,
+                guidance=flags.guidance,
+                initial_latents=np.concatenate(noise[rows]),
+                key=jax.random.fold_in(step_key, start),
+            )
+        )
     latents = np.concatenate([np.asarray(x) for x in latents])
     images = np.asarray(pipe.decode(latents))
     if Path(flags.out).suffix == ".npz":
         np.savez(flags.out, images=to_uint8(images), latents=latents, prompts=np.asarray(prompts))
     else:
         save_image_grid(flags.out, images, ncols=flags.per_prompt, row_labels=list(flags.prompts))
-    print(f"{flags.pretrained}: {len(prompts)} {'image' if len(prompts) == 1 else 'images'} ({flags.per_prompt} per "
-          f"prompt, {pipe.scheduler.method}, {flags.steps} steps, guidance {flags.guidance:g}) -> {flags.out}")  # fmt: skip
+    print(
+        f"{flags.pretrained}: {len(prompts)} {'image' if len(prompts) == 1 else 'images'} ({flags.per_prompt} per "
+        f"prompt, {pipe.scheduler.method}, {flags.steps} steps, guidance {flags.guidance:g}) -> {flags.out}"
+    )
     if flags.clip_score:
         from eqxdiff.eval.clip_score import CLIPScorer, clip_score  # imported here: only this flag needs it
 

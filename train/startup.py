@@ -24,6 +24,8 @@ from eqxdiff import xla_cpu
 EQXDIFF = Path(eqxdiff.__file__).parent  # the library's files: whose warnings are one line
 
 
+# A table the formatter leaves as written: each field's comment is its flag's --help line.
+# fmt: off
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """How a script's JAX starts (`start_jax`): the flags every script in train/ takes, each Config
@@ -36,6 +38,7 @@ class Launch:
     num_processes: int = 1  # with --coordinator: processes in the job
     process_id: int = 0  # with --coordinator: this process's index
     xla_cpu: str = "on"  # XLA:CPU workarounds (eqxdiff/xla_cpu.py): on (its DEFAULT), off, a comma list of names; auto: timed
+# fmt: on
 
 
 def _dataclasses(config_type) -> list[type]:
@@ -80,8 +83,14 @@ def flag_type(field: dataclasses.Field) -> tuple[type, dict]:
     return kind, {}
 
 
-def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None = None, required: tuple = (),
-              given_only: bool = False, parsers: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
+def add_flags(
+    parser: argparse.ArgumentParser,
+    config_type,
+    choices: dict | None = None,
+    required: tuple = (),
+    given_only: bool = False,
+    parsers: dict | None = None,
+) -> argparse.ArgumentParser:
     """A flag `--name value` per field of the dataclass `config_type` on `parser`, its help the field's
     comment and its default the field's, grouped by the source's sections (`field_sections`: the
     class's own, in order, then its bases'); booleans are `--name` / `--no-name`, `tuple[X, ...]` fields take one
@@ -100,13 +109,20 @@ def add_flags(parser: argparse.ArgumentParser, config_type, choices: dict | None
         default = argparse.SUPPRESS if given_only else field.default
         help_text = helps.get(field.name, "").replace("%", "%%")
         if field.type is bool:
-            where.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=default,
-                               help=help_text)  # fmt: skip
+            where.add_argument(
+                f"--{field.name}", action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
         else:
             kind, more = flag_type(field)
-            where.add_argument(f"--{field.name}", type=(parsers or {}).get(field.name, kind), default=default,
-                               help=help_text, choices=(choices or {}).get(field.name),
-                               required=field.name in required, **more)  # fmt: skip
+            where.add_argument(
+                f"--{field.name}",
+                type=(parsers or {}).get(field.name, kind),
+                default=default,
+                help=help_text,
+                choices=(choices or {}).get(field.name),
+                required=field.name in required,
+                **more,
+            )
     return parser
 
 
@@ -116,9 +132,15 @@ def parsed_flags(config_type, namespace: argparse.Namespace):
     return config_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
-def dataclass_parser(config_type, description: str, choices: dict | None = None, required: tuple = (),
-                     given_only: bool = False, parsers: dict | None = None,
-                     moved: dict | None = None) -> argparse.ArgumentParser:  # fmt: skip
+def dataclass_parser(
+    config_type,
+    description: str,
+    choices: dict | None = None,
+    required: tuple = (),
+    given_only: bool = False,
+    parsers: dict | None = None,
+    moved: dict | None = None,
+) -> argparse.ArgumentParser:
     """A parser of `config_type`'s flags (`add_flags`), `description` atop its --help; `moved`: Parser's."""
     return add_flags(Parser(description=description, moved=moved), config_type, choices, required, given_only, parsers)
 
@@ -180,8 +202,7 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
     if launch.coordinator == "auto":  # SLURM, Open MPI, TPU pods, ...: jax reads the cluster's env
         jax.distributed.initialize()
     elif launch.coordinator:
-        jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes,
-                                   process_id=launch.process_id)  # fmt: skip
+        jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes, process_id=launch.process_id)
     # Same results; which pay off depends on the CPU (BENCHMARKS.md). "auto" starts with the shipped set but
     # YNNPACK's process flag, and train/main.py times its step under each candidate (train/xla_cpu_auto.py).
     auto = launch.xla_cpu == "auto"

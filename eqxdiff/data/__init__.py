@@ -2,8 +2,11 @@
 device prefetch thread."""
 
 from eqxdiff.data.captioned_digits import (
-    CaptionedDigitsSource, caption_digits, captioned_digits_prompts, captioned_digits_tokenizer,
-)  # fmt: skip
+    CaptionedDigitsSource,
+    caption_digits,
+    captioned_digits_prompts,
+    captioned_digits_tokenizer,
+)
 from eqxdiff.data.pipeline import batch_stream, check_position, data_position
 from eqxdiff.data.prefetch import Prefetch, global_batch
 from eqxdiff.data.records import TEXT, Source, TextField, batch_spec, describe_fields, stack_records

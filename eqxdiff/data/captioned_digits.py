@@ -32,8 +32,12 @@ SEED = 0
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # {L}/{R}: the left/right digit, {aL}/{aR}: its article. Templates 0..4.
 TEMPLATES = (
-    "{aL} {L} left of {aR} {R}", "{aR} {R} right of {aL} {L}", "{L} then {R}", "{L} before {R}", "{R} after {L}"
-)  # fmt: skip
+    "{aL} {L} left of {aR} {R}",
+    "{aR} {R} right of {aL} {L}",
+    "{L} then {R}",
+    "{L} before {R}",
+    "{R} after {L}",
+)
 VOCAB = ("a", "an", "left", "right", "of", "then", "before", "after", *map(str, range(10)), *NUMBER_WORDS)
 MAX_LENGTH = 8  # the longest caption, "an eight right of a three", is 6 words + bos + eos
 
@@ -113,8 +117,10 @@ def captioned_digits_prompts(num: int, seed: int = 0) -> tuple[list[str], Int32[
     digits = pairs[order]
     templates = rng.integers(0, len(TEMPLATES), num)
     as_word = rng.integers(0, 2, (num, 2)).astype(bool)
-    prompts = [digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))
-               for (l, r), t, (wl, wr) in zip(digits, templates, as_word)]  # fmt: skip
+    prompts = [
+        digits_caption(int(l), int(r), int(t), bool(wl), bool(wr))
+        for (l, r), t, (wl, wr) in zip(digits, templates, as_word)
+    ]
     return prompts, digits
 
 

@@ -22,8 +22,10 @@ class UnreadableImagesError(ValueError):
         if len(bad) > MAX_LISTED:
             lines.append(f"  ... and {len(bad) - MAX_LISTED} more")
         if len(bad) < total:
-            fix = ("Remove or fix them, or open the folder with skip_bad_images=True (train/main.py: "
-                   "--skip_bad_images) to go without them.")
+            fix = (
+                "Remove or fix them, or open the folder with skip_bad_images=True (train/main.py: "
+                "--skip_bad_images) to go without them."
+            )
         else:
             fix = "Remove or fix them: none of the images is readable, so skipping them would leave nothing."
         listing = "\n".join(lines)

@@ -51,7 +51,7 @@ class Source(Protocol):
 
 
 def describe_field(field: jax.ShapeDtypeStruct | TextField) -> str:
-    """"uint8[8, 8, 1]", or "text" for a text field."""
+    """ "uint8[8, 8, 1]", or "text" for a text field."""
     return "text" if isinstance(field, TextField) else f"{np.dtype(field.dtype).name}{list(field.shape)}"
 
 
@@ -82,7 +82,9 @@ def stack_records(records: Sequence[dict], fields: Fields) -> dict[str, np.ndarr
             value = record[name]
             if np.shape(value) != tuple(want.shape) or np.asarray(value).dtype != want.dtype:
                 got = f"{np.asarray(value).dtype.name}{list(np.shape(value))}"
-                raise ValueError(f"Field {name!r} of a record is {got}, but its source declares {describe_fields({name: want})[name]}.")
+                raise ValueError(
+                    f"Field {name!r} of a record is {got}, but its source declares {describe_fields({name: want})[name]}."
+                )
     return {name: np.stack([r[name] for r in records]) for name in fields}
 
 

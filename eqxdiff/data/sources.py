@@ -300,7 +300,7 @@ def latent_text(source: LatentSource) -> str:
 
 
 def describe_classes(num_classes: int, names: Sequence[str] | None) -> str:
-    """"unlabeled", "labels 0..K-1" (no names) or "classes 0=cats, 1=dogs" (the first few, then the count)."""
+    """ "unlabeled", "labels 0..K-1" (no names) or "classes 0=cats, 1=dogs" (the first few, then the count)."""
     if not num_classes:
         return "unlabeled"
     if not names:

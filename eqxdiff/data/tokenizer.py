@@ -27,11 +27,20 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers,
 from tokenizers.models import BPE, WordLevel
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")  # added in this order: the last flags win
-CLIP_DEFAULTS = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-                 "pad_token": "<|endoftext|>"}  # fmt: skip
+CLIP_DEFAULTS = {
+    "bos_token": "<|startoftext|>",
+    "eos_token": "<|endoftext|>",
+    "unk_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+}
 CLIP_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""  # CLIP's word regex
 NO_LIMIT = 10**12  # transformers writes model_max_length = 1e30 for "no known limit"
-WORD_SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0..3: eos is not 2, which CLIP configs read as legacy pooling
+WORD_SPECIALS = (
+    "<pad>",
+    "<unk>",
+    "<bos>",
+    "<eos>",
+)  # ids 0..3: eos is not 2, which CLIP configs read as legacy pooling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +104,10 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     with its special tokens and model_max_length from tokenizer_config.json / special_tokens_map.json."""
     folder = Path(path)
     config = read_json(folder / "tokenizer_config.json")
-    specials = {key: read_json(folder / "special_tokens_map.json").get(key, config.get(key, CLIP_DEFAULTS[key]))
-                for key in SPECIAL_TOKENS}  # fmt: skip
+    specials = {
+        key: read_json(folder / "special_tokens_map.json").get(key, config.get(key, CLIP_DEFAULTS[key]))
+        for key in SPECIAL_TOKENS
+    }
     content = {key: value["content"] if isinstance(value, dict) else value for key, value in specials.items()}
     from_json = (folder / "tokenizer.json").is_file()
     if from_json:
@@ -114,9 +125,11 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     if not from_json:  # bos ... eos, as transformers' CLIPConverter (tokenizer.json carries its own)
         bos, eos = content["bos_token"], content["eos_token"]
         tokenizer.post_processor = processors.RobertaProcessing(
-            (eos, tokenizer.token_to_id(eos)), (bos, tokenizer.token_to_id(bos)), trim_offsets=False,
+            (eos, tokenizer.token_to_id(eos)),
+            (bos, tokenizer.token_to_id(bos)),
+            trim_offsets=False,
             add_prefix_space=False,
-        )  # fmt: skip
+        )
     pad_id = tokenizer.token_to_id(content["pad_token"])
     model_max_length = config.get("model_max_length")
     return TextTokenizer(
@@ -136,8 +149,10 @@ def word_tokenizer(vocab: Sequence[str], max_length: int) -> TextTokenizer:
     pre_tokenizer = pre_tokenizers.Whitespace()
     for word in vocab:
         if word != word.lower() or [piece for piece, _ in pre_tokenizer.pre_tokenize_str(word)] != [word]:
-            raise ValueError(f"Vocabulary word {word!r} can never be produced: words are lowercase and whole"
-                             r" pre-tokens (a run of \w, or of punctuation, with no whitespace).")  # fmt: skip
+            raise ValueError(
+                f"Vocabulary word {word!r} can never be produced: words are lowercase and whole"
+                r" pre-tokens (a run of \w, or of punctuation, with no whitespace)."
+            )
     ids = {token: i for i, token in enumerate((*WORD_SPECIALS, *vocab))}
     if len(ids) != len(WORD_SPECIALS) + len(vocab):
         raise ValueError(f"The vocabulary repeats a word or a special token {WORD_SPECIALS}: {list(vocab)}.")
@@ -158,8 +173,15 @@ def clip_bpe(vocab_file: Path, merges_file: Path, unk_token: str) -> tokenizers.
     """CLIP's tokenization pipeline, as transformers' `convert_slow_tokenizer.CLIPConverter` builds it."""
     vocab, merges = BPE.read_file(str(vocab_file), str(merges_file))
     tokenizer = tokenizers.Tokenizer(
-        BPE(vocab, merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="</w>", fuse_unk=False,
-            unk_token=unk_token)  # fmt: skip
+        BPE(
+            vocab,
+            merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="</w>",
+            fuse_unk=False,
+            unk_token=unk_token,
+        )
     )
     tokenizer.normalizer = normalizers.Sequence(
         [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]

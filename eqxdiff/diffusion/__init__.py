@@ -8,7 +8,13 @@ integrates D down a σ grid (docs/core.md, "One idea: everything speaks σ").
 from .autoguidance import AutoGuidance
 from .denoiser import Denoiser, LearnedVarianceDenoiser, WithoutVariance
 from .grids import (
-    flow_time_sigmas, karras_sigmas, logsnr_sigmas, spaced_sigmas, spaced_timesteps, vp_sigmas, vp_timesteps,
+    flow_time_sigmas,
+    karras_sigmas,
+    logsnr_sigmas,
+    spaced_sigmas,
+    spaced_timesteps,
+    vp_sigmas,
+    vp_timesteps,
 )
 from .guidance import ClassifierFreeGuidance, condition_where, drop_condition
 from .loss import DenoisingPrediction, denoising_loss, denoising_prediction, draw_sigma_and_noise, uncertainty_weighted

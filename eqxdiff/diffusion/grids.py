@@ -85,8 +85,10 @@ def spaced_timesteps(num_timesteps: int, section_counts: int | str) -> np.ndarra
         for stride in range(1, T):
             if len(range(0, T, stride)) == int(count):
                 return np.arange(0, T, stride)
-        raise ValueError(f"Respacing {spec!r}: no stride gives exactly {count} steps as range(0, {T}, stride); "
-                         f"'{count}' spaces {count} steps evenly instead.")  # fmt: skip
+        raise ValueError(
+            f"Respacing {spec!r}: no stride gives exactly {count} steps as range(0, {T}, stride); "
+            f"'{count}' spaces {count} steps evenly instead."
+        )
     try:
         counts = [int(c) for c in spec.split(",")]
     except ValueError:
@@ -97,8 +99,10 @@ def spaced_timesteps(num_timesteps: int, section_counts: int | str) -> np.ndarra
     for i, count in enumerate(counts):
         size = size_per + (1 if i < extra else 0)
         if not 1 <= count <= size:
-            raise ValueError(f"Respacing {spec!r}: section {i} has {size} of the {T} timesteps; {count} steps "
-                             f"must be between 1 and {size}.")  # fmt: skip
+            raise ValueError(
+                f"Respacing {spec!r}: section {i} has {size} of the {T} timesteps; {count} steps "
+                f"must be between 1 and {size}."
+            )
         stride = 1 if count == 1 else (size - 1) / (count - 1)
         position = 0.0  # accumulated in float64 as the reference does: its rounding decides the ties
         for _ in range(count):

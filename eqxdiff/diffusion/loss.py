@@ -35,7 +35,9 @@ def draw_sigma_and_noise(
     """A training draw for a batch: σ per example from the schedule and ε ~ N(0, I), float32.
     Drawn for the whole global batch at once, so micro-batching does not change it."""
     key_sigma, key_noise = jax.random.split(key)
-    return schedule.sample_sigma(key_sigma, x0.shape[:1], jnp.float32), jax.random.normal(key_noise, x0.shape, jnp.float32)
+    return schedule.sample_sigma(key_sigma, x0.shape[:1], jnp.float32), jax.random.normal(
+        key_noise, x0.shape, jnp.float32
+    )
 
 
 def denoising_prediction(

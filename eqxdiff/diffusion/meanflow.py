@@ -48,17 +48,30 @@ def draw_condition_drop(key: PRNGKeyArray, batch: int, p: float) -> Bool[Array, 
 
 
 def average_velocity(
-    model: Callable, z: Float[Array, "b *dims"], t: Float[Array, " b"], r: Float[Array, " b"], cond: Any,
-    *, key: PRNGKeyArray | None = None,
-) -> Float[Array, "b *dims"]:  # fmt: skip
+    model: Callable,
+    z: Float[Array, "b *dims"],
+    t: Float[Array, " b"],
+    r: Float[Array, " b"],
+    cond: Any,
+    *,
+    key: PRNGKeyArray | None = None,
+) -> Float[Array, "b *dims"]:
     """u(z_t, r, t): the network of two times at flow time t and interval t − r, in FlowSchedule's time units."""
     return model(z, TIME_SCALE * t, cond, key=key, interval=TIME_SCALE * (t - r))
 
 
 def guided_velocity(
-    model: Callable, z: Float[Array, "b *dims"], t: Float[Array, " b"], v: Float[Array, "b *dims"], cond: Any,
-    null_cond: Any, *, omega: float, kappa: float, t_range: tuple[float, float] = (0.0, 1.0),
-) -> Float[Array, "b *dims"]:  # fmt: skip
+    model: Callable,
+    z: Float[Array, "b *dims"],
+    t: Float[Array, " b"],
+    v: Float[Array, "b *dims"],
+    cond: Any,
+    null_cond: Any,
+    *,
+    omega: float,
+    kappa: float,
+    t_range: tuple[float, float] = (0.0, 1.0),
+) -> Float[Array, "b *dims"]:
     """Classifier-free guidance folded into the target (MeanFlow §4.2, eq. 13 and 19-21): the conditional velocity
     v = ε − x0 mixed with the network's own instantaneous velocities (r = t, no dropout) at z_t,
     v_g = ω·v + (1 − ω − κ)·u(z_t, t, t | ∅) + κ·u(z_t, t, t | c), for t in `t_range` (ω = 1, κ = 0 outside), the

@@ -84,7 +84,9 @@ def parameterization_by_name(name: str, sigma_data: float = 0.5) -> Parameteriza
     return PARAMETERIZATIONS[name]()
 
 
-def loss_weight(sigma: Float[Array, "*s"], parameterization: Parameterization, schedule: Schedule) -> Float[Array, "*s"]:
+def loss_weight(
+    sigma: Float[Array, "*s"], parameterization: Parameterization, schedule: Schedule
+) -> Float[Array, "*s"]:
     """λ(σ) = 1/c_out(σ)²: the weight under which E λ(σ)‖D - x0‖² (EDM eq. 2) equals the
     parameterization's own MSE on F — ε-MSE, v-MSE, EDM's λ = (σ²+σ_d²)/(σ·σ_d)², flow matching."""
     _, c_out, _ = parameterization.coefficients(sigma, schedule)

@@ -243,8 +243,10 @@ def ddpm_learned_variance(
     out = denoise(x, step.sigma)
     c = x.shape[-1]
     if out.shape[-1] not in (c, 2 * c):
-        raise ValueError(f"ddpm_learned_variance: the denoiser gives {out.shape[-1]} channels for {c}; it gives c "
-                         "(D alone) or 2c (D, then the learned-variance interpolation v).")  # fmt: skip
+        raise ValueError(
+            f"ddpm_learned_variance: the denoiser gives {out.shape[-1]} channels for {c}; it gives c "
+            "(D alone) or 2c (D, then the learned-variance interpolation v)."
+        )
     denoised = out[..., :c]
     v = out[..., c:] if out.shape[-1] == 2 * c else -jnp.ones_like(denoised)
     mean, log_variance = learned_range_posterior(x, denoised, v, step.sigma_prev, step.sigma, step.sigma_next)

@@ -22,8 +22,10 @@ STORED = {"pool3": ("mu", "sigma"), "spatial": ("mu_s", "sigma_s")}  # ADM's sto
 def _members(path: Path) -> list[str]:
     """The array names of the .npz at `path`, or an error naming what it is instead."""
     if not path.is_file():
-        raise FileNotFoundError(f"No batch file {path}: ADM's batches are .npz files with '{IMAGES}' (uint8 images "
-                                "[n, h, w, 3]; np.savez(path, images) writes one).")  # fmt: skip
+        raise FileNotFoundError(
+            f"No batch file {path}: ADM's batches are .npz files with '{IMAGES}' (uint8 images "
+            "[n, h, w, 3]; np.savez(path, images) writes one)."
+        )
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not an .npz file (a zip of .npy arrays, as np.savez writes).")
     with zipfile.ZipFile(path) as z:
@@ -45,8 +47,10 @@ def _open_array(path: Path, name: str):
             raise ValueError(f"{path}: '{name}' is an .npy of format {version}; write it with np.savez.")
         shape, fortran, dtype = read_header[version](f)
         if fortran or dtype.hasobject:
-            raise ValueError(f"{path}: '{name}' is stored {'in Fortran order' if fortran else 'as objects'}; "
-                             "write it with np.savez from a C-ordered uint8 array.")  # fmt: skip
+            raise ValueError(
+                f"{path}: '{name}' is stored {'in Fortran order' if fortran else 'as objects'}; "
+                "write it with np.savez from a C-ordered uint8 array."
+            )
         yield tuple(shape), dtype, f
 
 
@@ -55,12 +59,16 @@ def image_shape(path: str | Path) -> tuple[int, ...]:
     path = Path(path).expanduser()
     names = _members(path)
     if IMAGES not in names:
-        raise ValueError(f"{path} has no '{IMAGES}' (it holds {sorted(names)}): ADM's batches keep their uint8 "
-                         f"images [n, h, w, 3] under '{IMAGES}' (np.savez(path, images) names it so).")  # fmt: skip
+        raise ValueError(
+            f"{path} has no '{IMAGES}' (it holds {sorted(names)}): ADM's batches keep their uint8 "
+            f"images [n, h, w, 3] under '{IMAGES}' (np.savez(path, images) names it so)."
+        )
     with _open_array(path, IMAGES) as (shape, dtype, _):
         if dtype != np.uint8 or len(shape) != 4 or shape[-1] not in (1, 3) or shape[0] < 1:
-            raise ValueError(f"{path}: '{IMAGES}' is {dtype} {list(shape)}; ADM's batches hold uint8 images "
-                             "[n, h, w, 3] (NHWC, 0..255; eqxdiff.images.to_uint8 maps [-1, 1] samples).")  # fmt: skip
+            raise ValueError(
+                f"{path}: '{IMAGES}' is {dtype} {list(shape)}; ADM's batches hold uint8 images "
+                "[n, h, w, 3] (NHWC, 0..255; eqxdiff.images.to_uint8 maps [-1, 1] samples)."
+            )
         return shape
 
 
@@ -95,8 +103,10 @@ def stored_stats(path: str | Path, dims: dict[str, int]) -> dict[str, tuple[np.n
             mu, sigma = np.asarray(f[mu_key], np.float64), np.asarray(f[sigma_key], np.float64)
             d = dims[which]
             if mu.shape != (d,) or sigma.shape != (d, d):
-                raise ValueError(f"{path}: '{mu_key}' {list(mu.shape)}, '{sigma_key}' {list(sigma.shape)}; ADM's "
-                                 f"{which} statistics are [{d}] and [{d}, {d}].")  # fmt: skip
+                raise ValueError(
+                    f"{path}: '{mu_key}' {list(mu.shape)}, '{sigma_key}' {list(sigma.shape)}; ADM's "
+                    f"{which} statistics are [{d}] and [{d}, {d}]."
+                )
             if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
                 raise ValueError(f"{path}: '{mu_key}'/'{sigma_key}' hold NaN/inf values.")
             out[which] = (mu, sigma)

@@ -44,28 +44,43 @@ class CLIPImageProcessing:
     def from_folder(cls, folder: Path, kernel: str = "torch") -> "CLIPImageProcessing":
         path = folder / "preprocessor_config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{folder} holds no preprocessor_config.json: pass a CLIP folder as transformers "
-                                    "saves it (openai/clip-vit-large-patch14 holds one)")  # fmt: skip
+            raise FileNotFoundError(
+                f"{folder} holds no preprocessor_config.json: pass a CLIP folder as transformers "
+                "saves it (openai/clip-vit-large-patch14 holds one)"
+            )
         config = json.loads(path.read_text())
         size, crop = config.get("size", {"shortest_edge": 224}), config.get("crop_size", {"height": 224, "width": 224})
         if isinstance(crop, int):
             crop = {"height": crop, "width": crop}
-        if not isinstance(size, dict) or set(size) != {"shortest_edge"} or config.get("resample", 3) != 3 or not all(
-            config.get(flag, True) for flag in ("do_resize", "do_center_crop", "do_rescale", "do_normalize")
-        ):  # fmt: skip
-            raise ValueError(f"{path}: only CLIP's own processing (a shortest_edge resize, bicubic, centre crop, "
-                             "rescale, normalise) is implemented")  # fmt: skip
-        return cls(shortest_edge=size["shortest_edge"], crop=(crop["height"], crop["width"]),
-                   mean=tuple(config.get("image_mean", OPENAI_MEAN)), std=tuple(config.get("image_std", OPENAI_STD)),
-                   rescale_factor=config.get("rescale_factor", 1 / 255), kernel=kernel)  # fmt: skip
+        if (
+            not isinstance(size, dict)
+            or set(size) != {"shortest_edge"}
+            or config.get("resample", 3) != 3
+            or not all(config.get(flag, True) for flag in ("do_resize", "do_center_crop", "do_rescale", "do_normalize"))
+        ):
+            raise ValueError(
+                f"{path}: only CLIP's own processing (a shortest_edge resize, bicubic, centre crop, "
+                "rescale, normalise) is implemented"
+            )
+        return cls(
+            shortest_edge=size["shortest_edge"],
+            crop=(crop["height"], crop["width"]),
+            mean=tuple(config.get("image_mean", OPENAI_MEAN)),
+            std=tuple(config.get("image_std", OPENAI_STD)),
+            rescale_factor=config.get("rescale_factor", 1 / 255),
+            kernel=kernel,
+        )
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         """uint8 `[h, w, 3]` (grayscale `[h, w]` or `[h, w, 1]` repeated to RGB) -> float32 `[crop_h, crop_w, 3]`."""
         image = np.asarray(image)
         if image.dtype != np.uint8:
             raise ValueError(f"CLIP score takes uint8 images, got {image.dtype}")
-        image = np.repeat(image.reshape(*image.shape[:2], -1), 3, axis=-1) if image.ndim == 2 or image.shape[-1] == 1 \
-            else image  # fmt: skip
+        image = (
+            np.repeat(image.reshape(*image.shape[:2], -1), 3, axis=-1)
+            if image.ndim == 2 or image.shape[-1] == 1
+            else image
+        )
         h, w = image.shape[:2]
         s = self.shortest_edge
         size = (s, int(s * w / h)) if h <= w else (int(s * h / w), s)  # transformers' get_resize_output_image_size

@@ -244,7 +244,12 @@ def two_digit_accuracy(images: ArrayLike, digits: ArrayLike) -> dict[str, float]
     if digits.size and (digits.min() < 0 or digits.max() >= NUM_CLASSES):
         raise ValueError(f"digits must be classes 0..9, got values in [{digits.min()}, {digits.max()}].")
     classifier = _reference().classifier
-    correct = np.stack([classifier.predict(_pixels(images[:, :, half])) == digits[:, k]
-                        for k, half in enumerate((slice(0, 8), slice(8, 16)))], axis=1)  # fmt: skip
+    correct = np.stack(
+        [
+            classifier.predict(_pixels(images[:, :, half])) == digits[:, k]
+            for k, half in enumerate((slice(0, 8), slice(8, 16)))
+        ],
+        axis=1,
+    )
     left, right = correct.mean(axis=0)
     return {"left": float(left), "right": float(right), "both": float(correct.all(axis=1).mean())}

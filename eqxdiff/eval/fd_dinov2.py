@@ -40,8 +40,10 @@ class DINOv2Features(eqx.Module):
         from its local copy (eqxdiff.local_copies)."""
         path = local_copy(path)
         if not (Path(path) / "config.json").is_file():
-            raise FileNotFoundError(f"{path} holds no config.json: pass a transformers DINOv2 folder "
-                                    "(facebook/dinov2-large as save_pretrained writes it)")  # fmt: skip
+            raise FileNotFoundError(
+                f"{path} holds no config.json: pass a transformers DINOv2 folder "
+                "(facebook/dinov2-large as save_pretrained writes it)"
+            )
         place = None if jax.process_count() == 1 else placement(make_mesh(devices=jax.local_devices()[:1]))
         return cls(Dinov2Model.from_transformers(path, interpolate_offset=HUB_OFFSET, place=place))
 

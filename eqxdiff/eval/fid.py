@@ -97,9 +97,13 @@ def warn_if_degenerate(mu: Float[np.ndarray, " d"], sigma: Float[np.ndarray, "d 
     of (almost) one image repeated, and FID against them measures the distance to that image alone."""
     total, size = float(np.trace(sigma)), float(mu @ mu)
     if total <= 1e-6 * max(size, 1e-12 * len(mu)):
-        warnings.warn(f"{what}: the features' covariance is (near) zero (total variance {total:.3g} against "
-                      f"{size:.3g} for the squared mean): the images are (almost) all the same, so an FID against "
-                      "these statistics means little.", UserWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{what}: the features' covariance is (near) zero (total variance {total:.3g} against "
+            f"{size:.3g} for the squared mean): the images are (almost) all the same, so an FID against "
+            "these statistics means little.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def data_name(spec: str) -> str:
@@ -118,12 +122,20 @@ def warn_if_other_data(reference: FIDReference, image_shape: tuple[int, ...], da
     another dataset than `dataset` (compared by `data_name`)."""
     if reference.image_shape is not None and tuple(reference.image_shape) != tuple(image_shape):
         shapes = "×".join(map(str, reference.image_shape)), "×".join(map(str, image_shape))
-        warnings.warn(f"{reference.path} holds statistics of {shapes[0]} images, the samples are {shapes[1]}: an FID "
-                      "between them measures the size as much as the model; write statistics at the samples' size "
-                      "(train/fid_stats.py --image_size).", UserWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{reference.path} holds statistics of {shapes[0]} images, the samples are {shapes[1]}: an FID "
+            "between them measures the size as much as the model; write statistics at the samples' size "
+            "(train/fid_stats.py --image_size).",
+            UserWarning,
+            stacklevel=3,
+        )
     if reference.dataset is not None and dataset is not None and data_name(reference.dataset) != data_name(dataset):
-        warnings.warn(f"{reference.path} holds statistics of {reference.dataset}, the model trained on {dataset}: "
-                      "an FID against another dataset means little.", UserWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{reference.path} holds statistics of {reference.dataset}, the model trained on {dataset}: "
+            "an FID against another dataset means little.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
@@ -146,9 +158,13 @@ def load_reference(path: str | Path, dim: int | None = None) -> FIDReference:
             raise ValueError(f"{path}: '{FEATURES_KEY}' holds NaN/inf values.")
     warn_if_degenerate(mu, sigma, str(path))
     if adm:
-        warnings.warn(f"{path} is ADM's reference batch: its mu/sigma come from the TF graph, whose resize and "
-                      "scaling are not pytorch-fid's (used here), so FID against them is offset a little; "
-                      "train/evaluate.py reports both ADM's way.", UserWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path} is ADM's reference batch: its mu/sigma come from the TF graph, whose resize and "
+            "scaling are not pytorch-fid's (used here), so FID against them is offset a little; "
+            "train/evaluate.py reports both ADM's way.",
+            UserWarning,
+            stacklevel=2,
+        )
     dataset = str(about["dataset"]) if "dataset" in about else None
     image_shape = tuple(int(n) for n in about["image_shape"]) if "image_shape" in about else None
     return FIDReference(mu, sigma, features, str(path), dataset, image_shape)
@@ -171,8 +187,10 @@ def save_reference(
         raise ValueError(f"{path}: name statistics files *.npz; pytorch-fid reads a path as statistics only then.")
     d = len(mu)
     if np.shape(sigma) != (d, d) or (features is not None and (np.ndim(features) != 2 or np.shape(features)[1] != d)):
-        raise ValueError(f"{path}: mu {np.shape(mu)}, sigma {np.shape(sigma)}, features {np.shape(features)}; "
-                         "they must be [d], [d, d] and [n, d].")  # fmt: skip
+        raise ValueError(
+            f"{path}: mu {np.shape(mu)}, sigma {np.shape(sigma)}, features {np.shape(features)}; "
+            "they must be [d], [d, d] and [n, d]."
+        )
     if is_url(path):
         with tempfile.TemporaryDirectory() as folder:
             local = Path(folder) / path.name
@@ -287,8 +305,10 @@ def fid_of_samples(
         size = min(chunk_size, num - start)
         images = np.asarray(sample_chunk(start, size))
         if images.dtype != np.uint8 or images.ndim != 4 or len(images) != size:
-            raise ValueError(f"sample_chunk({start}, {size}) gave {images.dtype} {images.shape}; "
-                             f"FID takes uint8 [{size}, h, w, 1 or 3].")  # fmt: skip
+            raise ValueError(
+                f"sample_chunk({start}, {size}) gave {images.dtype} {images.shape}; "
+                f"FID takes uint8 [{size}, h, w, 1 or 3]."
+            )
         lo, hi = p * size // processes, (p + 1) * size // processes  # this process's rows of the chunk
         if hi > lo:
             mine = images[lo:hi]
@@ -366,7 +386,10 @@ def is_image_batch(path: str | Path) -> bool:
 
 
 def open_fid(
-    inception: str | Path, reference: str | Path, image_shape: tuple[int, ...], features_fn: Any = None,
+    inception: str | Path,
+    reference: str | Path,
+    image_shape: tuple[int, ...],
+    features_fn: Any = None,
     dataset: str | None = None,
 ) -> tuple[Any, FIDReference]:
     """(feature network, reference) for FID of images `image_shape`, checked against each other
@@ -379,8 +402,10 @@ def open_fid(
     another dataset than `dataset` (the model's training data) warn."""
     if features_fn is None:
         if not str(inception):
-            raise ValueError("FID needs the Inception weights: pass --inception "
-                             "pt_inception-2015-12-05-6726825d.pth (pytorch-fid's FID weights).")  # fmt: skip
+            raise ValueError(
+                "FID needs the Inception weights: pass --inception "
+                "pt_inception-2015-12-05-6726825d.pth (pytorch-fid's FID weights)."
+            )
         features_fn = load_inception(inception)
     if not str(reference):
         raise ValueError("FID needs the dataset's statistics: write them with train/fid_stats.py --out FILE.npz.")

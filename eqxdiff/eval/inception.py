@@ -73,9 +73,13 @@ class Conv(eqx.Module):
     def __call__(self, x: Float[Array, "b h w i"]) -> Float[Array, "b h2 w2 o"]:
         (ph, pw), s = self.padding, self.stride
         return jax.lax.conv_general_dilated(
-            x, self.weight, window_strides=(s, s), padding=[(ph, ph), (pw, pw)],
-            dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=PRECISION,
-        )  # fmt: skip
+            x,
+            self.weight,
+            window_strides=(s, s),
+            padding=[(ph, ph), (pw, pw)],
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            precision=PRECISION,
+        )
 
 
 class BatchNorm(eqx.Module):
@@ -281,10 +285,16 @@ class FIDInceptionE(eqx.Module):
         d = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
         pooled = avg_pool_valid(x) if self.pool == "avg" else max_pool(x, stride=1, padding=1)
         return jnp.concatenate(
-            [self.branch1x1(x), self.branch3x3_2a(b3), self.branch3x3_2b(b3),
-             self.branch3x3dbl_3a(d), self.branch3x3dbl_3b(d), self.branch_pool(pooled)],
+            [
+                self.branch1x1(x),
+                self.branch3x3_2a(b3),
+                self.branch3x3_2b(b3),
+                self.branch3x3dbl_3a(d),
+                self.branch3x3dbl_3b(d),
+                self.branch_pool(pooled),
+            ],
             axis=-1,
-        )  # fmt: skip
+        )
 
 
 TORCH_LAYOUTS = {**LAYOUTS, Conv: {"weight": (2, 3, 1, 0)}}  # per layer type: OIHW -> HWIO
@@ -374,9 +384,18 @@ class InceptionV3(eqx.Module):
         x = max_pool(x, stride=2)
         x = max_pool(self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x)), stride=2)
         for block in (
-            self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c,
-            self.Mixed_6d, self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c,
-        ):  # fmt: skip
+            self.Mixed_5b,
+            self.Mixed_5c,
+            self.Mixed_5d,
+            self.Mixed_6a,
+            self.Mixed_6b,
+            self.Mixed_6c,
+            self.Mixed_6d,
+            self.Mixed_6e,
+            self.Mixed_7a,
+            self.Mixed_7b,
+            self.Mixed_7c,
+        ):
             x = block(x)
         return x.mean(axis=(1, 2))
 

@@ -21,8 +21,9 @@ def inception_score(logits: Float[np.ndarray, "n k"], split_size: int = SPLIT_SI
     divide. Unitless, in [1, k]."""
     logits = np.asarray(logits, np.float64)
     if logits.ndim != 2 or len(logits) < 1 or split_size < 1:
-        raise ValueError(f"inception_score takes logits [n >= 1, k] and split_size >= 1, got {logits.shape}, "
-                         f"{split_size}.")  # fmt: skip
+        raise ValueError(
+            f"inception_score takes logits [n >= 1, k] and split_size >= 1, got {logits.shape}, {split_size}."
+        )
     scores = []
     for start in range(0, len(logits), split_size):
         log_p = log_softmax(logits[start : start + split_size], axis=1)

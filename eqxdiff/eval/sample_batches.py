@@ -71,13 +71,19 @@ def write_sample_batches(
     whose flags (or num, chunk_size, seed, classes) differ is refused with a SystemExit naming them.
     Every process calls it alike; process 0 writes. Returns `out`."""
     if num < 1 or chunk_size < 1 or (classes is not None and not len(classes)):
-        raise ValueError(f"write_sample_batches: num {num} and chunk_size {chunk_size} must be >= 1, classes "
-                         f"{classes} None or some")  # fmt: skip
+        raise ValueError(
+            f"write_sample_batches: num {num} and chunk_size {chunk_size} must be >= 1, classes {classes} None or some"
+        )
     out, parts = Path(out), parts_dir(out)
     n_chunks = -(-num // chunk_size)
     labels = None if classes is None else balanced_labels(num, classes, seed)
-    record = {"flags": flags, "num": num, "chunk_size": chunk_size, "seed": seed,
-              "classes": None if classes is None else [int(c) for c in classes]}  # fmt: skip
+    record = {
+        "flags": flags,
+        "num": num,
+        "chunk_size": chunk_size,
+        "seed": seed,
+        "classes": None if classes is None else [int(c) for c in classes],
+    }
     record = json.loads(json.dumps(record))  # as it is read back (tuples are lists)
     done, refusal, lock = np.zeros(n_chunks, bool), "", None
     if jax.process_index() == 0:
@@ -97,13 +103,27 @@ def write_sample_batches(
             lock.close()
 
 
-def _sample_chunks(sample_chunk: SampleChunk, out: Path, parts: Path, num: int, chunk_size: int, seed: int,
-                   labels: np.ndarray | None, done: np.ndarray) -> Path:  # fmt: skip
+def _sample_chunks(
+    sample_chunk: SampleChunk,
+    out: Path,
+    parts: Path,
+    num: int,
+    chunk_size: int,
+    seed: int,
+    labels: np.ndarray | None,
+    done: np.ndarray,
+) -> Path:
     """write_sample_batches' work once the flags are checked: the chunks not `done`, then the batch assembled."""
     n_chunks = len(done)
     sizes = [min(chunk_size, num - i * chunk_size) for i in range(n_chunks)]
-    bar = tqdm(total=num, initial=sum(s for s, d in zip(sizes, done) if d), unit="img", desc="samples",
-               disable=jax.process_index() != 0, dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        total=num,
+        initial=sum(s for s, d in zip(sizes, done) if d),
+        unit="img",
+        desc="samples",
+        disable=jax.process_index() != 0,
+        dynamic_ncols=True,
+    )
     for i in np.flatnonzero(~done).tolist():
         rows = np.minimum(np.arange(i * chunk_size, (i + 1) * chunk_size), num - 1)  # past the end: the last row again
         images = np.asarray(sample_chunk(None if labels is None else labels[rows], chunk_key(seed, i)))
@@ -131,8 +151,10 @@ def _lock(parts: Path, out: Path):
         lock.seek(0)
         holder = lock.read().strip() or "another"
         lock.close()
-        return None, (f"--out {out}: process {holder} is writing it (its chunks in {parts}); wait for it to finish, or "
-                      "choose another --out.")  # fmt: skip
+        return None, (
+            f"--out {out}: process {holder} is writing it (its chunks in {parts}); wait for it to finish, or "
+            "choose another --out."
+        )
     lock.truncate(0)
     lock.write(str(os.getpid()))
     lock.flush()
@@ -144,7 +166,7 @@ def _chunk_name(index: int) -> str:
 
 
 def _check_record(parts: Path, record: dict) -> str:
-    """"" if `parts` is new (then it is made and `record` written) or was written with `record`; else
+    """ "" if `parts` is new (then it is made and `record` written) or was written with `record`; else
     the one line that refuses the restart, naming what differs."""
     path = parts / "flags.json"
     if not path.exists():
@@ -158,8 +180,10 @@ def _check_record(parts: Path, record: dict) -> str:
     names = [f for f in dict.fromkeys([*old, *new]) if old.get(f) != new.get(f)]
     names += [k for k in record if k != "flags" and before.get(k) != record[k]]
     said = "; ".join(f"{n}: {_said(before, old, n)} there, {_said(record, new, n)} now" for n in names)
-    return (f"{parts} holds chunks sampled with other settings ({said}): pass the same flags to finish them, or "
-            f"remove {parts} (or choose another --out) to start again.")  # fmt: skip
+    return (
+        f"{parts} holds chunks sampled with other settings ({said}): pass the same flags to finish them, or "
+        f"remove {parts} (or choose another --out) to start again."
+    )
 
 
 def _said(record: dict, flags: dict, name: str) -> str:
@@ -186,17 +210,24 @@ def _assemble(parts: Path, out: Path, n_chunks: int, num: int, with_labels: bool
 
     def write(f) -> None:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for name, key, dtype, array_shape in [("arr_0", "images", np.uint8, shape),
-                                                  ("arr_1", "labels", np.int64, (num,))][: 1 + with_labels]:  # fmt: skip
+            for name, key, dtype, array_shape in [
+                ("arr_0", "images", np.uint8, shape),
+                ("arr_1", "labels", np.int64, (num,)),
+            ][: 1 + with_labels]:
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
-                    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-                              "shape": array_shape}  # fmt: skip
+                    header = {
+                        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                        "fortran_order": False,
+                        "shape": array_shape,
+                    }
                     np.lib.format.write_array_header_1_0(entry, header)
                     for i in range(n_chunks):
                         part = np.load(parts / _chunk_name(i))[key]
                         if part.shape[1:] != array_shape[1:]:
-                            raise ValueError(f"{parts / _chunk_name(i)}: {key} of shape {part.shape}, not [n, "
-                                             f"{', '.join(map(str, array_shape[1:]))}] as chunk 0's")  # fmt: skip
+                            raise ValueError(
+                                f"{parts / _chunk_name(i)}: {key} of shape {part.shape}, not [n, "
+                                f"{', '.join(map(str, array_shape[1:]))}] as chunk 0's"
+                            )
                         entry.write(np.ascontiguousarray(part, dtype).tobytes())
 
     _write_atomically(out, write)

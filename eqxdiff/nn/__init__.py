@@ -18,9 +18,18 @@ from eqxdiff.nn.dinov2 import Dinov2Model
 from eqxdiff.nn.dit import DiT, DiTBlock
 from eqxdiff.nn.edm2 import EDM2UNet, MPConv, MPFourier, force_weight_normalization, mp_cat, mp_silu, mp_sum, normalize
 from eqxdiff.nn.layers import (
-    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, layer_norm,
-    sincos_pos_embed_2d, timestep_embedding, zero_init,
-)  # fmt: skip
+    Conv2d,
+    CrossAttention,
+    Dense,
+    Embedding,
+    GroupNorm,
+    SelfAttention,
+    TimestepEmbedding,
+    layer_norm,
+    sincos_pos_embed_2d,
+    timestep_embedding,
+    zero_init,
+)
 from eqxdiff.nn.protocol import ConditionalModel, DiffusionModel, null_cond_of
 from eqxdiff.nn.space_to_depth import SpaceToDepth
 from eqxdiff.nn.text_cond import TextCond
@@ -29,12 +38,45 @@ from eqxdiff.nn.unet import AttnBlock, ResBlock, UNet
 from eqxdiff.nn.upsample import nearest_upsample, nearest_upsample_conv
 
 __all__ = [
-    "AttnBlock", "AutoencoderKL", "Batched", "CLIPModel", "CLIPTextModel", "CLIPTextModelWithProjection",
-    "CLIPVisionModel", "CLIPVisionModelWithProjection", "ClassLabelCond",
-    "ConditionalModel", "Conv2d", "CrossAttention", "DiT", "DiTBlock", "Dense", "DiffusionModel", "Dinov2Model",
+    "AttnBlock",
+    "AutoencoderKL",
+    "Batched",
+    "CLIPModel",
+    "CLIPTextModel",
+    "CLIPTextModelWithProjection",
+    "CLIPVisionModel",
+    "CLIPVisionModelWithProjection",
+    "ClassLabelCond",
+    "ConditionalModel",
+    "Conv2d",
+    "CrossAttention",
+    "DiT",
+    "DiTBlock",
+    "Dense",
+    "DiffusionModel",
+    "Dinov2Model",
     "EDM2UNet",
-    "Embedding", "GroupNorm", "MPConv", "MPFourier", "ResBlock", "SelfAttention", "SpaceToDepth", "TextCond",
-    "TextConditioned", "TimestepEmbedding", "UNet",
-    "force_weight_normalization", "layer_norm", "mp_cat", "mp_silu", "mp_sum", "nearest_upsample",
-    "nearest_upsample_conv", "normalize", "null_cond_of", "sincos_pos_embed_2d", "timestep_embedding", "zero_init",
-]  # fmt: skip
+    "Embedding",
+    "GroupNorm",
+    "MPConv",
+    "MPFourier",
+    "ResBlock",
+    "SelfAttention",
+    "SpaceToDepth",
+    "TextCond",
+    "TextConditioned",
+    "TimestepEmbedding",
+    "UNet",
+    "force_weight_normalization",
+    "layer_norm",
+    "mp_cat",
+    "mp_silu",
+    "mp_sum",
+    "nearest_upsample",
+    "nearest_upsample_conv",
+    "normalize",
+    "null_cond_of",
+    "sincos_pos_embed_2d",
+    "timestep_embedding",
+    "zero_init",
+]

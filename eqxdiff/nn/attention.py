@@ -136,9 +136,11 @@ def attention(
 
 
 def query_blocks(
-    q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"],
+    q: Float[Array, "b n h d"],
+    k: Float[Array, "b m h d"],
+    v: Float[Array, "b m h d"],
     mask: Bool[Array, "b 1 n m"] | None = None,
-) -> Float[Array, "b n h d"]:  # fmt: skip
+) -> Float[Array, "b n h d"]:
     """The plain form, the queries QUERY_BLOCK at a time (a Python loop: unrolled); every row's softmax runs
     over all m keys, so the rows are the plain form's."""
     n, block = q.shape[1], QUERY_BLOCK
@@ -147,7 +149,9 @@ def query_blocks(
     return jnp.concatenate(blocks, axis=1)
 
 
-def flash(q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"]) -> Float[Array, "b n h d"]:
+def flash(
+    q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"]
+) -> Float[Array, "b n h d"]:
     """Pallas' TPU flash attention on `[b, n, h, d]` tokens (it takes `[b, h, n, d]`); n and m whole blocks of
     128. Off a TPU it runs inside `attention_form("flash")` only, which turns Pallas' interpreter on."""
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
@@ -155,13 +159,22 @@ def flash(q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array
     n, m, d = q.shape[1], k.shape[1], q.shape[-1]
     bq, bk = min(n, FLASH_BLOCK), min(m, FLASH_BLOCK)
     if n % 128 or m % 128 or n % bq or m % bk:
-        raise ValueError(f"attention: flash takes whole blocks of 128 queries and keys (up to {FLASH_BLOCK}); "
-                         f"got n={n}, m={m}")  # fmt: skip
+        raise ValueError(
+            f"attention: flash takes whole blocks of 128 queries and keys (up to {FLASH_BLOCK}); got n={n}, m={m}"
+        )
     sizes = pallas_flash.BlockSizes(
-        block_q=bq, block_k_major=bk, block_k=bk, block_b=1,
-        block_q_major_dkv=bq, block_k_major_dkv=bk, block_k_dkv=bk, block_q_dkv=bq,
-        block_k_major_dq=bk, block_k_dq=bk, block_q_dq=bq,
-    )  # fmt: skip
+        block_q=bq,
+        block_k_major=bk,
+        block_k=bk,
+        block_b=1,
+        block_q_major_dkv=bq,
+        block_k_major_dkv=bk,
+        block_k_dkv=bk,
+        block_q_dkv=bq,
+        block_k_major_dq=bk,
+        block_k_dq=bk,
+        block_q_dq=bq,
+    )
     heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
     out = pallas_flash.flash_attention(
         heads_first(q), heads_first(k), heads_first(v), sm_scale=d**-0.5, block_sizes=sizes

@@ -29,12 +29,25 @@ from eqxdiff.weights.weight_files import weight_files
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
 # diffusers' AutoencoderKL.__init__ defaults, for fields a config.json leaves out.
 DEFAULTS: dict[str, Any] = {
-    "in_channels": 3, "out_channels": 3, "down_block_types": ["DownEncoderBlock2D"],
-    "up_block_types": ["UpDecoderBlock2D"], "block_out_channels": [64], "layers_per_block": 1, "act_fn": "silu",
-    "latent_channels": 4, "norm_num_groups": 32, "sample_size": 32, "scaling_factor": 0.18215,
-    "shift_factor": None, "latents_mean": None, "latents_std": None, "force_upcast": True,
-    "use_quant_conv": True, "use_post_quant_conv": True, "mid_block_add_attention": True,
-}  # fmt: skip
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"],
+    "up_block_types": ["UpDecoderBlock2D"],
+    "block_out_channels": [64],
+    "layers_per_block": 1,
+    "act_fn": "silu",
+    "latent_channels": 4,
+    "norm_num_groups": 32,
+    "sample_size": 32,
+    "scaling_factor": 0.18215,
+    "shift_factor": None,
+    "latents_mean": None,
+    "latents_std": None,
+    "force_upcast": True,
+    "use_quant_conv": True,
+    "use_post_quant_conv": True,
+    "mid_block_add_attention": True,
+}
 # Older checkpoints' attention names (diffusers' ModelMixin._fix_state_dict_keys_on_load).
 OLD_ATTENTION_NAMES = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}
 
@@ -48,8 +61,11 @@ def parse_config(config: dict) -> dict:
         raise ValueError(f"_class_name {config['_class_name']!r}: only diffusers' AutoencoderKL is supported")
     unknown = sorted(k for k in config if k not in DEFAULTS and not k.startswith("_"))
     if unknown:
-        warnings.warn(f"AutoencoderKL config keys {unknown} are not options of diffusers' AutoencoderKL: ignored, "
-                      "as diffusers ignores them", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"AutoencoderKL config keys {unknown} are not options of diffusers' AutoencoderKL: ignored, "
+            "as diffusers ignores them",
+            stacklevel=3,
+        )
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS}}
     levels = len(cfg["block_out_channels"])
     for name, block in (("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")):
@@ -67,8 +83,11 @@ def _check_latent_statistics(cfg: dict) -> None:
     ignored with a warning (set to None in `cfg`)."""
     given = [name for name in ("latents_mean", "latents_std") if cfg[name] is not None]
     if len(given) == 1:
-        warnings.warn(f"{given[0]} without {({'latents_mean', 'latents_std'} - set(given)).pop()}: ignored, as "
-                      "diffusers' pipelines use them only together", stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"{given[0]} without {({'latents_mean', 'latents_std'} - set(given)).pop()}: ignored, as "
+            "diffusers' pipelines use them only together",
+            stacklevel=4,
+        )
         cfg[given[0]], given = None, []
     for name in given:
         values = np.asarray(cfg[name], np.float64)
@@ -77,8 +96,10 @@ def _check_latent_statistics(cfg: dict) -> None:
     if given and (np.asarray(cfg["latents_std"]) <= 0).any():
         raise ValueError(f"latents_std {cfg['latents_std']} must be positive")
     if given and cfg["shift_factor"]:
-        raise ValueError(f"latents_mean/latents_std with shift_factor {cfg['shift_factor']}: no diffusers pipeline "
-                         "combines them (SDXL's use the statistics, SD3's and FLUX's the shift); keep one")  # fmt: skip
+        raise ValueError(
+            f"latents_mean/latents_std with shift_factor {cfg['shift_factor']}: no diffusers pipeline "
+            "combines them (SDXL's use the statistics, SD3's and FLUX's the shift); keep one"
+        )
 
 
 class Encoder(eqx.Module):
@@ -229,8 +250,11 @@ class AutoencoderKL(eqx.Module):
             config = json.loads(config_path.read_text())
         with safe_open(str(path), framework="numpy") as file:
             prefix = vae_prefix(list(file.keys()))
-            shapes = {k.removeprefix(prefix): tuple(file.get_slice(k).get_shape()) for k in file.keys()
-                      if k.startswith(prefix)}  # fmt: skip
+            shapes = {
+                k.removeprefix(prefix): tuple(file.get_slice(k).get_shape())
+                for k in file.keys()
+                if k.startswith(prefix)
+            }
         from_shapes = config_from_shapes(shapes)
         listed = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731  (tuple or JSON list)
         contradicted = {k: (config[k], v) for k, v in from_shapes.items() if k in config and listed(config[k]) != v}
@@ -245,9 +269,7 @@ class AutoencoderKL(eqx.Module):
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
         return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, place=place)
 
-    def encode(
-        self, x: Float[Array, "b h w ci"]
-    ) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:
+    def encode(self, x: Float[Array, "b h w ci"]) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:
         """Images in [-1, 1] -> posterior (mean, logvar), logvar clamped to [-30, 20]. For large
         images with bounded memory: `eqxdiff.nn.vae_tiling.encode_in_pieces` (diffusers' tiling and slicing)."""
         return posterior(self.encode_moments(x))

@@ -33,7 +33,7 @@ def _keys(x: np.ndarray, a: float) -> np.ndarray:
 
 def bicubic_matrix(
     n_in: int, n_out: int, *, scale_factor: float | None = None, antialias: bool = False, step_dtype=np.float32
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """float64 [n_out, n_in]: torch's `interpolate(mode="bicubic", align_corners=False, antialias=...)` along one
     axis of length `n_in` to `n_out`; `scale_factor` as passed to torch (it sets the sampling step 1/scale_factor
     instead of n_in/n_out). `step_dtype`: the sampling step's precision (float32 in torch's float kernels, float64

@@ -26,8 +26,17 @@ from eqxdiff.weights.weight_files import weight_files
 
 PROJECTION_DIM = 512  # transformers' CLIPConfig default
 LOGIT_SCALE = 2.6592  # its logit_scale_init_value: log(1 / 0.07)
-IGNORED = {"architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "initializer_factor",
-           "logit_scale_init_value", "text_config_dict", "vision_config_dict"}  # fmt: skip
+IGNORED = {
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "initializer_factor",
+    "logit_scale_init_value",
+    "text_config_dict",
+    "vision_config_dict",
+}
 
 
 class CLIPModel(eqx.Module):
@@ -42,11 +51,15 @@ class CLIPModel(eqx.Module):
     logit_scale: Float[Array, ""]
 
     def __init__(self, config: dict, *, key: PRNGKeyArray):
-        unknown = sorted(k for k in config if k not in {"text_config", "vision_config", "projection_dim"} | IGNORED
-                         and not k.startswith("_"))  # fmt: skip
+        unknown = sorted(
+            k
+            for k in config
+            if k not in {"text_config", "vision_config", "projection_dim"} | IGNORED and not k.startswith("_")
+        )
         if config.get("model_type", "clip") != "clip" or unknown:
-            raise ValueError(f"CLIPModel config: model_type {config.get('model_type')!r}, options not supported "
-                             f"{unknown}")  # fmt: skip
+            raise ValueError(
+                f"CLIPModel config: model_type {config.get('model_type')!r}, options not supported {unknown}"
+            )
         k_text, k_vision, k_vp, k_tp = jax.random.split(key, 4)
         text, vision = config.get("text_config", {}), config.get("vision_config", {})
         dim = config.get("projection_dim", PROJECTION_DIM)
@@ -70,8 +83,13 @@ class CLIPModel(eqx.Module):
         config = json.loads((Path(path) / "config.json").read_text())
         abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
         ignore = [f"text_model.{b}" for b in TEXT_BUFFERS] + [f"vision_model.{b}" for b in VISION_BUFFERS]
-        return load_safetensors(abstract, weight_files(path, WEIGHTS_FILE, variant), ignore=ignore, place=place,
-                                layouts=LAYOUTS_WITH_PATCHES)  # fmt: skip
+        return load_safetensors(
+            abstract,
+            weight_files(path, WEIGHTS_FILE, variant),
+            ignore=ignore,
+            place=place,
+            layouts=LAYOUTS_WITH_PATCHES,
+        )
 
     def get_text_features(
         self,

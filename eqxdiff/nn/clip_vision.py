@@ -31,10 +31,17 @@ PREFIX = "vision_model."
 BUFFERS = ("embeddings.position_ids",)  # transformers 4's saved arange buffer: not a weight
 # transformers' CLIPVisionConfig defaults (ViT-B/32), for the fields that shape the network.
 DEFAULTS: dict[str, Any] = {
-    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_channels": 3,
+    "image_size": 224,
+    "patch_size": 32,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5,
     "projection_dim": 512,
-}  # fmt: skip
+}
 # clip_text's ignored fields and the text tokens' ids, which transformers 4 wrote (null) into every sub-config, as
 # openai's CLIP folders hold them.
 VISION_IGNORED = IGNORED | {"eos_token_id"}
@@ -46,9 +53,11 @@ def parse_config(config: dict) -> dict:
     """transformers' CLIPVisionConfig fields that shape the network, defaults filled in; an option this port does
     not implement raises a ValueError naming it."""
     if config.get("model_type", "clip_vision_model") != "clip_vision_model":
-        raise ValueError(f"model_type {config.get('model_type')!r}: only a CLIP vision tower's config "
-                         "('clip_vision_model') is read here; from_transformers reads a full CLIP folder's "
-                         "vision_config itself")  # fmt: skip
+        raise ValueError(
+            f"model_type {config.get('model_type')!r}: only a CLIP vision tower's config "
+            "('clip_vision_model') is read here; from_transformers reads a full CLIP folder's "
+            "vision_config itself"
+        )
     unknown = sorted(k for k in config if k not in DEFAULTS and k not in VISION_IGNORED and not k.startswith("_"))
     if unknown:
         raise ValueError(f"CLIPVisionModel config options not supported: {unknown}")
@@ -102,8 +111,10 @@ class CLIPVisionEmbeddings(eqx.Module):
         if (gh, gw) == (side, side):
             return tokens + stored
         if not interpolate:
-            raise ValueError(f"CLIPVisionModel: a {gh}×{gw} patch grid, the model's is {side}×{side}: resize the "
-                             "images, or pass interpolate_pos_encoding=True (transformers' bicubic)")  # fmt: skip
+            raise ValueError(
+                f"CLIPVisionModel: a {gh}×{gw} patch grid, the model's is {side}×{side}: resize the "
+                "images, or pass interpolate_pos_encoding=True (transformers' bicubic)"
+            )
         patches = resize_bicubic(stored[1:].reshape(1, side, side, d), (gh, gw))  # transformers: size=, no antialias
         return tokens + jnp.concatenate([stored[:1], patches.reshape(gh * gw, d)])
 
@@ -148,8 +159,14 @@ class CLIPVisionModel(eqx.Module):
         def rename(key: str) -> str | None:  # a full CLIPModel's text tower and heads: not read
             return None if full and key.startswith((*TEXT, "visual_projection.")) else key.removeprefix(PREFIX)
 
-        return load_safetensors(abstract, weight_files(path, WEIGHTS_FILE, variant), rename=rename, ignore=BUFFERS,
-                                place=place, layouts=LAYOUTS_WITH_PATCHES)  # fmt: skip
+        return load_safetensors(
+            abstract,
+            weight_files(path, WEIGHTS_FILE, variant),
+            rename=rename,
+            ignore=BUFFERS,
+            place=place,
+            layouts=LAYOUTS_WITH_PATCHES,
+        )
 
     def __call__(
         self, pixel_values: Float[Array | np.ndarray, "b h w c"], *, interpolate_pos_encoding: bool = False
@@ -198,8 +215,14 @@ class CLIPVisionModelWithProjection(eqx.Module):
             return key if key.startswith((PREFIX, "visual_projection.")) else PREFIX + key
 
         weights = weight_files(Path(path), WEIGHTS_FILE, variant)
-        return load_safetensors(abstract, weights, rename=rename, ignore=[PREFIX + b for b in BUFFERS], place=place,
-                                layouts=LAYOUTS_WITH_PATCHES)  # fmt: skip
+        return load_safetensors(
+            abstract,
+            weights,
+            rename=rename,
+            ignore=[PREFIX + b for b in BUFFERS],
+            place=place,
+            layouts=LAYOUTS_WITH_PATCHES,
+        )
 
     def __call__(
         self, pixel_values: Float[Array | np.ndarray, "b h w c"], *, interpolate_pos_encoding: bool = False

@@ -15,6 +15,9 @@ def conv2d(
     if xla_cpu.on_cpu("conv_grad_matmul"):
         return xla_cpu.conv2d(x, w, stride, padding)
     return jax.lax.conv_general_dilated(
-        x, w, window_strides=(stride, stride), padding=[(padding, padding)] * 2,
+        x,
+        w,
+        window_strides=(stride, stride),
+        padding=[(padding, padding)] * 2,
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
-    )  # fmt: skip
+    )

@@ -33,20 +33,52 @@ WEIGHTS_FILE = "model.safetensors"
 MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 # transformers' Dinov2Config defaults, for the fields that shape the network (registers: its own config's).
 DEFAULTS: dict[str, Any] = {
-    "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "mlp_ratio": 4, "hidden_act": "gelu",
-    "layer_norm_eps": 1e-6, "image_size": 224, "patch_size": 14, "num_channels": 3, "qkv_bias": True,
-    "layerscale_value": 1.0, "use_swiglu_ffn": False, "use_mask_token": True, "num_register_tokens": 0,
-}  # fmt: skip
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "mlp_ratio": 4,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-6,
+    "image_size": 224,
+    "patch_size": 14,
+    "num_channels": 3,
+    "qkv_bias": True,
+    "layerscale_value": 1.0,
+    "use_swiglu_ffn": False,
+    "use_mask_token": True,
+    "num_register_tokens": 0,
+}
 REGISTER_DEFAULTS = {"patch_size": 16, "num_register_tokens": 4}  # Dinov2WithRegistersConfig's own
 # Fields with no effect on this forward pass: metadata, init and dropout (inference only), and the backbone's
 # outputs (Dinov2Backbone's feature maps, not this model's).
 IGNORED = {
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "initializer_range",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "drop_path_rate", "apply_layernorm",
-    "reshape_hidden_states", "out_features", "out_indices", "stage_names", "id2label", "label2id",
-    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "pruned_heads",
-    "tie_word_embeddings", "chunk_size_feed_forward", "is_encoder_decoder", "problem_type",
-}  # fmt: skip
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "initializer_range",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "drop_path_rate",
+    "apply_layernorm",
+    "reshape_hidden_states",
+    "out_features",
+    "out_indices",
+    "stage_names",
+    "id2label",
+    "label2id",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "use_bfloat16",
+    "pruned_heads",
+    "tie_word_embeddings",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "problem_type",
+}
 
 
 def parse_config(config: dict) -> dict:
@@ -116,8 +148,9 @@ class Dinov2Embeddings(eqx.Module):
             factors = ((grid_h + self.interpolate_offset) / side, (grid_w + self.interpolate_offset) / side)
             sizes = tuple(int(np.floor(side * f)) for f in factors)
             if sizes != (grid_h, grid_w):
-                raise ValueError(f"interpolate_offset {self.interpolate_offset} gives a {sizes} grid, not "
-                                 f"{(grid_h, grid_w)}")  # fmt: skip
+                raise ValueError(
+                    f"interpolate_offset {self.interpolate_offset} gives a {sizes} grid, not {(grid_h, grid_w)}"
+                )
             resized = resize_bicubic(grid, (grid_h, grid_w), scale_factor=factors, antialias=self.antialias)
         else:
             resized = resize_bicubic(grid, (grid_h, grid_w), antialias=self.antialias)
@@ -203,8 +236,9 @@ class Dinov2Layer(eqx.Module):
         d, eps, bias = cfg["hidden_size"], cfg["layer_norm_eps"], cfg["qkv_bias"]
         self.norm1, self.norm2 = LayerNorm(d, eps), LayerNorm(d, eps)
         projections = (Dense(d, d, use_bias=bias, key=k) for k in (kq, kk, kv))
-        self.attention = Dinov2Attention(Dinov2SelfAttention(*projections), Dinov2SelfOutput(Dense(d, d, key=ko)),
-                                         cfg["num_attention_heads"])  # fmt: skip
+        self.attention = Dinov2Attention(
+            Dinov2SelfAttention(*projections), Dinov2SelfOutput(Dense(d, d, key=ko)), cfg["num_attention_heads"]
+        )
         scale = jax.device_put(np.full(d, cfg["layerscale_value"], np.float32))
         self.layer_scale1, self.layer_scale2 = Dinov2LayerScale(scale), Dinov2LayerScale(scale)
         width = mlp_width(cfg)
@@ -264,9 +298,13 @@ class Dinov2Model(eqx.Module):
 
     @classmethod
     def from_transformers(
-        cls, path: str | Path, *, interpolate_offset: float = 0.0, variant: str | None = None,
+        cls,
+        path: str | Path,
+        *,
+        interpolate_offset: float = 0.0,
+        variant: str | None = None,
         place: Place | None = None,
-    ) -> "Dinov2Model":  # fmt: skip
+    ) -> "Dinov2Model":
         """A transformers DINOv2 folder (config.json + model.safetensors, or its index's shards; fp32/fp16/bf16)
         as float32 parameters. `interpolate_offset`: 0 resizes position embeddings as transformers does, 0.1 as
         facebookresearch/dinov2's hub models (EDM2's FD-DINOv2, REPA). `variant`, `place` as in

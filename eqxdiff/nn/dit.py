@@ -10,9 +10,22 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.layers import (
-    Conv2d, CrossAttention, Dense, Embedding, SelfAttention, TimestepEmbedding, TwoTimeEmbedding, embed_times,
-    layer_norm, normal, reinit, sincos_pos_embed_2d, unpack_text_cond, xavier_uniform, zero_init,
-)  # fmt: skip
+    Conv2d,
+    CrossAttention,
+    Dense,
+    Embedding,
+    SelfAttention,
+    TimestepEmbedding,
+    TwoTimeEmbedding,
+    embed_times,
+    layer_norm,
+    normal,
+    reinit,
+    sincos_pos_embed_2d,
+    unpack_text_cond,
+    xavier_uniform,
+    zero_init,
+)
 from eqxdiff.nn.remat import checkpointed
 
 
@@ -43,9 +56,10 @@ class DiTBlock(eqx.Module):
         k1, k2, k3, k4, k5 = jax.random.split(key, 5)
         attn = SelfAttention(hidden, num_heads, key=k1)
         self.attn = eqx.tree_at(
-            lambda a: (a.qkv, a.proj), attn,
+            lambda a: (a.qkv, a.proj),
+            attn,
             (reinit(attn.qkv, xavier_uniform, key=k2), reinit(attn.proj, xavier_uniform, key=k3)),
-        )  # fmt: skip
+        )
         mlp = int(hidden * mlp_ratio)
         self.fc1 = reinit(Dense(hidden, mlp, key=k4), xavier_uniform, key=k4)
         self.fc2 = reinit(Dense(mlp, hidden, key=k5), xavier_uniform, key=k5)
@@ -55,10 +69,14 @@ class DiTBlock(eqx.Module):
             kc, kq, kkv = jax.random.split(jax.random.fold_in(key, 1), 3)
             cross = CrossAttention(hidden, context_dim, num_heads, key=kc)
             self.cross = eqx.tree_at(
-                lambda a: (a.q, a.kv, a.proj), cross,
-                (reinit(cross.q, xavier_uniform, key=kq), reinit(cross.kv, xavier_uniform, key=kkv),
-                 zero_init(cross.proj)),
-            )  # fmt: skip
+                lambda a: (a.q, a.kv, a.proj),
+                cross,
+                (
+                    reinit(cross.q, xavier_uniform, key=kq),
+                    reinit(cross.kv, xavier_uniform, key=kkv),
+                    zero_init(cross.proj),
+                ),
+            )
 
     def __call__(
         self,
@@ -163,16 +181,18 @@ class DiT(eqx.Module):
         self.patch_embed = reinit(patch, xavier_uniform, key=kp)
         temb = TimestepEmbedding(256, hidden_size, key=kt)
         self.time_embed = eqx.tree_at(
-            lambda m: (m.fc1, m.fc2), temb,
+            lambda m: (m.fc1, m.fc2),
+            temb,
             (reinit(temb.fc1, normal(0.02), key=kt1), reinit(temb.fc2, normal(0.02), key=kt2)),
-        )  # fmt: skip
+        )
         if interval_embedding:  # its own key, folded: every other layer's init stays as in a network of one time
             ki, ki1, ki2 = jax.random.split(jax.random.fold_in(key, 2), 3)
             iemb = TimestepEmbedding(256, hidden_size, key=ki)
             iemb = eqx.tree_at(
-                lambda m: (m.fc1, m.fc2), iemb,
+                lambda m: (m.fc1, m.fc2),
+                iemb,
                 (reinit(iemb.fc1, normal(0.02), key=ki1), reinit(iemb.fc2, normal(0.02), key=ki2)),
-            )  # fmt: skip
+            )
             self.time_embed = TwoTimeEmbedding(self.time_embed, iemb)
         # Row `num_classes` is the null label of classifier-free guidance.
         self.label_embed = Embedding(num_classes + 1, hidden_size, std=0.02, key=kl) if num_classes > 0 else None
@@ -203,27 +223,65 @@ class DiT(eqx.Module):
 
     @classmethod
     def small(
-        cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0,
-        interval_embedding: bool = False, key: PRNGKeyArray,
-    ) -> "DiT":  # fmt: skip
+        cls,
+        image_size: int,
+        in_channels: int,
+        patch_size: int = 2,
+        *,
+        num_classes: int = 0,
+        remat: bool = False,
+        context_dim: int = 0,
+        pooled_dim: int = 0,
+        interval_embedding: bool = False,
+        key: PRNGKeyArray,
+    ) -> "DiT":
         """DiT-S/p: depth 12, hidden 384, 6 heads (≈33M params for S/2 at 32²×4, 1000 classes)."""
         return cls(
-            image_size, patch_size, in_channels, 384, 12, 6, 4.0, num_classes,
-            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, interval_embedding=interval_embedding, key=key,
-        )  # fmt: skip
+            image_size,
+            patch_size,
+            in_channels,
+            384,
+            12,
+            6,
+            4.0,
+            num_classes,
+            remat=remat,
+            context_dim=context_dim,
+            pooled_dim=pooled_dim,
+            interval_embedding=interval_embedding,
+            key=key,
+        )
 
     @classmethod
     def base(
-        cls, image_size: int, in_channels: int, patch_size: int = 2, *,
-        num_classes: int = 0, remat: bool = False, context_dim: int = 0, pooled_dim: int = 0,
-        interval_embedding: bool = False, key: PRNGKeyArray,
-    ) -> "DiT":  # fmt: skip
+        cls,
+        image_size: int,
+        in_channels: int,
+        patch_size: int = 2,
+        *,
+        num_classes: int = 0,
+        remat: bool = False,
+        context_dim: int = 0,
+        pooled_dim: int = 0,
+        interval_embedding: bool = False,
+        key: PRNGKeyArray,
+    ) -> "DiT":
         """DiT-B/p: depth 12, hidden 768, 12 heads (≈130M params for B/2 at 32²×4, 1000 classes)."""
         return cls(
-            image_size, patch_size, in_channels, 768, 12, 12, 4.0, num_classes,
-            remat=remat, context_dim=context_dim, pooled_dim=pooled_dim, interval_embedding=interval_embedding, key=key,
-        )  # fmt: skip
+            image_size,
+            patch_size,
+            in_channels,
+            768,
+            12,
+            12,
+            4.0,
+            num_classes,
+            remat=remat,
+            context_dim=context_dim,
+            pooled_dim=pooled_dim,
+            interval_embedding=interval_embedding,
+            key=key,
+        )
 
     def __call__(
         self,

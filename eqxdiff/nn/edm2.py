@@ -112,8 +112,9 @@ def force_weight_normalization(tree):
     `after_update`), so the stored weights stay on the unit sphere and Adam's steps shrink relative to them
     as training proceeds. Leaves everything else as it is (a network without MPConv: unchanged)."""
     is_mp = lambda x: isinstance(x, MPConv)  # noqa: E731
-    return jax.tree.map(lambda m: eqx.tree_at(lambda c: c.weight, m, normalize(m.weight)) if is_mp(m) else m,
-                        tree, is_leaf=is_mp)  # fmt: skip
+    return jax.tree.map(
+        lambda m: eqx.tree_at(lambda c: c.weight, m, normalize(m.weight)) if is_mp(m) else m, tree, is_leaf=is_mp
+    )
 
 
 class EDM2Block(eqx.Module):
@@ -138,10 +139,22 @@ class EDM2Block(eqx.Module):
     attn_balance: float = eqx.field(static=True)
     clip_act: float | int | None = eqx.field(static=True)
 
-    def __init__(self, in_channels: int, out_channels: int, emb_channels: int, flavor: str = "enc",
-                 resample_mode: str = "keep", attention: bool = False, channels_per_head: int = 64,
-                 dropout: float | int = 0.0, res_balance: float = 0.3, attn_balance: float = 0.3,
-                 clip_act: float | int | None = 256, *, key: PRNGKeyArray):  # fmt: skip
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        emb_channels: int,
+        flavor: str = "enc",
+        resample_mode: str = "keep",
+        attention: bool = False,
+        channels_per_head: int = 64,
+        dropout: float | int = 0.0,
+        res_balance: float = 0.3,
+        attn_balance: float = 0.3,
+        clip_act: float | int | None = 256,
+        *,
+        key: PRNGKeyArray,
+    ):
         keys = jax.random.split(key, 6)
         self.out_channels, self.flavor, self.resample_mode = out_channels, flavor, resample_mode
         self.num_heads = out_channels // channels_per_head if attention else 0
@@ -154,8 +167,9 @@ class EDM2Block(eqx.Module):
         self.attn_qkv = MPConv(out_channels, out_channels * 3, (1, 1), key=keys[4]) if self.num_heads else None
         self.attn_proj = MPConv(out_channels, out_channels, (1, 1), key=keys[5]) if self.num_heads else None
 
-    def __call__(self, x: Float[Array, "b h w ci"], emb: Float[Array, "b e"], *,
-                 key: PRNGKeyArray | None = None) -> Float[Array, "b h2 w2 co"]:  # fmt: skip
+    def __call__(
+        self, x: Float[Array, "b h w ci"], emb: Float[Array, "b e"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "b h2 w2 co"]:
         """`key`: dropout's (training); None: no dropout."""
         x = resample(x, self.resample_mode)
         if self.flavor == "enc":
@@ -218,25 +232,54 @@ class EDM2UNet(eqx.Module):
     # EDM2's train_edm2.py presets: name -> (model_channels, dropout); the rest of the network is the
     # UNet's defaults (channel_mult (1, 2, 3, 4), 3 blocks, attention at 16 and 8). img512: 64×64×4 latents.
     PRESETS: ClassVar[dict[str, tuple[int, float]]] = {
-        "img512-xxs": (64, 0.0), "img512-xs": (128, 0.0), "img512-s": (192, 0.0), "img512-m": (256, 0.1),
-        "img512-l": (320, 0.1), "img512-xl": (384, 0.1), "img512-xxl": (448, 0.1),
-        "img64-xs": (128, 0.0), "img64-s": (192, 0.0), "img64-m": (256, 0.1), "img64-l": (320, 0.1),
+        "img512-xxs": (64, 0.0),
+        "img512-xs": (128, 0.0),
+        "img512-s": (192, 0.0),
+        "img512-m": (256, 0.1),
+        "img512-l": (320, 0.1),
+        "img512-xl": (384, 0.1),
+        "img512-xxl": (448, 0.1),
+        "img64-xs": (128, 0.0),
+        "img64-s": (192, 0.0),
+        "img64-m": (256, 0.1),
+        "img64-l": (320, 0.1),
         "img64-xl": (384, 0.1),
-    }  # fmt: skip
+    }
 
-    def __init__(self, in_channels: int, image_size: int, num_classes: int = 0, model_channels: int = 192,
-                 channel_mult: tuple[int, ...] = (1, 2, 3, 4), channel_mult_noise: int | None = None,
-                 channel_mult_emb: int | None = None, num_blocks: int = 3, attn_resolutions: tuple[int, ...] = (16, 8),
-                 label_balance: float = 0.5, concat_balance: float = 0.5, logvar_channels: int = 128,
-                 channels_per_head: int = 64, dropout: float | int = 0.0, res_balance: float = 0.3,
-                 attn_balance: float = 0.3, clip_act: float | int | None = 256, remat: bool = False, *,
-                 key: PRNGKeyArray):  # fmt: skip
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int,
+        num_classes: int = 0,
+        model_channels: int = 192,
+        channel_mult: tuple[int, ...] = (1, 2, 3, 4),
+        channel_mult_noise: int | None = None,
+        channel_mult_emb: int | None = None,
+        num_blocks: int = 3,
+        attn_resolutions: tuple[int, ...] = (16, 8),
+        label_balance: float = 0.5,
+        concat_balance: float = 0.5,
+        logvar_channels: int = 128,
+        channels_per_head: int = 64,
+        dropout: float | int = 0.0,
+        res_balance: float = 0.3,
+        attn_balance: float = 0.3,
+        clip_act: float | int | None = 256,
+        remat: bool = False,
+        *,
+        key: PRNGKeyArray,
+    ):
         keys = iter(jax.random.split(key, 8 + 4 * len(channel_mult) * (num_blocks + 2)))
         cblock = [model_channels * m for m in channel_mult]
         cnoise = model_channels * channel_mult_noise if channel_mult_noise is not None else cblock[0]
         cemb = model_channels * channel_mult_emb if channel_mult_emb is not None else max(cblock)
-        block = dict(channels_per_head=channels_per_head, dropout=dropout, res_balance=res_balance,
-                     attn_balance=attn_balance, clip_act=clip_act)  # fmt: skip
+        block = dict(
+            channels_per_head=channels_per_head,
+            dropout=dropout,
+            res_balance=res_balance,
+            attn_balance=attn_balance,
+            clip_act=clip_act,
+        )
         self.num_classes, self.remat = num_classes, remat
         self.label_balance, self.concat_balance = label_balance, concat_balance
         self.out_gain = jnp.zeros(())
@@ -254,8 +297,9 @@ class EDM2UNet(eqx.Module):
                 enc[f"{res}x{res}_down"] = EDM2Block(cout, cout, cemb, "enc", "down", **block, key=next(keys))
             for idx in range(num_blocks):
                 cin, cout = cout, channels
-                enc[f"{res}x{res}_block{idx}"] = EDM2Block(cin, cout, cemb, "enc", attention=res in attn_resolutions,
-                                                           **block, key=next(keys))  # fmt: skip
+                enc[f"{res}x{res}_block{idx}"] = EDM2Block(
+                    cin, cout, cemb, "enc", attention=res in attn_resolutions, **block, key=next(keys)
+                )
         dec, skips = {}, [_out_channels(b) for b in enc.values()]
         for level, channels in reversed(list(enumerate(cblock))):
             res = image_size >> level
@@ -266,8 +310,9 @@ class EDM2UNet(eqx.Module):
                 dec[f"{res}x{res}_up"] = EDM2Block(cout, cout, cemb, "dec", "up", **block, key=next(keys))
             for idx in range(num_blocks + 1):
                 cin, cout = cout + skips.pop(), channels
-                dec[f"{res}x{res}_block{idx}"] = EDM2Block(cin, cout, cemb, "dec", attention=res in attn_resolutions,
-                                                           **block, key=next(keys))  # fmt: skip
+                dec[f"{res}x{res}_block{idx}"] = EDM2Block(
+                    cin, cout, cemb, "dec", attention=res in attn_resolutions, **block, key=next(keys)
+                )
         self.enc_names, self.enc = tuple(enc), tuple(enc.values())
         self.dec_names, self.dec = tuple(dec), tuple(dec.values())
         self.out_conv = MPConv(cout, in_channels, (3, 3), key=next(keys))
@@ -282,9 +327,14 @@ class EDM2UNet(eqx.Module):
         model_channels, dropout = cls.PRESETS[name]
         return cls(in_channels, image_size, num_classes, model_channels=model_channels, dropout=dropout, **kwargs)
 
-    def __call__(self, x: Float[Array, "b h w c"], t: Float[Array, " b"],
-                 cond: Int[Array, " b"] | Float[Array, "b n"] | None = None, *,
-                 key: PRNGKeyArray | None = None) -> Float[Array, "b h w c"]:  # fmt: skip
+    def __call__(
+        self,
+        x: Float[Array, "b h w c"],
+        t: Float[Array, " b"],
+        cond: Int[Array, " b"] | Float[Array, "b n"] | None = None,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "b h w c"]:
         emb = self.emb_noise(self.emb_fourier(t))
         if self.emb_label is not None:
             labels = self.null_cond(x.shape[0]) if cond is None else cond

@@ -250,7 +250,7 @@ def unpack_text_cond(
         raise ValueError(
             f"{config} is text-conditioned and got cond=None. Pass the text condition, a {want}; for 'no "
             "condition' (guidance, condition dropout) pass the run's null condition (the text encoder's encoding "
-            "of \"\", or zeros) - the model cannot make it: its null_cond() is None."
+            'of "", or zeros) - the model cannot make it: its null_cond() is None.'
         )
     if not isinstance(cond, TextCond):
         got = f"a dict with keys {sorted(cond)}" if isinstance(cond, Mapping) else type(cond).__name__
@@ -314,7 +314,9 @@ class TwoTimeEmbedding(eqx.Module):
 
 
 def embed_times(
-    embed: TimestepEmbedding | TwoTimeEmbedding, t: Float[Array, " b"], interval: Float[Array, " b"] | None,
+    embed: TimestepEmbedding | TwoTimeEmbedding,
+    t: Float[Array, " b"],
+    interval: Float[Array, " b"] | None,
     network: str,
 ) -> Float[Array, "b e"]:
     """A network's time embedding of t, and of `interval` = t − r for a network of two times; a network of one

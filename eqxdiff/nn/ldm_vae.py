@@ -61,8 +61,9 @@ def config_from_shapes(shapes: dict[str, tuple[int, ...]]) -> dict:
     levels = sorted({int(m[1]) for k in shapes if (m := re.match(r"encoder\.down\.(\d+)\.", k))})
     layers = {int(m[1]) for k in shapes if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k))}
     if not levels or not layers or "encoder.conv_in.weight" not in shapes or "decoder.conv_out.weight" not in shapes:
-        raise ValueError("not an LDM autoencoder state_dict: no encoder.conv_in, encoder.down.<i>.block.<j> "
-                         "or decoder.conv_out keys")  # fmt: skip
+        raise ValueError(
+            "not an LDM autoencoder state_dict: no encoder.conv_in, encoder.down.<i>.block.<j> or decoder.conv_out keys"
+        )
     widths = [shapes[f"encoder.down.{i}.block.0.conv1.weight"][0] for i in levels]
     return {
         "in_channels": shapes["encoder.conv_in.weight"][1],

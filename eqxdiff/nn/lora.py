@@ -147,9 +147,11 @@ def lora_filter(model) -> Any:
     spec = jax.tree.map(lambda _: False, model)
     return map_layers(
         spec,
-        lambda _, node: eqx.tree_at(lambda m: (m.lora_A, m.lora_B), node, (True, True))
-        if isinstance(node, (LoRALinear, LoRAConv2d))
-        else node,
+        lambda _, node: (
+            eqx.tree_at(lambda m: (m.lora_A, m.lora_B), node, (True, True))
+            if isinstance(node, (LoRALinear, LoRAConv2d))
+            else node
+        ),
     )
 
 
@@ -167,4 +169,3 @@ def lora_layers(model) -> dict[str, Adapted]:
     """`{module name: LoRALinear or LoRAConv2d}` of every adapter in `model`."""
     found = jax.tree_util.tree_flatten_with_path(model, is_leaf=_is_layer)[0]
     return {module_name(path): x for path, x in found if isinstance(x, (LoRALinear, LoRAConv2d))}
-

@@ -42,8 +42,10 @@ def torch_state_dict(
     state = {}
     for (name, perm), leaf in zip(layouts.items(), leaves, strict=True):
         if not leaf.is_fully_addressable:
-            raise ValueError(f"{name} is spread over several processes; gather the model first "
-                             "(jax.experimental.multihost_utils.process_allgather)")  # fmt: skip
+            raise ValueError(
+                f"{name} is spread over several processes; gather the model first "
+                "(jax.experimental.multihost_utils.process_allgather)"
+            )
         array = np.transpose(np.asarray(leaf), np.argsort(perm))  # ours = transpose(torch's, perm)
         if name in as_conv1x1:
             if array.ndim != 2:

@@ -161,9 +161,14 @@ def _check_names(expected: set[str], found: set[str], path) -> None:
 
 
 def _read(
-    file, key: str, perm: tuple[int, ...], sharding: Sharding, leaf, conv1x1_as_dense: bool = False,
+    file,
+    key: str,
+    perm: tuple[int, ...],
+    sharding: Sharding,
+    leaf,
+    conv1x1_as_dense: bool = False,
     dtype: DTypeLike = np.float32,
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     """One leaf as `dtype` in `sharding`; each device's callback reads only its slice."""
     tensor = file.get_slice(key)
     stored, torch_shape = tensor.get_dtype(), tuple(tensor.get_shape())
@@ -194,12 +199,14 @@ def _read(
 
 def _read_squeezed(
     file, key: str, torch_shape: tuple, perm: tuple[int, ...], sharding: Sharding, leaf, dtype: DTypeLike = np.float32
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     """A 1x1 convolution kernel `[out, in, 1, ...]` as a Dense leaf (small: read whole, then sliced)."""
     shape = tuple(torch_shape[p] for p in perm)
     if shape != tuple(leaf.shape):
-        raise ValueError(f"{key}: a 1x1 kernel of shape {torch_shape} is {shape} as a linear map, the model expects "
-                         f"{tuple(leaf.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{key}: a 1x1 kernel of shape {torch_shape} is {shape} as a linear map, the model expects "
+            f"{tuple(leaf.shape)}"
+        )
     whole = np.ascontiguousarray(np.transpose(np.asarray(file.get_tensor(key)).reshape(torch_shape), perm), dtype)
     return jax.make_array_from_callback(shape, sharding, lambda index: whole[index])
 

@@ -18,9 +18,20 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from eqxdiff.nn.bias import add_bias, affine
 from eqxdiff.nn.layers import (
-    Conv2d, CrossAttention, Dense, Embedding, GroupNorm, SelfAttention, TimestepEmbedding, TwoTimeEmbedding,
-    embed_times, layer_norm, sincos_pos_embed_2d, unpack_text_cond, zero_init,
-)  # fmt: skip
+    Conv2d,
+    CrossAttention,
+    Dense,
+    Embedding,
+    GroupNorm,
+    SelfAttention,
+    TimestepEmbedding,
+    TwoTimeEmbedding,
+    embed_times,
+    layer_norm,
+    sincos_pos_embed_2d,
+    unpack_text_cond,
+    zero_init,
+)
 from eqxdiff.nn.remat import checkpointed
 from eqxdiff.nn.upsample import nearest_upsample_conv
 
@@ -89,9 +100,15 @@ class AttnBlock(eqx.Module):
     cross: CrossAttention | None
 
     def __init__(
-        self, channels: int, groups: int, num_heads: int, *, context_dim: int = 0, self_attention: bool = True,
+        self,
+        channels: int,
+        groups: int,
+        num_heads: int,
+        *,
+        context_dim: int = 0,
+        self_attention: bool = True,
         key: PRNGKeyArray,
-    ):  # fmt: skip
+    ):
         if not (self_attention or context_dim):
             raise ValueError("AttnBlock: without self-attention a block needs a text context (context_dim > 0)")
         self.norm, self.attn = None, None
@@ -236,7 +253,9 @@ class UNet(eqx.Module):
         self.in_channels, self.channels, self.num_classes, self.remat = in_channels, channels, num_classes, remat
         self.context_dim, self.pooled_dim = context_dim, pooled_dim
         if position_embedding and channels[0] % 4:
-            raise ValueError(f"position_embedding needs channels[0] divisible by 4 (sin-cos per axis), got {channels[0]}")
+            raise ValueError(
+                f"position_embedding needs channels[0] divisible by 4 (sin-cos per axis), got {channels[0]}"
+            )
         self.position_embedding = position_embedding
         upsample_channels = tuple(upsample_channels)
 
@@ -248,8 +267,14 @@ class UNet(eqx.Module):
         def attn(c: int, level: int) -> AttnBlock | None:
             if level not in attention_levels + cross_levels:
                 return None
-            return AttnBlock(c, norm_groups, num_heads, context_dim=context_dim if level in cross_levels else 0,
-                             self_attention=level in attention_levels, key=next(keys))  # fmt: skip
+            return AttnBlock(
+                c,
+                norm_groups,
+                num_heads,
+                context_dim=context_dim if level in cross_levels else 0,
+                self_attention=level in attention_levels,
+                key=next(keys),
+            )
 
         time_key = next(keys)
         self.time_embed = TimestepEmbedding(emb_features, emb_features, key=time_key)
@@ -319,9 +344,19 @@ class UNet(eqx.Module):
         """
         channels = (32, 64, 128)
         return cls(
-            in_channels, channels, 2, (), 1, 128, num_classes, dropout, 8,
-            upsample_channels=tuple(channels[-i] for i in range(len(channels) - 1)), remat=remat, key=key,
-        )  # fmt: skip
+            in_channels,
+            channels,
+            2,
+            (),
+            1,
+            128,
+            num_classes,
+            dropout,
+            8,
+            upsample_channels=tuple(channels[-i] for i in range(len(channels) - 1)),
+            remat=remat,
+            key=key,
+        )
 
     def __call__(
         self,

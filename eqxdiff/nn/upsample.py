@@ -35,8 +35,10 @@ def nearest_upsample_conv(conv: Conv2d | Callable, x: Float[Array, "b h w i"]) -
     if not isinstance(conv, Conv2d):
         return conv(nearest_upsample(x))
     if conv.weight.shape[:2] != (3, 3) or conv.stride != 1 or conv.padding != 1:
-        raise ValueError(f"nearest_upsample_conv takes a 3×3 conv of stride 1 and padding 1, got a "
-                         f"{conv.weight.shape[:2]} kernel, stride {conv.stride}, padding {conv.padding}.")  # fmt: skip
+        raise ValueError(
+            f"nearest_upsample_conv takes a 3×3 conv of stride 1 and padding 1, got a "
+            f"{conv.weight.shape[:2]} kernel, stride {conv.stride}, padding {conv.padding}."
+        )
     b, h, w, _ = x.shape
     dtype = conv.weight.dtype
     # [tap row, tap col, i, (phase row, phase col, o)]: each phase's 2×2 kernel of summed 3×3 taps, summed in float32.

@@ -34,9 +34,15 @@ class ResnetBlock(eqx.Module):
     conv_shortcut: Conv2d | None
 
     def __init__(
-        self, cin: int, cout: int, groups: int, *, eps: float = EPS, temb_channels: int | None = None,
+        self,
+        cin: int,
+        cout: int,
+        groups: int,
+        *,
+        eps: float = EPS,
+        temb_channels: int | None = None,
         key: PRNGKeyArray,
-    ):  # fmt: skip
+    ):
         k1, k2, k3 = jax.random.split(key, 3)  # the VAE's three draws, unchanged by the optional projection
         self.norm1, self.conv1 = GroupNorm(groups, cin, eps=eps), Conv2d(cin, cout, key=k1)
         temb_key = jax.random.fold_in(key, 3)

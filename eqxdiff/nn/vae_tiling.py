@@ -79,14 +79,21 @@ def _decode(vae: AutoencoderKL, z):
 def _check_tile(vae: AutoencoderKL, tile: int, overlap: float) -> None:
     f = vae.downsample_factor
     if tile % f or int(tile * (1 - overlap)) % f:
-        raise ValueError(f"tile {tile} with overlap {overlap}: the tile and its stride {int(tile * (1 - overlap))} "
-                         f"must be multiples of the VAE's downsampling factor {f}")  # fmt: skip
+        raise ValueError(
+            f"tile {tile} with overlap {overlap}: the tile and its stride {int(tile * (1 - overlap))} "
+            f"must be multiples of the VAE's downsampling factor {f}"
+        )
 
 
 def encode_in_pieces(
-    vae: AutoencoderKL, x: Float[Array | np.ndarray, "b h w ci"], *, tiling: bool = True, slicing: bool = False,
-    tile: int | None = None, overlap: float = OVERLAP,
-) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:  # fmt: skip
+    vae: AutoencoderKL,
+    x: Float[Array | np.ndarray, "b h w ci"],
+    *,
+    tiling: bool = True,
+    slicing: bool = False,
+    tile: int | None = None,
+    overlap: float = OVERLAP,
+) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:
     """`vae.encode(x)` as diffusers computes it with `enable_tiling()` (`tiling`: images larger than
     `tile`, default the config's sample_size, go tile by tile) and `enable_slicing()` (`slicing`: one
     image at a time): (mean, logvar clamped), logvar clamped after the blend, as diffusers does."""
@@ -103,9 +110,14 @@ def encode_in_pieces(
 
 
 def decode_in_pieces(
-    vae: AutoencoderKL, z: Float[Array | np.ndarray, "b hl wl c"], *, tiling: bool = True, slicing: bool = False,
-    tile: int | None = None, overlap: float = OVERLAP,
-) -> Float[Array, "b h w co"]:  # fmt: skip
+    vae: AutoencoderKL,
+    z: Float[Array | np.ndarray, "b hl wl c"],
+    *,
+    tiling: bool = True,
+    slicing: bool = False,
+    tile: int | None = None,
+    overlap: float = OVERLAP,
+) -> Float[Array, "b h w co"]:
     """`vae.decode(z)` as diffusers computes it with `enable_tiling()` (`tiling`: latents larger than
     `tile / f` go tile by tile) and `enable_slicing()` (`slicing`: one latent at a time)."""
     tile, z = tile or vae.tile_sample_size, jnp.asarray(z)
@@ -119,4 +131,3 @@ def decode_in_pieces(
 
     pieces = [one(z[i : i + 1]) for i in range(z.shape[0])] if slicing and z.shape[0] > 1 else [one(z)]
     return jnp.concatenate(pieces)
-

@@ -72,18 +72,27 @@ def dit_config(
     """`DiT(**config)`'s arguments from an official state_dict's `{key: shape}`: depth, hidden
     size, patch, input size (the `pos_embed` grid × patch), channels, classes (label rows - 1),
     learn_sigma (out channels = 2 × in), MLP ratio; heads from `OFFICIAL_SIZES` or `num_heads`."""
-    needed = ["x_embedder.proj.weight", "pos_embed", "y_embedder.embedding_table.weight", "final_layer.linear.weight",
-              "blocks.0.mlp.fc1.weight"]  # fmt: skip
+    needed = [
+        "x_embedder.proj.weight",
+        "pos_embed",
+        "y_embedder.embedding_table.weight",
+        "final_layer.linear.weight",
+        "blocks.0.mlp.fc1.weight",
+    ]
     missing = [k for k in needed if k not in shapes]
     if missing:
-        raise ValueError(f"{where}: not a {family.name} state_dict ({family.repo}'s): no {missing}; its keys begin "
-                         f"{list(shapes)[:5]}")  # fmt: skip
+        raise ValueError(
+            f"{where}: not a {family.name} state_dict ({family.repo}'s): no {missing}; its keys begin "
+            f"{list(shapes)[:5]}"
+        )
     hidden, in_channels, p, pw = _shape(shapes, "x_embedder.proj.weight", 4, where)
     _, tokens, pos_hidden = _shape(shapes, "pos_embed", 3, where)
     grid = math.isqrt(tokens)
     if p != pw or grid * grid != tokens or pos_hidden != hidden:
-        raise ValueError(f"{where}: patch kernel {p}×{pw} and pos_embed of {tokens} tokens × {pos_hidden} are not a "
-                         f"square DiT of width {hidden}")  # fmt: skip
+        raise ValueError(
+            f"{where}: patch kernel {p}×{pw} and pos_embed of {tokens} tokens × {pos_hidden} are not a "
+            f"square DiT of width {hidden}"
+        )
     blocks = sorted({int(m[1]) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k))})
     depth = len(blocks)
     if blocks != list(range(depth)):
@@ -91,22 +100,34 @@ def dit_config(
     num_classes = _shape(shapes, "y_embedder.embedding_table.weight", 2, where)[0] - 1
     out = _shape(shapes, "final_layer.linear.weight", 2, where)[0]
     if out not in (p * p * in_channels, 2 * p * p * in_channels) or num_classes < 1:
-        raise ValueError(f"{where}: final_layer.linear gives {out} values per {p}×{p} patch of {in_channels} channels "
-                         f"(DiT gives {p * p * in_channels}, or twice that with learn_sigma), {num_classes + 1} label "
-                         "rows (classes + the null one)")  # fmt: skip
+        raise ValueError(
+            f"{where}: final_layer.linear gives {out} values per {p}×{p} patch of {in_channels} channels "
+            f"(DiT gives {p * p * in_channels}, or twice that with learn_sigma), {num_classes + 1} label "
+            "rows (classes + the null one)"
+        )
     if num_heads is None:
         if (depth, hidden) not in OFFICIAL_SIZES:
             sizes = OFFICIAL_SIZES.items()
             table = ", ".join(f"{family.name}-{n} (depth {d}, width {w}): {h}" for (d, w), (n, h) in sizes)
-            raise ValueError(f"{where}: depth {depth}, width {hidden} is none of the official {family.name}s, whose "
-                             f"heads are known ({table}); pass num_heads=")  # fmt: skip
+            raise ValueError(
+                f"{where}: depth {depth}, width {hidden} is none of the official {family.name}s, whose "
+                f"heads are known ({table}); pass num_heads="
+            )
         num_heads = OFFICIAL_SIZES[depth, hidden][1]
     if num_heads < 1 or hidden % num_heads:
         raise ValueError(f"{where}: num_heads={num_heads} does not divide the width {hidden}")
     mlp_ratio = _shape(shapes, "blocks.0.mlp.fc1.weight", 2, where)[0] / hidden
-    return dict(image_size=grid * p, patch_size=p, in_channels=in_channels, hidden_size=hidden, depth=depth,
-                num_heads=num_heads, mlp_ratio=mlp_ratio, num_classes=num_classes,
-                learn_sigma=out == 2 * p * p * in_channels)  # fmt: skip
+    return dict(
+        image_size=grid * p,
+        patch_size=p,
+        in_channels=in_channels,
+        hidden_size=hidden,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_ratio=mlp_ratio,
+        num_classes=num_classes,
+        learn_sigma=out == 2 * p * p * in_channels,
+    )
 
 
 def _shape(shapes: Mapping[str, Sequence[int]], key: str, ndim: int, where: str) -> tuple[int, ...]:
@@ -150,9 +171,13 @@ def load_dit(
 
 
 def load_official(
-    path: str | Path, family: Family, num_heads: int | None = None, *, place: Place | None = None,
+    path: str | Path,
+    family: Family,
+    num_heads: int | None = None,
+    *,
+    place: Place | None = None,
     dtype: DTypeLike = np.float32,
-) -> DiT:  # fmt: skip
+) -> DiT:
     """`load_dit` for any `Family` (DiT's network and names): its errors name `family`."""
     source = official_state(path, family)
     with safe_open(str(source), framework="numpy") if isinstance(source, Path) else source as file:
@@ -165,8 +190,10 @@ def load_official(
         fixed = sincos_pos_embed_2d(config["hidden_size"], config["image_size"] // config["patch_size"])
         stored = np.asarray(file.get_tensor(f"{prefix}pos_embed"), np.float32).reshape(fixed.shape)
     if not np.allclose(stored, fixed, rtol=0, atol=1e-5):
-        raise ValueError(f"{where}: pos_embed is not {family.name}'s fixed sin-cos embedding (off by up to "
-                         f"{np.abs(stored - fixed).max():.3g}); eqxdiff's DiT computes that one")  # fmt: skip
+        raise ValueError(
+            f"{where}: pos_embed is not {family.name}'s fixed sin-cos embedding (off by up to "
+            f"{np.abs(stored - fixed).max():.3g}); eqxdiff's DiT computes that one"
+        )
     abstract = eqx.filter_eval_shape(lambda: DiT(**config, key=jax.random.key(0)))
     rename = lambda key: eqxdiff_name(key[len(prefix) :]) if key.startswith(prefix) else None  # noqa: E731
     return load_safetensors(abstract, source, rename=rename, place=place, dtype=dtype)

@@ -57,16 +57,22 @@ def check_exportable(model: DiT) -> None:
     if not isinstance(model, DiT):
         raise ValueError(f"save_dit writes an eqxdiff.nn.DiT, not a {type(model).__name__}")
     if model.context_dim:
-        raise ValueError(f"save_dit: a text DiT (context_dim={model.context_dim}) has no place in DiT's models.py, "
-                         "which conditions on class labels only")  # fmt: skip
+        raise ValueError(
+            f"save_dit: a text DiT (context_dim={model.context_dim}) has no place in DiT's models.py, "
+            "which conditions on class labels only"
+        )
     if not model.num_classes:
-        raise ValueError("save_dit: an unconditional DiT (num_classes=0) has no place in DiT's models.py, whose "
-                         "forward(x, t, y) always adds a class embedding; train with labels (num_classes > 0)")  # fmt: skip
+        raise ValueError(
+            "save_dit: an unconditional DiT (num_classes=0) has no place in DiT's models.py, whose "
+            "forward(x, t, y) always adds a class embedding; train with labels (num_classes > 0)"
+        )
     depth, heads = len(model.blocks), model.blocks[0].attn.num_heads
     size = OFFICIAL_SIZES.get((depth, model.hidden_size))
     if size and size[1] != heads:
-        raise ValueError(f"save_dit: depth {depth}, width {model.hidden_size} is DiT-{size[0]}, whose {size[1]} heads "
-                         f"every reader of the file assumes (it stores no heads); this model has {heads}")  # fmt: skip
+        raise ValueError(
+            f"save_dit: depth {depth}, width {model.hidden_size} is DiT-{size[0]}, whose {size[1]} heads "
+            f"every reader of the file assumes (it stores no heads); this model has {heads}"
+        )
 
 
 def official_state(model: DiT) -> dict[str, np.ndarray | jax.ShapeDtypeStruct]:
@@ -81,8 +87,10 @@ def official_state(model: DiT) -> dict[str, np.ndarray | jax.ShapeDtypeStruct]:
         if isinstance(leaf, jax.ShapeDtypeStruct):
             state[official_name(name)] = jax.ShapeDtypeStruct(tuple(leaf.shape[p] for p in back), np.float32)
         elif not leaf.is_fully_addressable:
-            raise ValueError(f"save_dit: {name} is spread over several processes; gather the model first "
-                             "(jax.experimental.multihost_utils.process_allgather)")  # fmt: skip
+            raise ValueError(
+                f"save_dit: {name} is spread over several processes; gather the model first "
+                "(jax.experimental.multihost_utils.process_allgather)"
+            )
         else:
             state[official_name(name)] = np.ascontiguousarray(np.transpose(np.asarray(leaf, np.float32), back))
     return state

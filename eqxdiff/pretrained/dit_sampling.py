@@ -46,12 +46,15 @@ def dit_denoiser(
     """DiT's guided model as a σ-space denoiser: `(x [b, h, w, c], σ) -> [b, h, w, 2c]`, D(x; σ) then the learned
     variance's v, the first `guided_channels` of D guided at `guidance` (`forward_with_cfg`; None: all c)."""
     if not isinstance(model, DiT) or not model.learn_sigma or model.num_classes < 1:
-        raise ValueError("DiT's protocol samples a class-conditional DiT with learn_sigma=True (load_dit's); for "
-                         "another model use eqxdiff.diffusion.sample.")  # fmt: skip
+        raise ValueError(
+            "DiT's protocol samples a class-conditional DiT with learn_sigma=True (load_dit's); for "
+            "another model use eqxdiff.diffusion.sample."
+        )
     c = model.in_channels
     if guided_channels is not None and not 1 <= guided_channels <= c:
-        raise ValueError(f"guided_channels={guided_channels}: guide 1 to {c} latent channels (DiT's 3), "
-                         "or None for all.")  # fmt: skip
+        raise ValueError(
+            f"guided_channels={guided_channels}: guide 1 to {c} latent channels (DiT's 3), or None for all."
+        )
     denoiser = LearnedVarianceDenoiser(model, dit_schedule(diffusion_steps), EpsilonPrediction())
     channels = c if guided_channels is None else guided_channels
     return ClassifierFreeGuidance(denoiser, labels, guidance, model.null_cond(labels.shape[0]), channels)
@@ -86,14 +89,17 @@ def sample_dit(
         raise ValueError(f"Unknown method {method!r}; DiT's protocol has {DIT_METHODS}.")
     size, c = model.image_size, model.in_channels
     if noise.ndim != 4 or noise.shape[1:] != (size, size, c) or labels.shape != noise.shape[:1]:
-        raise ValueError(f"noise must be [b, {size}, {size}, {c}] (NHWC) and labels [b]; got {noise.shape} and "
-                         f"{labels.shape}.")  # fmt: skip
+        raise ValueError(
+            f"noise must be [b, {size}, {size}, {c}] (NHWC) and labels [b]; got {noise.shape} and {labels.shape}."
+        )
     if method == "ddpm" and key is None and noises is None:
         raise ValueError('method="ddpm" draws noise every step: pass key=jax.random.key(seed).')
     sigmas = spaced_sigmas(dit_schedule(diffusion_steps), steps)
     if noises is not None and (method != "ddpm" or noises.shape != (len(sigmas) - 1, *noise.shape)):
-        raise ValueError(f"noises (method='ddpm' only) are one [b, h, w, c] per step, "
-                         f"{(len(sigmas) - 1, *noise.shape)}; got {noises.shape} for {method!r}.")  # fmt: skip
+        raise ValueError(
+            f"noises (method='ddpm' only) are one [b, h, w, c] per step, "
+            f"{(len(sigmas) - 1, *noise.shape)}; got {noises.shape} for {method!r}."
+        )
     x = noise * np.sqrt(1 + sigmas[0] ** 2).astype(noise.dtype)  # x_T -> x = x_T/sqrt(ᾱ_T)
     if method == "ddim":
         return sample(WithoutVariance(guided), x, sigmas, "ddim", key, eta=eta)

@@ -344,8 +344,9 @@ def sample_sit(
                 raise ValueError(f"brownian must be {want} (SDE steps, rows, h, w, c); got {brownian.shape}.")
         elif key is None:
             raise ValueError("SiT's SDE draws noise: pass key=jax.random.key(seed) (or brownian=).")
-        options = dict(diffusion_form=diffusion_form, diffusion_norm=diffusion_norm, last_step=last_step,
-                       brownian=brownian)  # fmt: skip
+        options = dict(
+            diffusion_form=diffusion_form, diffusion_norm=diffusion_norm, last_step=last_step, brownian=brownian
+        )
     taus = sit_time_grid(steps, method, last_step, last_step_size)
     key = None if method == "ode" else key
     return sample(velocity, x, sit_sigmas(taus), samplers[sampler], key, **options)[: noise.shape[0]]

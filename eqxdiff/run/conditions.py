@@ -114,8 +114,13 @@ class TextCondition(NoCondition):
 
     def to_config(self) -> dict:
         tower, tokenizer = self.text.specs
-        return {"kind": self.kind, "text_encoder": tower, "tokenizer": tokenizer, "null_text": self.text.null_text,
-                "max_length": self.text.max_length}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "text_encoder": tower,
+            "tokenizer": tokenizer,
+            "null_text": self.text.null_text,
+            "max_length": self.text.max_length,
+        }
 
 
 class ScratchText(TextCondition):

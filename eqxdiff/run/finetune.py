@@ -55,9 +55,17 @@ SDXL_TEXT = ("text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")  # an
 
 
 # A bare unet/ folder with no scheduler/ beside it: Stable Diffusion 1.x's training noise (its DDPMScheduler).
-SD1_SCHEDULER = {"_class_name": "DDIMScheduler", "beta_schedule": "scaled_linear", "beta_start": 0.00085,
-                 "beta_end": 0.012, "num_train_timesteps": 1000, "prediction_type": "epsilon", "clip_sample": False,
-                 "set_alpha_to_one": False, "steps_offset": 1}  # fmt: skip
+SD1_SCHEDULER = {
+    "_class_name": "DDIMScheduler",
+    "beta_schedule": "scaled_linear",
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "num_train_timesteps": 1000,
+    "prediction_type": "epsilon",
+    "clip_sample": False,
+    "set_alpha_to_one": False,
+    "steps_offset": 1,
+}
 
 
 def parts(init: str) -> dict[str, Path | None]:
@@ -65,24 +73,31 @@ def parts(init: str) -> dict[str, Path | None]:
     folder, which holds both towers), scheduler."""
     if not init.startswith(PREFIX):
         hint = f" (did you mean --init sd:{init}?)" if (Path(init).expanduser() / "model_index.json").is_file() else ""
-        raise SystemExit(f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its "
-                         f"unet/{hint}.")  # fmt: skip
+        raise SystemExit(
+            f"--init {init}: give sd:FOLDER, a diffusers Stable Diffusion pipeline folder or its unet/{hint}."
+        )
     folder = Path(init.removeprefix(PREFIX)).expanduser().resolve()
     config = folder / "config.json"
     bare = config.is_file() and json.loads(config.read_text()).get("_class_name") == "UNet2DConditionModel"
     root = folder.parent if bare else folder
     if not (folder if bare else folder / "unet").is_dir() or not (bare or (folder / "model_index.json").is_file()):
-        raise SystemExit(f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
-                         f"...) nor a UNet folder (config.json of a UNet2DConditionModel): it {what_path_is(folder)}.")
+        raise SystemExit(
+            f"--init {init}: {folder} is neither a diffusers pipeline folder (model_index.json, unet/, "
+            f"...) nor a UNet folder (config.json of a UNet2DConditionModel): it {what_path_is(folder)}."
+        )
     unet = folder if bare else folder / "unet"
     sdxl = is_sdxl_folder(root)  # its text side: the whole folder (both towers and tokenizers)
     if sdxl and not all((root / name).is_dir() for name in SDXL_TEXT):
-        raise SystemExit(f"--init {init}: the SDXL folder {root} lacks one of {', '.join(SDXL_TEXT)}; SDXL fine-tunes "
-                         "from the base model's whole pipeline folder.")  # fmt: skip
+        raise SystemExit(
+            f"--init {init}: the SDXL folder {root} lacks one of {', '.join(SDXL_TEXT)}; SDXL fine-tunes "
+            "from the base model's whole pipeline folder."
+        )
     unet_config = json.loads((unet / "config.json").read_text())
     if not sdxl and unet_config.get("addition_embed_type") == "text_time":
-        raise SystemExit(f"--init {init}: an SDXL UNet (addition_embed_type text_time) conditions on two text towers "
-                         "and the images' sizes: give the StableDiffusionXLPipeline folder it came in.")  # fmt: skip
+        raise SystemExit(
+            f"--init {init}: an SDXL UNet (addition_embed_type text_time) conditions on two text towers "
+            "and the images' sizes: give the StableDiffusionXLPipeline folder it came in."
+        )
     found = {name: root / name for name in ("vae", "text_encoder", "scheduler")}
     found = {k: p if p.is_dir() else None for k, p in found.items()}
     return {"unet": unet} | found | ({"text_encoder": root} if sdxl else {})
@@ -95,23 +110,33 @@ def check_data(cfg, source, vae: Path | None, unet_config: dict) -> None:
     if vae is None:
         channels = unet_config.get("in_channels", 4)
         if isinstance(source, LatentSource):
-            raise SystemExit(f"--init {cfg.init} has no vae/: its UNet works in pixels; train it on images of its "
-                             f"in_channels ({channels}), not --dataset {cfg.dataset}.")  # fmt: skip
+            raise SystemExit(
+                f"--init {cfg.init} has no vae/: its UNet works in pixels; train it on images of its "
+                f"in_channels ({channels}), not --dataset {cfg.dataset}."
+            )
         if source.image_shape[-1] != channels:
-            raise SystemExit(f"--dataset {cfg.dataset} holds {source.image_shape[-1]}-channel images; --init "
-                             f"{cfg.init}'s pixel-space UNet (no vae/) takes in_channels {channels}.")  # fmt: skip
+            raise SystemExit(
+                f"--dataset {cfg.dataset} holds {source.image_shape[-1]}-channel images; --init "
+                f"{cfg.init}'s pixel-space UNet (no vae/) takes in_channels {channels}."
+            )
         return
     if not isinstance(source, LatentSource):
-        raise SystemExit(f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
-                         f"{encode_command(cfg, cfg.dataset, vae)}) and pass --dataset latents:DIR.")  # fmt: skip
+        raise SystemExit(
+            f"--init {cfg.init} trains on latents of its VAE: encode the images first (python "
+            f"{encode_command(cfg, cfg.dataset, vae)}) and pass --dataset latents:DIR."
+        )
     used = source.meta["vae"]["path"]  # the encode's VAE folder
     if not used or Path(used).resolve() != vae:
-        raise SystemExit(f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
-                         f"--init's {vae}: encode with train/encode.py --vae {vae}.")  # fmt: skip
+        raise SystemExit(
+            f"--dataset {cfg.dataset} holds latents of {used or source.meta['vae']['spec']}, not of "
+            f"--init's {vae}: encode with train/encode.py --vae {vae}."
+        )
     if "caption" not in source.record_fields and not source.meta.get("text"):  # the UNet cross-attends to text
-        raise SystemExit(f"--dataset {cfg.dataset} holds latents without captions; --init {cfg.init}'s UNet is "
-                         f"conditioned on text: encode captioned images (a .txt beside each) with python "
-                         f"{encode_command(cfg, source.meta['source'], vae, source.meta['image_shape'][0])}.")
+        raise SystemExit(
+            f"--dataset {cfg.dataset} holds latents without captions; --init {cfg.init}'s UNet is "
+            f"conditioned on text: encode captioned images (a .txt beside each) with python "
+            f"{encode_command(cfg, source.meta['source'], vae, source.meta['image_shape'][0])}."
+        )
 
 
 def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) -> str:
@@ -120,8 +145,10 @@ def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) 
     its text_encoder/)."""
     tower = Path(cfg.text_encoder)
     tower = tower / "text_encoder" if is_sdxl_folder(tower) else tower
-    return (f"train/encode.py --dataset {dataset} --image_size {image_size or cfg.image_size} --vae {vae} "
-            f"--text_encoder {tower} --out DIR")
+    return (
+        f"train/encode.py --dataset {dataset} --image_size {image_size or cfg.image_size} --vae {vae} "
+        f"--text_encoder {tower} --out DIR"
+    )
 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
@@ -133,8 +160,10 @@ def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = T
     name = cfg.finetune  # a checkpoint from before --finetune: "" (LATER_FLAGS)
     if name and name not in FINETUNE_KINDS:
         known = ", ".join(FINETUNE_KINDS) or "none yet"
-        raise SystemExit(f"--finetune {name}: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py (there: "
-                         f"{known}); add its class there, or leave --finetune off.")  # fmt: skip
+        raise SystemExit(
+            f"--finetune {name}: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py (there: "
+            f"{known}); add its class there, or leave --finetune off."
+        )
     kind = FINETUNE_KINDS[name] if name else LoRA if cfg.init and cfg.lora_rank else Pretrained if cfg.init else Scratch
     return kind(cfg, mesh, min_size, rules, source, base=base)
 
@@ -215,8 +244,10 @@ class Pretrained(Scratch):
             check_data(cfg, source, self.folders["vae"], self.unet_config)
         scheduler = self.folders["scheduler"] / "scheduler_config.json" if self.folders["scheduler"] else SD1_SCHEDULER
         if scheduler is SD1_SCHEDULER and source is not None and jax.process_index() == 0:
-            tqdm.write(f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
-                       "betas 0.00085..0.012, epsilon)")  # fmt: skip
+            tqdm.write(
+                f"--init {cfg.init}: no scheduler/ beside its unet/; training SD 1.x's noise (scaled_linear "
+                "betas 0.00085..0.012, epsilon)"
+            )
         with self.refusing():
             self.scheduler = scheduler_from_diffusers(scheduler)
 
@@ -267,8 +298,9 @@ class LoRA(Pretrained):
 
     def adapted(self, unet, key):
         cfg = self.cfg
-        return add_lora(unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS,
-                        alpha=cfg.lora_alpha or None, key=key)  # fmt: skip
+        return add_lora(
+            unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS, alpha=cfg.lora_alpha or None, key=key
+        )
 
     def training(self, make_model: Callable, frozen) -> Training:
         """The adapters trained (key -> the adapters of `make_model`'s UNet), the base frozen beside `frozen` as

@@ -17,9 +17,11 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
     del pooled_dim  # SD 1.x/2.x's UNet reads the context only
     model = None if num_classes or not context_dim else SDUNet.from_config(config, remat=remat, key=key)
     if model is None or context_dim != model.context_dim:
-        raise ValueError(f"SDUNet takes a text context of width {config.get('cross_attention_dim')} "
-                         f"(cross_attention_dim), not labels; got context_dim={context_dim}, "
-                         f"num_classes={num_classes}")  # fmt: skip
+        raise ValueError(
+            f"SDUNet takes a text context of width {config.get('cross_attention_dim')} "
+            f"(cross_attention_dim), not labels; got context_dim={context_dim}, "
+            f"num_classes={num_classes}"
+        )
     return model
 
 
@@ -30,29 +32,54 @@ def sd_unet(config: dict, *, remat: bool, key, context_dim: int = 0, pooled_dim:
 # (any callable returning a `model(x[b,h,w,c], t[b], cond, *, key=None)`, eqxdiff.nn.DiffusionModel;
 # eqxdiff.nn.Batched wraps a one-example Equinox module) and an entry.
 
-CONSTRUCTORS = {"UNet": UNet, "UNet.flaxdiff_simple": UNet.flaxdiff_simple, "DiT": DiT, "DiT.small": DiT.small,
-                "EDM2UNet": EDM2UNet, "SDUNet": sd_unet}  # fmt: skip
+CONSTRUCTORS = {
+    "UNet": UNet,
+    "UNet.flaxdiff_simple": UNet.flaxdiff_simple,
+    "DiT": DiT,
+    "DiT.small": DiT.small,
+    "EDM2UNet": EDM2UNet,
+    "SDUNet": sd_unet,
+}
 MODELS = {
-    "unet": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1,
-                                                 **text_options((), (0, 1), sizes), **sizes)),  # fmt: skip
+    "unet": lambda shape, **sizes: (
+        "UNet",
+        dict(in_channels=shape[-1], channels=(32, 64), num_res_blocks=1, **text_options((), (0, 1), sizes), **sizes),
+    ),
     # One level: every path of this script in a step that compiles in half the time of two levels.
-    "unet_tiny": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(16,), num_res_blocks=1,
-                                                      norm_groups=4, **text_options((), (0,), sizes), **sizes)),  # fmt: skip
+    "unet_tiny": lambda shape, **sizes: (
+        "UNet",
+        dict(
+            in_channels=shape[-1],
+            channels=(16,),
+            num_res_blocks=1,
+            norm_groups=4,
+            **text_options((), (0,), sizes),
+            **sizes,
+        ),
+    ),
     # One level of 128 channels: for inputs already small, e.g. 4×4 latents (space_to_depth:2 of digits).
-    "unet_flat": lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(128,), num_res_blocks=2,
-                                                      **text_options((0,), (0,), sizes), **sizes)),  # fmt: skip
+    "unet_flat": lambda shape, **sizes: (
+        "UNet",
+        dict(in_channels=shape[-1], channels=(128,), num_res_blocks=2, **text_options((0,), (0,), sizes), **sizes),
+    ),
     "unet_flaxdiff": lambda shape, **sizes: ("UNet.flaxdiff_simple", dict(in_channels=shape[-1], **sizes)),
-    "dit_s": lambda shape, **sizes: ("DiT.small", dict(image_size=shape[0], in_channels=shape[-1], patch_size=2,
-                                                       **sizes)),  # fmt: skip
-    "dit_tiny": lambda shape, **sizes: ("DiT", dict(image_size=shape[0], patch_size=2, in_channels=shape[-1],
-                                                    hidden_size=64, depth=2, num_heads=4, **sizes)),  # fmt: skip
+    "dit_s": lambda shape, **sizes: (
+        "DiT.small",
+        dict(image_size=shape[0], in_channels=shape[-1], patch_size=2, **sizes),
+    ),
+    "dit_tiny": lambda shape, **sizes: (
+        "DiT",
+        dict(image_size=shape[0], patch_size=2, in_channels=shape[-1], hidden_size=64, depth=2, num_heads=4, **sizes),
+    ),
     # EDM2's magnitude-preserving U-Net at a size digits train on a CPU: two levels, attention only in the
     # innermost decoder block (EDM2's in0).
-    "edm2_tiny": lambda shape, **sizes: edm2(shape, sizes, 32, channel_mult=(1, 2), num_blocks=1,
-                                             attn_resolutions=(), channels_per_head=32),  # fmt: skip
+    "edm2_tiny": lambda shape, **sizes: edm2(
+        shape, sizes, 32, channel_mult=(1, 2), num_blocks=1, attn_resolutions=(), channels_per_head=32
+    ),
     # For 32×32 images: three levels, attention at 8×8.
-    "edm2_small": lambda shape, **sizes: edm2(shape, sizes, 64, channel_mult=(1, 2, 2), num_blocks=2,
-                                              attn_resolutions=(8,), channels_per_head=32),  # fmt: skip
+    "edm2_small": lambda shape, **sizes: edm2(
+        shape, sizes, 64, channel_mult=(1, 2, 2), num_blocks=2, attn_resolutions=(8,), channels_per_head=32
+    ),
     # EDM2's own sizes: width and dropout of train_edm2.py's edm2-img512-* presets (img64-* share them).
     "edm2_xxs": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxs"]),
     "edm2_xs": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xs"]),
@@ -63,16 +90,32 @@ MODELS = {
     "edm2_xxl": lambda shape, **sizes: edm2(shape, sizes, *EDM2UNet.PRESETS["img512-xxl"]),
     # Stable Diffusion's UNet (diffusers' UNet2DConditionModel), small: trained here on a VP schedule with ε
     # (--schedule vp_linear --parameterization eps, diffusers' "linear" betas), save_pipeline gives diffusers it.
-    "sd_tiny": lambda shape, **sizes: ("SDUNet", dict(config=dict(
-        _class_name="UNet2DConditionModel", in_channels=shape[-1], out_channels=shape[-1], sample_size=shape[0],
-        block_out_channels=[32, 64], layers_per_block=1, norm_num_groups=8, attention_head_dim=8,
-        down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"], up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"],
-        cross_attention_dim=sizes.get("context_dim", 0)), **sizes)),  # fmt: skip
+    "sd_tiny": lambda shape, **sizes: (
+        "SDUNet",
+        dict(
+            config=dict(
+                _class_name="UNet2DConditionModel",
+                in_channels=shape[-1],
+                out_channels=shape[-1],
+                sample_size=shape[0],
+                block_out_channels=[32, 64],
+                layers_per_block=1,
+                norm_num_groups=8,
+                attention_head_dim=8,
+                down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
+                up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"],
+                cross_attention_dim=sizes.get("context_dim", 0),
+            ),
+            **sizes,
+        ),
+    ),
 }
 # A text tower trained from scratch with the model (--text_encoder scratch, captioned_digits): a
 # small CLIP-style transformer (transformers' CLIPTextConfig fields; vocabulary and length come
 # from the tokenizer).
-SCRATCH_TEXT_TOWER = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu")
+SCRATCH_TEXT_TOWER = dict(
+    hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu"
+)
 # Causal, as CLIP: the second digit of "a 7 right of a 3" reads the words before it, "right" among them,
 # so its token alone says where it goes. Bidirectional towers learned which digits, not where
 # (BENCHMARKS.md "Text-to-image without weights").
@@ -115,13 +158,17 @@ def changed_args(saved: dict, now: dict) -> list[str]:
         return [f"constructor {saved['constructor']} -> {now['constructor']}"]
     names = sorted(saved["kwargs"].keys() | now["kwargs"].keys())
     missing = "(default)"
-    return [f"{k} {saved['kwargs'].get(k, missing)} -> {now['kwargs'].get(k, missing)}" for k in names
-            if saved["kwargs"].get(k, missing) != now["kwargs"].get(k, missing)]  # fmt: skip
+    return [
+        f"{k} {saved['kwargs'].get(k, missing)} -> {now['kwargs'].get(k, missing)}"
+        for k in names
+        if saved["kwargs"].get(k, missing) != now["kwargs"].get(k, missing)
+    ]
 
 
 def edm2(shape: tuple, sizes: dict, model_channels: int, dropout: float = 0.0, **network) -> tuple[str, dict]:
     """An EDM2UNet entry (eqxdiff/nn/edm2.py): class labels or none, not text (its label input is EDM2's one-hot)."""
     if sizes.get("context_dim"):
         raise SystemExit("--model edm2_*: EDM2UNet takes class labels or no condition, not text; use --model unet")
-    return "EDM2UNet", dict(in_channels=shape[-1], image_size=shape[0], model_channels=model_channels, dropout=dropout,
-                            **network, **sizes)  # fmt: skip
+    return "EDM2UNet", dict(
+        in_channels=shape[-1], image_size=shape[0], model_channels=model_channels, dropout=dropout, **network, **sizes
+    )

@@ -18,8 +18,12 @@ from eqxdiff.run.models import SCRATCH_TEXT_CAUSAL, SCRATCH_TEXT_POOLED, SCRATCH
 from eqxdiff.run.sdxl_condition import SDXLText, is_sdxl_folder, open_sdxl_text, vae_factor
 from eqxdiff.sharding import RuleError
 from eqxdiff.text.conditioning import (
-    SCRATCH, TextConditioning, open_text_conditioning, tokenizer_folder, tokenizer_location,
-)  # fmt: skip
+    SCRATCH,
+    TextConditioning,
+    open_text_conditioning,
+    tokenizer_folder,
+    tokenizer_location,
+)
 
 # Tokenizers built into a dataset, by the name a dataset's `text_defaults` and checkpoints give them.
 BUILTIN_TOKENIZERS = {"captioned_digits": captioned_digits_tokenizer}
@@ -40,8 +44,10 @@ def run_condition(cfg, source, mesh: Mesh, rules: Sequence = ()):
     defaults = getattr(source, "text_defaults", {})  # a dataset with its own tower and tokenizer
     if encoded is not None:  # train/encode.py --text_encoder: its tower and tokenizer
         if cfg.text_encoder and canonical(cfg.text_encoder) != encoded["text_encoder"]:
-            raise SystemExit(f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
-                             f"{encoded['text_encoder']}; drop the flag to use that one.")  # fmt: skip
+            raise SystemExit(
+                f"--text_encoder {cfg.text_encoder}: {cfg.dataset} was encoded with "
+                f"{encoded['text_encoder']}; drop the flag to use that one."
+            )
         tower, tokenizer = encoded["text_encoder"], encoded["tokenizer"]
     else:
         tower = cfg.text_encoder or defaults.get("text_encoder", "")
@@ -55,8 +61,16 @@ def run_condition(cfg, source, mesh: Mesh, rules: Sequence = ()):
     if encoded is not None and encoded["encoded"] and encoded.get("attend_padding", False) != attend_padding:
         raise SystemExit(padding_mismatch(cfg, encoded))
     try:
-        text = open_text(tower, tokenizer, cfg.null_text, scratch_config=SCRATCH_TEXT_TOWER, mesh=mesh,
-                         min_size=cfg.fsdp_min_param_size, rules=rules, attend_padding=attend_padding)  # fmt: skip
+        text = open_text(
+            tower,
+            tokenizer,
+            cfg.null_text,
+            scratch_config=SCRATCH_TEXT_TOWER,
+            mesh=mesh,
+            min_size=cfg.fsdp_min_param_size,
+            rules=rules,
+            attend_padding=attend_padding,
+        )
     except RuleError as e:  # the rules, not the folder
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, a tokenizer of another tower
@@ -65,7 +79,9 @@ def run_condition(cfg, source, mesh: Mesh, rules: Sequence = ()):
         return ScratchText(text, causal=SCRATCH_TEXT_CAUSAL, pooled=SCRATCH_TEXT_POOLED)
     stored = source.text_null() if encoded is not None else None  # the null encoded with the latents
     same = encoded is not None and (encoded["null_text"], encoded.get("attend_padding", False)) == (
-        text.null_text, attend_padding)  # fmt: skip
+        text.null_text,
+        attend_padding,
+    )
     null = stored if stored is not None and same else text.encoded_null()
     return EncodedText(text, null) if encoded is not None and encoded["encoded"] else FrozenText(text, null)
 
@@ -73,11 +89,15 @@ def run_condition(cfg, source, mesh: Mesh, rules: Sequence = ()):
 def padding_mismatch(cfg, encoded: dict) -> str:
     """Why latents whose captions were encoded ahead of time do not fit the run: their padding tokens read otherwise."""
     if cfg.init:
-        return (f"--init {cfg.init} encodes captions as the pipeline does, the tower reading the padding tokens too; "
-                f"{cfg.dataset}'s were encoded with the padding masked: encode again with train/encode.py "
-                "--attend_padding, or without --encode_text (the run then encodes its captions).")  # fmt: skip
-    return (f"{cfg.dataset}'s captions were encoded with --attend_padding, as Stable Diffusion's pipelines encode "
-            "them, for a fine-tune (--init sd:FOLDER): pass --init, or encode again without --attend_padding.")
+        return (
+            f"--init {cfg.init} encodes captions as the pipeline does, the tower reading the padding tokens too; "
+            f"{cfg.dataset}'s were encoded with the padding masked: encode again with train/encode.py "
+            "--attend_padding, or without --encode_text (the run then encodes its captions)."
+        )
+    return (
+        f"{cfg.dataset}'s captions were encoded with --attend_padding, as Stable Diffusion's pipelines encode "
+        "them, for a fine-tune (--init sd:FOLDER): pass --init, or encode again without --attend_padding."
+    )
 
 
 def sdxl_condition(cfg, source, mesh: Mesh, rules: Sequence = ()) -> SDXLText:
@@ -86,24 +106,38 @@ def sdxl_condition(cfg, source, mesh: Mesh, rules: Sequence = ()) -> SDXLText:
     by both towers in the step, time_ids of the images' size."""
     folder = cfg.text_encoder
     if cfg.tokenizer:
-        raise SystemExit(f"--tokenizer {cfg.tokenizer}: the SDXL folder {folder} tokenizes with its own tokenizer/ "
-                         "and tokenizer_2/; drop --tokenizer.")  # fmt: skip
+        raise SystemExit(
+            f"--tokenizer {cfg.tokenizer}: the SDXL folder {folder} tokenizes with its own tokenizer/ "
+            "and tokenizer_2/; drop --tokenizer."
+        )
     if not isinstance(source, LatentSource) or "caption" not in source.record_fields:
         encode = f"--vae {Path(folder) / 'vae'} --text_encoder {Path(folder) / 'text_encoder'}"
-        raise SystemExit(f"--dataset {cfg.dataset}: SDXL fine-tuning reads latents that keep their raw captions "
-                         f"(tokenized for both towers in training): encode with train/encode.py {encode}.")  # fmt: skip
+        raise SystemExit(
+            f"--dataset {cfg.dataset}: SDXL fine-tuning reads latents that keep their raw captions "
+            f"(tokenized for both towers in training): encode with train/encode.py {encode}."
+        )
     size = [d * vae_factor(folder) for d in source.image_shape[:2]]  # pixels: latents × the VAE's factor
     try:
-        return open_sdxl_text(canonical(folder), size, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size,
-                              rules=rules)  # fmt: skip
+        return open_sdxl_text(
+            canonical(folder), size, cfg.null_text, mesh=mesh, min_size=cfg.fsdp_min_param_size, rules=rules
+        )
     except RuleError as e:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     except (FileNotFoundError, ValueError) as e:  # weights that do not fit their config, the refiner
         raise SystemExit(f"--init {cfg.init}: {e}") from e
 
 
-def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dict, mesh: Mesh | None,
-              min_size: int, rules: Sequence = (), attend_padding: bool = False) -> TextConditioning:  # fmt: skip
+def open_text(
+    tower: str,
+    tokenizer: str,
+    null_text: str,
+    *,
+    scratch_config: dict,
+    mesh: Mesh | None,
+    min_size: int,
+    rules: Sequence = (),
+    attend_padding: bool = False,
+) -> TextConditioning:
     """`tower` "scratch" (of `scratch_config`) or a folder; `tokenizer` a built-in one's name
     (BUILTIN_TOKENIZERS), a folder, or "" (the tokenizer/ beside `tower`). The result keeps both as
     absolute specs, for checkpoints. A folder that does not fit is a SystemExit naming it."""
@@ -111,8 +145,16 @@ def open_text(tower: str, tokenizer: str, null_text: str, *, scratch_config: dic
         tokenizer_spec, tokenizer = tokenizer, BUILTIN_TOKENIZERS[tokenizer]()
     else:
         tokenizer_spec, tokenizer = tokenizer_location(tower, tokenizer), str(tokenizer_folder(tower, tokenizer))
-    text = open_text_conditioning(tower, tokenizer, null_text=null_text, scratch_config=scratch_config, mesh=mesh,
-                                  min_size=min_size, rules=rules, attend_padding=attend_padding)  # fmt: skip
+    text = open_text_conditioning(
+        tower,
+        tokenizer,
+        null_text=null_text,
+        scratch_config=scratch_config,
+        mesh=mesh,
+        min_size=min_size,
+        rules=rules,
+        attend_padding=attend_padding,
+    )
     tower_spec = tower if tower == SCRATCH else canonical(tower)
     return dataclasses.replace(text, specs=(tower_spec, tokenizer_spec))
 
@@ -127,8 +169,13 @@ def stored_condition(stored: dict) -> dict:
         text = stored["text"]
         if text["text_encoder"] != SCRATCH:
             return {"kind": "frozen_text", **text}
-        return {"kind": "scratch_text", **text, "tower": SCRATCH_TEXT_TOWER, "causal": text.get("causal", True),
-                "pooled": text.get("pooled", True)}  # fmt: skip
+        return {
+            "kind": "scratch_text",
+            **text,
+            "tower": SCRATCH_TEXT_TOWER,
+            "causal": text.get("causal", True),
+            "pooled": text.get("pooled", True),
+        }
     return {"kind": "labels", "num_classes": stored["num_classes"]} if stored["num_classes"] else {"kind": "none"}
 
 
@@ -142,11 +189,19 @@ def condition_from_config(config: dict, *, mesh: Mesh | None):
     if kind in CONDITION_KINDS:
         return CONDITION_KINDS[kind](**{name: value for name, value in config.items() if name != "kind"})
     if kind not in TEXT_KINDS:
-        raise KeyError(f"a condition of kind {kind!r}, which CONDITION_KINDS in eqxdiff/run/open_condition.py does not "
-                       "name: add its class there")  # fmt: skip
-    text = open_text(config["text_encoder"], config["tokenizer"], config["null_text"],
-                     scratch_config=config.get("tower", SCRATCH_TEXT_TOWER), mesh=mesh, min_size=2**62,
-                     attend_padding=config.get("attend_padding", False))  # fmt: skip
+        raise KeyError(
+            f"a condition of kind {kind!r}, which CONDITION_KINDS in eqxdiff/run/open_condition.py does not "
+            "name: add its class there"
+        )
+    text = open_text(
+        config["text_encoder"],
+        config["tokenizer"],
+        config["null_text"],
+        scratch_config=config.get("tower", SCRATCH_TEXT_TOWER),
+        mesh=mesh,
+        min_size=2**62,
+        attend_padding=config.get("attend_padding", False),
+    )
     if config["kind"] == "scratch_text":
         return ScratchText(text, causal=config["causal"], pooled=config["pooled"])
     return TEXT_KINDS[config["kind"]](text, text.encoded_null())
@@ -164,8 +219,9 @@ def sample_prompts(given: str, source) -> list[str]:
     elif isinstance(source, LatentSource) and "caption" in source.record_fields:
         caption = source.caption  # latents whose records are read as tokens or encoded text keep the raw caption too
     else:
-        raise SystemExit(f"{source.spec} holds no captions to draw sample prompts from: pass --sample_prompts "
-                         "'a|b|...'.")  # fmt: skip
+        raise SystemExit(
+            f"{source.spec} holds no captions to draw sample prompts from: pass --sample_prompts 'a|b|...'."
+        )
     rows = np.unique(np.linspace(0, len(source) - 1, min(10, len(source))).round().astype(int))
     return [caption(int(i)) for i in rows]
 

@@ -25,11 +25,28 @@ from eqxdiff.training.phema import parse_sigma_rels
 
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
-LATER_FLAGS = dict(init="", lora_rank=0, lora_targets="", lora_alpha=0.0, edm_p_std=1.2, lr_ref_steps=0,
-                   phema_sigma_rels="", phema_every=100, guidance_interval="", xla_cpu="on",
-                   remat_policy=DEFAULT_REMAT_POLICY, finetune="", objective="denoising", meanflow_p_mean=-0.4,
-                   meanflow_p_std=1.0, meanflow_r_neq_t=0.25, meanflow_norm_p=1.0, meanflow_norm_eps=0.01,
-                   meanflow_omega=1.0, meanflow_kappa=0.5)  # fmt: skip
+LATER_FLAGS = dict(
+    init="",
+    lora_rank=0,
+    lora_targets="",
+    lora_alpha=0.0,
+    edm_p_std=1.2,
+    lr_ref_steps=0,
+    phema_sigma_rels="",
+    phema_every=100,
+    guidance_interval="",
+    xla_cpu="on",
+    remat_policy=DEFAULT_REMAT_POLICY,
+    finetune="",
+    objective="denoising",
+    meanflow_p_mean=-0.4,
+    meanflow_p_std=1.0,
+    meanflow_r_neq_t=0.25,
+    meanflow_norm_p=1.0,
+    meanflow_norm_eps=0.01,
+    meanflow_omega=1.0,
+    meanflow_kappa=0.5,
+)
 
 
 @dataclass(frozen=True)
@@ -68,8 +85,10 @@ def stored_run(run_dir: str | os.PathLike, step: int) -> tuple[int, dict]:
     if not saved:
         close = close_runs(run_dir)  # a mistyped --run_dir
         hint = f"did you mean {' or '.join(map(str, close))}? Else train" if close else "train"
-        raise SystemExit(f"No checkpoint under {absolute(run_dir) / 'checkpoints'}: {hint} first "
-                         f"(train/main.py --run_dir {run_dir}).")  # fmt: skip
+        raise SystemExit(
+            f"No checkpoint under {absolute(run_dir) / 'checkpoints'}: {hint} first "
+            f"(train/main.py --run_dir {run_dir})."
+        )
     if step >= 0 and step not in saved:
         raise SystemExit(f"--step {step}: {run_dir} holds checkpoints of steps {', '.join(map(str, saved))}.")
     return saved_config(run_dir, step)
@@ -77,13 +96,16 @@ def stored_run(run_dir: str | os.PathLike, step: int) -> tuple[int, dict]:
 
 def stored_codec(run_dir: str | os.PathLike, stored: dict, mesh: Mesh):
     """The codec a checkpoint's config describes (before codecs were stored: its `autoencoder`, if any)."""
-    config = stored.get("codec") or ({"kind": "latents", "autoencoder": stored["autoencoder"]}
-                                     if "autoencoder" in stored else None)  # fmt: skip
+    config = stored.get("codec") or (
+        {"kind": "latents", "autoencoder": stored["autoencoder"]} if "autoencoder" in stored else None
+    )
     try:
         return codec_from_config(config, mesh=mesh)
     except (FileNotFoundError, ValueError) as e:  # the VAE folder moved since the encode
-        raise SystemExit(f"{run_dir} decodes with the VAE {config['autoencoder']}, which cannot be read now ({e}); "
-                         "put it back there.") from e  # fmt: skip
+        raise SystemExit(
+            f"{run_dir} decodes with the VAE {config['autoencoder']}, which cannot be read now ({e}); "
+            "put it back there."
+        ) from e
 
 
 def stored_run_condition(run_dir: str | os.PathLike, stored: dict, mesh: Mesh):
@@ -94,8 +116,10 @@ def stored_run_condition(run_dir: str | os.PathLike, stored: dict, mesh: Mesh):
     except KeyError as e:  # a kind this checkout has no class for
         raise SystemExit(f"{run_dir} trained with {e.args[0]}.") from e
     except (FileNotFoundError, ValueError) as e:  # the folders moved since training
-        raise SystemExit(f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
-                         f"now ({e}); put it back there.") from e  # fmt: skip
+        raise SystemExit(
+            f"{run_dir} trained with the text tower {config['text_encoder']}, which cannot be read "
+            f"now ({e}); put it back there."
+        ) from e
 
 
 def posthoc_dir(run_dir: str | os.PathLike, sigma_rel: float) -> os.PathLike:
@@ -103,8 +127,14 @@ def posthoc_dir(run_dir: str | os.PathLike, sigma_rel: float) -> os.PathLike:
     return as_path(run_dir) / "posthoc_ema" / f"{sigma_rel:g}"
 
 
-def load_run(run_dir: str | os.PathLike, step: int = -1, *, mesh: Mesh, ema: float | None = None,
-             constructors: dict | None = None) -> Run:  # fmt: skip
+def load_run(
+    run_dir: str | os.PathLike,
+    step: int = -1,
+    *,
+    mesh: Mesh,
+    ema: float | None = None,
+    constructors: dict | None = None,
+) -> Run:
     """Checkpoint `step` (< 0: the newest) of `run_dir`: its EMA model rebuilt from the stored constructor
     arguments (a checkpoint from before they were stored: its MODELS entry now) and replicated over `mesh`
     (the run may have trained on another mesh); a run, step, tower or VAE that cannot be read is a
@@ -126,18 +156,27 @@ def load_run(run_dir: str | os.PathLike, step: int = -1, *, mesh: Mesh, ema: flo
         step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
     codec = stored_codec(run_dir, stored, mesh)
     args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)  # older: MODELS'
-    net = tune.network(args, schedule_by_name(cfg.schedule),
-                       parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)), ())  # fmt: skip
+    net = tune.network(
+        args, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)), ()
+    )
     return Run(
-        ema=tune.whole(model), cfg=cfg, stored=stored, step=step, condition=condition, codec=codec,
-        schedule=net.schedule, parameterization=net.parameterization, image_shape=tuple(stored["image_shape"]),
+        ema=tune.whole(model),
+        cfg=cfg,
+        stored=stored,
+        step=step,
+        condition=condition,
+        codec=codec,
+        schedule=net.schedule,
+        parameterization=net.parameterization,
+        image_shape=tuple(stored["image_shape"]),
         image_dataset=stored.get("image_dataset", cfg.dataset),
         class_names=stored.get("class_names"),
-    )  # fmt: skip
+    )
 
 
-def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, tune=None,
-                       constructors: dict | None = None) -> tuple:  # fmt: skip
+def abstract_run_state(
+    cfg: Any, stored: dict, condition, mesh: Mesh, tune=None, constructors: dict | None = None
+) -> tuple:
     """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config
     (`cfg`: `stored_flags(stored)`); `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's `open_init`), which says
     the part the state trains (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
@@ -155,16 +194,19 @@ def abstract_run_state(cfg: Any, stored: dict, condition, mesh: Mesh, tune=None,
     return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
 
 
-def load_posthoc_ema(run_dir: str | os.PathLike, sigma_rel: float, step: int, abstract_ema,
-                     sharding) -> tuple[int, Any]:  # fmt: skip
+def load_posthoc_ema(
+    run_dir: str | os.PathLike, sigma_rel: float, step: int, abstract_ema, sharding
+) -> tuple[int, Any]:
     """(step, model) of train/posthoc_ema.py's post-hoc EMA of `sigma_rel` at `step` (< 0: its newest)."""
     folder = posthoc_dir(run_dir, sigma_rel)
     with EmaSnapshots(folder, read_only=True) as saved:
         if not saved.steps or (step >= 0 and step not in saved.steps):
             have = f"steps {', '.join(map(str, saved.steps))}" if saved.steps else "none"
             of_step, step_flag = (f" of step {step}", f" --step {step}") if step >= 0 else ("", "")
-            raise SystemExit(f"--ema sigma_rel={sigma_rel:g}: no post-hoc EMA{of_step} in {folder} (there: {have}); "
-                             f"make it with python train/posthoc_ema.py --run_dir {run_dir} --sigma_rel {sigma_rel:g}"
-                             f"{step_flag}.")  # fmt: skip
+            raise SystemExit(
+                f"--ema sigma_rel={sigma_rel:g}: no post-hoc EMA{of_step} in {folder} (there: {have}); "
+                f"make it with python train/posthoc_ema.py --run_dir {run_dir} --sigma_rel {sigma_rel:g}"
+                f"{step_flag}."
+            )
         step = saved.steps[-1] if step < 0 else step
         return step, saved.restore(step, (abstract_ema,), (sharding,))[0]

@@ -42,8 +42,10 @@ def saved_config(run_dir: str | os.PathLike, step: int = -1) -> tuple[int, dict]
     try:
         return step, current_names(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
-        raise SystemExit(f"Checkpoint step {step} of {run_dir}: cannot read its config {path} ({e}); pass "
-                         f"--resume_step with an older step, or a new --run_dir.") from e  # fmt: skip
+        raise SystemExit(
+            f"Checkpoint step {step} of {run_dir}: cannot read its config {path} ({e}); pass "
+            f"--resume_step with an older step, or a new --run_dir."
+        ) from e
 
 
 def close_runs(run_dir: str | os.PathLike) -> list[Path]:

@@ -13,7 +13,7 @@ from eqxdiff.generate import generate_images
 
 
 def parse_interval(text: str) -> tuple[float, float] | None:
-    """"LO,HI" -> (LO, HI), the σ interval (LO, HI] where classifier-free guidance applies; "" -> None (every σ).
+    """ "LO,HI" -> (LO, HI), the σ interval (LO, HI] where classifier-free guidance applies; "" -> None (every σ).
     Anything else raises ValueError naming the form."""
     if not text:
         return None
@@ -38,9 +38,21 @@ class Sampling:
     guide_scale: float | None = None  # autoguidance (Karras et al. 2024): D_w + S·(D - D_w); None: none
     tiling: str = "auto"  # a latent run's decode, tile by tile: "auto" | "on" | "off"
 
-    def images(self, model: Any, codec: Any, schedule: Schedule, parameterization: Parameterization,
-               sample_shape: tuple[int, ...], cond: Any, num: int, *, mesh: Mesh, null_cond: Any = None,
-               weak_denoiser: Any = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def images(
+        self,
+        model: Any,
+        codec: Any,
+        schedule: Schedule,
+        parameterization: Parameterization,
+        sample_shape: tuple[int, ...],
+        cond: Any,
+        num: int,
+        *,
+        mesh: Mesh,
+        null_cond: Any = None,
+        weak_denoiser: Any = None,
+        seed: int = 0,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(`num` images, host float32 `[num, h, w, c]` in about [-1, 1]; the samples as the model drew them,
         `[num, *sample_shape]`) of `model` (the run's EMA) with the run's `codec`, `schedule` and
         `parameterization`, conditioned on `cond` (`num` rows, or None) against `null_cond` (a condition's
@@ -49,11 +61,24 @@ class Sampling:
         if (weak_denoiser is None) != (self.guide_scale is None):
             raise ValueError("Autoguidance needs both a weak_denoiser and Sampling.guide_scale; pass both or neither.")
         return generate_images(
-            model, codec, schedule, parameterization, cond, num, sample_shape, mesh=mesh, steps=self.steps,
-            method=self.method, guidance=self.guidance, null_cond=null_cond, guidance_interval=self.guidance_interval,
-            weak_denoiser=weak_denoiser, guide_scale=1.0 if self.guide_scale is None else self.guide_scale, seed=seed,
+            model,
+            codec,
+            schedule,
+            parameterization,
+            cond,
+            num,
+            sample_shape,
+            mesh=mesh,
+            steps=self.steps,
+            method=self.method,
+            guidance=self.guidance,
+            null_cond=null_cond,
+            guidance_interval=self.guidance_interval,
+            weak_denoiser=weak_denoiser,
+            guide_scale=1.0 if self.guide_scale is None else self.guide_scale,
+            seed=seed,
             tiling=self.tiling,
-        )  # fmt: skip
+        )
 
     def interval_text(self) -> str:
         """The guidance interval as --guidance_interval spells it, "LO,HI"; "" for every σ."""
@@ -70,8 +95,16 @@ class Sampling:
         return record
 
 
-def run_sampling(flags: Any, *, method: str | None = None, steps: int | None = None, guidance: float | None = None,
-                 interval: str = "", guide_scale: float | None = None, tiling: str = "auto") -> Sampling:  # fmt: skip
+def run_sampling(
+    flags: Any,
+    *,
+    method: str | None = None,
+    steps: int | None = None,
+    guidance: float | None = None,
+    interval: str = "",
+    guide_scale: float | None = None,
+    tiling: str = "auto",
+) -> Sampling:
     """A run's sampling: what its flags (`flags`: train/main.py's Config, or a checkpoint's `stored_flags`) say its
     sample grids use, --sample_method, --sample_steps, --guidance, --guidance_interval, with what a script's flags
     override (None or "": the run's). `guide_scale`: autoguidance instead of classifier-free guidance (guidance 1,

@@ -125,21 +125,36 @@ class SDXLText(TextCondition):
         return repeat_rows(cond, per_row), self.null_cond
 
     def to_config(self) -> dict:
-        return {"kind": self.kind, "text_encoder": self.folder, "null_text": self.null_text, "size": list(self.size),
-                "max_length": self.prompts.max_length}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "text_encoder": self.folder,
+            "null_text": self.null_text,
+            "size": list(self.size),
+            "max_length": self.prompts.max_length,
+        }
 
 
-def open_sdxl_text(folder: str | Path, size: Sequence[int], null_text: str, *, mesh: Mesh | None = None,
-                   min_size: int = 2**12, rules: Sequence[Rule] = ()) -> SDXLText:  # fmt: skip
+def open_sdxl_text(
+    folder: str | Path,
+    size: Sequence[int],
+    null_text: str,
+    *,
+    mesh: Mesh | None = None,
+    min_size: int = 2**12,
+    rules: Sequence[Rule] = (),
+) -> SDXLText:
     """The `SDXLText` of pipeline `folder` for images of `size` (height, width) pixels: both towers read straight
     into their layout on `mesh` by (`min_size`, `rules`), their leaves named as in the step's frozen argument
     (`text_encoder.…`, `text_encoder_2.text_model.…`)."""
     if null_text not in NULL_TEXTS:
         raise ValueError(f"null_text must be one of {NULL_TEXTS}, got {null_text!r}")
     if not (Path(folder) / "text_encoder").is_dir():
-        raise ValueError(f"{folder} has no text_encoder/: SDXL's refiner (tower 2 alone, an aesthetic score in its "
-                         "time_ids) is not fine-tuned here; give the base model's folder")  # fmt: skip
-    place = None if mesh is None else lambda abstract: state_shardings(abstract, mesh, min_size, rules=rules,
-                                                                       strict=False)  # fmt: skip
+        raise ValueError(
+            f"{folder} has no text_encoder/: SDXL's refiner (tower 2 alone, an aesthetic score in its "
+            "time_ids) is not fine-tuned here; give the base model's folder"
+        )
+    place = (
+        None if mesh is None else lambda abstract: state_shardings(abstract, mesh, min_size, rules=rules, strict=False)
+    )
     prompts = SDXLPrompts.from_diffusers(folder, place=place)
     return SDXLText(prompts, folder=str(folder), size=size, null_text=null_text)

@@ -21,6 +21,15 @@ from eqxdiff.sd.sdxl_cond import SDXLCond, sdxl_time_ids
 from eqxdiff.sd.unet import SDUNet
 
 __all__ = [
-    "SDPipeline", "SDUNet", "SDXLCond", "SDXLTextEncoders", "load_sd", "save_diffusers", "save_pipeline",
-    "save_transformers", "scheduler_from_diffusers", "sd_prompt_embeds", "sdxl_time_ids",
-]  # fmt: skip
+    "SDPipeline",
+    "SDUNet",
+    "SDXLCond",
+    "SDXLTextEncoders",
+    "load_sd",
+    "save_diffusers",
+    "save_pipeline",
+    "save_transformers",
+    "scheduler_from_diffusers",
+    "sd_prompt_embeds",
+    "sdxl_time_ids",
+]

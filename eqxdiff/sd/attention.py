@@ -113,9 +113,17 @@ class Transformer2DModel(eqx.Module):
     use_linear_projection: bool = eqx.field(static=True)  # how the file stores proj_in/proj_out
 
     def __init__(
-        self, channels: int, heads: int, context_dim: int, depth: int, groups: int, use_linear_projection: bool,
-        only_cross_attention: bool, *, key: PRNGKeyArray,
-    ):  # fmt: skip
+        self,
+        channels: int,
+        heads: int,
+        context_dim: int,
+        depth: int,
+        groups: int,
+        use_linear_projection: bool,
+        only_cross_attention: bool,
+        *,
+        key: PRNGKeyArray,
+    ):
         keys = jax.random.split(key, depth + 2)
         self.norm = GroupNorm(groups, channels, eps=GROUP_NORM_EPS)
         self.proj_in, self.proj_out = Dense(channels, channels, key=keys[0]), Dense(channels, channels, key=keys[1])

@@ -24,19 +24,27 @@ def clip_text_config(tower: CLIPTextModel | CLIPTextModelWithProjection, dtype: 
     """transformers' `CLIPTextConfig` (as config.json) that builds `tower` again."""
     text = tower.text_model if isinstance(tower, CLIPTextModelWithProjection) else tower
     if not text.causal:
-        raise ValueError("a CLIP text tower built with causal=False (every token sees every other) has no "
-                         "transformers counterpart, whose CLIP attention is always causal; train with a causal "
-                         "tower to export it")  # fmt: skip
+        raise ValueError(
+            "a CLIP text tower built with causal=False (every token sees every other) has no "
+            "transformers counterpart, whose CLIP attention is always causal; train with a causal "
+            "tower to export it"
+        )
     layer = text.encoder.layers[0]
     token, position = text.embeddings.token_embedding.weight.shape, text.embeddings.position_embedding.weight.shape
     config = {
-        "architectures": [type(tower).__name__], "model_type": "clip_text_model", "vocab_size": token[0],
-        "hidden_size": token[1], "intermediate_size": layer.mlp.fc1.weight.shape[1],
-        "num_hidden_layers": text.num_layers, "num_attention_heads": layer.self_attn.num_heads,
-        "max_position_embeddings": position[0], "hidden_act": layer.mlp.hidden_act,
-        "layer_norm_eps": text.final_layer_norm.eps, "eos_token_id": text.eos_token_id,
+        "architectures": [type(tower).__name__],
+        "model_type": "clip_text_model",
+        "vocab_size": token[0],
+        "hidden_size": token[1],
+        "intermediate_size": layer.mlp.fc1.weight.shape[1],
+        "num_hidden_layers": text.num_layers,
+        "num_attention_heads": layer.self_attn.num_heads,
+        "max_position_embeddings": position[0],
+        "hidden_act": layer.mlp.hidden_act,
+        "layer_norm_eps": text.final_layer_norm.eps,
+        "eos_token_id": text.eos_token_id,
         "dtype": file_dtype(dtype).name,
-    }  # fmt: skip
+    }
     if isinstance(tower, CLIPTextModelWithProjection):
         config["projection_dim"] = tower.text_projection.weight.shape[1]
     return config
@@ -55,11 +63,14 @@ def save_transformers(
     `dtype` (float32, float16, bfloat16). LoRA adapters are merged first; a non-empty `folder` is refused unless
     `overwrite`. Returns `folder`."""
     if not isinstance(tower, (CLIPTextModel, CLIPTextModelWithProjection)):
-        raise ValueError(f"save_transformers writes an eqxdiff CLIPTextModel or CLIPTextModelWithProjection, "
-                         f"not a {type(tower).__name__}")  # fmt: skip
+        raise ValueError(
+            f"save_transformers writes an eqxdiff CLIPTextModel or CLIPTextModelWithProjection, "
+            f"not a {type(tower).__name__}"
+        )
     folder = check_writable(folder, overwrite)
     tower = merge_lora(tower)
     config = clip_text_config(tower, dtype)
     prefix = "" if isinstance(tower, CLIPTextModelWithProjection) else PREFIX  # its leaves start with text_model.
-    return write_model_folder(folder, config, torch_state_dict(tower, dtype=dtype, prefix=prefix), WEIGHTS_FILE,
-                              variant=variant)  # fmt: skip
+    return write_model_folder(
+        folder, config, torch_state_dict(tower, dtype=dtype, prefix=prefix), WEIGHTS_FILE, variant=variant
+    )

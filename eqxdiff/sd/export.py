@@ -47,21 +47,34 @@ def vae_config(vae: AutoencoderKL) -> dict:
     widths = [block.resnets[0].conv1.weight.shape[3] for block in encoder.down_blocks]
     levels = len(widths)
     if isinstance(vae.latent_scale, float):
-        scaling = dict(scaling_factor=vae.latent_scale, shift_factor=vae.latent_shift or None, latents_mean=None,
-                       latents_std=None)  # fmt: skip
+        scaling = dict(
+            scaling_factor=vae.latent_scale, shift_factor=vae.latent_shift or None, latents_mean=None, latents_std=None
+        )
     else:
-        scaling = dict(scaling_factor=1.0, shift_factor=None, latents_mean=list(vae.latent_shift),
-                       latents_std=[1.0 / s for s in vae.latent_scale])  # fmt: skip
+        scaling = dict(
+            scaling_factor=1.0,
+            shift_factor=None,
+            latents_mean=list(vae.latent_shift),
+            latents_std=[1.0 / s for s in vae.latent_scale],
+        )
     return {
-        "_class_name": "AutoencoderKL", "act_fn": "silu", "block_out_channels": widths,
-        "down_block_types": ["DownEncoderBlock2D"] * levels, "up_block_types": ["UpDecoderBlock2D"] * levels,
-        "force_upcast": True, "in_channels": encoder.conv_in.weight.shape[2],
-        "out_channels": vae.decoder.conv_out.weight.shape[3], "latent_channels": vae.decoder.conv_in.weight.shape[2],
-        "layers_per_block": len(encoder.down_blocks[0].resnets), "norm_num_groups": encoder.conv_norm_out.groups,
-        "mid_block_add_attention": encoder.mid_block.attentions[0] is not None, "sample_size": vae.tile_sample_size,
-        "use_quant_conv": vae.quant_conv is not None, "use_post_quant_conv": vae.post_quant_conv is not None,
+        "_class_name": "AutoencoderKL",
+        "act_fn": "silu",
+        "block_out_channels": widths,
+        "down_block_types": ["DownEncoderBlock2D"] * levels,
+        "up_block_types": ["UpDecoderBlock2D"] * levels,
+        "force_upcast": True,
+        "in_channels": encoder.conv_in.weight.shape[2],
+        "out_channels": vae.decoder.conv_out.weight.shape[3],
+        "latent_channels": vae.decoder.conv_in.weight.shape[2],
+        "layers_per_block": len(encoder.down_blocks[0].resnets),
+        "norm_num_groups": encoder.conv_norm_out.groups,
+        "mid_block_add_attention": encoder.mid_block.attentions[0] is not None,
+        "sample_size": vae.tile_sample_size,
+        "use_quant_conv": vae.quant_conv is not None,
+        "use_post_quant_conv": vae.post_quant_conv is not None,
         **scaling,
-    }  # fmt: skip
+    }
 
 
 def save_diffusers(

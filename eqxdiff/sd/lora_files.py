@@ -43,8 +43,12 @@ def conv1x1_names(model) -> set[str]:
     `Transformer2DModel`s (`use_linear_projection=False`)."""
     is_t2d = lambda x: isinstance(x, Transformer2DModel)  # noqa: E731  (a predicate, as torch_weights' is_layer)
     found = jax.tree_util.tree_flatten_with_path(model, is_leaf=is_t2d)[0]
-    return {f"{module_name(p)}.{proj}" for p, x in found if is_t2d(x) and not x.use_linear_projection
-            for proj in ("proj_in", "proj_out")}  # fmt: skip
+    return {
+        f"{module_name(p)}.{proj}"
+        for p, x in found
+        if is_t2d(x) and not x.use_linear_projection
+        for proj in ("proj_in", "proj_out")
+    }
 
 
 def save_lora(model, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -67,11 +71,17 @@ def save_lora(model, path: str | Path, *, overwrite: bool = False) -> Path:
     ranks = {name: layer.lora_A.shape[0] for name, layer in layers.items()}
     alphas = {name: layer.alpha for name, layer in layers.items()}
     r, alpha = Counter(ranks.values()).most_common(1)[0][0], Counter(alphas.values()).most_common(1)[0][0]
-    config = {"r": r, "lora_alpha": alpha, "target_modules": sorted(layers),
-              "rank_pattern": {f"^{re.escape(n)}$": v for n, v in ranks.items() if v != r},
-              "alpha_pattern": {f"^{re.escape(n)}$": v for n, v in alphas.items() if v != alpha}}  # fmt: skip
-    metadata = {"format": "pt", METADATA_KEY: json.dumps({f"{PREFIX}.{k}": v for k, v in config.items()}, indent=2,
-                                                         sort_keys=True)}  # fmt: skip
+    config = {
+        "r": r,
+        "lora_alpha": alpha,
+        "target_modules": sorted(layers),
+        "rank_pattern": {f"^{re.escape(n)}$": v for n, v in ranks.items() if v != r},
+        "alpha_pattern": {f"^{re.escape(n)}$": v for n, v in alphas.items() if v != alpha},
+    }
+    metadata = {
+        "format": "pt",
+        METADATA_KEY: json.dumps({f"{PREFIX}.{k}": v for k, v in config.items()}, indent=2, sort_keys=True),
+    }
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(file.name + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
@@ -99,17 +109,22 @@ def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float
         keys, meta = list(f.keys()), f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in keys}
     if any(k.startswith(("lora_unet_", "lora_te")) or ".lora_down." in k or ".lora_up." in k for k in keys):
-        raise ValueError(f"{file}: a kohya/A1111 LoRA (lora_unet_*.lora_down/lora_up); eqxdiff reads diffusers/PEFT "
-                         "files (unet.*.lora_A.weight): convert it with diffusers (load_lora_weights, then "
-                         "save_lora_weights)")  # fmt: skip
+        raise ValueError(
+            f"{file}: a kohya/A1111 LoRA (lora_unet_*.lora_down/lora_up); eqxdiff reads diffusers/PEFT "
+            "files (unet.*.lora_A.weight): convert it with diffusers (load_lora_weights, then "
+            "save_lora_weights)"
+        )
     # A pipeline's file prefixes the UNet's keys and metadata with `unet.`; the UNet's own `save_lora_adapter` not.
     prefix = f"{PREFIX}." if any(k.startswith(f"{PREFIX}.") for k in keys) else ""
     others = sorted({k.split(".")[0] for k in keys if not k.startswith(prefix) or k.startswith("text_encoder")})
     if others:
-        raise ValueError(f"{file}: adapters of {others}, not the UNet; eqxdiff loads the UNet's (unet.*) only - save "
-                         "the UNet's adapters alone (save_lora_weights(unet_lora_layers=...))")  # fmt: skip
-    config = {k.removeprefix(prefix): v for k, v in json.loads(meta.get(METADATA_KEY) or "{}").items()
-              if k.startswith(prefix)}  # fmt: skip
+        raise ValueError(
+            f"{file}: adapters of {others}, not the UNet; eqxdiff loads the UNet's (unet.*) only - save "
+            "the UNet's adapters alone (save_lora_weights(unet_lora_layers=...))"
+        )
+    config = {
+        k.removeprefix(prefix): v for k, v in json.loads(meta.get(METADATA_KEY) or "{}").items() if k.startswith(prefix)
+    }
     for flag in ("use_dora", "use_rslora", "lora_bias"):
         if config.get(flag):
             raise ValueError(f"{file}: a LoRA with {flag}=True, which eqxdiff's LoRALinear does not compute")
@@ -127,8 +142,9 @@ def read_lora(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray, float
         if b.ndim == 4 and b.shape[2:] == (1, 1):
             b = b[:, :, 0, 0]  # a convolution's B is 1x1 (PEFT): a linear map of the r channels
         if a.ndim not in (2, 4) or b.ndim != 2 or b.shape[1] != a.shape[0]:
-            raise ValueError(f"{file}: {name}: lora_A {a.shape} and lora_B {b.shape} are not [r, in(, kh, kw)] and "
-                             "[out, r(, 1, 1)]")  # fmt: skip
+            raise ValueError(
+                f"{file}: {name}: lora_A {a.shape} and lora_B {b.shape} are not [r, in(, kh, kw)] and [out, r(, 1, 1)]"
+            )
         rank = a.shape[0]
         # No metadata: alpha = r (diffusers' convention); with it, lora_alpha or the module's alpha_pattern.
         alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config.get("lora_alpha", rank))
@@ -157,14 +173,18 @@ def load_lora(model, path: str | Path) -> Any:
             a = a[:, :, 0, 0] if a.ndim == 4 and a.shape[2:] == (1, 1) else a  # diffusers' 1x1 conv, our Dense
             fits, kind, want = a.shape[1:] == (n_in,), LoRALinear, f"[r, {n_in}]"
         if not fits or b.shape[0] != n_out:
-            raise ValueError(f"load_lora: {name}: lora_A {a.shape} / lora_B {b.shape} do not fit it: want lora_A "
-                             f"{want} and lora_B [{n_out}, r]")  # fmt: skip
+            raise ValueError(
+                f"load_lora: {name}: lora_A {a.shape} / lora_B {b.shape} do not fit it: want lora_A "
+                f"{want} and lora_B [{n_out}, r]"
+            )
         dtype = base.weight.dtype
         return kind(base, jnp.asarray(a, dtype), jnp.asarray(b, dtype), alpha)
 
     model = map_layers(model, attach)
     missing = sorted(set(adapters) - seen)
     if missing:
-        raise ValueError(f"load_lora: {_file(path)} adapts {missing[:4]}{'...' if len(missing) > 4 else ''}, which "
-                         "are not linear or conv layers of this model (another architecture's LoRA?)")  # fmt: skip
+        raise ValueError(
+            f"load_lora: {_file(path)} adapts {missing[:4]}{'...' if len(missing) > 4 else ''}, which "
+            "are not linear or conv layers of this model (another architecture's LoRA?)"
+        )
     return model

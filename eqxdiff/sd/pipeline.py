@@ -126,14 +126,18 @@ class SDPipeline:
         negative ones. `method` (a scheduler class or eqxdiff method) samples as `with_scheduler(method)` does.
         `guidance_rescale` (SDXL's φ) other than 0 is not ported."""
         if guidance_rescale != 0:
-            raise ValueError(f"guidance_rescale={guidance_rescale}: the rescaled guidance of Lin et al. 2023 is not "
-                             "ported; use 0 (diffusers' default).")  # fmt: skip
+            raise ValueError(
+                f"guidance_rescale={guidance_rescale}: the rescaled guidance of Lin et al. 2023 is not "
+                "ported; use 0 (diffusers' default)."
+            )
         if isinstance(prompts, str):
             raise TypeError("prompts: a list of prompts, e.g. [prompt]; a str would be one prompt per character.")
         b, f = len(prompts), self.vae_scale_factor
         if self.family == "sd" and (original_size or target_size or tuple(crops_coords_top_left) != (0, 0)):
-            raise ValueError("original_size, crops_coords_top_left and target_size are SDXL's micro-conditioning; "
-                             "this is an SD 1.x/2.x pipeline.")  # fmt: skip
+            raise ValueError(
+                "original_size, crops_coords_top_left and target_size are SDXL's micro-conditioning; "
+                "this is an SD 1.x/2.x pipeline."
+            )
         if initial_latents is None:
             if key is None:
                 raise ValueError("pass initial_latents (unit noise, NHWC) or a key to draw them")
@@ -153,15 +157,17 @@ class SDPipeline:
             cond = self.prompts.encode(prompts, clip_skip=clip_skip)
             null = self.prompts.negative(b, negative_prompts) if guided else None
         else:
-            time_ids = sdxl_time_ids(original_size or (height, width), crops_coords_top_left,
-                                     target_size or (height, width), b)  # fmt: skip
+            time_ids = sdxl_time_ids(
+                original_size or (height, width), crops_coords_top_left, target_size or (height, width), b
+            )
             cond = SDXLCond(self.prompts.encode(prompts, clip_skip=clip_skip), time_ids)
             null = SDXLCond(self.prompts.negative(b, negative_prompts), time_ids) if guided else None
         scheduler = self.scheduler if method is None else self.with_scheduler(method).scheduler
         return _sample(self.unet, scheduler, cond, null, guidance, initial_latents, steps, key)
 
-    def images(self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None,
-               **kwargs) -> Float[Array, "b H W 3"]:  # fmt: skip
+    def images(
+        self, prompts: Sequence[str], negative_prompts: Sequence[str] | None = None, **kwargs
+    ) -> Float[Array, "b H W 3"]:
         """`latents(...)` decoded by the VAE, `decode(z / scaling_factor + shift_factor)`: images in about [-1, 1]."""
         return self.decode(self.latents(prompts, negative_prompts, **kwargs))
 
@@ -181,23 +187,36 @@ def load_sd(folder: str | Path, *, variant: str | None = None) -> SDPipeline:
     folder = Path(folder).expanduser()
     index_file = folder / "model_index.json"
     if not index_file.is_file():
-        raise FileNotFoundError(f"{folder} has no model_index.json: give a pipeline folder as diffusers' "
-                                "save_pretrained writes it (model_index.json, unet/, vae/, …)")  # fmt: skip
+        raise FileNotFoundError(
+            f"{folder} has no model_index.json: give a pipeline folder as diffusers' "
+            "save_pretrained writes it (model_index.json, unet/, vae/, …)"
+        )
     name = json.loads(index_file.read_text()).get("_class_name")
     if name not in PIPELINES:
-        raise ValueError(f"{folder} is a {name}: load_sd reads StableDiffusionPipeline (SD 1.x/2.x) and "
-                         "StableDiffusionXLPipeline folders only")  # fmt: skip
+        raise ValueError(
+            f"{folder} is a {name}: load_sd reads StableDiffusionPipeline (SD 1.x/2.x) and "
+            "StableDiffusionXLPipeline folders only"
+        )
     family = PIPELINES[name]
     for part in ("unet", "vae", "scheduler", "text_encoder" if family == "sd" else "text_encoder_2"):
         if not (folder / part).is_dir():
-            raise FileNotFoundError(f"{folder} has no {part}/: a {name} folder holds unet/, vae/, scheduler/ and "
-                                    "its text encoders and tokenizers")  # fmt: skip
+            raise FileNotFoundError(
+                f"{folder} has no {part}/: a {name} folder holds unet/, vae/, scheduler/ and "
+                "its text encoders and tokenizers"
+            )
     if family == "sd":
-        prompts = SDPrompts(CLIPTextModel.from_transformers(folder / "text_encoder", variant=variant),
-                            load_tokenizer(folder / "tokenizer"))  # fmt: skip
+        prompts = SDPrompts(
+            CLIPTextModel.from_transformers(folder / "text_encoder", variant=variant),
+            load_tokenizer(folder / "tokenizer"),
+        )
     else:
         prompts = SDXLPrompts.from_diffusers(folder, variant=variant)
     config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
-    return SDPipeline(family, SDUNet.from_diffusers(folder / "unet", variant=variant), prompts,
-                      AutoencoderKL.from_diffusers(folder / "vae", variant=variant), scheduler_from_diffusers(config),
-                      config)  # fmt: skip
+    return SDPipeline(
+        family,
+        SDUNet.from_diffusers(folder / "unet", variant=variant),
+        prompts,
+        AutoencoderKL.from_diffusers(folder / "vae", variant=variant),
+        scheduler_from_diffusers(config),
+        config,
+    )

@@ -27,17 +27,34 @@ from eqxdiff.weights.model_folder import check_writable, write_json
 
 # The parts each pipeline class holds, with the type each must be (tokenizers: folders of tokenizer files).
 PARTS = {
-    "StableDiffusionPipeline": {"unet": SDUNet, "vae": AutoencoderKL, "text_encoder": CLIPTextModel,
-                                "tokenizer": Path, "scheduler": dict},
-    "StableDiffusionXLPipeline": {"unet": SDUNet, "vae": AutoencoderKL, "text_encoder": CLIPTextModel,
-                                  "tokenizer": Path, "text_encoder_2": CLIPTextModelWithProjection,
-                                  "tokenizer_2": Path, "scheduler": dict},
-}  # fmt: skip
+    "StableDiffusionPipeline": {
+        "unet": SDUNet,
+        "vae": AutoencoderKL,
+        "text_encoder": CLIPTextModel,
+        "tokenizer": Path,
+        "scheduler": dict,
+    },
+    "StableDiffusionXLPipeline": {
+        "unet": SDUNet,
+        "vae": AutoencoderKL,
+        "text_encoder": CLIPTextModel,
+        "tokenizer": Path,
+        "text_encoder_2": CLIPTextModelWithProjection,
+        "tokenizer_2": Path,
+        "scheduler": dict,
+    },
+}
 LIBRARY = {"unet": "diffusers", "vae": "diffusers", "scheduler": "diffusers"}  # the rest: transformers
-CLASS = {SDUNet: "UNet2DConditionModel", AutoencoderKL: "AutoencoderKL", CLIPTextModel: "CLIPTextModel",
-         CLIPTextModelWithProjection: "CLIPTextModelWithProjection"}  # fmt: skip
-UNUSED = {"StableDiffusionPipeline": ("feature_extractor", "image_encoder", "safety_checker"),
-          "StableDiffusionXLPipeline": ("feature_extractor", "image_encoder")}  # fmt: skip
+CLASS = {
+    SDUNet: "UNet2DConditionModel",
+    AutoencoderKL: "AutoencoderKL",
+    CLIPTextModel: "CLIPTextModel",
+    CLIPTextModelWithProjection: "CLIPTextModelWithProjection",
+}
+UNUSED = {
+    "StableDiffusionPipeline": ("feature_extractor", "image_encoder", "safety_checker"),
+    "StableDiffusionXLPipeline": ("feature_extractor", "image_encoder"),
+}
 
 
 def class_name(part: Any, kind: type) -> str:
@@ -59,9 +76,13 @@ def pipeline_parts(pipeline: SDPipeline, tokenizers: str | Path) -> dict[str, An
     if pipeline.family == "sd":
         return parts | {"text_encoder": pipeline.prompts.encoder, "tokenizer": tokenizers / "tokenizer"}
     encoders = pipeline.prompts.encoders
-    return parts | {"text_encoder": encoders.text_encoder, "text_encoder_2": encoders.text_encoder_2,
-                    "tokenizer": tokenizers / "tokenizer", "tokenizer_2": tokenizers / "tokenizer_2",
-                    "force_zeros_for_empty_prompt": pipeline.prompts.force_zeros_for_empty_prompt}  # fmt: skip
+    return parts | {
+        "text_encoder": encoders.text_encoder,
+        "text_encoder_2": encoders.text_encoder_2,
+        "tokenizer": tokenizers / "tokenizer",
+        "tokenizer_2": tokenizers / "tokenizer_2",
+        "force_zeros_for_empty_prompt": pipeline.prompts.force_zeros_for_empty_prompt,
+    }
 
 
 def check_parts(parts: Mapping[str, Any]) -> str:
@@ -72,19 +93,24 @@ def check_parts(parts: Mapping[str, Any]) -> str:
     extra = sorted(set(parts) - set(wanted) - {"force_zeros_for_empty_prompt"})
     missing = sorted(set(wanted) - set(parts))
     if missing or extra:
-        raise ValueError(f"save_pipeline: a {name} takes the parts {sorted(wanted)}; missing {missing}, "
-                         f"unknown {extra}")  # fmt: skip
+        raise ValueError(
+            f"save_pipeline: a {name} takes the parts {sorted(wanted)}; missing {missing}, unknown {extra}"
+        )
     for part, kind in wanted.items():
         value = Path(parts[part]) if kind is Path and isinstance(parts[part], str) else parts[part]
         if kind is Path:
             if not isinstance(value, Path) or not value.is_dir():
-                raise ValueError(f"save_pipeline: {part} must be a folder of tokenizer files (a pipeline's "
-                                 f"{part}/), got {parts[part]!r}")  # fmt: skip
+                raise ValueError(
+                    f"save_pipeline: {part} must be a folder of tokenizer files (a pipeline's "
+                    f"{part}/), got {parts[part]!r}"
+                )
         elif type(value) is not kind:
             raise ValueError(f"save_pipeline: {part} must be an eqxdiff {kind.__name__}, got {type(value).__name__}")
     if "_class_name" not in parts["scheduler"]:
-        raise ValueError("save_pipeline: scheduler must be a diffusers scheduler config with its _class_name "
-                         "(e.g. a pipeline's scheduler/scheduler_config.json, read)")  # fmt: skip
+        raise ValueError(
+            "save_pipeline: scheduler must be a diffusers scheduler config with its _class_name "
+            "(e.g. a pipeline's scheduler/scheduler_config.json, read)"
+        )
     return name
 
 
@@ -106,8 +132,10 @@ def save_pipeline(
     `folder` is refused unless `overwrite`. Returns `folder`."""
     if isinstance(pipeline_or_parts, SDPipeline):
         if tokenizers is None:
-            raise ValueError("save_pipeline: pass tokenizers=<the pipeline folder it was loaded from>, whose "
-                             "tokenizer files are copied (an SDPipeline keeps no tokenizer files)")  # fmt: skip
+            raise ValueError(
+                "save_pipeline: pass tokenizers=<the pipeline folder it was loaded from>, whose "
+                "tokenizer files are copied (an SDPipeline keeps no tokenizer files)"
+            )
         parts = pipeline_parts(pipeline_or_parts, tokenizers)
     else:
         parts = dict(pipeline_or_parts)

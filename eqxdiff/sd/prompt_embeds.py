@@ -88,8 +88,10 @@ class SDXLTextEncoders(eqx.Module):
                 "has text_encoder/ and text_encoder_2/ (the refiner only the second)"
             )
         has_1 = (folder / "text_encoder").is_dir()
-        configs = [text_config(folder / name)[0] if has else None
-                   for name, has in (("text_encoder", has_1), ("text_encoder_2", True))]  # fmt: skip
+        configs = [
+            text_config(folder / name)[0] if has else None
+            for name, has in (("text_encoder", has_1), ("text_encoder_2", True))
+        ]
         abstract = eqx.filter_eval_shape(cls.from_config, *configs, key=jax.random.key(0))
         whole = None if place is None else place(abstract)
         part = lambda name: None if whole is None else lambda _: getattr(whole, name)  # noqa: E731
@@ -115,8 +117,10 @@ class SDXLTextEncoders(eqx.Module):
         context = [hidden_2]
         if self.text_encoder is not None:
             if input_ids is None:
-                raise ValueError("SDXLTextEncoders: text_encoder takes input_ids (tokenizer/'s); None is for the "
-                                 "refiner, which has text_encoder_2 only")  # fmt: skip
+                raise ValueError(
+                    "SDXLTextEncoders: text_encoder takes input_ids (tokenizer/'s); None is for the "
+                    "refiner, which has text_encoder_2 only"
+                )
             context.insert(0, self.text_encoder(input_ids, hidden_layer=layer)[0])
         mask = jnp.ones(hidden_2.shape[:2], jnp.int32)  # diffusers hands the UNet no mask: all positions count
         return TextCond(jnp.concatenate(context, axis=-1), mask, pooled)

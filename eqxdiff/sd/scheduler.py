@@ -42,12 +42,20 @@ from eqxdiff.diffusion import (
 from eqxdiff.diffusion.samplers import DenoiseFn
 
 # a diffusers scheduler class -> the eqxdiff sampler (`eqxdiff.diffusion.METHODS`) that steps as it does
-METHOD_OF_SCHEDULER = {"DDIMScheduler": "ddim", "PNDMScheduler": "ddim", "EulerDiscreteScheduler": "euler",
-                       "EulerAncestralDiscreteScheduler": "euler_ancestral",
-                       "DPMSolverMultistepScheduler": "dpmpp_2m"}  # fmt: skip
-DEFAULT_SPACING = {"DDIMScheduler": "leading", "PNDMScheduler": "leading", "EulerDiscreteScheduler": "linspace",
-                   "EulerAncestralDiscreteScheduler": "linspace",
-                   "DPMSolverMultistepScheduler": "linspace"}  # fmt: skip
+METHOD_OF_SCHEDULER = {
+    "DDIMScheduler": "ddim",
+    "PNDMScheduler": "ddim",
+    "EulerDiscreteScheduler": "euler",
+    "EulerAncestralDiscreteScheduler": "euler_ancestral",
+    "DPMSolverMultistepScheduler": "dpmpp_2m",
+}
+DEFAULT_SPACING = {
+    "DDIMScheduler": "leading",
+    "PNDMScheduler": "leading",
+    "EulerDiscreteScheduler": "linspace",
+    "EulerAncestralDiscreteScheduler": "linspace",
+    "DPMSolverMultistepScheduler": "linspace",
+}
 PARAMETERIZATIONS = {"epsilon": EpsilonPrediction, "v_prediction": VPrediction, "sample": DataPrediction}
 ZERO_SNR_ALPHA_BAR = 2.0**-24  # diffusers' Euler/DPM stand-in for ᾱ_T = 0
 DDIM_ZERO_SNR_SIGMA = 2.0**20  # DDIM's: ᾱ = 2**-40, where its VP-coordinate step equals the ᾱ = 0 one in float32
@@ -222,8 +230,10 @@ def _read_config(folder_or_config) -> dict:
     for candidate in (path / "scheduler" / "scheduler_config.json", path / "scheduler_config.json", path):
         if candidate.is_file():
             return json.loads(candidate.read_text())
-    raise FileNotFoundError(f"No scheduler config at {path}: give a pipeline folder (scheduler/scheduler_config.json), "
-                            "its scheduler/ folder or the json file.")  # fmt: skip
+    raise FileNotFoundError(
+        f"No scheduler config at {path}: give a pipeline folder (scheduler/scheduler_config.json), "
+        "its scheduler/ folder or the json file."
+    )
 
 
 def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersScheduler:
@@ -244,15 +254,17 @@ def scheduler_from_diffusers(folder_or_config: str | Path | dict) -> DiffusersSc
     if spacing not in ("leading", "trailing", "linspace"):
         raise _refuse("timestep_spacing", spacing, "choose 'leading', 'trailing' or 'linspace'")
     final = config.get("final_sigmas_type", "zero")
-    if final not in ("zero", "sigma_min") or (final != "zero" and name not in
-                                              ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler")):  # fmt: skip
+    if final not in ("zero", "sigma_min") or (
+        final != "zero" and name not in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler")
+    ):
         raise _refuse("final_sigmas_type", final, "'zero', or 'sigma_min' for Euler and DPM-Solver")
     karras = bool(config.get("use_karras_sigmas", False))
     if karras and name not in ("EulerDiscreteScheduler", "DPMSolverMultistepScheduler"):
         raise _refuse("use_karras_sigmas", True, f"{name} has no Karras σ's")
     if karras and name == "DPMSolverMultistepScheduler" and config.get("beta_schedule") == "squaredcos_cap_v2":
-        raise _refuse("use_karras_sigmas", True, "DPM-Solver truncates squaredcos_cap_v2's Karras timesteps to "
-                      "repeated integers")  # fmt: skip
+        raise _refuse(
+            "use_karras_sigmas", True, "DPM-Solver truncates squaredcos_cap_v2's Karras timesteps to repeated integers"
+        )
 
     alpha_bar = diffusers_alphas_cumprod(config)
     if alpha_bar[-1] == 0:

@@ -52,14 +52,22 @@ class SDXLPrompts:
         index = folder / "model_index.json"
         config = json.loads(index.read_text()) if index.is_file() else {}
         tokenizer = None if encoders.text_encoder is None else load_tokenizer(folder / "tokenizer")
-        prompts = cls(encoders, tokenizer, load_tokenizer(folder / "tokenizer_2"),
-                      bool(config.get("force_zeros_for_empty_prompt", FORCE_ZEROS_DEFAULT)))  # fmt: skip
-        for name, tok, tower in (("", tokenizer, encoders.text_encoder),
-                                 ("_2", prompts.tokenizer_2, encoders.text_encoder_2.text_model)):  # fmt: skip
+        prompts = cls(
+            encoders,
+            tokenizer,
+            load_tokenizer(folder / "tokenizer_2"),
+            bool(config.get("force_zeros_for_empty_prompt", FORCE_ZEROS_DEFAULT)),
+        )
+        for name, tok, tower in (
+            ("", tokenizer, encoders.text_encoder),
+            ("_2", prompts.tokenizer_2, encoders.text_encoder_2.text_model),
+        ):
             rows = 0 if tower is None else tower.embeddings.token_embedding.weight.shape[0]
             if tower is not None and tok.tokenizer.get_vocab_size() > rows:  # a larger id would be clamped in jit
-                raise ValueError(f"{folder}: tokenizer{name}/ has {tok.tokenizer.get_vocab_size()} ids but "
-                                 f"text_encoder{name}/ embeds {rows}: they are not a pair")  # fmt: skip
+                raise ValueError(
+                    f"{folder}: tokenizer{name}/ has {tok.tokenizer.get_vocab_size()} ids but "
+                    f"text_encoder{name}/ embeds {rows}: they are not a pair"
+                )
         return prompts
 
     @property
@@ -67,8 +75,9 @@ class SDXLPrompts:
         """Tokens per prompt: tokenizer_2's model_max_length (77), which diffusers pads both tokenizers to."""
         return self.tokenizer_2.check_length(None)
 
-    def encode(self, prompts: Sequence[str], prompts_2: Sequence[str] | None = None, *,
-               clip_skip: int | None = None) -> TextCond:  # fmt: skip
+    def encode(
+        self, prompts: Sequence[str], prompts_2: Sequence[str] | None = None, *, clip_skip: int | None = None
+    ) -> TextCond:
         """TextCond(context f32[b, 77, d1 + d2], mask int32[b, 77] of ones, pooled f32[b, p]) as host arrays,
         one row per prompt: `prompts` through tower 1, `prompts_2` (None or empty: `prompts`) through tower 2,
         `hidden_states[-(clip_skip + 2)]` (None: -2) of each, pooled = tower 2's text_embeds."""
@@ -85,15 +94,22 @@ class SDXLPrompts:
         ids = None if self.tokenizer is None else self.tokenizer(list(prompts), self.max_length)[0]
         return ids, self.tokenizer_2(list(prompts_2 or prompts), self.max_length)[0]
 
-    def negative(self, batch_size: int, negative_prompts: Sequence[str] | None = None,
-                 negative_prompts_2: Sequence[str] | None = None) -> TextCond:  # fmt: skip
+    def negative(
+        self,
+        batch_size: int,
+        negative_prompts: Sequence[str] | None = None,
+        negative_prompts_2: Sequence[str] | None = None,
+    ) -> TextCond:
         """The unconditional TextCond for `batch_size` rows, as `encode_prompt`'s negative_prompt_embeds and
         negative_pooled_prompt_embeds: zeros when no negative prompt is given and force_zeros_for_empty_prompt
         is set (an explicit "" is encoded), else `negative_prompts` (None: "") encoded at hidden_states[-2]."""
         if negative_prompts is None and self.force_zeros_for_empty_prompt:
             shape = (batch_size, self.max_length)
-            return TextCond(np.zeros((*shape, self.encoders.context_dim), np.float32), np.ones(shape, np.int32),
-                            np.zeros((batch_size, self.encoders.pooled_dim), np.float32))  # fmt: skip
+            return TextCond(
+                np.zeros((*shape, self.encoders.context_dim), np.float32),
+                np.ones(shape, np.int32),
+                np.zeros((batch_size, self.encoders.pooled_dim), np.float32),
+            )
         negative = list(negative_prompts or [""] * batch_size)
         if len(negative) != batch_size:
             raise ValueError(f"{len(negative)} negative prompts for a batch of {batch_size}: give one per prompt")

@@ -81,18 +81,27 @@ class SDUNet(eqx.Module):
         self.add_embedding = TimestepEmbedding(self.add_input_dim, temb, key=next(keys)) if text_time else None
 
         def attention(level: int, used: bool) -> dict | None:  # Transformer2DModel's arguments at a level
-            return None if not used else dict(
-                heads=cfg["heads"][level], context_dim=cfg["cross_attention_dim"][level], groups=groups,
-                depth=cfg["transformer_layers_per_block"][level], use_linear_projection=cfg["use_linear_projection"],
-                only_cross_attention=cfg["only_cross_attention"][level])  # fmt: skip
+            return (
+                None
+                if not used
+                else dict(
+                    heads=cfg["heads"][level],
+                    context_dim=cfg["cross_attention_dim"][level],
+                    groups=groups,
+                    depth=cfg["transformer_layers_per_block"][level],
+                    use_linear_projection=cfg["use_linear_projection"],
+                    only_cross_attention=cfg["only_cross_attention"][level],
+                )
+            )
 
         self.down_blocks, skip_widths = [], [widths[0]]
         for i, kind in enumerate(cfg["down_block_types"]):
             n = cfg["layers_per_block"][i]
             cin, last = widths[max(i - 1, 0)], i == levels - 1
             spec = attention(i, kind.startswith("CrossAttn"))
-            self.down_blocks.append(DownBlock(cin, widths[i], n, temb, groups, eps, spec, not last, remat=remat,
-                                              key=next(keys)))  # fmt: skip
+            self.down_blocks.append(
+                DownBlock(cin, widths[i], n, temb, groups, eps, spec, not last, remat=remat, key=next(keys))
+            )
             skip_widths += [widths[i]] * (n + (not last))
         mid = dict(attention(levels - 1, True), only_cross_attention=False)  # the mid block has no such option
         self.mid_block = MidBlock(widths[-1], temb, groups, eps, mid, remat=remat, key=next(keys))
@@ -101,9 +110,20 @@ class SDUNet(eqx.Module):
             level, n = levels - 1 - i, cfg["layers_per_block"][levels - 1 - i] + 1
             cins = [prev] + [widths[level]] * (n - 1)
             skips = [skip_widths.pop() for _ in range(n)]
-            self.up_blocks.append(UpBlock(cins, skips, widths[level], temb, groups, eps,
-                                          attention(level, kind.startswith("CrossAttn")), i < levels - 1,
-                                          remat=remat, key=next(keys)))  # fmt: skip
+            self.up_blocks.append(
+                UpBlock(
+                    cins,
+                    skips,
+                    widths[level],
+                    temb,
+                    groups,
+                    eps,
+                    attention(level, kind.startswith("CrossAttn")),
+                    i < levels - 1,
+                    remat=remat,
+                    key=next(keys),
+                )
+            )
             prev = widths[level]
         self.conv_norm_out = GroupNorm(groups, widths[0], eps=eps)
         self.conv_out = Conv2d(widths[0], cfg["out_channels"], key=next(keys))
@@ -116,7 +136,12 @@ class SDUNet(eqx.Module):
 
     @classmethod
     def from_diffusers(
-        cls, path: str | Path, *, variant: str | None = None, place: Place | None = None, dtype: DTypeLike = np.float32,
+        cls,
+        path: str | Path,
+        *,
+        variant: str | None = None,
+        place: Place | None = None,
+        dtype: DTypeLike = np.float32,
         remat: bool = False,
     ) -> "SDUNet":
         """A diffusers UNet folder (a pipeline's `unet/`: config.json + diffusion_pytorch_model.safetensors,
@@ -150,8 +175,9 @@ class SDUNet(eqx.Module):
             emb = emb + self.class_embedding(labels)
         if self.add_embedding is not None:
             pooled, time_ids = added
-            features = timestep_features(time_ids.reshape(-1), self.addition_time_embed_dim, self.flip_sin_to_cos,
-                                         self.freq_shift).reshape(x.shape[0], -1)  # fmt: skip
+            features = timestep_features(
+                time_ids.reshape(-1), self.addition_time_embed_dim, self.flip_sin_to_cos, self.freq_shift
+            ).reshape(x.shape[0], -1)
             emb = emb + self.add_embedding(jnp.concatenate([pooled.astype(jnp.float32), features], axis=-1))
         h = self.conv_in(x)
         skips = [h]
@@ -171,14 +197,18 @@ class SDUNet(eqx.Module):
         sdxl = self.add_embedding is not None
         kind = SDXLCond if sdxl else TextCond if self.class_embedding is None else ClassLabelCond
         if not isinstance(cond, kind):
-            want = {SDXLCond: "an SDXLCond(TextCond(context, mask, pooled), time_ids)",
-                    ClassLabelCond: "a ClassLabelCond(TextCond(context, mask), class_labels)",
-                    TextCond: "a TextCond(context, mask)"}[kind]  # fmt: skip
+            want = {
+                SDXLCond: "an SDXLCond(TextCond(context, mask, pooled), time_ids)",
+                ClassLabelCond: "a ClassLabelCond(TextCond(context, mask), class_labels)",
+                TextCond: "a TextCond(context, mask)",
+            }[kind]
             raise ValueError(f"SDUNet ({self._family()}) takes cond = {want} (eqxdiff.nn); got {type(cond).__name__}")
         text = cond if kind is TextCond else cond.text
         if text.context.ndim != 3 or text.context.shape[0] != b or text.context.shape[2] != self.context_dim:
-            raise ValueError(f"SDUNet: cond context must be [{b}, n, {self.context_dim}] (cross_attention_dim); "
-                             f"got {text.context.shape}")  # fmt: skip
+            raise ValueError(
+                f"SDUNet: cond context must be [{b}, n, {self.context_dim}] (cross_attention_dim); "
+                f"got {text.context.shape}"
+            )
         if kind is ClassLabelCond:
             return text.context, None, self._checked_labels(cond.class_labels, b)
         if kind is TextCond:
@@ -188,9 +218,11 @@ class SDUNet(eqx.Module):
         got = None if pooled is None else pooled.shape[-1] + time_ids.shape[-1] * self.addition_time_embed_dim
         if pooled is None or pooled.shape[0] != b or time_ids.shape[0] != b or got != expected:
             shapes = (None if pooled is None else pooled.shape, time_ids.shape)
-            raise ValueError(f"SDUNet (SDXL): pooled [b={b}, p] and time_ids [b, k] must give p + k * "
-                             f"addition_time_embed_dim ({self.addition_time_embed_dim}) = "
-                             f"projection_class_embeddings_input_dim ({expected}); got {shapes}")  # fmt: skip
+            raise ValueError(
+                f"SDUNet (SDXL): pooled [b={b}, p] and time_ids [b, k] must give p + k * "
+                f"addition_time_embed_dim ({self.addition_time_embed_dim}) = "
+                f"projection_class_embeddings_input_dim ({expected}); got {shapes}"
+            )
         return text.context, (pooled, time_ids), None
 
     def _family(self) -> str:
@@ -203,11 +235,15 @@ class SDUNet(eqx.Module):
         if isinstance(self.class_embedding, Embedding):
             rows = self.class_embedding.weight.shape[0]
             if labels.shape != (b,) or jnp.issubdtype(labels.dtype, jnp.floating):
-                raise ValueError(f"SDUNet: class_labels must be int [{b}] row indices < {rows} (num_class_embeds); "
-                                 f"got {labels.dtype}{labels.shape}")  # fmt: skip
+                raise ValueError(
+                    f"SDUNet: class_labels must be int [{b}] row indices < {rows} (num_class_embeds); "
+                    f"got {labels.dtype}{labels.shape}"
+                )
             return labels
         width = self.class_embedding.linear_1.in_features
         if labels.shape != (b, width):
-            raise ValueError(f"SDUNet: class_labels must be float [{b}, {width}] "
-                             f"(projection_class_embeddings_input_dim); got {labels.shape}")  # fmt: skip
+            raise ValueError(
+                f"SDUNet: class_labels must be float [{b}, {width}] "
+                f"(projection_class_embeddings_input_dim); got {labels.shape}"
+            )
         return labels.astype(jnp.float32)

@@ -80,13 +80,25 @@ class DownBlock(eqx.Module):
     remat: bool = eqx.field(static=True)
 
     def __init__(
-        self, cin: int, cout: int, layers: int, temb: int, groups: int, eps: float, attention: dict | None,
-        downsample: bool, *, remat: bool = False, key: PRNGKeyArray,
-    ):  # fmt: skip
+        self,
+        cin: int,
+        cout: int,
+        layers: int,
+        temb: int,
+        groups: int,
+        eps: float,
+        attention: dict | None,
+        downsample: bool,
+        *,
+        remat: bool = False,
+        key: PRNGKeyArray,
+    ):
         self.remat = remat
         keys = jax.random.split(key, 2 * layers + 1)
-        self.resnets = [ResnetBlock(cin if i == 0 else cout, cout, groups, eps=eps, temb_channels=temb, key=keys[i])
-                        for i in range(layers)]  # fmt: skip
+        self.resnets = [
+            ResnetBlock(cin if i == 0 else cout, cout, groups, eps=eps, temb_channels=temb, key=keys[i])
+            for i in range(layers)
+        ]
         self.attentions = _attentions(attention, cout, layers, keys[layers:])
         self.downsamplers = [Downsample2D(cout, key=keys[-1])] if downsample else None
 
@@ -112,9 +124,16 @@ class MidBlock(eqx.Module):
     remat: bool = eqx.field(static=True)
 
     def __init__(
-        self, width: int, temb: int, groups: int, eps: float, attention: dict, *, remat: bool = False,
+        self,
+        width: int,
+        temb: int,
+        groups: int,
+        eps: float,
+        attention: dict,
+        *,
+        remat: bool = False,
         key: PRNGKeyArray,
-    ):  # fmt: skip
+    ):
         k1, k2, k3 = jax.random.split(key, 3)
         self.remat = remat
         self.resnets = [ResnetBlock(width, width, groups, eps=eps, temb_channels=temb, key=k) for k in (k1, k2)]
@@ -138,21 +157,37 @@ class UpBlock(eqx.Module):
     remat: bool = eqx.field(static=True)
 
     def __init__(
-        self, cins: list[int], skip_widths: list[int], cout: int, temb: int, groups: int, eps: float,
-        attention: dict | None, upsample: bool, *, remat: bool = False, key: PRNGKeyArray,
-    ):  # fmt: skip
+        self,
+        cins: list[int],
+        skip_widths: list[int],
+        cout: int,
+        temb: int,
+        groups: int,
+        eps: float,
+        attention: dict | None,
+        upsample: bool,
+        *,
+        remat: bool = False,
+        key: PRNGKeyArray,
+    ):
         self.remat = remat
         layers = len(cins)
         keys = jax.random.split(key, 2 * layers + 1)
-        self.resnets = [ResnetBlock(cin + skip, cout, groups, eps=eps, temb_channels=temb, key=k)
-                        for cin, skip, k in zip(cins, skip_widths, keys[:layers], strict=True)]  # fmt: skip
+        self.resnets = [
+            ResnetBlock(cin + skip, cout, groups, eps=eps, temb_channels=temb, key=k)
+            for cin, skip, k in zip(cins, skip_widths, keys[:layers], strict=True)
+        ]
         self.attentions = _attentions(attention, cout, layers, keys[layers:])
         self.upsamplers = [Upsample(cout, key=keys[-1])] if upsample else None
 
     def __call__(
-        self, x: Float[Array, "b h w ci"], skips: list[Array], temb: Float[Array, "b e"],
-        context: Float[Array, "b m d"], size: tuple[int, int] | None,
-    ) -> Float[Array, "b h2 w2 co"]:  # fmt: skip
+        self,
+        x: Float[Array, "b h w ci"],
+        skips: list[Array],
+        temb: Float[Array, "b e"],
+        context: Float[Array, "b m d"],
+        size: tuple[int, int] | None,
+    ) -> Float[Array, "b h2 w2 co"]:
         """`skips`: this level's skips in the order they were made (the last is used first); `size`: the
         (h, w) to upsample to (the next level's skip)."""
         for i, resnet in enumerate(self.resnets):

@@ -14,33 +14,81 @@ from typing import Any
 
 # diffusers' UNet2DConditionModel.__init__ defaults (0.42), for the fields a config.json leaves out.
 DEFAULTS: dict[str, Any] = {
-    "sample_size": None, "in_channels": 4, "out_channels": 4, "center_input_sample": False, "flip_sin_to_cos": True,
-    "freq_shift": 0, "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
-    "DownBlock2D"], "mid_block_type": "UNetMidBlock2DCrossAttn", "up_block_types": ["UpBlock2D",
-    "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"], "only_cross_attention": False,
-    "block_out_channels": [320, 640, 1280, 1280], "layers_per_block": 2, "downsample_padding": 1,
-    "mid_block_scale_factor": 1, "dropout": 0.0, "act_fn": "silu", "norm_num_groups": 32, "norm_eps": 1e-5,
-    "cross_attention_dim": 1280, "transformer_layers_per_block": 1, "reverse_transformer_layers_per_block": None,
-    "encoder_hid_dim": None, "encoder_hid_dim_type": None, "attention_head_dim": 8, "num_attention_heads": None,
-    "dual_cross_attention": False, "use_linear_projection": False, "class_embed_type": None,
-    "addition_embed_type": None, "addition_time_embed_dim": None, "num_class_embeds": None,
-    "upcast_attention": False, "resnet_time_scale_shift": "default", "resnet_skip_time_act": False,
-    "resnet_out_scale_factor": 1.0, "time_embedding_type": "positional", "time_embedding_dim": None,
-    "time_embedding_act_fn": None, "timestep_post_act": None, "time_cond_proj_dim": None, "conv_in_kernel": 3,
-    "conv_out_kernel": 3, "projection_class_embeddings_input_dim": None, "attention_type": "default",
-    "class_embeddings_concat": False, "mid_block_only_cross_attention": None, "cross_attention_norm": None,
+    "sample_size": None,
+    "in_channels": 4,
+    "out_channels": 4,
+    "center_input_sample": False,
+    "flip_sin_to_cos": True,
+    "freq_shift": 0,
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "mid_block_type": "UNetMidBlock2DCrossAttn",
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "only_cross_attention": False,
+    "block_out_channels": [320, 640, 1280, 1280],
+    "layers_per_block": 2,
+    "downsample_padding": 1,
+    "mid_block_scale_factor": 1,
+    "dropout": 0.0,
+    "act_fn": "silu",
+    "norm_num_groups": 32,
+    "norm_eps": 1e-5,
+    "cross_attention_dim": 1280,
+    "transformer_layers_per_block": 1,
+    "reverse_transformer_layers_per_block": None,
+    "encoder_hid_dim": None,
+    "encoder_hid_dim_type": None,
+    "attention_head_dim": 8,
+    "num_attention_heads": None,
+    "dual_cross_attention": False,
+    "use_linear_projection": False,
+    "class_embed_type": None,
+    "addition_embed_type": None,
+    "addition_time_embed_dim": None,
+    "num_class_embeds": None,
+    "upcast_attention": False,
+    "resnet_time_scale_shift": "default",
+    "resnet_skip_time_act": False,
+    "resnet_out_scale_factor": 1.0,
+    "time_embedding_type": "positional",
+    "time_embedding_dim": None,
+    "time_embedding_act_fn": None,
+    "timestep_post_act": None,
+    "time_cond_proj_dim": None,
+    "conv_in_kernel": 3,
+    "conv_out_kernel": 3,
+    "projection_class_embeddings_input_dim": None,
+    "attention_type": "default",
+    "class_embeddings_concat": False,
+    "mid_block_only_cross_attention": None,
+    "cross_attention_norm": None,
     "addition_embed_type_num_heads": 64,
-}  # fmt: skip
+}
 # Options no SD 1.x / 2.x / XL UNet changes: only diffusers' default (or an equal value) is accepted.
 FIXED = {
-    "center_input_sample": False, "mid_block_type": "UNetMidBlock2DCrossAttn", "downsample_padding": 1,
-    "mid_block_scale_factor": 1, "dropout": 0.0, "reverse_transformer_layers_per_block": None,
-    "encoder_hid_dim": None, "encoder_hid_dim_type": None, "num_attention_heads": None, "dual_cross_attention": False,
-    "resnet_time_scale_shift": "default", "resnet_skip_time_act": False, "resnet_out_scale_factor": 1.0,
-    "time_embedding_type": "positional", "time_embedding_dim": None, "time_embedding_act_fn": None,
-    "timestep_post_act": None, "time_cond_proj_dim": None, "conv_in_kernel": 3, "conv_out_kernel": 3,
-    "attention_type": "default", "class_embeddings_concat": False, "cross_attention_norm": None,
-}  # fmt: skip
+    "center_input_sample": False,
+    "mid_block_type": "UNetMidBlock2DCrossAttn",
+    "downsample_padding": 1,
+    "mid_block_scale_factor": 1,
+    "dropout": 0.0,
+    "reverse_transformer_layers_per_block": None,
+    "encoder_hid_dim": None,
+    "encoder_hid_dim_type": None,
+    "num_attention_heads": None,
+    "dual_cross_attention": False,
+    "resnet_time_scale_shift": "default",
+    "resnet_skip_time_act": False,
+    "resnet_out_scale_factor": 1.0,
+    "time_embedding_type": "positional",
+    "time_embedding_dim": None,
+    "time_embedding_act_fn": None,
+    "timestep_post_act": None,
+    "time_cond_proj_dim": None,
+    "conv_in_kernel": 3,
+    "conv_out_kernel": 3,
+    "attention_type": "default",
+    "class_embeddings_concat": False,
+    "cross_attention_norm": None,
+}
 # class_embed_type values no released SD model uses (unCLIP's is "projection"; the x4 upscaler's table is
 # num_class_embeds with class_embed_type None).
 CLASS_EMBED_TYPES = (None, "projection")
@@ -59,13 +107,18 @@ def parse_config(config: dict) -> dict:
         raise ValueError(f"_class_name {config['_class_name']!r}: only diffusers' UNet2DConditionModel is supported")
     unknown = sorted(k for k in config if k not in DEFAULTS and not k.startswith("_"))
     if unknown:
-        warnings.warn(f"UNet2DConditionModel config keys {unknown} are not options of diffusers' "
-                      "UNet2DConditionModel: ignored, as diffusers ignores them", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"UNet2DConditionModel config keys {unknown} are not options of diffusers' "
+            "UNet2DConditionModel: ignored, as diffusers ignores them",
+            stacklevel=3,
+        )
     cfg = {**DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS}}
     for name, value in FIXED.items():
         if cfg[name] != value:
-            raise ValueError(f"UNet2DConditionModel option {name}={cfg[name]!r} is not supported (only {value!r}: "
-                             "no released Stable Diffusion UNet sets it)")  # fmt: skip
+            raise ValueError(
+                f"UNet2DConditionModel option {name}={cfg[name]!r} is not supported (only {value!r}: "
+                "no released Stable Diffusion UNet sets it)"
+            )
     _check_class_embedding(cfg)
     if cfg["act_fn"] not in ("silu", "swish"):
         raise ValueError(f"UNet2DConditionModel option act_fn={cfg['act_fn']!r} is not supported: only 'silu'")
@@ -74,19 +127,25 @@ def parse_config(config: dict) -> dict:
     levels = len(cfg["block_out_channels"])
     for name, allowed in (("down_block_types", DOWN_BLOCKS), ("up_block_types", UP_BLOCKS)):
         if len(cfg[name]) != levels or any(b not in allowed for b in cfg[name]):
-            raise ValueError(f"UNet2DConditionModel option {name}={cfg[name]}: one of {allowed} per level "
-                             f"({levels}, from block_out_channels) is supported")  # fmt: skip
+            raise ValueError(
+                f"UNet2DConditionModel option {name}={cfg[name]}: one of {allowed} per level "
+                f"({levels}, from block_out_channels) is supported"
+            )
     _check_addition(cfg)
     cfg["heads"] = per_level(cfg, "attention_head_dim", levels)
     for name in ("cross_attention_dim", "only_cross_attention", "layers_per_block", "transformer_layers_per_block"):
         cfg[name] = per_level(cfg, name, levels)
     if len(set(cfg["cross_attention_dim"])) != 1:
-        raise ValueError(f"UNet2DConditionModel option cross_attention_dim={cfg['cross_attention_dim']}: one "
-                         "text width for every level is supported")  # fmt: skip
+        raise ValueError(
+            f"UNet2DConditionModel option cross_attention_dim={cfg['cross_attention_dim']}: one "
+            "text width for every level is supported"
+        )
     depths = cfg["transformer_layers_per_block"]
     if any(isinstance(n, (list, tuple)) for n in depths):
-        raise ValueError(f"UNet2DConditionModel option transformer_layers_per_block={depths}: a list per level (an "
-                         "asymmetric UNet) is not supported")  # fmt: skip
+        raise ValueError(
+            f"UNet2DConditionModel option transformer_layers_per_block={depths}: a list per level (an "
+            "asymmetric UNet) is not supported"
+        )
     for level, (width, heads) in enumerate(zip(cfg["block_out_channels"], cfg["heads"], strict=True)):
         if width % heads or width % cfg["norm_num_groups"]:
             raise ValueError(
@@ -117,8 +176,10 @@ def _check_class_embedding(cfg: dict) -> None:
         )
     width = cfg["projection_class_embeddings_input_dim"]
     if kind == "projection" and (not isinstance(width, int) or width <= 0):
-        raise ValueError(f"UNet2DConditionModel: class_embed_type 'projection' needs "
-                         f"projection_class_embeddings_input_dim as a positive int; got {width!r}")  # fmt: skip
+        raise ValueError(
+            f"UNet2DConditionModel: class_embed_type 'projection' needs "
+            f"projection_class_embeddings_input_dim as a positive int; got {width!r}"
+        )
     if kind == "projection" and cfg["addition_embed_type"] == "text_time":
         raise ValueError(
             "UNet2DConditionModel option class_embed_type='projection' with addition_embed_type "
@@ -133,9 +194,13 @@ def _check_addition(cfg: dict) -> None:
     """addition_embed_type: None (SD 1.x/2.x) or SDXL's "text_time" with its two dimensions."""
     kind = cfg["addition_embed_type"]
     if kind not in (None, "text_time"):
-        raise ValueError(f"UNet2DConditionModel option addition_embed_type={kind!r} is not supported: only None "
-                         "(SD 1.x/2.x) and 'text_time' (SDXL)")  # fmt: skip
+        raise ValueError(
+            f"UNet2DConditionModel option addition_embed_type={kind!r} is not supported: only None "
+            "(SD 1.x/2.x) and 'text_time' (SDXL)"
+        )
     needed = ("addition_time_embed_dim", "projection_class_embeddings_input_dim")
     if kind == "text_time" and any(not isinstance(cfg[n], int) or cfg[n] <= 0 for n in needed):
-        raise ValueError(f"UNet2DConditionModel: addition_embed_type 'text_time' needs {needed} as positive ints; "
-                         f"got {[cfg[n] for n in needed]}")  # fmt: skip
+        raise ValueError(
+            f"UNet2DConditionModel: addition_embed_type 'text_time' needs {needed} as positive ints; "
+            f"got {[cfg[n] for n in needed]}"
+        )

@@ -126,8 +126,10 @@ def tokenizer_folder(text_encoder: str, tokenizer: str) -> Path:
         try:
             return local_copy(sibling)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"No tokenizer folder given and none beside {text_encoder} ({e}): pass "
-                                    "--tokenizer DIR (SD's tokenizer/ folder).") from e  # fmt: skip
+            raise FileNotFoundError(
+                f"No tokenizer folder given and none beside {text_encoder} ({e}): pass "
+                "--tokenizer DIR (SD's tokenizer/ folder)."
+            ) from e
     sibling = Path(text_encoder).expanduser().resolve().parent / "tokenizer"
     if not sibling.is_dir():
         raise FileNotFoundError(
@@ -153,8 +155,9 @@ def check_text_folders(text_encoder: str, tokenizer: str = "") -> None:
         if not (folder / "config.json").is_file():
             held = sorted(p.name for p in folder.iterdir())
             what = f"holds {', '.join(held[:10])}{', ...' if len(held) > 10 else ''}" if held else "is empty"
-            raise FileNotFoundError(f"--text_encoder {text_encoder}: the folder {what}, with no config.json "
-                                    f"({wanted}).")  # fmt: skip
+            raise FileNotFoundError(
+                f"--text_encoder {text_encoder}: the folder {what}, with no config.json ({wanted})."
+            )
         try:
             weight_files(folder, WEIGHTS_FILE)
         except FileNotFoundError as e:  # its message names what the folder holds
@@ -162,8 +165,10 @@ def check_text_folders(text_encoder: str, tokenizer: str = "") -> None:
     if text_encoder != SCRATCH or tokenizer:
         found = tokenizer_folder(text_encoder, tokenizer)
         if not found.is_dir():
-            raise FileNotFoundError(f"--tokenizer {tokenizer}: {found} does not exist (a tokenizer folder: "
-                                    "vocab.json + merges.txt, or a tokenizer.json).")  # fmt: skip
+            raise FileNotFoundError(
+                f"--tokenizer {tokenizer}: {found} does not exist (a tokenizer folder: "
+                "vocab.json + merges.txt, or a tokenizer.json)."
+            )
 
 
 def open_text_conditioning(

@@ -21,6 +21,7 @@ def edm2_lr_schedule(lr_ref: float, ref_steps: int | float, rampup_steps: int | 
     """EDM2's `learning_rate_schedule` (Karras et al. 2024, eq. 10) counted in optimizer updates t = 0, 1, ...:
     lr_ref / sqrt(max(t / ref_steps, 1)), times min(t / rampup_steps, 1) (EDM2 ramps up over rampup_Mimg
     images: rampup_Mimg·1e6 / batch steps; its ref_batches is `ref_steps`). 0 for either: that factor off."""
+
     def schedule(t):
         t = jnp.asarray(t, jnp.float32)
         lr = lr_ref / jnp.sqrt(jnp.maximum(t / ref_steps, 1.0)) if ref_steps > 0 else jnp.full_like(t, lr_ref)

@@ -37,7 +37,7 @@ def sigma_rel_to_gamma(sigma_rel: float) -> float:
 
 
 def parse_sigma_rels(text: str) -> tuple[float, ...]:
-    """"0.05,0.10" -> (0.05, 0.1); "" -> (); each checked by `sigma_rel_to_gamma` (ValueError)."""
+    """ "0.05,0.10" -> (0.05, 0.1); "" -> (); each checked by `sigma_rel_to_gamma` (ValueError)."""
     values = tuple(float(v) for v in text.split(",") if v.strip())
     for v in values:
         sigma_rel_to_gamma(v)
@@ -58,8 +58,9 @@ def update_power_emas(emas: tuple, model: eqx.Module, gammas: Sequence[float], t
     out = []
     for ema, gamma in zip(emas, gammas, strict=True):
         w = one_minus_beta(gamma, t)
-        moved = jax.tree.map(lambda e, p: e + (w * (p - e)).astype(e.dtype), eqx.filter(ema, eqx.is_inexact_array),
-                             params)  # fmt: skip
+        moved = jax.tree.map(
+            lambda e, p: e + (w * (p - e)).astype(e.dtype), eqx.filter(ema, eqx.is_inexact_array), params
+        )
         out.append(eqx.combine(moved, ema))
     return tuple(out)
 
@@ -74,8 +75,9 @@ def profile_inner_products(t_a, gamma_a, t_b, gamma_b) -> np.ndarray:
     return np.asarray(scale * (m / t_a) ** (gamma_a + 1) * (m / t_b) ** (gamma_b + 1) / m)
 
 
-def posthoc_coefficients(snapshot_steps: Sequence[int], snapshot_sigma_rels: Sequence[float], step: int,
-                         sigma_rels: Sequence[float]) -> np.ndarray:  # fmt: skip
+def posthoc_coefficients(
+    snapshot_steps: Sequence[int], snapshot_sigma_rels: Sequence[float], step: int, sigma_rels: Sequence[float]
+) -> np.ndarray:
     """[snapshots, outputs] float64 weights: output k = Σ_i w[i, k] · snapshot i is the least-squares
     fit (over τ, in L²) of the profile of `sigma_rels[k]` at `step` by the snapshots' profiles (snapshot
     i: its EMA of `snapshot_sigma_rels[i]` at `snapshot_steps[i]`), rescaled to sum to 1. Normal

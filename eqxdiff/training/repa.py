@@ -45,8 +45,10 @@ class Projector(eqx.Module):
 def target_size(resolution: int) -> int:
     """The side REPA resizes images to for DINOv2: 224·(resolution // 256) (256² -> 224², 512² -> 448²)."""
     if resolution < 256:
-        raise ValueError(f"REPA resizes {resolution}² images to 224·({resolution} // 256) = 0: give images of at "
-                         "least 256², or the size explicitly (dinov2_targets(size=...))")  # fmt: skip
+        raise ValueError(
+            f"REPA resizes {resolution}² images to 224·({resolution} // 256) = 0: give images of at "
+            "least 256², or the size explicitly (dinov2_targets(size=...))"
+        )
     return 224 * (resolution // 256)
 
 

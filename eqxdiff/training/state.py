@@ -29,8 +29,9 @@ class TrainState(eqx.Module):
     phema: tuple = ()  # one model-shaped EMA per tracked σ_rel (the step knows their γ)
 
 
-def init_train_state(make_model: Callable[[PRNGKeyArray], eqx.Module], optimizer, key: PRNGKeyArray,
-                     num_phema: int = 0) -> TrainState:  # fmt: skip
+def init_train_state(
+    make_model: Callable[[PRNGKeyArray], eqx.Module], optimizer, key: PRNGKeyArray, num_phema: int = 0
+) -> TrainState:
     """A fresh state; `make_model(key)` builds the network; `num_phema` power-function EMAs."""
     return state_from_model(make_model(key), optimizer, num_phema)
 
@@ -53,8 +54,16 @@ def state_from_model(model: eqx.Module, optimizer, num_phema: int = 0) -> TrainS
     )
 
 
-def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = (),
-                         strict: bool = True, num_phema: int = 0):  # fmt: skip
+def abstract_train_state(
+    make_model,
+    optimizer,
+    mesh: Mesh,
+    min_size: int,
+    *,
+    rules: Sequence[Rule] = (),
+    strict: bool = True,
+    num_phema: int = 0,
+):
     """(abstract state, shardings) without allocating anything: the state's structure as
     ShapeDtypeStructs (eqx.filter_eval_shape) and the NamedSharding of every array leaf (None at
     the non-array leaves): `rules` by parameter name first, then FSDP (`state_shardings`, `strict`
@@ -65,7 +74,14 @@ def abstract_train_state(make_model, optimizer, mesh: Mesh, min_size: int, *, ru
 
 
 def create_train_state(
-    make_model, optimizer, key: PRNGKeyArray, mesh: Mesh, min_size: int, *, rules: Sequence[Rule] = (), shardings=None,
+    make_model,
+    optimizer,
+    key: PRNGKeyArray,
+    mesh: Mesh,
+    min_size: int,
+    *,
+    rules: Sequence[Rule] = (),
+    shardings=None,
     num_phema: int = 0,
 ):
     """A fresh state laid out in its shardings (`rules`, then FSDP: `state_shardings`). Returns

@@ -152,10 +152,13 @@ def make_train_step(
         kept = TrainState(state.model, state.ema, state.opt_state, state.step, state.bad_steps)  # phema: below
         new_state = _select(finite, updated, kept, guard)
         new_state = TrainState(
-            new_state.model, new_state.ema, new_state.opt_state, state.step + 1,
+            new_state.model,
+            new_state.ema,
+            new_state.opt_state,
+            state.step + 1,
             jnp.where(finite, 0, state.bad_steps + 1).astype(state.bad_steps.dtype),
             update_power_emas(state.phema, new_state.model, phema_gammas, state.step + 1),
-        )  # fmt: skip
+        )
         metrics = dict(
             loss=loss,
             grad_norm=grad_norm,
@@ -232,8 +235,9 @@ class TrainStep:
             new_arrays, metrics = self._step(state_arrays, static, batch, self._frozen.rebuild(frozen_arrays))
         new_leaves, new_def = jax.tree.flatten(new_arrays)
         if new_def != jax.tree.structure(state_arrays):
-            raise ValueError(f"The step returned a state of another structure:\n{new_def}\nnot\n"
-                             f"{jax.tree.structure(state_arrays)}")  # fmt: skip
+            raise ValueError(
+                f"The step returned a state of another structure:\n{new_def}\nnot\n{jax.tree.structure(state_arrays)}"
+            )
         return new_leaves, metrics
 
     def __call__(self, state: TrainState, batch: dict, frozen=None) -> tuple[TrainState, dict]:

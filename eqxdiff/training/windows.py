@@ -57,7 +57,7 @@ class LogWindow:
 
 
 def parse_step_range(text: str) -> tuple[int, int] | None:
-    """"A:B" -> (A, B) with 1 <= A < B; None when `text` is not of that form."""
+    """ "A:B" -> (A, B) with 1 <= A < B; None when `text` is not of that form."""
     try:
         a, b = (int(v) for v in text.split(":"))
     except ValueError:

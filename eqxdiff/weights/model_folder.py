@@ -18,8 +18,10 @@ def check_writable(folder: str | Path, overwrite: bool) -> Path:
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{folder} is a file, not a folder: give a folder path to write the model into")
     if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise FileExistsError(f"{folder} is not empty: give an empty or new folder, or overwrite=True to replace "
-                              "the files of the same names in it")  # fmt: skip
+        raise FileExistsError(
+            f"{folder} is not empty: give an empty or new folder, or overwrite=True to replace "
+            "the files of the same names in it"
+        )
     return folder
 
 

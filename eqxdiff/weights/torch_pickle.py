@@ -36,19 +36,42 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001
 # torch's storage classes -> the element type of their bytes (UntypedStorage: raw bytes, _v3's tensors).
 STORAGE_DTYPES = {
-    "DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
-    "BFloat16Storage": ml_dtypes.bfloat16, "LongStorage": np.int64, "IntStorage": np.int32,
-    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_,
-    "ComplexDoubleStorage": np.complex128, "ComplexFloatStorage": np.complex64, "UntypedStorage": np.uint8,
-}  # fmt: skip
+    "DoubleStorage": np.float64,
+    "FloatStorage": np.float32,
+    "HalfStorage": np.float16,
+    "BFloat16Storage": ml_dtypes.bfloat16,
+    "LongStorage": np.int64,
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
+    "ComplexDoubleStorage": np.complex128,
+    "ComplexFloatStorage": np.complex64,
+    "UntypedStorage": np.uint8,
+}
 # torch dtypes by their global name (`_rebuild_tensor_v3`'s argument; `torch.float32` pickles as such).
 TORCH_DTYPES = {
-    "float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
-    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
-    "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "bool": np.bool_,
-    "complex64": np.complex64, "complex128": np.complex128,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
-}  # fmt: skip
+    "float64": np.float64,
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+    "bool": np.bool_,
+    "complex64": np.complex64,
+    "complex128": np.complex128,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+}
+
+
 class TorchFileError(ValueError):
     """A torch file this reader refuses (a global outside the allowed set) or cannot read."""
 
@@ -151,9 +174,13 @@ ALLOWED = {
     ("builtins", "set"): set,
     ("builtins", "bytearray"): bytearray,
     ("builtins", "complex"): complex,
-    **{(module, name): _StorageType(name, d) for name, d in STORAGE_DTYPES.items() for module in ("torch", "torch.cuda")},
+    **{
+        (module, name): _StorageType(name, d)
+        for name, d in STORAGE_DTYPES.items()
+        for module in ("torch", "torch.cuda")
+    },
     **{("torch", name): _DType(d) for name, d in TORCH_DTYPES.items()},
-}  # fmt: skip
+}
 
 
 class Skipped:
@@ -315,8 +342,13 @@ def _read_legacy(path: Path, skip: Collection[str] = ()) -> Any:
             if view is None:
                 return _Storage(key, dtype, numel)
             view_key, offset, view_numel = view  # storage views of torch < 0.4
-            if type(offset) is not int or type(view_numel) is not int or offset < 0 or view_numel < 0 \
-                    or offset + view_numel > roots[key][1]:  # fmt: skip
+            if (
+                type(offset) is not int
+                or type(view_numel) is not int
+                or offset < 0
+                or view_numel < 0
+                or offset + view_numel > roots[key][1]
+            ):
                 raise pickle.UnpicklingError(f"storage view {view_key} lies outside storage {key}")
             return _Storage(key, dtype, view_numel, offset)
 
@@ -358,8 +390,17 @@ def read_torch_file(path: str | Path, *, skip: Collection[str] = ()) -> Any:
         return _read_zip(path, skip) if zipfile.is_zipfile(path) else _read_legacy(path, skip)
     except TorchFileError:
         raise
-    except (pickle.UnpicklingError, EOFError, TypeError, KeyError, IndexError, AttributeError, ValueError,
-            RecursionError, struct.error) as e:  # fmt: skip
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ValueError,
+        RecursionError,
+        struct.error,
+    ) as e:
         raise TorchFileError(f"{path}: not a torch state file this reader can read ({type(e).__name__}: {e})") from None
 
 

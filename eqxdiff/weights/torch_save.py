@@ -51,8 +51,16 @@ EMPTY_ORDERED_DICT = _global("collections", "OrderedDict") + pickle.EMPTY_TUPLE 
 def _tensor(key: str, array: np.ndarray) -> bytes:
     """`_rebuild_tensor_v2` of a contiguous tensor on storage `key` (element strides: C order)."""
     strides = [s // array.itemsize for s in array.strides] if array.size else [1] * array.ndim
-    storage = (pickle.MARK + _text("storage") + _global("torch", STORAGES[array.dtype]) + _text(key) + _text("cpu")
-               + _int(array.size) + pickle.TUPLE + pickle.BINPERSID)  # fmt: skip
+    storage = (
+        pickle.MARK
+        + _text("storage")
+        + _global("torch", STORAGES[array.dtype])
+        + _text(key)
+        + _text("cpu")
+        + _int(array.size)
+        + pickle.TUPLE
+        + pickle.BINPERSID
+    )
     args = pickle.MARK + storage + _int(0) + _ints(array.shape) + _ints(strides) + pickle.NEWFALSE + EMPTY_ORDERED_DICT
     return _global("torch._utils", "_rebuild_tensor_v2") + args + pickle.TUPLE + pickle.REDUCE
 

@@ -42,8 +42,10 @@ def weight_files(folder: str | Path, weights_name: str, variant: str | None = No
     others = sorted(v for v in variants(folder, weights_name) if v != variant)
     if variant is None and len(others) == 1:  # the only weights there: read them, and say so
         files = weight_files(folder, weights_name, others[0])
-        warnings.warn(f"{folder} holds only its {others[0]!r} weights ({files[0].name}{', …' * (len(files) > 1)}): "
-                      "reading those", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{folder} holds only its {others[0]!r} weights ({files[0].name}{', …' * (len(files) > 1)}): reading those",
+            stacklevel=2,
+        )
         return files
     hint = f"; pass variant= one of {others}" if others else ""
     raise FileNotFoundError(f"{single} does not exist, nor {index.name} (the folder holds {found}){hint}")

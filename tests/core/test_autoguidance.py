@@ -79,7 +79,9 @@ def test_both_models_sample_in_one_compiled_program():
     """`sample` compiles once for the pair (one program holds both networks) and not again for new weights."""
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, _secs, **_: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+        lambda event, _secs, **_: (
+            compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+        )
     )
     good, weak = models()
     labels = jnp.array([0, 1, 1, 0, 1, 0, 1, 1])
@@ -89,8 +91,9 @@ def test_both_models_sample_in_one_compiled_program():
     out = sample(AutoGuidance(good, weak, SCALE, labels), x, sigmas, "heun")
     out.block_until_ready()
     first = len(compiles) - start
-    again = sample(AutoGuidance(eqx.tree_at(lambda m: m.var, good, jnp.float32(0.2)), weak, SCALE, labels), x,
-                   sigmas, "heun")  # fmt: skip
+    again = sample(
+        AutoGuidance(eqx.tree_at(lambda m: m.var, good, jnp.float32(0.2)), weak, SCALE, labels), x, sigmas, "heun"
+    )
     again.block_until_ready()
     assert first == 1 and len(compiles) - start == 1, compiles[start:]
     # Samples land past the class means (guidance sharpens towards the good model's narrower class).

@@ -195,7 +195,9 @@ def test_guidance_over_a_pytree_condition_equals_two_calls():
 def test_guidance_rejects_a_null_condition_of_another_structure():
     cond = text_condition(4)
     with pytest.raises(ValueError, match="null condition"):
-        ClassifierFreeGuidance(text_denoiser, cond, 2.0, {"pooled": jnp.zeros((1, 3))})(jnp.zeros((4, 3)), jnp.array(1.0))
+        ClassifierFreeGuidance(text_denoiser, cond, 2.0, {"pooled": jnp.zeros((1, 3))})(
+            jnp.zeros((4, 3)), jnp.array(1.0)
+        )
     no_pooled = TextCond(jnp.zeros((1, 5, 3)), jnp.ones((1, 5), bool))  # a null for a net without a pooled vector
     with pytest.raises(ValueError, match="null condition"):
         ClassifierFreeGuidance(text_denoiser, cond, 2.0, no_pooled)(jnp.zeros((4, 3)), jnp.array(1.0))

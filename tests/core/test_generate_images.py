@@ -34,8 +34,9 @@ def sampled(codec, sample_shape: tuple) -> tuple[tuple, dict]:
     model = LabelledDrift(jnp.float32(0.3))
     labels = np.arange(8, dtype=np.int32)
     args = (model, schedule_by_name("edm"), parameterization_by_name("edm", codec.sigma_data), labels, 8, sample_shape)
-    return args, dict(mesh=make_mesh(data=-1, fsdp=1), steps=3, method="heun", null_cond=np.array([10], np.int32),
-                      seed=5)  # fmt: skip
+    return args, dict(
+        mesh=make_mesh(data=-1, fsdp=1), steps=3, method="heun", null_cond=np.array([10], np.int32), seed=5
+    )
 
 
 def test_pixels_are_what_generate_draws():

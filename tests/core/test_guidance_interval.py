@@ -38,13 +38,23 @@ def test_interval_guides_inside_and_is_conditional_outside(jit):
     guidance = ClassifierFreeGuidance(gaussian_denoiser, labels, SCALE, jnp.array([2]), interval=(LO, HI))
     call = eqx.filter_jit(lambda g, x, s: g(x, s)) if jit else (lambda g, x, s: g(x, s))
     # lo itself is outside, hi itself inside: the interval is (lo, hi].
-    for sigma, inside in [(0.1, False), (LO, False), (0.51, True), (1.0, True), (HI, True), (2.01, False), (5.0, False)]:
+    for sigma, inside in [
+        (0.1, False),
+        (LO, False),
+        (0.51, True),
+        (1.0, True),
+        (HI, True),
+        (2.01, False),
+        (5.0, False),
+    ]:
         out = call(guidance, x, jnp.asarray(sigma, jnp.float32))
-        np.testing.assert_allclose(out, closed_form(x, sigma, np.asarray(labels), inside), rtol=1e-5, atol=1e-6,
-                                   err_msg=f"sigma {sigma}")  # fmt: skip
+        np.testing.assert_allclose(
+            out, closed_form(x, sigma, np.asarray(labels), inside), rtol=1e-5, atol=1e-6, err_msg=f"sigma {sigma}"
+        )
         # The two cases differ here, so the comparison decides which one was taken.
-        assert not np.allclose(closed_form(x, sigma, np.asarray(labels), True),
-                               closed_form(x, sigma, np.asarray(labels), False))  # fmt: skip
+        assert not np.allclose(
+            closed_form(x, sigma, np.asarray(labels), True), closed_form(x, sigma, np.asarray(labels), False)
+        )
 
 
 def test_outside_the_interval_the_network_runs_once_on_b_rows():
@@ -87,5 +97,7 @@ def test_an_interval_needs_lo_below_hi_and_one_sigma_per_call():
     with pytest.raises(ValueError, match="0 <= sigma_lo < sigma_hi"):
         ClassifierFreeGuidance(gaussian_denoiser, jnp.array([0]), SCALE, jnp.array([2]), interval=(2.0, 1.0))
     guidance = ClassifierFreeGuidance(gaussian_denoiser, jnp.array([0, 1]), SCALE, jnp.array([2]), interval=(LO, HI))
-    with pytest.raises((ValueError, TypeError), match="one σ per call|parameter 'sigma'"):  # under the type hook: its own
+    with pytest.raises(
+        (ValueError, TypeError), match="one σ per call|parameter 'sigma'"
+    ):  # under the type hook: its own
         guidance(jnp.zeros((2, 1)), jnp.array([1.0, 1.0]))

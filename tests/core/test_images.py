@@ -15,13 +15,19 @@ pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md
 def test_to_uint8_rounds_to_the_nearest_level_and_clips():
     # v = (x + 1)·127.5, rounded to the nearest integer, then clipped to [0, 255] (no uint8 wrap-around).
     cases = [  # (x, v, expected)
-        (-1.0, 0.0, 0), (1.0, 255.0, 255), (0.5, 191.25, 191),
+        (-1.0, 0.0, 0),
+        (1.0, 255.0, 255),
+        (0.5, 191.25, 191),
         (0.0, 127.5, 128),  # the one exact half in float32: rounds up (to even), not down as truncation would
-        (-1 + 0.49 / 127.5, 0.49, 0), (-1 + 0.51 / 127.5, 0.51, 1),  # either side of level 0's half
-        (1 - 0.51 / 127.5, 254.49, 254), (1 - 0.49 / 127.5, 254.51, 255),  # either side of 254.5
-        (-1.0001, -0.01275, 0), (1.0001, 255.01275, 255),  # just outside [-1, 1]
-        (-2.0, -127.5, 0), (2.0, 382.5, 255),  # far outside: a cast without the clip would wrap to 128, 126
-    ]  # fmt: skip
+        (-1 + 0.49 / 127.5, 0.49, 0),
+        (-1 + 0.51 / 127.5, 0.51, 1),  # either side of level 0's half
+        (1 - 0.51 / 127.5, 254.49, 254),
+        (1 - 0.49 / 127.5, 254.51, 255),  # either side of 254.5
+        (-1.0001, -0.01275, 0),
+        (1.0001, 255.01275, 255),  # just outside [-1, 1]
+        (-2.0, -127.5, 0),
+        (2.0, 382.5, 255),  # far outside: a cast without the clip would wrap to 128, 126
+    ]
     x = np.array([c[0] for c in cases], np.float32).reshape(1, 1, -1, 1)
     got = to_uint8(x)
     assert got.dtype == np.uint8
@@ -33,13 +39,16 @@ def test_to_uint8_rounds_to_the_nearest_level_and_clips():
 def test_grid_tiles_row_by_row_with_black_padding(tmp_path: Path):
     # Five 1×2 tiles, tile i = [10i + 11, 10i + 12], three to a row: written out by hand.
     tiles = np.array([[[[11], [12]]], [[[21], [22]]], [[[31], [32]]], [[[41], [42]]], [[[51], [52]]]], np.uint8)
-    expected = np.array([
-        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        [0, 11, 12, 0, 21, 22, 0, 31, 32, 0],
-        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        [0, 41, 42, 0, 51, 52, 0, 0, 0, 0],
-        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-    ], np.uint8)  # fmt: skip
+    expected = np.array(
+        [
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [0, 11, 12, 0, 21, 22, 0, 31, 32, 0],
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [0, 41, 42, 0, 51, 52, 0, 0, 0, 0],
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ],
+        np.uint8,
+    )
     np.testing.assert_array_equal(image_grid(tiles, ncols=3)[..., 0], expected)
     # save_image_grid: the same tiles from [-1, 1] (exact levels), each pixel upscaled to 2×2.
     png = save_image_grid(tmp_path / "grid.png", tiles.astype(np.float32) / 127.5 - 1, ncols=3, upscale=2)

@@ -148,7 +148,9 @@ def test_error_stays_accurate_at_tiny_sigma(batch):
     x0_, n_, s = (np.asarray(a, np.float64) for a in (x0, noise, 1e-4))
     c_skip, c_out, c_in = 0.25 / (s**2 + 0.25), s * 0.5 / np.sqrt(s**2 + 0.25), 1 / np.sqrt(s**2 + 0.25)
     x = x0_ + s * n_
-    out = np.asarray(toy_model(jnp.asarray(c_in * x, jnp.float32), jnp.full((B,), np.log(s) / 4, jnp.float32)), np.float64)
+    out = np.asarray(
+        toy_model(jnp.asarray(c_in * x, jnp.float32), jnp.full((B,), np.log(s) / 4, jnp.float32)), np.float64
+    )
     exact = np.mean((c_skip * x + c_out * out - x0_) ** 2, axis=(1, 2, 3))
     np.testing.assert_allclose(pred.mse, exact, rtol=1e-3)
 

@@ -51,15 +51,22 @@ def test_loss_and_gradient_equal_the_official_code(case):
     model = TinyNet(params, num_classes=int(params["embed"].shape[0]) - 1)
     omega, kappa, t_start, t_end, norm_p, norm_eps = data[f"{case}_hparams"].tolist()
     b = data["x"].shape[0]
-    batch = dict(x0=jnp.asarray(data["x"]), cond=jnp.asarray(data["labels"]), null_cond=model.null_cond(b),
-                 drop=jnp.asarray(data[f"{case}_drop"]), t=jnp.asarray(data[f"{case}_t"]),
-                 r=jnp.asarray(data[f"{case}_r"]), noise=jnp.asarray(data[f"{case}_noise"]))  # fmt: skip
+    batch = dict(
+        x0=jnp.asarray(data["x"]),
+        cond=jnp.asarray(data["labels"]),
+        null_cond=model.null_cond(b),
+        drop=jnp.asarray(data[f"{case}_drop"]),
+        t=jnp.asarray(data[f"{case}_t"]),
+        r=jnp.asarray(data[f"{case}_r"]),
+        noise=jnp.asarray(data[f"{case}_noise"]),
+    )
 
     @eqx.filter_jit
     def loss_and_grad(model):
         def loss(model):
-            return train_main.meanflow_loss_fn(model, batch, None, omega=omega, kappa=kappa, norm_p=norm_p,
-                                               norm_eps=norm_eps, t_range=(t_start, t_end))  # fmt: skip
+            return train_main.meanflow_loss_fn(
+                model, batch, None, omega=omega, kappa=kappa, norm_p=norm_p, norm_eps=norm_eps, t_range=(t_start, t_end)
+            )
 
         return eqx.filter_value_and_grad(loss)(model)
 
@@ -70,8 +77,9 @@ def test_loss_and_gradient_equal_the_official_code(case):
         assert np.abs(want).max() > 1e-4, name  # every weight matters, so a wrong path shows
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=name)
     # u itself, through the official monitor ‖u - v‖² per example
-    u, _ = eqx.filter_jit(meanflow_prediction)(model, batch["x0"], batch["noise"], batch["t"], batch["r"],
-                                               batch["cond"], batch["null_cond"], batch["drop"])  # fmt: skip
+    u, _ = eqx.filter_jit(meanflow_prediction)(
+        model, batch["x0"], batch["noise"], batch["t"], batch["r"], batch["cond"], batch["null_cond"], batch["drop"]
+    )
     v = batch["noise"] - batch["x0"]
     np.testing.assert_allclose(jnp.sum((u - v) ** 2, axis=(1, 2, 3)), data[f"{case}_v_loss"], rtol=1e-5)
 
@@ -99,8 +107,9 @@ def perturbed(model, scale=0.05):
     """Every parameter moved off its (partly zero) init, so every layer reaches the output; numpy draws."""
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(1)
-    params = jax.tree.map(lambda a: jax.device_put(np.asarray(a) + scale * rng.normal(size=a.shape).astype(a.dtype)),
-                          params)  # fmt: skip
+    params = jax.tree.map(
+        lambda a: jax.device_put(np.asarray(a) + scale * rng.normal(size=a.shape).astype(a.dtype)), params
+    )
     return eqx.combine(params, static)
 
 
@@ -210,15 +219,38 @@ def test_meanflow_grid_is_uniform_in_flow_time():
     from eqxdiff.generate import sampling_grid
 
     # FlowSchedule's t_max = 0.999: t = 0.999, 0.666, 0.333, 0 -> σ = t/(1 - t)
-    np.testing.assert_allclose(sampling_grid("meanflow", 3, FlowSchedule()), [999.0, 0.666 / 0.334, 0.333 / 0.667, 0.0],
-                               rtol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(
+        sampling_grid("meanflow", 3, FlowSchedule()), [999.0, 0.666 / 0.334, 0.333 / 0.667, 0.0], rtol=1e-9
+    )
     assert sampling_grid("heun", 3, FlowSchedule())[1] < 100  # the others keep EDM's Karras grid
 
 
-MEANFLOW_DIGITS = ["--objective", "meanflow", "--schedule", "flow", "--parameterization", "flow",
-                   "--meanflow_omega", "1", "--meanflow_kappa", "0", "--label_dropout", "0.1", "--sample_method",
-                   "meanflow", "--sample_steps", "1", "--cfg_scale", "1", "--sample_every", "0", "--wandb", "disabled",
-                   "--log_every", "50"]  # fmt: skip
+MEANFLOW_DIGITS = [
+    "--objective",
+    "meanflow",
+    "--schedule",
+    "flow",
+    "--parameterization",
+    "flow",
+    "--meanflow_omega",
+    "1",
+    "--meanflow_kappa",
+    "0",
+    "--label_dropout",
+    "0.1",
+    "--sample_method",
+    "meanflow",
+    "--sample_steps",
+    "1",
+    "--cfg_scale",
+    "1",
+    "--sample_every",
+    "0",
+    "--wandb",
+    "disabled",
+    "--log_every",
+    "50",
+]
 
 
 @pytest.mark.slow
@@ -233,13 +265,42 @@ def test_meanflow_on_digits_one_step_samples_improve_with_training(tmp_path):
     from eqxdiff.eval import digits_sample_metrics
 
     run_dir = tmp_path / "meanflow"
-    train_here(*MEANFLOW_DIGITS, "--run_dir", run_dir, "--steps", 150, "--ckpt_every", 25, "--keep_checkpoints", 6,
-               "--warmup_steps", 20)
+    train_here(
+        *MEANFLOW_DIGITS,
+        "--run_dir",
+        run_dir,
+        "--steps",
+        150,
+        "--ckpt_every",
+        25,
+        "--keep_checkpoints",
+        6,
+        "--warmup_steps",
+        20,
+    )
 
     def scorecard(step: int, steps: int) -> dict:
         out = tmp_path / f"s{step}-{steps}.npz"
-        sample.main(sample.parse_args(["--run_dir", str(run_dir), "--step", str(step), "--out", str(out), "--num", "200",
-                                       "--guidance", "1", "--method", "meanflow", "--steps", str(steps)]))  # fmt: skip
+        sample.main(
+            sample.parse_args(
+                [
+                    "--run_dir",
+                    str(run_dir),
+                    "--step",
+                    str(step),
+                    "--out",
+                    str(out),
+                    "--num",
+                    "200",
+                    "--guidance",
+                    "1",
+                    "--method",
+                    "meanflow",
+                    "--steps",
+                    str(steps),
+                ]
+            )
+        )
         with np.load(out) as drawn:
             return digits_sample_metrics(drawn["images"], drawn["labels"])
 

@@ -115,8 +115,17 @@ def test_heun_with_churn_one_step_is_edm_algorithm_2_in_float64():
         x = np.asarray(x)
         # t_0 in [S_tmin, S_tmax], then above S_tmax (no churn: Alg. 1).
         for s_tmin, s_tmax, gamma in ((0.5, 10.0, min(churn, np.sqrt(2) - 1)), (0.5, 1.9, 0.0)):
-            out = sample(gaussian_denoiser, jnp.asarray(x), np.array([t0, t1]), "heun", key,
-                         s_churn=churn, s_tmin=s_tmin, s_tmax=s_tmax, s_noise=s_noise)  # fmt: skip
+            out = sample(
+                gaussian_denoiser,
+                jnp.asarray(x),
+                np.array([t0, t1]),
+                "heun",
+                key,
+                s_churn=churn,
+                s_tmin=s_tmin,
+                s_tmax=s_tmax,
+                s_noise=s_noise,
+            )
             t_hat = t0 + gamma * t0
             x_hat = x + np.sqrt(t_hat**2 - t0**2) * s_noise * eps
             d = (x_hat - gaussian_denoiser(x_hat, t_hat)) / t_hat
@@ -153,8 +162,9 @@ def test_noisy_samplers_at_eta_zero_are_their_deterministic_ones():
         x, key = 80.0 * unit_noise(4, jnp.float64), jax.random.key(2)
         for noisy, plain in (("dpmpp_2m_sde", "dpmpp_2m"), ("euler_ancestral", "euler")):
             out = sample(gaussian_denoiser, x, grid, noisy, key, eta=0.0)
-            np.testing.assert_allclose(np.asarray(out), np.asarray(sample(gaussian_denoiser, x, grid, plain)),
-                                       rtol=0, atol=1e-12)  # fmt: skip
+            np.testing.assert_allclose(
+                np.asarray(out), np.asarray(sample(gaussian_denoiser, x, grid, plain)), rtol=0, atol=1e-12
+            )
 
 
 def test_last_step_to_zero_returns_the_denoised_sample():
@@ -317,7 +327,9 @@ def test_a_users_options_come_from_its_signature():
 def test_unknown_options_name_what_the_method_takes():
     x = unit_noise(2)
     grid = karras_sigmas(3)
-    with pytest.raises(ValueError, match=r"s_churn applies to \('heun',\), not 'ddim', whose options are \('eta', 'sigmas_to'\)"):
+    with pytest.raises(
+        ValueError, match=r"s_churn applies to \('heun',\), not 'ddim', whose options are \('eta', 'sigmas_to'\)"
+    ):
         sample(gaussian_denoiser, x, grid, "ddim", s_churn=1.0)
     with pytest.raises(ValueError, match=r"not 'euler', whose options are none"):
         sample(gaussian_denoiser, x, grid, "euler", s_noise=1.0)

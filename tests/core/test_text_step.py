@@ -72,13 +72,20 @@ def build(min_size: int = 256):
     frozen = jax.device_put(frozen, frozen_shardings)
     optimizer, lr = adamw_cosine(1e-3, 100, 2)
     abstract, shardings = abstract_train_state(PooledShift, optimizer, mesh, min_size)
-    prepare = functools.partial(train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE,
-                                cond_dropout=0.0)
+    prepare = functools.partial(
+        train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE, cond_dropout=0.0
+    )
     step = make_train_step(
-        prepare=prepare, loss_fn=functools.partial(train_main.loss_fn, schedule=SCHEDULE, parameterization=PARAM),
-        optimizer=optimizer, lr_schedule=lr, ema_decay=0.9, state_shardings=shardings,
-        batch_sharding=batch_sharding(mesh), seed=0, frozen_shardings=frozen_shardings,
-    )  # fmt: skip
+        prepare=prepare,
+        loss_fn=functools.partial(train_main.loss_fn, schedule=SCHEDULE, parameterization=PARAM),
+        optimizer=optimizer,
+        lr_schedule=lr,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+        frozen_shardings=frozen_shardings,
+    )
     return mesh, optimizer, shardings, frozen, frozen_shardings, step
 
 
@@ -100,8 +107,11 @@ def test_the_tower_is_an_argument_outside_the_state():
     _, metrics = step(fresh_state(), data, frozen)
     # Another tower, same shapes: a different loss from the same compiled step. A tower closed
     # over as a constant could not change the loss; one in the state would be trained.
-    other = eqx.tree_at(lambda f: f["text_encoder"].embeddings.token_embedding.weight, frozen,
-                        frozen["text_encoder"].embeddings.token_embedding.weight * 3.0)  # fmt: skip
+    other = eqx.tree_at(
+        lambda f: f["text_encoder"].embeddings.token_embedding.weight,
+        frozen,
+        frozen["text_encoder"].embeddings.token_embedding.weight * 3.0,
+    )
     _, other_metrics = step(fresh_state(), data, other)
     assert step.traces == 1
     assert float(metrics["loss"]) != float(other_metrics["loss"])
@@ -112,8 +122,9 @@ def test_the_tower_is_an_argument_outside_the_state():
 def test_caption_dropout_uses_the_encoded_empty_caption():
     text = text_side()
     data = batch(1)
-    prepare = functools.partial(train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE,
-                                cond_dropout=0.5)
+    prepare = functools.partial(
+        train_main.prepare, condition=FrozenText(text, text.encoded_null()), schedule=SCHEDULE, cond_dropout=0.5
+    )
     frozen = {"text_encoder": text.encoder, "null_cond": text.encoded_null()}
     cond = jax.tree.map(np.asarray, jax.jit(prepare)(data, jax.random.key(0), frozen)["cond"])
     assert isinstance(cond, TextCond) and isinstance(text.encoded_null(), TextCond)

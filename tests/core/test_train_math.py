@@ -90,8 +90,18 @@ def numpy_training(params0: dict, batches: list[dict]) -> list[dict]:
             adam = (mu[k] / (1 - B1**t)) / (np.sqrt(nu[k] / (1 - B2**t)) + EPS)
             p[k] = p[k] - lr * (adam + WEIGHT_DECAY * p[k])
             ema[k] = EMA_DECAY * ema[k] + (1 - EMA_DECAY) * p[k]
-        out.append(dict(loss=float(np.mean(residual**2)), grad_norm=norm, lr=lr, clipped=norm > CLIP,
-                        params=dict(p), ema=dict(ema), mu=dict(mu), nu=dict(nu)))  # fmt: skip
+        out.append(
+            dict(
+                loss=float(np.mean(residual**2)),
+                grad_norm=norm,
+                lr=lr,
+                clipped=norm > CLIP,
+                params=dict(p),
+                ema=dict(ema),
+                mu=dict(mu),
+                nu=dict(nu),
+            )
+        )
     return out
 
 
@@ -114,9 +124,15 @@ def train_regression(ema_decay):
     optimizer, schedule = adamw_cosine(LR, STEPS, WARMUP, weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
     abstract, shardings = abstract_train_state(make_dense, optimizer, mesh, MIN_SIZE)
     step = make_train_step(
-        prepare=identity_prepare, loss_fn=regression_loss, optimizer=optimizer, lr_schedule=schedule,
-        ema_decay=ema_decay, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-    )  # fmt: skip
+        prepare=identity_prepare,
+        loss_fn=regression_loss,
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        ema_decay=ema_decay,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+    )
     state, _ = create_train_state(make_dense, optimizer, jax.random.key(1), mesh, MIN_SIZE, shardings=shardings)
     assert state.model.weight.sharding.spec == jax.sharding.PartitionSpec("fsdp")
     params0 = dense_arrays(state.model)
@@ -125,10 +141,14 @@ def train_regression(ema_decay):
         state, metrics = step(state, jax.device_put(batch, batch_sharding(mesh)))
         adam = state.opt_state[1][0]  # chain(clip, adamw) -> adamw = chain(scale_by_adam, ...)
         held = dict(params=state.model, ema=state.ema, mu=adam.mu, nu=adam.nu)
-        observed.append(dict(
-            {k: float(v) for k, v in metrics.items()}, step=int(state.step), adam_count=int(adam.count),
-            **{name: dense_arrays(tree) for name, tree in held.items()},
-        ))  # fmt: skip
+        observed.append(
+            dict(
+                {k: float(v) for k, v in metrics.items()},
+                step=int(state.step),
+                adam_count=int(adam.count),
+                **{name: dense_arrays(tree) for name, tree in held.items()},
+            )
+        )
     return params0, observed
 
 
@@ -169,8 +189,10 @@ def test_logged_lr_is_the_schedule_at_the_step_being_taken(regression_run):
 def test_ema_follows_its_recurrence_over_real_updates(regression_run):
     # e_k = d·e_{k-1} + (1 - d)·p_k with e_0 = p_0, p_k the step's own parameters after update k.
     params0, observed = regression_run
-    moved = [np.abs(o["params"]["weight"] - prev["weight"]).max() for o, prev in
-             zip(observed, [params0] + [o["params"] for o in observed[:-1]])]  # fmt: skip
+    moved = [
+        np.abs(o["params"]["weight"] - prev["weight"]).max()
+        for o, prev in zip(observed, [params0] + [o["params"] for o in observed[:-1]])
+    ]
     assert sum(m > 1e-3 for m in moved) >= 3, moved  # at least 3 updates with lr > 0 moved the weights
     ema = {k: v.astype(np.float64) for k, v in params0.items()}
     for t, got in enumerate(observed, start=1):
@@ -235,9 +257,16 @@ def unet_step_fns():
     for precision in ("fp32", "bf16"):
         abstract, shardings = abstract_train_state(bf16_unet, optimizer, mesh, 256)
         step = make_train_step(
-            prepare=identity_prepare, loss_fn=unet_loss, optimizer=optimizer, lr_schedule=schedule, ema_decay=0.9,
-            state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0, precision=precision,
-        )  # fmt: skip
+            prepare=identity_prepare,
+            loss_fn=unet_loss,
+            optimizer=optimizer,
+            lr_schedule=schedule,
+            ema_decay=0.9,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+            precision=precision,
+        )
         out[precision] = (mesh, optimizer, abstract, shardings, step)
     return out
 

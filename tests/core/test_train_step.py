@@ -59,10 +59,17 @@ def _build_step(mesh, k, precision, make_model, lr, min_size):
     optimizer, schedule = adamw_cosine(lr, 100, 2)
     abstract, shardings = abstract_train_state(make_model, optimizer, mesh, min_size)
     step = make_train_step(
-        prepare=prepare, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=schedule, ema_decay=0.9,
-        state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0, grad_accum_steps=k,
+        prepare=prepare,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+        grad_accum_steps=k,
         precision=precision,
-    )  # fmt: skip
+    )
     return optimizer, abstract, shardings, step
 
 
@@ -173,8 +180,12 @@ def test_one_device_eight_devices_and_fsdp_agree(reference_run):
     np.testing.assert_allclose(data_losses, single_losses, rtol=1e-5)
     np.testing.assert_allclose(fsdp_losses, single_losses, rtol=1e-5)
     for a, b, c in zip(params_of(single_state), params_of(data_state), params_of(fsdp_state)):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
-        np.testing.assert_allclose(c, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
+        np.testing.assert_allclose(
+            b, a, rtol=1e-4, atol=2e-5
+        )  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
+        np.testing.assert_allclose(
+            c, a, rtol=1e-4, atol=2e-5
+        )  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
 
 
 def test_grad_accumulation_matches_one_big_batch(reference_run):
@@ -184,7 +195,9 @@ def test_grad_accumulation_matches_one_big_batch(reference_run):
     accum_state, accum_losses = run(make_mesh(-1, 4), 20, k=2, make_model=make_model)
     np.testing.assert_allclose(accum_losses, fsdp_losses, rtol=1e-5)
     for a, b in zip(params_of(fsdp_state), params_of(accum_state)):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
+        np.testing.assert_allclose(
+            b, a, rtol=1e-4, atol=2e-5
+        )  # Adam divides by sqrt(v): tiny grad noise moves a weight by ~lr·1e-3
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +224,9 @@ def test_state_is_donated_and_metrics_are_not_synced(fsdp_step):
     # One input still being computed: a step call that waited on the device (a host sync) would
     # return only after that computation and the step itself had finished.
     big = jnp.ones((1024, 1024))
-    slow_zeros = jax.jit(lambda m: jnp.zeros(BATCH) * jnp.sum(m @ m @ m @ m @ m @ m), out_shardings=batch_sharding(mesh))
+    slow_zeros = jax.jit(
+        lambda m: jnp.zeros(BATCH) * jnp.sum(m @ m @ m @ m @ m @ m), out_shardings=batch_sharding(mesh)
+    )
     jax.block_until_ready(slow_zeros(big))  # compiled outside the checks
     new_state, metrics = step(state, dict(batch, poison=slow_zeros(big)))
     assert not metrics["loss"].is_ready()  # dispatch returned before the step finished
@@ -256,9 +271,15 @@ def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_bitwise(guard, monk
     optimizer, schedule = adamw_cosine(1e-2, 100, 2)
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 256)
     step = make_train_step(
-        prepare=lambda batch, key: batch, loss_fn=sqrt_term_loss, optimizer=optimizer, lr_schedule=schedule,
-        ema_decay=0.9, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-    )  # fmt: skip
+        prepare=lambda batch, key: batch,
+        loss_fn=sqrt_term_loss,
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+    )
     x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     good, bad = ({"x": x, "p": np.full(8, p, np.float32)} for p in (1.0, 0.0))
     state, metrics = step(state, put(good, mesh))  # moments and EMA away from their init
@@ -334,19 +355,29 @@ def test_model_of_trains_the_trained_part_and_reads_the_frozen_one(prefix):
     optimizer, schedule = adamw_cosine(1e-2, 10, 0)
     abstract, shardings = abstract_train_state(lambda key: trained, optimizer, mesh, 2**20)
     step = make_train_step(
-        prepare=lambda batch, key, frozen: batch, loss_fn=lambda m, b, key: jnp.mean((m(b["x"]) - b["y"]) ** 2),
-        optimizer=optimizer, lr_schedule=schedule, ema_decay=0.5, state_shardings=shardings,
-        batch_sharding=batch_sharding(mesh), seed=0, model_of=lambda t, frozen: eqx.combine(t, frozen["base"]),
+        prepare=lambda batch, key, frozen: batch,
+        loss_fn=lambda m, b, key: jnp.mean((m(b["x"]) - b["y"]) ** 2),
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        ema_decay=0.5,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+        model_of=lambda t, frozen: eqx.combine(t, frozen["base"]),
         frozen_shardings={"base": NamedSharding(mesh, P()), "other": None} if prefix else None,
-    )  # fmt: skip
+    )
     state, _ = create_train_state(lambda key: trained, optimizer, jax.random.key(0), mesh, 2**20, shardings=shardings)
     rng = np.random.default_rng(0)
     batch = {"x": rng.normal(size=(8, 3)).astype(np.float32), "y": rng.normal(size=(8, 2)).astype(np.float32)}
-    frozen = {"base": base, "other": {"a": np.ones(2, np.float32), "b": np.ones(3, np.float32)}} if prefix else {
-        "base": base}  # fmt: skip
+    frozen = (
+        {"base": base, "other": {"a": np.ones(2, np.float32), "b": np.ones(3, np.float32)}}
+        if prefix
+        else {"base": base}
+    )
     weight = np.asarray(base.weight)
     want_loss, want_grad = jax.value_and_grad(lambda bias: jnp.mean((batch["x"] @ weight + bias - batch["y"]) ** 2))(
-        whole.bias)  # fmt: skip
+        whole.bias
+    )
     new, metrics = step(state, jax.device_put(batch, batch_sharding(mesh)), frozen)
     np.testing.assert_allclose(metrics["loss"], want_loss, rtol=1e-6)  # the whole layer's loss
     np.testing.assert_allclose(metrics["grad_norm"], jnp.linalg.norm(want_grad), rtol=1e-5)  # the bias's alone

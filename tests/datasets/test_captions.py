@@ -144,7 +144,9 @@ def test_text_fields_cannot_be_batched_untokenized(tmp_path: Path):
 def test_word_tokenizer_ids():
     tok = word_tokenizer(["a", "3", "left", "of", "7"], max_length=10)  # ids: pad 0, unk 1, bos 2, eos 3, words 4..
     ids, mask = tok(["a 3 left of a 7", "A  3\tLEFT of a cat", ""])
-    np.testing.assert_array_equal(ids, [[2, 4, 5, 6, 7, 4, 8, 3, 0, 0], [2, 4, 5, 6, 7, 4, 1, 3, 0, 0], [2, 3] + [0] * 8])
+    np.testing.assert_array_equal(
+        ids, [[2, 4, 5, 6, 7, 4, 8, 3, 0, 0], [2, 4, 5, 6, 7, 4, 1, 3, 0, 0], [2, 3] + [0] * 8]
+    )
     np.testing.assert_array_equal(mask, [[1] * 8 + [0] * 2, [1] * 8 + [0] * 2, [1, 1] + [0] * 8])
     assert ids.dtype == mask.dtype == np.int32
     np.testing.assert_array_equal(tok(["a 3 left of a 7"], max_length=4)[0], [[2, 4, 5, 3]])  # truncated: bos ... eos
@@ -166,10 +168,17 @@ def test_tokenized_source_through_the_pipeline(tmp_path: Path):
     np.savez(tmp_path / "c.npz", images=images, labels=np.arange(n) % 2, captions=np.array(captions))
     tok = word_tokenizer(["a", "3", "left", "of", "7"], max_length=6)
     source = TokenizedSource(open_source(f"npz:{tmp_path}/c.npz", captions=True), tok)
-    assert isinstance(source, ImageSource) and (source.image_shape, source.num_classes, len(source)) == ((1, 1, 1), 2, n)
+    assert isinstance(source, ImageSource) and (source.image_shape, source.num_classes, len(source)) == (
+        (1, 1, 1),
+        2,
+        n,
+    )
     assert describe_fields(source.fields) == {
-        "image": "uint8[1, 1, 1]", "label": "int32[]", "input_ids": "int32[6]", "attention_mask": "int32[6]"
-    }  # fmt: skip
+        "image": "uint8[1, 1, 1]",
+        "label": "int32[]",
+        "input_ids": "int32[6]",
+        "attention_mask": "int32[6]",
+    }
     spec = batch_spec(source, 4)
     for threads in (0, 2):
         for batch in islice(batch_stream(source, 4, 0, num_threads=threads), 3):

@@ -13,8 +13,14 @@ from PIL import Image
 
 from eqxdiff.data import batch_stream as threaded_batch_stream
 from eqxdiff.data import (
-    UnreadableImagesError, batch_spec, check_position, data_position, describe_source, open_source, write_arrayrecord,
-)  # fmt: skip
+    UnreadableImagesError,
+    batch_spec,
+    check_position,
+    data_position,
+    describe_source,
+    open_source,
+    write_arrayrecord,
+)
 
 pytestmark = pytest.mark.quick  # the quick tier, the edit loop (tests/README.md)
 
@@ -354,8 +360,11 @@ def test_data_position_round_trip_and_mismatch():
     assert check_position(position, 5, source) == 1234
     with pytest.raises(ValueError, match="written for a dataset of 13 records.*seed differ"):
         check_position(position, 6, source)
-    with pytest.raises(ValueError, match="this run has 14.*dataset_size differ.*pass --allow_dataset_change to continue"
-                       " from example 1234; else resume with the checkpoint's --dataset and --seed"):
+    with pytest.raises(
+        ValueError,
+        match="this run has 14.*dataset_size differ.*pass --allow_dataset_change to continue"
+        " from example 1234; else resume with the checkpoint's --dataset and --seed",
+    ):
         check_position(position, 5, IndexedSource(14))
     changed = IndexedSource(14)
     changed.spec = "indexed:new"
@@ -401,5 +410,7 @@ def test_pipeline_batches_whatever_fields_a_source_declares():
 
 
 def test_a_record_off_its_declaration_names_the_field():
-    with pytest.raises(ValueError, match=r"Field 'mean' of a record is float32\[2, 2, 4\], but its source declares float16\[2, 2, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"Field 'mean' of a record is float32\[2, 2, 4\], but its source declares float16\[2, 2, 4\]"
+    ):
         take(batch_stream(LatentSource(bad_index=3), 10, 0), 1)

@@ -104,8 +104,15 @@ def test_latents_keep_the_class_names_of_a_folder(tmp_path):
         (tmp_path / "images" / name).mkdir(parents=True)
         for i in range(4):
             Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / "images" / name / f"{i}.png")
-    run_encode(tmp_path / "latents", "--dataset", f"folder:{tmp_path / 'images'}", "--image_size", 8,
-               "--vae", "space_to_depth:2")  # fmt: skip
+    run_encode(
+        tmp_path / "latents",
+        "--dataset",
+        f"folder:{tmp_path / 'images'}",
+        "--image_size",
+        8,
+        "--vae",
+        "space_to_depth:2",
+    )
     latents = open_source(f"latents:{tmp_path / 'latents'}")
     assert latents.meta["class_names"] == latents.class_names == ["cat", "dog"]  # sorted: labels 0, 1
     assert [latents[i]["label"] for i in (0, 7)] == [0, 1]
@@ -118,8 +125,13 @@ def test_the_scaled_latent_std_is_the_std_of_the_posterior_draws():
     from run_data import scaled_latent_std  # train/run_data.py
 
     rng = np.random.default_rng(3)
-    records = [{"mean": rng.normal(0.5, 2.0, (4, 4, 2)).astype(np.float16),
-                "logvar": rng.normal(0.0, 0.5, (4, 4, 2)).astype(np.float16)} for _ in range(32)]  # fmt: skip
+    records = [
+        {
+            "mean": rng.normal(0.5, 2.0, (4, 4, 2)).astype(np.float16),
+            "logvar": rng.normal(0.0, 0.5, (4, 4, 2)).astype(np.float16),
+        }
+        for _ in range(32)
+    ]
     mean, logvar = (np.stack([r[k] for r in records]).astype(np.float64) for k in ("mean", "logvar"))
     z = mean + np.exp(logvar / 2) * rng.normal(size=(2000, *mean.shape))
     scale, shift = 0.25, 0.3
@@ -135,8 +147,20 @@ def test_a_latent_run_warns_at_start_up_when_the_std_is_far_from_sigma_data(digi
     import main as train_main  # train/main.py
 
     for sigma, warned in (("0", False), ("5", True)):
-        flags = ["--run_dir", str(tmp_path / sigma), "--dataset", f"latents:{digits_latents}", "--sigma_data", sigma,
-                 "--eval_every", "1", "--fid_ref", str(tmp_path / "none.npz"), "--inception", "unused"]  # fmt: skip
+        flags = [
+            "--run_dir",
+            str(tmp_path / sigma),
+            "--dataset",
+            f"latents:{digits_latents}",
+            "--sigma_data",
+            sigma,
+            "--eval_every",
+            "1",
+            "--fid_ref",
+            str(tmp_path / "none.npz"),
+            "--inception",
+            "unused",
+        ]
         with pytest.raises(SystemExit, match="No statistics file"):
             train_main.main(train_main.parse_config(flags), features_fn=lambda images: images.reshape(len(images), -1))
         out = capsys.readouterr().out
@@ -148,8 +172,10 @@ def test_open_source_reads_latents(digits_latents):
     latents = open_source(f"latents:{digits_latents}")
     assert isinstance(latents, LatentSource) and isinstance(latents, ImageSource)
     assert {k: (f.shape, f.dtype) for k, f in latents.fields.items()} == {
-        "mean": ((4, 4, 4), np.float16), "logvar": ((4, 4, 4), np.float16), "label": ((), np.int32),
-    }  # fmt: skip
+        "mean": ((4, 4, 4), np.float16),
+        "logvar": ((4, 4, 4), np.float16),
+        "label": ((), np.int32),
+    }
     assert stack_records([latents[i] for i in range(5)], latents.fields)["mean"].shape == (5, 4, 4, 4)
     with pytest.raises(FileNotFoundError, match="not found"):
         open_source(f"latents:{digits_latents}/nothing")
@@ -207,9 +233,11 @@ def test_encode_with_an_autoencoder_kl_folder_stores_its_moments(tmp_path):
     labels = np.array([0, 1, 2, 0, 1, 2])
     np.savez(tmp_path / "rgb.npz", images=images, labels=labels)
     out = tmp_path / "latents"
-    encode.main(encode.parse_config(
-        ["--dataset", f"npz:{tmp_path / 'rgb.npz'}", "--vae", str(SD_LIKE), "--out", str(out), "--batch_size", "8"]
-    ))  # fmt: skip
+    encode.main(
+        encode.parse_config(
+            ["--dataset", f"npz:{tmp_path / 'rgb.npz'}", "--vae", str(SD_LIKE), "--out", str(out), "--batch_size", "8"]
+        )
+    )
     latents = LatentSource(out, "latents:x")
     got = stack_records([latents[i] for i in range(len(latents))], latents.fields)
     vae = AutoencoderKL.from_diffusers(SD_LIKE)
@@ -277,8 +305,19 @@ def test_two_processes_write_the_same_shards_as_one(digits_latents, tmp_path):
     from launch_local import free_port  # train/launch_local.py
 
     out = tmp_path / "latents"
-    flags = [*DIGITS_FLAGS, "--out", out, "--batch_size", 64, "--cpu_devices", 2,
-             "--coordinator", f"127.0.0.1:{free_port()}", "--num_processes", 2]  # fmt: skip
+    flags = [
+        *DIGITS_FLAGS,
+        "--out",
+        out,
+        "--batch_size",
+        64,
+        "--cpu_devices",
+        2,
+        "--coordinator",
+        f"127.0.0.1:{free_port()}",
+        "--num_processes",
+        2,
+    ]
     procs = [runs.start("encode.py", *flags, "--process_id", i) for i in range(2)]
     for proc in procs:
         code, output = proc.finish(timeout=300)
@@ -292,15 +331,24 @@ def test_two_processes_write_the_same_shards_as_one(digits_latents, tmp_path):
 # ---------------------------------------------------------------- captions: tokens and encoded text (issue 12 §3)
 TOKENIZER = Path(__file__).parents[1] / "data" / "clip_tokenizer" / "sd1"  # 10,514 ids: bos 10512, eos = pad 10513
 TOWER_CONFIG = {
-    "model_type": "clip_text_model", "vocab_size": 10514, "max_position_embeddings": 16, "hidden_size": 32,
-    "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_act": "quick_gelu",
+    "model_type": "clip_text_model",
+    "vocab_size": 10514,
+    "max_position_embeddings": 16,
+    "hidden_size": 32,
+    "intermediate_size": 37,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "hidden_act": "quick_gelu",
     "eos_token_id": 10513,
-}  # fmt: skip
+}
 CAPTIONS = {  # file stem -> its .txt (stored stripped); one longer than 16 tokens (truncated), one empty
-    "a": "a photo of a cat", "b": "  Ünïcode “quotes”, and punctuation!!\n", "c": "",
+    "a": "a photo of a cat",
+    "b": "  Ünïcode “quotes”, and punctuation!!\n",
+    "c": "",
     "d": "a very long caption that runs well past the sixteen positions of the tiny tower, so it is cut",
-    "e": "two dogs", "f": "a red square",
-}  # fmt: skip
+    "e": "two dogs",
+    "f": "a red square",
+}
 
 
 def random_transformers_folder(folder: Path) -> Path:
@@ -319,8 +367,20 @@ def captioned_folder(folder: Path, captions: dict[str, str]) -> Path:
 
 def text_flags(images: Path, encoder: Path) -> list:
     """The flags every text encode here shares: the folder's 6 images in 2 shards, one batch of 8."""
-    return ["--dataset", f"folder:{images}", "--image_size", 16, "--vae", "space_to_depth:2", "--shard_size", 4,
-            "--batch_size", 8, "--text_encoder", encoder]  # fmt: skip
+    return [
+        "--dataset",
+        f"folder:{images}",
+        "--image_size",
+        16,
+        "--vae",
+        "space_to_depth:2",
+        "--shard_size",
+        4,
+        "--batch_size",
+        8,
+        "--text_encoder",
+        encoder,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -354,9 +414,13 @@ def test_encode_with_a_text_encoder_stores_tokens_and_the_encoded_captions(text_
     n, d = 16, 32
     # The raw caption is stored too, but declared only with captions=True: text cannot be batched.
     assert {k: (f.shape, np.dtype(f.dtype).name) for k, f in latents.fields.items()} == {
-        "mean": ((8, 8, 12), "float16"), "logvar": ((8, 8, 12), "float16"), "input_ids": ((n,), "int32"),
-        "attention_mask": ((n,), "int32"), "context": ((n, d), "float16"), "pooled": ((d,), "float16"),
-    }  # fmt: skip
+        "mean": ((8, 8, 12), "float16"),
+        "logvar": ((8, 8, 12), "float16"),
+        "input_ids": ((n,), "int32"),
+        "attention_mask": ((n,), "int32"),
+        "context": ((n, d), "float16"),
+        "pooled": ((d,), "float16"),
+    }
     got = stack_records([latents[i] for i in range(len(latents))], latents.fields)
     captions = [CAPTIONS[s].strip() for s in sorted(CAPTIONS)]  # the folder's order: sorted file names
     ids, mask = load_tokenizer(TOKENIZER)([*captions, ""], n)  # the last row: the null's ""
@@ -378,14 +442,18 @@ def test_encode_with_a_text_encoder_stores_tokens_and_the_encoded_captions(text_
         "weights_sha256": hashlib.sha256((text_setup["encoder"] / "model.safetensors").read_bytes()).hexdigest(),
         "tokenizer": str((text_setup["encoder"].parent / "tokenizer").resolve()),
         "tokenizer_sha256": tokenizer_files_sha256(TOKENIZER),  # by content: the copy hashes as the original
-        "max_length": n, "null_text": "empty", "encoded": True,
+        "max_length": n,
+        "null_text": "empty",
+        "encoded": True,
         "null": {"file": "null_text.npz", "sha256": hashlib.sha256(null_file.read_bytes()).hexdigest()},
-    }  # fmt: skip
+    }
     null = latents.text_null()
     assert isinstance(null, TextCond)
     assert {k: (v.shape, v.dtype.name) for k, v in null.as_dict().items()} == {
-        "context": ((1, n, d), "float32"), "mask": ((1, n), "int32"), "pooled": ((1, d), "float32")
-    }  # fmt: skip
+        "context": ((1, n, d), "float32"),
+        "mask": ((1, n), "int32"),
+        "pooled": ((1, d), "float32"),
+    }
     with np.load(null_file) as stored:  # the file keeps the dict-era names
         assert sorted(stored.files) == ["context", "mask", "pooled"]
     np.testing.assert_array_equal(null.mask, mask[-1:])
@@ -406,8 +474,9 @@ def test_tokens_only_zeros_null_missing_captions_and_refusals(text_setup, tmp_pa
     with pytest.raises(SystemExit, match=r"No caption for image .*e\.png"):  # one line, status 2 (train/startup.py)
         run_encode(tmp_path / "refused", *text_flags(missing, encoder))
     out = tmp_path / "tokens"
-    run_encode(out, *text_flags(missing, encoder), "--tokenizer", TOKENIZER, "--null_text", "zeros",
-               "--allow_uncaptioned")  # fmt: skip
+    run_encode(
+        out, *text_flags(missing, encoder), "--tokenizer", TOKENIZER, "--null_text", "zeros", "--allow_uncaptioned"
+    )
     latents = LatentSource(out, "latents:x")
     assert list(latents.fields) == ["mean", "logvar", "input_ids", "attention_mask"]
     assert ", text-conditioned (caption tokens), " in describe_source(latents)  # what train/main.py prints first
@@ -453,7 +522,9 @@ def test_captioned_digits_keep_their_raw_captions_without_a_text_encoder(tmp_pat
     tokenized = TokenizedSource(with_captions, captioned_digits_tokenizer())
     want, _ = captioned_digits_tokenizer()([source[1]["caption"]])
     np.testing.assert_array_equal(tokenized[1]["input_ids"], want[0])
-    with pytest.raises(SystemExit, match="swap what captioned_digits.s captions place left and right"):  # the source says
+    with pytest.raises(
+        SystemExit, match="swap what captioned_digits.s captions place left and right"
+    ):  # the source says
         run_encode(tmp_path / "flipped", "--dataset", "captioned_digits", "--vae", "space_to_depth:2", "--hflip_copies")
 
 
@@ -494,8 +565,22 @@ def test_the_readme_latent_text_command_trains_and_draws_grid_prompts_from_the_s
     """README's `train/main.py --dataset latents:DIR` on an encode with --text_encoder --encode_text, no text
     flag given: it trains, and its grid has a row per stored caption (6 here), decoded to 16×16 images."""
     run_dir = tmp_path / "run"
-    result = runs.run("main.py", "--dataset", f"latents:{text_setup['out']}", "--run_dir", run_dir, *runs.TINY,
-                      "--batch_size", 8, "--steps", 2, "--sample_every", 2, "--sample_steps", 1)  # fmt: skip
+    result = runs.run(
+        "main.py",
+        "--dataset",
+        f"latents:{text_setup['out']}",
+        "--run_dir",
+        run_dir,
+        *runs.TINY,
+        "--batch_size",
+        8,
+        "--steps",
+        2,
+        "--sample_every",
+        2,
+        "--sample_steps",
+        1,
+    )
     assert "text-conditioned (captions encoded ahead of time)" in result.stdout + result.stderr
     runs.assert_finite_training(runs.metric_rows(run_dir))
     with Image.open(run_dir / "samples" / "step_000002.png") as grid:

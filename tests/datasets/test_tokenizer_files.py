@@ -21,7 +21,10 @@ def test_word_tokenizer_reads_back_to_the_same_ids(tmp_path):
         np.testing.assert_array_equal(ours, theirs)
     assert (again.pad_id, again.model_max_length) == (tokenizer.pad_id, tokenizer.model_max_length)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert (config["tokenizer_class"], config["bos_token"], config["pad_token"]) == \
-        ("PreTrainedTokenizerFast", bos, pad)
+    assert (config["tokenizer_class"], config["bos_token"], config["pad_token"]) == (
+        "PreTrainedTokenizerFast",
+        bos,
+        pad,
+    )
     with pytest.raises(ValueError, match="not tokens of this tokenizer"):
         save_tokenizer(tokenizer, tmp_path / "x", bos_token="<|startoftext|>", eos_token=eos, unk_token=unk)

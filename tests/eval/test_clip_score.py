@@ -80,8 +80,23 @@ def test_sample_sd_reports_the_clip_score_of_its_images(scorer, tmp_path, capsys
     for f in (DATA / "clip_tokenizer" / "sd1").iterdir():
         shutil.copy(f, clip / f.name)
     out = tmp_path / "s.npz"
-    sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{pipeline}", "--prompts", "a cat", "a red car", "--steps",
-                                                         "2", "--out", str(out), "--clip_score", str(clip)]))  # fmt: skip
+    sample_pretrained.main(
+        sample_pretrained.parse_args(
+            [
+                "--pretrained",
+                f"sd:{pipeline}",
+                "--prompts",
+                "a cat",
+                "a red car",
+                "--steps",
+                "2",
+                "--out",
+                str(out),
+                "--clip_score",
+                str(clip),
+            ]
+        )
+    )
     with np.load(out) as f:
         images, prompts = list(f["images"]), [str(p) for p in f["prompts"]]
     expected = clip_score(CLIPScorer.from_transformers(clip).scores(images, prompts))  # torch's kernel: the default

@@ -120,8 +120,9 @@ def table(samples_pool3, samples_logits, reference_pool3=None) -> dict[str, floa
     """adm_metrics' table (what evaluate.py prints) of features given directly, without stored statistics."""
     stats = lambda x: {w: gaussian_stats(np.asarray(x, np.float64)) for w in ("pool3", "spatial")}  # noqa: E731
     samples = BatchFeatures(samples_pool3, samples_logits, stats(samples_pool3))
-    reference = None if reference_pool3 is None else BatchFeatures(reference_pool3, samples_logits,
-                                                                   stats(reference_pool3))  # fmt: skip
+    reference = (
+        None if reference_pool3 is None else BatchFeatures(reference_pool3, samples_logits, stats(reference_pool3))
+    )
     return adm_metrics(samples, reference, {})
 
 
@@ -140,6 +141,7 @@ def test_the_tables_inception_score_is_over_splits_of_5000():
 def manifold_estimate(real: np.ndarray, fake: np.ndarray, k: int) -> tuple[float, float]:
     """ADM's ManifoldEstimator.evaluate_pr by brute force: each set's radii its k-th nearest other point's distance
     (the full sorted distance matrix, column 0 the point itself), a point inside if within some radius."""
+
     def radii(x):
         return np.sort(np.linalg.norm(x[:, None] - x[None], axis=-1), axis=1)[:, k]
 

@@ -63,8 +63,7 @@ def test_features_are_edm2s_detector(ref, detector, key):
 
 def test_the_hub_position_resize_matters(ref, detector):
     """transformers 5's resize (interpolate_offset 0) at 224² gives other features than the hub model EDM2 runs."""
-    transformers_resize = eqx.tree_at(lambda d: d.model, detector,
-                                      type(detector.model).from_transformers(TOWER))  # fmt: skip
+    transformers_resize = eqx.tree_at(lambda d: d.model, detector, type(detector.model).from_transformers(TOWER))
     assert relative(features(transformers_resize, ref["a"]), ref["features_a"]) > 1e-3
 
 
@@ -78,16 +77,20 @@ def test_statistics_and_distance_are_edm2s(ref, detector):
         np.testing.assert_allclose(sigma, ref[f"sigma_{key}"], rtol=0, atol=1e-12)
         stats[key] = FeatureStats(32).update(np.asarray(features(detector, ref[key]))).mean_cov()
     assert ref["fd"] > 1  # the two sets differ
-    np.testing.assert_allclose(fid_from_stats(ref["mu_a"], ref["sigma_a"], ref["mu_b"], ref["sigma_b"]), ref["fd"],
-                               rtol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(
+        fid_from_stats(ref["mu_a"], ref["sigma_a"], ref["mu_b"], ref["sigma_b"]), ref["fd"], rtol=1e-9
+    )
     np.testing.assert_allclose(fid_from_stats(*stats["a"], *stats["b"]), ref["fd"], rtol=1e-4)
 
 
 def test_fid_stats_writes_edm2s_statistics(ref, tmp_path):
     np.savez(tmp_path / "b.npz", images=ref["b"])
     out = tmp_path / "b_dinov2.npz"
-    fid_stats.main(fid_stats.parse_config(["--dataset", f"npz:{tmp_path / 'b.npz'}", "--dinov2", str(TOWER),
-                                           "--out", str(out), "--batch_size", "16"]))  # fmt: skip
+    fid_stats.main(
+        fid_stats.parse_config(
+            ["--dataset", f"npz:{tmp_path / 'b.npz'}", "--dinov2", str(TOWER), "--out", str(out), "--batch_size", "16"]
+        )
+    )
     reference = load_reference(out, dim=32)
     assert reference.image_shape == (40, 24, 3)
     assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
@@ -143,5 +146,8 @@ def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path):
     np.testing.assert_allclose(metrics["fd_dinov2"], ref["fd"], rtol=1e-4)
     np.savez(tmp_path / "stats_only.npz", mu=np.zeros(2048), sigma=np.eye(2048))
     with pytest.raises(SystemExit, match="--dinov2: FD-DINOv2 compares images"):
-        evaluate.main(evaluate.parse_args([str(tmp_path / "stats_only.npz"), str(tmp_path / "samples.npz"),
-                                           "--dinov2", str(TOWER)]))  # fmt: skip
+        evaluate.main(
+            evaluate.parse_args(
+                [str(tmp_path / "stats_only.npz"), str(tmp_path / "samples.npz"), "--dinov2", str(TOWER)]
+            )
+        )

@@ -144,8 +144,10 @@ def test_dataset_stats_of_digits_with_a_stand_in_network(tmp_path):
     whole = fid_stats.dataset_stats(source, features_fn, 64, progress=False)
     assert_matches_numpy(whole, x, rtol=1e-5)  # float32 features on the devices
     # Two processes' slices (each 32 images a batch over the 8 devices), merged: the same statistics.
-    parts = [fid_stats.dataset_stats(source, features_fn, 64, process_index=p, process_count=2, progress=False)
-             for p in range(2)]  # fmt: skip
+    parts = [
+        fid_stats.dataset_stats(source, features_fn, 64, process_index=p, process_count=2, progress=False)
+        for p in range(2)
+    ]
     assert [s.count for s in parts] == [898, 899]
     merged = parts[0].merge(parts[1])
     for a, b in zip(merged.mean_cov(), whole.mean_cov(), strict=True):

@@ -72,8 +72,9 @@ def test_streamed_fid_equals_fid_of_all_features_at_once():
     chosen = KeptFeatures(100, 60, DIM, seed=3).indices
     assert (result["precision"], result["recall"]) == precision_recall(ref_x, x[chosen])
     # Fewer samples than dimensions: the exact distance from n × n matrices; no reference features, no P/R.
-    few = fid_of_samples(sample_chunk, 12, projection, FIDReference(reference.mu, reference.sigma, None, "r"),
-                         chunk_size=24)  # fmt: skip
+    few = fid_of_samples(
+        sample_chunk, 12, projection, FIDReference(reference.mu, reference.sigma, None, "r"), chunk_size=24
+    )
     expected = frechet_distance(x[:12].mean(axis=0), np.cov(x[:12], rowvar=False), reference.mu, reference.sigma)
     assert few.keys() == {"num", "fid"} and few["fid"] == pytest.approx(expected, rel=1e-5)
 
@@ -136,9 +137,20 @@ def test_statistics_that_cannot_mean_anything_warn(tmp_path):
         load_reference(tmp_path / "one_image.npz")
     save_reference(tmp_path / "pets.npz", mu, sigma * 1e-5, dataset="folder:~/data/pets/", image_shape=(8, 8, 1))
     load_reference(tmp_path / "pets.npz")  # 1e-5 of the squared mean's scale is a (small) spread: no warning
-    for shape, dataset, match in [((16, 16, 1), "folder:/mnt/pets", r"statistics of 8×8×1 images, the samples are "
-                                   r"16×16×1"), ((8, 8, 1), "folder:~/data/cars", r"statistics of folder:~/data/pets/, "
-                                   r"the model trained on folder:~/data/cars")]:  # fmt: skip
+    for shape, dataset, match in [
+        (
+            (16, 16, 1),
+            "folder:/mnt/pets",
+            r"statistics of 8×8×1 images, the samples are "
+            r"16×16×1",
+        ),
+        (
+            (8, 8, 1),
+            "folder:~/data/cars",
+            r"statistics of folder:~/data/pets/, "
+            r"the model trained on folder:~/data/cars",
+        ),
+    ]:
         with pytest.warns(UserWarning, match=match) as warned:
             warn_if_other_data(load_reference(tmp_path / "pets.npz"), shape, dataset)
         assert len(warned) == 1
@@ -175,8 +187,16 @@ def test_fid_stats_keeps_a_random_subset_of_the_dataset_features(tmp_path):
 
 def test_fid_stats_of_one_image_repeated_warn(tmp_path):
     np.savez(tmp_path / "same.npz", images=np.repeat(random_images(1, 0), 16, axis=0))
-    argv = ["--dataset", f"npz:{tmp_path / 'same.npz'}", "--inception", "unused", "--out", str(tmp_path / "s.npz"),
-            "--batch_size", "8"]  # fmt: skip
+    argv = [
+        "--dataset",
+        f"npz:{tmp_path / 'same.npz'}",
+        "--inception",
+        "unused",
+        "--out",
+        str(tmp_path / "s.npz"),
+        "--batch_size",
+        "8",
+    ]
     with pytest.warns(UserWarning, match=r"npz:.*same.npz \(16 images\): the features' covariance is \(near\) zero"):
         fid_stats.main(fid_stats.parse_config(argv), projection)
     assert (tmp_path / "s.npz").is_file()  # written all the same: the warning says what it is worth
@@ -206,8 +226,11 @@ def test_flags_for_fid_are_checked_before_anything_loads(capsys, tmp_path):
     # A text run is refused once its condition is known, before the FID network loads (w.safetensors
     # does not exist) or anything compiles.
     with pytest.raises(SystemExit, match="train/sample.py --fid --prompts"):
-        train_main.main(train_main.parse_config(["--eval_every", "100", *files, "--dataset", "captioned_digits",
-                                                 "--run_dir", str(tmp_path / "run")]))  # fmt: skip
+        train_main.main(
+            train_main.parse_config(
+                ["--eval_every", "100", *files, "--dataset", "captioned_digits", "--run_dir", str(tmp_path / "run")]
+            )
+        )
 
 
 @pytest.mark.slow
@@ -219,8 +242,22 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
     stand_in_reference(tmp_path / "ref.npz", dataset="folder:~/pets", image_shape=(8, 8, 1))
     out = tmp_path / "fid.jsonl"
     # 12 samples in chunks of 8 (one per device): the second chunk padded to 8 and cut to 4.
-    argv = ["--run_dir", str(eight_device_run), "--num", "12", "--batch_size", "8", "--steps", "2",
-            "--fid", str(tmp_path / "ref.npz"), "--inception", "unused", "--fid_out", str(out)]  # fmt: skip
+    argv = [
+        "--run_dir",
+        str(eight_device_run),
+        "--num",
+        "12",
+        "--batch_size",
+        "8",
+        "--steps",
+        "2",
+        "--fid",
+        str(tmp_path / "ref.npz"),
+        "--inception",
+        "unused",
+        "--fid_out",
+        str(out),
+    ]
     with pytest.warns(UserWarning, match="ref.npz holds statistics of folder:~/pets, the model trained on digits"):
         sample.main(sample.parse_args(argv), features_fn=projection)
     (line,) = [json.loads(s) for s in out.read_text().splitlines()]

@@ -178,6 +178,7 @@ def test_random_init_is_the_loaded_network_with_he_weights(net):
     """InceptionV3(key=...) has the loaded network's structure and shapes (so one compiled program
     serves both); its convs are He-normal, std sqrt(2/fan_in), and its BatchNorms the identity.
     (Traced, not run: an eager init of all 94 layers costs seconds of per-shape compiles.)"""
+
     def shapes(tree):
         return jax.tree.map(lambda x: (x.shape, x.dtype), tree)
 

@@ -35,8 +35,15 @@ FLAGS = {"--steps": 4, "--method": "heun", "--classes": (0, 1, 2, 3, 4)}  # a tu
 
 
 def write(out, num=23, chunk_size=6, seed=3, classes=(0, 1, 2, 3, 4), flags=FLAGS, sampler=sample_chunk):
-    return write_sample_batches(sampler, out, num=num, chunk_size=chunk_size, seed=seed,
-                                classes=None if classes is None else list(classes), flags=flags)  # fmt: skip
+    return write_sample_batches(
+        sampler,
+        out,
+        num=num,
+        chunk_size=chunk_size,
+        seed=seed,
+        classes=None if classes is None else list(classes),
+        flags=flags,
+    )
 
 
 def test_labels_are_balanced_with_the_remainder_spread_and_shuffled_by_the_seed():
@@ -133,8 +140,10 @@ def test_a_second_writer_of_the_same_out_is_refused_in_one_line(tmp_path):
 
     reference = write(tmp_path / "ref.npz").read_bytes()
     assert write(out, sampler=meanwhile).read_bytes() == reference  # the first writer is undisturbed
-    assert said == [f"--out {out}: process {os.getpid()} is writing it (its chunks in {parts_dir(out)}); wait for it "
-                    "to finish, or choose another --out."]  # fmt: skip
+    assert said == [
+        f"--out {out}: process {os.getpid()} is writing it (its chunks in {parts_dir(out)}); wait for it "
+        "to finish, or choose another --out."
+    ]
     assert write(out).read_bytes() == reference and not parts_dir(out).exists()
 
 
@@ -146,7 +155,7 @@ def test_a_restart_with_other_flags_is_refused_naming_them(tmp_path):
 
     with pytest.raises(Preempted):
         write(out, sampler=fail)
-    with pytest.raises(SystemExit, match=r'--steps: 4 there, 8 now\).*pass the same flags.*remove .*s\.npz\.parts'):
+    with pytest.raises(SystemExit, match=r"--steps: 4 there, 8 now\).*pass the same flags.*remove .*s\.npz\.parts"):
         write(out, flags={**FLAGS, "--steps": 8})
     with pytest.raises(SystemExit, match=r"seed: 3 there, 4 now"):
         write(out, seed=4)
@@ -167,7 +176,7 @@ def test_a_killed_process_restarted_writes_the_same_batch(tmp_path):
         delay = float(sys.argv[1])
         write_sample_batches(lambda labels, key: sample_chunk(labels, key, delay), {str(out)!r}, num=40, chunk_size=4,
                              seed=3, classes=[0, 1, 2, 3, 4], flags={FLAGS!r})
-    """)  # fmt: skip
+    """)
     proc = Started([sys.executable, "-c", script, "0.5"])
     wait_for(lambda: len(list(parts_dir(out).glob("chunk_*.npz"))) >= 3, proc, timeout=120)
     kill(proc)
@@ -194,8 +203,22 @@ def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkey
     import sample  # train/sample.py
 
     run_dir = digits_run
-    flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "5", "--steps", "2",
-             "--classes", "3,5,7", "--seed", "1"]  # fmt: skip
+    flags = [
+        "--run_dir",
+        str(run_dir),
+        "--format",
+        "adm",
+        "--num",
+        "21",
+        "--batch_size",
+        "5",
+        "--steps",
+        "2",
+        "--classes",
+        "3,5,7",
+        "--seed",
+        "1",
+    ]
     sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
     with np.load(tmp_path / "ref.npz") as saved:
         images, labels = saved["arr_0"], saved["arr_1"]
@@ -241,14 +264,22 @@ def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold(tmp_path):
         with pytest.raises(SystemExit):
             sample.parse_args(["--run_dir", "r", "--format", "adm", *extra])
     # A text run, refused from its saved config before anything loads (the checkpoint holds no model).
-    config = dict(dataclasses.asdict(train_main.Config(dataset="captioned_digits")), image_shape=[8, 16, 1],
-                  num_classes=0, condition={"kind": "scratch_text"})  # fmt: skip
+    config = dict(
+        dataclasses.asdict(train_main.Config(dataset="captioned_digits")),
+        image_shape=[8, 16, 1],
+        num_classes=0,
+        condition={"kind": "scratch_text"},
+    )
     with Checkpoints(tmp_path / "t2i" / "checkpoints", async_save=False) as checkpoints:
         assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
-    with pytest.raises(SystemExit, match=r"^--format adm writes ADM's batch of images and class labels; this run is "
-                                         r"text-to-image"):  # fmt: skip
-        sample.main(sample.parse_args(["--run_dir", str(tmp_path / "t2i"), "--format", "adm", "--out",
-                                       str(tmp_path / "s.npz")]))  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"^--format adm writes ADM's batch of images and class labels; this run is "
+        r"text-to-image",
+    ):
+        sample.main(
+            sample.parse_args(["--run_dir", str(tmp_path / "t2i"), "--format", "adm", "--out", str(tmp_path / "s.npz")])
+        )
     assert not (tmp_path / "s.npz.parts").exists()
 
 
@@ -259,8 +290,20 @@ def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, mo
     import sample
 
     run_dir = digits_run
-    flags = ["--run_dir", str(run_dir), "--format", "adm", "--num", "21", "--batch_size", "8", "--steps", "2",
-             "--seed", "2"]  # fmt: skip
+    flags = [
+        "--run_dir",
+        str(run_dir),
+        "--format",
+        "adm",
+        "--num",
+        "21",
+        "--batch_size",
+        "8",
+        "--steps",
+        "2",
+        "--seed",
+        "2",
+    ]
     sample.main(sample.parse_args([*flags, "--out", str(tmp_path / "ref.npz")]))
     out, original, calls = tmp_path / "s.npz", eqxdiff.run.sampling.generate_images, []
 
@@ -275,10 +318,25 @@ def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, mo
         sample.main(sample.parse_args([*flags, "--out", str(out)]))
     assert [p.name for p in parts_dir(out).glob("chunk_*")] == ["chunk_000000.npz"]
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train" / "launch_local.py"), "--script", str(ROOT / "train" / "sample.py"),
-         "--num_processes", "2", "--", *flags, "--out", str(out), "--cpu_devices", "4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "train" / "launch_local.py"),
+            "--script",
+            str(ROOT / "train" / "sample.py"),
+            "--num_processes",
+            "2",
+            "--",
+            *flags,
+            "--out",
+            str(out),
+            "--cpu_devices",
+            "4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[p0] step 1: 21 samples" in result.stdout and "[p0] samples:  38%" in result.stderr  # began at 8/21
     assert out.read_bytes() == (tmp_path / "ref.npz").read_bytes()

@@ -105,13 +105,17 @@ def test_a_pallas_form_runs_per_device_under_the_steps_mesh():
 
     def one_step(form):
         optimizer, schedule = adamw_cosine(1e-2, 10, 0)
-        state, shardings = create_train_state(
-            lambda key: Scale(jnp.ones(8)), optimizer, jax.random.key(0), mesh, 2**20
-        )
+        state, shardings = create_train_state(lambda key: Scale(jnp.ones(8)), optimizer, jax.random.key(0), mesh, 2**20)
         step = make_train_step(
-            prepare=lambda batch, key: batch, loss_fn=loss_fn, optimizer=optimizer, lr_schedule=schedule,
-            ema_decay=0.5, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-        )  # fmt: skip
+            prepare=lambda batch, key: batch,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            lr_schedule=schedule,
+            ema_decay=0.5,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+        )
         with attention_form(form):
             state, metrics = step(state, jax.device_put({"x": x}, batch_sharding(mesh)))
         return float(metrics["loss"]), np.asarray(state.model.a)
@@ -210,7 +214,9 @@ def saved_shapes(policy: str) -> list[tuple]:
     finally:
         set_remat_policy(attention_module_default())
     lines = [line for line in printed.getvalue().splitlines() if "argument" not in line]
-    return [tuple(int(d) for d in shape.split(",")) for line in lines for shape in re.findall(r"^f32\[([\d,]+)\]", line)]
+    return [
+        tuple(int(d) for d in shape.split(",")) for line in lines for shape in re.findall(r"^f32\[([\d,]+)\]", line)
+    ]
 
 
 def test_the_policies_keep_what_their_names_say():

@@ -80,6 +80,7 @@ def test_matches_diffusers(name):
 )
 def test_one_zeroed_conv_fails_parity(where, output):
     vae = AutoencoderKL.from_diffusers(DATA / "sd_like")
+
     def get(module):
         for part in f"{where}.weight".split("."):
             module = module[int(part)] if part.isdigit() else getattr(module, part)
@@ -249,8 +250,10 @@ def assert_same_params(vae: AutoencoderKL, expected: dict[str, np.ndarray]) -> N
 
 def test_variant_and_sharded_folders_load_the_weights_asked_for(tmp_path):
     plain, half = load_file(str(DATA / "sd_like" / WEIGHTS)), load_file(str(DATA / "sd_like_fp16" / WEIGHTS))
-    expected = {None: params(AutoencoderKL.from_diffusers(DATA / "sd_like")),
-                "fp16": params(AutoencoderKL.from_diffusers(DATA / "sd_like_fp16"))}  # fmt: skip
+    expected = {
+        None: params(AutoencoderKL.from_diffusers(DATA / "sd_like")),
+        "fp16": params(AutoencoderKL.from_diffusers(DATA / "sd_like_fp16")),
+    }
     both = folder_with(tmp_path / "both", plain)
     save_file(half, str(both / VARIANT))
     for variant in (None, "fp16"):  # diffusers' variant=: None is the plain file, whatever else is there
@@ -352,8 +355,14 @@ def test_latents_mean_and_std_are_used_as_sdxl_pipelines_use_them(tmp_path):
     z = np.random.default_rng(0).normal(size=(2, 4, 4, 4))
     # train/main.py's prepare: a latent record with a negligible posterior std (exp(-15)) gives x0.
     latent = {"mean": z.astype(np.float32), "logvar": np.full(z.shape, -30.0, np.float32)}
-    out = train_main.prepare(latent | {"label": np.zeros(2, np.int32)}, jax.random.key(0), schedule=EDMSchedule(),
-                             cond_dropout=0.0, condition=Labels(10), codec=Latents(vae, str(tmp_path)))  # fmt: skip
+    out = train_main.prepare(
+        latent | {"label": np.zeros(2, np.int32)},
+        jax.random.key(0),
+        schedule=EDMSchedule(),
+        cond_dropout=0.0,
+        condition=Labels(10),
+        codec=Latents(vae, str(tmp_path)),
+    )
     np.testing.assert_allclose(np.asarray(out["x0"]), (z - mean) * scale / std, rtol=1e-5, atol=1e-5)
     # eqxdiff.generate's decode of sampled latents.
     x = np.random.default_rng(1).normal(size=(2, 4, 4, 4)).astype(np.float32)

@@ -73,8 +73,10 @@ def test_text_embeds_are_clip_models_text_features(ref):
 def test_only_the_text_tower_is_read(tmp_path):
     """Every vision tensor replaced by NaN changes nothing; a text tensor so replaced does."""
     state = stored()
-    poisoned = {k: np.full_like(v, np.nan) if k.startswith(("vision_model.", "visual_projection", "logit_scale"))
-                else v for k, v in state.items()}  # fmt: skip
+    poisoned = {
+        k: np.full_like(v, np.nan) if k.startswith(("vision_model.", "visual_projection", "logit_scale")) else v
+        for k, v in state.items()
+    }
     clip = CLIPTextModel.from_transformers(copy_with(tmp_path / "a", poisoned))
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(clip))
     poisoned["text_model.final_layer_norm.bias"] = np.full_like(state["text_model.final_layer_norm.bias"], np.nan)
@@ -88,8 +90,9 @@ def test_missing_text_keys_and_foreign_keys_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"missing keys \(1\): encoder\.layers\.1\.mlp\.fc2\.bias"):
         CLIPTextModel.from_transformers(copy_with(tmp_path / "a", missing))
     with pytest.raises(ValueError, match=r"missing keys \(1\): text_projection\.weight"):
-        CLIPTextModelWithProjection.from_transformers(copy_with(tmp_path / "b", {
-            k: v for k, v in state.items() if k != "text_projection.weight"}))  # fmt: skip
+        CLIPTextModelWithProjection.from_transformers(
+            copy_with(tmp_path / "b", {k: v for k, v in state.items() if k != "text_projection.weight"})
+        )
     foreign = state | {"audio_model.proj.weight": np.ones((2, 2), np.float32)}  # no tower of a CLIPModel
     with pytest.raises(ValueError, match=r"unexpected keys \(1\): audio_model\.proj\.weight"):
         CLIPTextModel.from_transformers(copy_with(tmp_path / "c", foreign))
@@ -106,8 +109,13 @@ def test_a_text_tower_folder_still_refuses_vision_keys(tmp_path):
     for a, b in zip(jax.tree.leaves(clip), jax.tree.leaves(full), strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"unexpected keys \(1\): vision_model\.post_layernorm\.bias"):
-        CLIPTextModel.from_transformers(copy_with(tmp_path / "b", text_only | {
-            "vision_model.post_layernorm.bias": state["vision_model.post_layernorm.bias"]}, config))  # fmt: skip
+        CLIPTextModel.from_transformers(
+            copy_with(
+                tmp_path / "b",
+                text_only | {"vision_model.post_layernorm.bias": state["vision_model.post_layernorm.bias"]},
+                config,
+            )
+        )
 
 
 def test_with_projection_reads_a_text_encoder_2_folder(tmp_path, ref):

@@ -38,8 +38,9 @@ def tower_outputs(tower: CLIPVisionModel, pixels, other):
 
 def test_vision_tower_matches_transformers_from_a_clip_folder():
     ref = reference("clip_model")
-    (hidden, pooled), (hidden_o, pooled_o) = tower_outputs(CLIPVisionModel.from_transformers(FULL), ref["pixels"],
-                                                           ref["pixels_other"])  # fmt: skip
+    (hidden, pooled), (hidden_o, pooled_o) = tower_outputs(
+        CLIPVisionModel.from_transformers(FULL), ref["pixels"], ref["pixels_other"]
+    )
     assert relative(hidden, ref["last_hidden_state"]) <= 1e-4 and relative(pooled, ref["pooler_output"]) <= 1e-4
     assert hidden_o.shape == (2, 1 + 6 * 5, 32)  # 24×20 images, patch 4: the 4×4 grid resized to 6×5
     assert relative(hidden_o, ref["last_hidden_state_other"]) <= 1e-4
@@ -84,8 +85,10 @@ def test_only_the_vision_tower_is_read_and_foreign_keys_are_named(tmp_path):
         save_file(state, str(tmp_path / name / "model.safetensors"))
         return tmp_path / name
 
-    poisoned = {k: np.full_like(v, np.nan) if k.startswith(("text_model.", "text_projection", "logit_scale")) else v
-                for k, v in state.items()}  # fmt: skip
+    poisoned = {
+        k: np.full_like(v, np.nan) if k.startswith(("text_model.", "text_projection", "logit_scale")) else v
+        for k, v in state.items()
+    }
     tower = CLIPVisionModelWithProjection.from_transformers(folder("a", poisoned))
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tower))
     missing = {k: v for k, v in state.items() if k != "vision_model.pre_layrnorm.bias"}
@@ -99,8 +102,16 @@ def test_only_the_vision_tower_is_read_and_foreign_keys_are_named(tmp_path):
         CLIPVisionModel.from_transformers(folder("c", extra, config["vision_config"]))  # a tower's folder: refused
 
 
-@pytest.mark.parametrize("option, value", [("hidden_act", "relu"), ("patch_size", [4, 2]), ("model_type", "siglip"),
-                                           ("num_attention_heads", 5), ("use_rope", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("hidden_act", "relu"),
+        ("patch_size", [4, 2]),
+        ("model_type", "siglip"),
+        ("num_attention_heads", 5),
+        ("use_rope", True),
+    ],
+)
 def test_unsupported_option_is_named(option, value):
     config = json.loads((DATA / "with_projection" / "config.json").read_text())
     with pytest.raises(ValueError, match=option):
@@ -111,7 +122,14 @@ def test_a_legacy_vision_config_loads():
     """transformers 4 wrote PretrainedConfig's generic fields into openai's vision_config (null token ids,
     generation settings): read as the shaping fields alone."""
     config = json.loads((DATA / "with_projection" / "config.json").read_text())
-    legacy = config | {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "num_beams": 1,
-                       "torch_dtype": None, "output_attentions": False, "tie_word_embeddings": True}  # fmt: skip
+    legacy = config | {
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "num_beams": 1,
+        "torch_dtype": None,
+        "output_attentions": False,
+        "tie_word_embeddings": True,
+    }
     tower = eqx.filter_eval_shape(CLIPVisionModel.from_config, legacy, key=jax.random.key(0))
     assert tower.embeddings.position_embedding.weight.shape == (4 * 4 + 1, 24)

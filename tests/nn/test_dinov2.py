@@ -82,8 +82,11 @@ def test_registers_sit_between_the_cls_and_the_patch_tokens():
 def test_swiglu_halves_are_gate_then_up():
     """weights_in's first half goes through SiLU (transformers' gate_proj), its second is the linear half."""
     model = load("swiglu")
-    swapped = eqx.tree_at(lambda m: m.encoder.layer[0].mlp.weights_in.weight, model,
-                          np.roll(np.asarray(model.encoder.layer[0].mlp.weights_in.weight), 64, axis=1))  # fmt: skip
+    swapped = eqx.tree_at(
+        lambda m: m.encoder.layer[0].mlp.weights_in.weight,
+        model,
+        np.roll(np.asarray(model.encoder.layer[0].mlp.weights_in.weight), 64, axis=1),
+    )
     assert model.encoder.layer[0].mlp.weights_in.weight.shape == (24, 128)  # 2 × ((int(96·2/3) + 7) // 8 · 8)
     assert relative_errors(swapped, "swiglu", 0)[0] > 1e-3
 
@@ -136,9 +139,14 @@ SMALL = json.loads((DATA / "small" / "config.json").read_text())
 
 @pytest.mark.parametrize(
     "option, value",
-    [("hidden_act", "relu"), ("model_type", "vit"), ("patch_size", [4, 2]), ("num_attention_heads", 5),
-     ("rope_theta", 100.0)],
-)  # fmt: skip
+    [
+        ("hidden_act", "relu"),
+        ("model_type", "vit"),
+        ("patch_size", [4, 2]),
+        ("num_attention_heads", 5),
+        ("rope_theta", 100.0),
+    ],
+)
 def test_unsupported_option_is_named(option, value):
     with pytest.raises(ValueError, match=option):
         eqx.filter_eval_shape(Dinov2Model.from_config, SMALL | {option: value}, key=jax.random.key(0))

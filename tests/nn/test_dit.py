@@ -16,12 +16,15 @@ def perturbed(model, scale):
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)  # numpy: eager jax.random would compile per shape
     # The sum in numpy too: an eager jnp add (or jnp.asarray) compiles one program per shape.
-    params = jax.tree.map(lambda p: jax.device_put(np.asarray(p) + scale * rng.normal(size=p.shape).astype(p.dtype)), params)
+    params = jax.tree.map(
+        lambda p: jax.device_put(np.asarray(p) + scale * rng.normal(size=p.shape).astype(p.dtype)), params
+    )
     return eqx.combine(params, static)
 
 
 def count(model):
     return sum(x.size for x in jax.tree.leaves(model) if isinstance(x, jax.ShapeDtypeStruct | jax.Array))
+
 
 # Test data from numpy: eager jax.random on 4-D shapes compiles slowly on CPU.
 RNG = np.random.default_rng(0)
@@ -46,7 +49,9 @@ def test_null_cond_and_labels_change_output():
     np.testing.assert_array_equal(model.null_cond(2), [10, 10])  # label num_classes: the table's last row
     assert eqx.filter_eval_shape(DiT, 8, 2, 3, 32, 1, 4, key=jax.random.key(0)).null_cond(2) is None  # unconditional
     # int32 like LABELS (jnp.full alone is weakly typed): the labelled call's compiled program.
-    np.testing.assert_allclose(call(model, X, T), call(model, X, T, jnp.full((2,), 10, jnp.int32)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        call(model, X, T), call(model, X, T, jnp.full((2,), 10, jnp.int32)), rtol=1e-6, atol=1e-6
+    )
     assert not np.allclose(call(model, X, T), call(model, X, T, LABELS))
 
 

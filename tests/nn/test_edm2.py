@@ -114,8 +114,11 @@ def test_force_weight_normalization_is_its_definition():
     """eq. 66: every MPConv weight w -> w / (1e-4 + ‖w_i‖/sqrt(fan-in)) per output row i (numpy, float64); every
     other leaf unchanged."""
     keys = jax.random.split(jax.random.key(0), 3)
-    net = {"convs": [MPConv(4, 3, (), key=keys[0]), MPConv(2, 5, (3, 3), key=keys[1])],
-           "fourier": MPFourier(4, key=keys[2]), "gain": jnp.zeros(())}  # fmt: skip
+    net = {
+        "convs": [MPConv(4, 3, (), key=keys[0]), MPConv(2, 5, (3, 3), key=keys[1])],
+        "fourier": MPFourier(4, key=keys[2]),
+        "gain": jnp.zeros(()),
+    }
     net = jax.tree.map(lambda a: 3.0 * a + 0.1, net)  # off the sphere, and the gain off zero
     out = force_weight_normalization(net)
     is_mp = lambda m: isinstance(m, MPConv)  # noqa: E731
@@ -146,9 +149,17 @@ def test_train_step_renormalises_after_each_update():
     states = []
     for hook in (None, force_weight_normalization):
         state, shardings = create_train_state(make, optimizer, jax.random.key(0), mesh, 2**20)
-        step = make_train_step(prepare=lambda b, key: b, loss_fn=loss, optimizer=optimizer, lr_schedule=schedule,
-                               ema_decay=0.9, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
-                               after_update=hook)  # fmt: skip
+        step = make_train_step(
+            prepare=lambda b, key: b,
+            loss_fn=loss,
+            optimizer=optimizer,
+            lr_schedule=schedule,
+            ema_decay=0.9,
+            state_shardings=shardings,
+            batch_sharding=batch_sharding(mesh),
+            seed=0,
+            after_update=hook,
+        )
         states.append(step(state, jax.device_put(batch, batch_sharding(mesh)))[0].model)
     plain, renormalised = states
     w = np.asarray(plain.conv.weight, np.float64)

@@ -118,8 +118,10 @@ def test_trainable_part_is_the_adapters_only(unet_and_inputs):
     before, after = eqx.partition(lora, lora_filter(lora))[1], eqx.partition(stepped, lora_filter(stepped))[1]
     for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(old, new)  # the base is bitwise unchanged
-    assert all(not np.array_equal(o, n) for o, n in zip(jax.tree.leaves(trainable), jax.tree.leaves(
-        partition_lora(stepped)[0]), strict=True))  # fmt: skip
+    assert all(
+        not np.array_equal(o, n)
+        for o, n in zip(jax.tree.leaves(trainable), jax.tree.leaves(partition_lora(stepped)[0]), strict=True)
+    )
 
 
 LORA_DATA = Path(__file__).parents[1] / "data" / "lora"
@@ -187,11 +189,15 @@ def test_saved_file_has_the_names_and_shapes_diffusers_writes(unet_and_inputs, t
 def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
     unet, _ = unet_and_inputs
     a, b = np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32)
-    kohya = {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": a,
-             "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": b}  # fmt: skip
-    text = {"unet.mid_block.attentions.0.proj_in.lora_A.weight": a,
-            "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
-            "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": a}  # fmt: skip
+    kohya = {
+        "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": a,
+        "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": b,
+    }
+    text = {
+        "unet.mid_block.attentions.0.proj_in.lora_A.weight": a,
+        "unet.mid_block.attentions.0.proj_in.lora_B.weight": b,
+        "text_encoder.text_model.encoder.layers.0.self_attn.q_proj.lora_A.weight": a,
+    }
     other_model = {"unet.blocks.0.attn.qkv.lora_A.weight": a, "unet.blocks.0.attn.qkv.lora_B.weight": b}
     for tensors, match in ((kohya, "kohya"), (text, "text_encoder"), (other_model, "not linear or conv layers")):
         save_file(tensors, str(tmp_path / "pytorch_lora_weights.safetensors"))

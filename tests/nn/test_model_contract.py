@@ -83,15 +83,21 @@ def test_batched_equinox_model_trains_with_main_prepare_and_loss():
 
     state, shardings = create_train_state(make_model, optimizer, jax.random.key(0), mesh, 2**30)
     step = make_train_step(
-        prepare=functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.1,
-                                  condition=Labels(10)),
+        prepare=functools.partial(train_main.prepare, schedule=schedule, cond_dropout=0.1, condition=Labels(10)),
         loss_fn=functools.partial(train_main.loss_fn, schedule=schedule, parameterization=parameterization),
-        optimizer=optimizer, lr_schedule=lr_schedule, ema_decay=0.9, state_shardings=shardings,
-        batch_sharding=batch_sharding(mesh), seed=0,
-    )  # fmt: skip
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+    )
     rng = np.random.default_rng(0)
     # one fixed batch: a model that learns at all lowers its loss on it
-    batch = {"image": rng.integers(0, 256, (16, 6, 6, 1), dtype=np.uint8), "label": rng.integers(0, 10, 16).astype(np.int32)}
+    batch = {
+        "image": rng.integers(0, 256, (16, 6, 6, 1), dtype=np.uint8),
+        "label": rng.integers(0, 10, 16).astype(np.int32),
+    }
     batch = jax.device_put(batch, batch_sharding(mesh))
     losses = []
     for _ in range(30):

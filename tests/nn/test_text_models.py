@@ -57,7 +57,7 @@ def bypassing_init(cond, name, value):
 # and reused by every test below.
 UNET = UNet(
     1, (16,), 1, (0,), 0, 16, norm_groups=4, num_heads=2, remat=True, context_dim=CTX, pooled_dim=POOLED, key=KEY
-)  # fmt: skip
+)
 DIT = DiT(8, 2, 1, 32, 1, 4, context_dim=CTX, pooled_dim=POOLED, key=KEY)
 call = eqx.filter_jit(lambda m, x, t, cond: m(x, t, cond))
 # Any layer or tower called as one program: called eagerly, each of its ops compiles on its own.
@@ -143,8 +143,11 @@ def test_wrong_text_conditions_raise(make):
     with pytest.raises(ValueError, match="null condition"):
         call(model, X, T, None)
     # The dict-era condition, with every key it had: refused by type, naming TextCond.
-    with pytest.raises(ValueError, match=r"takes cond = TextCond\(context, mask, pooled\).*got a dict with keys "
-                                         r"\['context', 'mask', 'pooled'\]"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"takes cond = TextCond\(context, mask, pooled\).*got a dict with keys "
+        r"\['context', 'mask', 'pooled'\]",
+    ):
         call(model, X, T, {"context": cond.context, "mask": cond.mask, "pooled": cond.pooled})
     with pytest.raises(ValueError, match=r"takes cond = TextCond.*got an array int32\[2\] \(labels\?\)"):
         call(model, X, T, jnp.array([0, 1]))  # labels
@@ -175,7 +178,9 @@ def test_text_unet_without_attention_level_raises():
 def test_a_cross_attention_only_level_has_no_self_attention():
     """`cross_attention_levels` beyond `attention_levels`: those blocks read the text without attending
     among pixels (x + CrossAttn(LN(x) + pos, context)); the other levels keep both."""
-    unet = UNet(1, (8, 16), 1, (1,), context_dim=CTX, cross_attention_levels=(0, 1), norm_groups=4, num_heads=2, key=KEY)
+    unet = UNet(
+        1, (8, 16), 1, (1,), context_dim=CTX, cross_attention_levels=(0, 1), norm_groups=4, num_heads=2, key=KEY
+    )
     level0, level1 = unet.down_attn
     assert level0.attn is None and level0.norm is None and level0.cross is not None
     assert level1.attn is not None and level1.cross is not None and unet.middle_blocks[0][1].attn is not None
@@ -230,8 +235,16 @@ def test_text_conditioned_hands_the_net_the_tower_states_and_the_pooled_vector_o
     """TextConditioned(pooled=False) passes `net` TextCond(hidden states, mask) and no pooled vector
     (captioned_digits' scratch wiring: a net built with pooled_dim=0); with the default (pooled) that
     same net refuses the pooled vector."""
-    config = dict(vocab_size=20, hidden_size=CTX, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
-                  max_position_embeddings=N, hidden_act="gelu", eos_token_id=2)  # fmt: skip
+    config = dict(
+        vocab_size=20,
+        hidden_size=CTX,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=N,
+        hidden_act="gelu",
+        eos_token_id=2,
+    )
     tower = CLIPTextModel.from_config(config, key=jax.random.key(1))
     net = perturbed(UNet(1, (16,), 1, (0,), 0, 16, norm_groups=4, num_heads=2, context_dim=CTX, key=KEY), 0.1)
     ids = np.asarray([[0, 5, 7, 2, 1], [0, 9, 2, 1, 1]], np.int32)

@@ -21,7 +21,9 @@ def perturbed(model, scale=0.1):
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)  # numpy: eager jax.random would compile per shape
     # The sum in numpy too: an eager jnp add (or jnp.asarray) compiles one program per shape.
-    params = jax.tree.map(lambda p: jax.device_put(np.asarray(p) + scale * rng.normal(size=p.shape).astype(p.dtype)), params)
+    params = jax.tree.map(
+        lambda p: jax.device_put(np.asarray(p) + scale * rng.normal(size=p.shape).astype(p.dtype)), params
+    )
     return eqx.combine(params, static)
 
 

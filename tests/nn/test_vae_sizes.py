@@ -34,11 +34,22 @@ def vae_folder(folder: Path, sample_size: int = 32) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("hw, multiple, count, expected", [
-    ((512, 512), 1, None, 1), ((256, 256), 1, None, 4), ((256, 256), 8, None, 8), ((1024, 1024), 8, None, 8),
-    ((32, 32), 1, None, 256), ((8, 8), 1, None, MAX_AUTO_BATCH), ((100, 100), 1, None, PIXELS_PER_BATCH // 10_000),
-    ((32, 32), 8, 6, 8), ((32, 32), 1, 6, 6), ((1024, 1024), 1, None, 1), ((128, 512), 1, None, 4),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "hw, multiple, count, expected",
+    [
+        ((512, 512), 1, None, 1),
+        ((256, 256), 1, None, 4),
+        ((256, 256), 8, None, 8),
+        ((1024, 1024), 8, None, 8),
+        ((32, 32), 1, None, 256),
+        ((8, 8), 1, None, MAX_AUTO_BATCH),
+        ((100, 100), 1, None, PIXELS_PER_BATCH // 10_000),
+        ((32, 32), 8, 6, 8),
+        ((32, 32), 1, 6, 6),
+        ((1024, 1024), 1, None, 1),
+        ((128, 512), 1, None, 4),
+    ],
+)
 def test_auto_batch_size_follows_the_pixels(hw, multiple, count, expected):
     assert auto_batch_size(hw, multiple, count) == expected
 
@@ -55,8 +66,14 @@ def test_tiling_modes():
 def test_decode_latents_passes_the_unscaled_latents_to_the_tiled_decode(monkeypatch):
     """The wiring, cheaply (a stand-in decode): "on" and "auto" above 768² go through decode_in_pieces with
     z / scaling_factor + shift_factor, in chunks of the auto batch size; "off" does not."""
-    config = {"sample_size": 32, "shift_factor": 0.5, "block_out_channels": [8] * 4, "norm_num_groups": 4,
-              "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}  # f = 8
+    config = {
+        "sample_size": 32,
+        "shift_factor": 0.5,
+        "block_out_channels": [8] * 4,
+        "norm_num_groups": 4,
+        "down_block_types": ["DownEncoderBlock2D"] * 4,
+        "up_block_types": ["UpDecoderBlock2D"] * 4,
+    }  # f = 8
     vae = eqx.filter_eval_shape(AutoencoderKL, config, key=jax.random.key(0))
     calls = []
 
@@ -93,9 +110,13 @@ def test_decode_latents_tiles_as_asked(tmp_path):
     assert np.abs(tiled - whole).max() > 0.05
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--batch_size", "-1"], "--batch_size >= 0"), (["--vae_tiling", "yes"], "invalid choice: 'yes'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--batch_size", "-1"], "--batch_size >= 0"),
+        (["--vae_tiling", "yes"], "invalid choice: 'yes'"),
+    ],
+)
 def test_bad_size_flags_are_refused(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         encode.parse_config(["--vae", "space_to_depth:2", "--out", "x", *flags])
@@ -113,8 +134,20 @@ def test_encode_py_tiles_as_diffusers(tmp_path):
     stored = {}
     for mode in ("on", "auto"):
         out = tmp_path / mode
-        encode.main(encode.parse_config(["--dataset", f"npz:{tmp_path / 'images.npz'}", "--vae", str(folder),
-                                         "--out", str(out), "--vae_tiling", mode]))  # fmt: skip
+        encode.main(
+            encode.parse_config(
+                [
+                    "--dataset",
+                    f"npz:{tmp_path / 'images.npz'}",
+                    "--vae",
+                    str(folder),
+                    "--out",
+                    str(out),
+                    "--vae_tiling",
+                    mode,
+                ]
+            )
+        )
         latents = LatentSource(out, "latents:x")
         stored[mode] = stack_records([latents[i] for i in range(len(latents))], latents.fields)
     for name in ("mean", "logvar"):

@@ -71,8 +71,10 @@ def diffusers_tiled(run_tile, x: np.ndarray, tile: int, tile_out: int, overlap: 
     blended IN PLACE row by row (`blend_v`, `blend_h` mutate the tile), then cropped and concatenated."""
     stride, extent = int(tile * (1 - overlap)), int(tile_out * overlap)
     keep = tile_out - extent
-    rows = [[np.array(run_tile(x[:, i : i + tile, j : j + tile]), np.float64) for j in range(0, x.shape[2], stride)]
-            for i in range(0, x.shape[1], stride)]  # fmt: skip
+    rows = [
+        [np.array(run_tile(x[:, i : i + tile, j : j + tile]), np.float64) for j in range(0, x.shape[2], stride)]
+        for i in range(0, x.shape[1], stride)
+    ]
     result_rows = []
     for i, row in enumerate(rows):
         result_row = []
@@ -90,11 +92,13 @@ def diffusers_tiled(run_tile, x: np.ndarray, tile: int, tile_out: int, overlap: 
     return np.concatenate(result_rows, axis=1)
 
 
-@pytest.mark.parametrize("shape, tile, tile_out", [((2, 40, 76, 3), 32, 8), ((1, 10, 19, 2), 8, 32)],
-                         ids=["encode_like", "decode_like"])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape, tile, tile_out", [((2, 40, 76, 3), 32, 8), ((1, 10, 19, 2), 8, 32)], ids=["encode_like", "decode_like"]
+)
 def test_tile_loop_is_diffusers_in_place_blend(shape, tile, tile_out):
     """The tile geometry and blend order of the VAE fixture, with a cheap tile function that, like a
     VAE, depends on the whole tile (its mean is taken off) and changes the size (by `tile_out / tile`)."""
+
     def run_tile(t):
         scale = tile_out / tile
         t = t - t.mean(axis=(1, 2), keepdims=True) + t[:, :1, :1] ** 2

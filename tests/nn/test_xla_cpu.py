@@ -53,7 +53,9 @@ def perturbed(model, scale=0.1):
     params, static = eqx.partition(model, eqx.is_inexact_array)
     rng = np.random.default_rng(42)
     # numpy, not eager jnp: an eager add compiles one program per parameter shape.
-    params = jax.tree.map(lambda p: jnp.asarray(np.asarray(p) + (scale * rng.normal(size=p.shape)).astype(p.dtype)), params)
+    params = jax.tree.map(
+        lambda p: jnp.asarray(np.asarray(p) + (scale * rng.normal(size=p.shape)).astype(p.dtype)), params
+    )
     return eqx.combine(params, static)
 
 
@@ -102,9 +104,14 @@ def test_jvp_through_models_works_only_with_the_workarounds_off(make):
 # shift-dy cases (no padding, 1x1, a 5x5 kernel) in the slow tier: each is seconds of compiling.
 @pytest.mark.parametrize(
     "cin, cout, kernel, stride, padding",
-    [(6, 4, 3, 1, 1), (4, 6, 3, 1, 1), (6, 4, 3, 2, 1), (3, 8, 2, 2, 0),
-     *(pytest.param(*case, marks=pytest.mark.slow) for case in [(5, 3, 3, 1, 0), (4, 4, 1, 1, 0), (4, 2, 5, 1, 2)])],
-)  # fmt: skip
+    [
+        (6, 4, 3, 1, 1),
+        (4, 6, 3, 1, 1),
+        (6, 4, 3, 2, 1),
+        (3, 8, 2, 2, 0),
+        *(pytest.param(*case, marks=pytest.mark.slow) for case in [(5, 3, 3, 1, 0), (4, 4, 1, 1, 0), (4, 2, 5, 1, 2)]),
+    ],
+)
 def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, stride, padding):
     # XLA's own conv transpose (autodiff of lax.conv_general_dilated) is the independent reference.
     rng = np.random.default_rng(0)  # cast in numpy: an eager astype compiles a program of its own
@@ -138,7 +145,9 @@ def test_remat_gradients_with_the_workarounds_match_plain_autodiff():
     # Reference: no remat, workarounds off (plain lax convs, plain autodiff; remat with them off
     # is plain eqx.filter_checkpoint).
     model = perturbed(one_level_unet(jax.random.key(0)))
-    remat = jax.tree.unflatten(jax.tree.structure(one_level_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model))
+    remat = jax.tree.unflatten(
+        jax.tree.structure(one_level_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model)
+    )
 
     def grads(m):
         return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(m)
@@ -165,9 +174,10 @@ def test_remat_block_dependency_is_added_only_when_on_and_keeps_input_gradients_
         return jnp.sum(jnp.sin(checkpointed(block, True)(x)))
 
     def reference(x):  # closed form: d/dx Σ sin(x W + b) = cos(x W + b) Wᵀ
-        return np.cos(np.asarray(x) @ np.asarray(block.dense.weight) + np.asarray(block.dense.bias)) @ np.asarray(
-            block.dense.weight
-        ).T
+        return (
+            np.cos(np.asarray(x) @ np.asarray(block.dense.weight) + np.asarray(block.dense.bias))
+            @ np.asarray(block.dense.weight).T
+        )
 
     assert uses_custom_vjp(loss, x)
     with xla_cpu.disabled():
@@ -214,7 +224,9 @@ def test_models_initialise_bitwise_the_same_with_the_workarounds_on_and_off(make
 
 def train_step_options() -> dict:
     """The compiler options a `TrainStep` on a 1-device CPU mesh takes when it is built."""
-    return TrainStep(None, None, NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec()), None).compiler_options
+    return TrainStep(
+        None, None, NamedSharding(make_mesh(1, 1, jax.devices()[:1]), PartitionSpec()), None
+    ).compiler_options
 
 
 def test_train_step_compiler_options_only_with_the_workarounds_on():
@@ -228,10 +240,14 @@ def test_the_switch_keeps_work_away_from_ynnpack():
     # keep every op with XLA's own kernels, and enable() put the same setting in XLA_FLAGS before
     # this session's backend started (conftest), so plain jit compiles follow it too.
     def block(x, w):
-        return jax.nn.silu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + 1.0)
+        return jax.nn.silu(
+            jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) + 1.0
+        )
 
     lowered = jax.jit(block).lower(jnp.zeros((2, 32, 32, 64)), jnp.zeros((3, 3, 64, 64)))  # big enough for YNNPACK
-    assert "__ynn_fusion" in lowered.compile({xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}).as_text()
+    assert (
+        "__ynn_fusion" in lowered.compile({xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}).as_text()
+    )
     assert "__ynn_fusion" not in lowered.compile(xla_cpu.compiler_options()).as_text()
     assert "__ynn_fusion" not in lowered.compile().as_text()
     assert f"--{xla_cpu.YNN_OPTION}=" in os.environ["XLA_FLAGS"]
@@ -263,7 +279,10 @@ def test_each_switch_by_name_reaches_only_its_own_workaround():  # llvm_o1's opt
     with xla_cpu.only({"remat_order"}):
         assert remat_custom() and not conv_custom() and not bias_custom()
     with xla_cpu.only({"memory_scheduler", "no_ynnpack"}):
-        assert xla_cpu.compiler_options() == {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", xla_cpu.YNN_OPTION: ""}
+        assert xla_cpu.compiler_options() == {
+            "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+            xla_cpu.YNN_OPTION: "",
+        }
         assert xla_cpu.switched_on() == {"memory_scheduler", "no_ynnpack"}
     assert xla_cpu.switched_on() == xla_cpu.SWITCHES.keys()  # back to what the fixture switched on
     with pytest.raises(ValueError, match="conv_grad_matmul"):
@@ -315,8 +334,16 @@ def test_sum_to_is_the_sum_over_the_broadcast_axes_in_the_input_dtype():
 
 @pytest.mark.parametrize("scale_shift", [False, True])
 def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shift):
-    unet = UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, scale_shift=scale_shift,
-                key=jax.random.key(0))  # fmt: skip
+    unet = UNet(
+        8,
+        (8,),
+        1,
+        num_middle_res_blocks=0,
+        emb_features=8,
+        norm_groups=4,
+        scale_shift=scale_shift,
+        key=jax.random.key(0),
+    )
     model = perturbed(unet)
 
     def grads():

@@ -77,7 +77,9 @@ def test_an_official_checkpoint_saved_again_is_the_same_state_dict(tmp_path):
         np.testing.assert_array_equal(value, expected, err_msg=key)
 
 
-@pytest.mark.parametrize("name, learn_sigma, patch", [("dit_tiny", False, 2), ("dit_tiny", True, 4), ("dit_s", False, 2)])
+@pytest.mark.parametrize(
+    "name, learn_sigma, patch", [("dit_tiny", False, 2), ("dit_tiny", True, 4), ("dit_s", False, 2)]
+)
 def test_a_dit_built_as_train_models_builds_it_comes_back_from_load_dit(tmp_path, name, learn_sigma, patch):
     constructor, kwargs = MODELS[name]((8, 8, 4), num_classes=10)
     kwargs = {**kwargs, "patch_size": patch}
@@ -102,8 +104,11 @@ def test_the_official_sizes_have_models_py_keys_and_shapes(entry):
     size, rest = entry.removeprefix("DiT-").split("/")
     patch, resolution = map(int, rest.split())
     (depth, hidden), (_, heads) = next((k, v) for k, v in OFFICIAL_SIZES.items() if v[0] == size)
-    abstract = eqx.filter_eval_shape(lambda: DiT(resolution // 8, patch, 4, hidden, depth, heads, num_classes=1000,
-                                                 learn_sigma=True, key=jax.random.key(0)))  # fmt: skip
+    abstract = eqx.filter_eval_shape(
+        lambda: DiT(
+            resolution // 8, patch, 4, hidden, depth, heads, num_classes=1000, learn_sigma=True, key=jax.random.key(0)
+        )
+    )
     assert {k: list(v.shape) for k, v in official_state(abstract).items()} == official
 
 
@@ -114,7 +119,9 @@ def test_what_models_py_cannot_hold_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"unconditional DiT \(num_classes=0\).*always adds a class embedding"):
         save_dit(DiT(8, 2, 4, 32, 1, 2, key=key), tmp_path / "u.safetensors")
     with pytest.raises(ValueError, match=r"DiT-S, whose 6 heads.*this model has 4"):
-        save_dit(eqx.filter_eval_shape(lambda: DiT(8, 2, 4, 384, 12, 4, num_classes=10, key=key)), tmp_path / "h.safetensors")
+        save_dit(
+            eqx.filter_eval_shape(lambda: DiT(8, 2, 4, 384, 12, 4, num_classes=10, key=key)), tmp_path / "h.safetensors"
+        )
     with pytest.raises(ValueError, match=r"writes \.pt .* or \.safetensors, not 'm\.ckpt'"):
         save_dit(DiT(8, 2, 4, 32, 1, 2, num_classes=10, key=key), tmp_path / "m.ckpt")
     assert not list(tmp_path.iterdir())  # nothing written

@@ -51,8 +51,13 @@ def test_respacing_keeps_the_official_timesteps():
     sigmas = spaced_sigmas(schedule, "ddim50")
     np.testing.assert_array_equal(sigmas, np.append(schedule.sigmas[official["ddim50"][::-1]], 0.0))
     assert sigmas[0] == schedule.sigmas[980] and sigmas[-2] == schedule.sigmas[0]
-    for bad, message in [("ddim600", "no stride gives exactly 600"), ("1,1000", "section 1 has 500"),
-                         ("0", "between 1 and 1000"), ("ddimx", "ddimN"), ("ten", "step count")]:  # fmt: skip
+    for bad, message in [
+        ("ddim600", "no stride gives exactly 600"),
+        ("1,1000", "section 1 has 500"),
+        ("0", "between 1 and 1000"),
+        ("ddimx", "ddimN"),
+        ("ten", "step count"),
+    ]:
         with pytest.raises(ValueError, match=message):
             spaced_timesteps(1000, bad)
 

@@ -105,8 +105,17 @@ def test_configuration_and_heads_from_the_official_shapes():
         family, patch = name.split("/")
         depth, width, heads = PUBLISHED[family]
         config = dit_config(state)
-        assert config == dict(image_size=int(size) // 8, patch_size=int(patch), in_channels=4, hidden_size=width,
-                              depth=depth, num_heads=heads, mlp_ratio=4.0, num_classes=1000, learn_sigma=True), entry
+        assert config == dict(
+            image_size=int(size) // 8,
+            patch_size=int(patch),
+            in_channels=4,
+            hidden_size=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_ratio=4.0,
+            num_classes=1000,
+            learn_sigma=True,
+        ), entry
         assert dit_config(state, num_heads=8)["num_heads"] == 8  # the override wins
 
 
@@ -125,19 +134,29 @@ def test_num_heads_outside_the_table():
     [
         (lambda s: s.pop("pos_embed"), r"not a DiT state_dict .*no \['pos_embed'\]"),
         (lambda s: s.update({"pos_embed": s["pos_embed"] + 0.01}), "pos_embed is not DiT's fixed sin-cos"),
-        (lambda s: s.update({"t_embedder.mlp.0.weight": s["t_embedder.mlp.0.weight"][:, :128]}),
-         r"t_embedder.mlp.0.weight: shape \(32, 128\) .* expects \(256, 32\)"),
-        (lambda s: s.update({"final_layer.linear.weight": np.zeros((48, 32), np.float32)}),
-         "final_layer.linear gives 48 values per 2×2 patch of 4 channels"),
-        (lambda s: s.update({"blocks.0.attn.qkv.weight": np.zeros((64, 32), np.float32)}),
-         r"blocks.0.attn.qkv.weight: shape \(64, 32\)"),
-        (lambda s: s.update({"blocks.0.attn.q_norm.weight": np.ones(16, np.float32)}),
-         r"unexpected keys \(1\): blocks.0.attn.q_norm.weight"),
+        (
+            lambda s: s.update({"t_embedder.mlp.0.weight": s["t_embedder.mlp.0.weight"][:, :128]}),
+            r"t_embedder.mlp.0.weight: shape \(32, 128\) .* expects \(256, 32\)",
+        ),
+        (
+            lambda s: s.update({"final_layer.linear.weight": np.zeros((48, 32), np.float32)}),
+            "final_layer.linear gives 48 values per 2×2 patch of 4 channels",
+        ),
+        (
+            lambda s: s.update({"blocks.0.attn.qkv.weight": np.zeros((64, 32), np.float32)}),
+            r"blocks.0.attn.qkv.weight: shape \(64, 32\)",
+        ),
+        (
+            lambda s: s.update({"blocks.0.attn.q_norm.weight": np.ones(16, np.float32)}),
+            r"unexpected keys \(1\): blocks.0.attn.q_norm.weight",
+        ),
         (lambda s: s.pop("blocks.1.mlp.fc2.bias"), r"missing keys \(1\): blocks.1.fc2.bias"),
-        (lambda s: [s.update({k.replace(".1.", ".2.", 1): s.pop(k)}) for k in list(s) if k.startswith("blocks.1.")],
-         r"blocks \[0, 2\] are not numbered 0..1"),
+        (
+            lambda s: [s.update({k.replace(".1.", ".2.", 1): s.pop(k)}) for k in list(s) if k.startswith("blocks.1.")],
+            r"blocks \[0, 2\] are not numbered 0..1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_state_that_is_not_the_official_dit_is_refused(edit, message, tmp_path):
     state = safetensors_state(DATA / "ema.safetensors")
     edit(state)
@@ -150,7 +169,9 @@ def test_a_torch_file_that_is_no_dit_checkpoint_is_refused():
     with pytest.raises(TorchFileError, match=r"holds a dict with keys .*not DiT's state_dict or a train.py"):
         load_dit(Path(__file__).parents[1] / "data" / "torch_pickle" / "state_dict.pth")
     with pytest.raises(ValueError, match="not a DiT state_dict"):
-        load_dit(Path(__file__).parents[1] / "data" / "autoencoder_kl" / "sd_like" / "diffusion_pytorch_model.safetensors")
+        load_dit(
+            Path(__file__).parents[1] / "data" / "autoencoder_kl" / "sd_like" / "diffusion_pytorch_model.safetensors"
+        )
 
 
 def test_dit_layer_norm_eps_is_the_official_1e6():

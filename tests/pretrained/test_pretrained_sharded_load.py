@@ -48,8 +48,14 @@ def test_sharded_load_adds_about_one_model_to_the_peak_not_one_per_device():
     add < 2 models of anonymous memory (measured 1.09, 1.14; all leaves replicated, 6.8) and the
     peak < 4.5 models (measured 2.1, 3.2, the file's pages mapped while read; replicated 7.7, 8.8)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dit_load.py"), "--shapes", "DiT-S/2 256"],
-                         env=env, capture_output=True, text=True, check=True, cwd=ROOT / "benchmarks")  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_dit_load.py"), "--shapes", "DiT-S/2 256"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT / "benchmarks",
+    )
     runs = json.loads(out.stdout.strip().splitlines()[-1])["runs"]
     assert [r["dtype"] for r in runs] == ["float32", "bfloat16"]
     for run in runs:

@@ -24,8 +24,11 @@ def test_latents_round_trip_through_their_config_and_decode_by_the_autoencoder()
     channel 2a+b at (i, j)."""
     codec = codec_from_config({"kind": "latents", "autoencoder": "space_to_depth:2"})
     assert isinstance(codec, Latents) and codec.sigma_data == 1.0
-    assert codec_from_config(codec.to_config()).to_config() == codec.to_config() == {
-        "kind": "latents", "autoencoder": "space_to_depth:2"}  # fmt: skip
+    assert (
+        codec_from_config(codec.to_config()).to_config()
+        == codec.to_config()
+        == {"kind": "latents", "autoencoder": "space_to_depth:2"}
+    )
     assert codec.image_shape((4, 4, 4)) == (8, 8, 1)
     z = np.random.default_rng(0).normal(size=(8, 4, 4, 4)).astype(np.float32)
     images = codec.decode(z, mesh=make_mesh(data=-1, fsdp=1))

@@ -19,9 +19,16 @@ from runs import train_here
 
 
 def scratch(**tower) -> ScratchText:
-    text = open_text("scratch", "captioned_digits", "empty", scratch_config=dict(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, hidden_act="gelu", **tower),
-        mesh=make_mesh(data=-1, fsdp=1), min_size=2**62)  # fmt: skip
+    text = open_text(
+        "scratch",
+        "captioned_digits",
+        "empty",
+        scratch_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, hidden_act="gelu", **tower
+        ),
+        mesh=make_mesh(data=-1, fsdp=1),
+        min_size=2**62,
+    )
     return ScratchText(text, causal=False, pooled=True)
 
 
@@ -40,12 +47,17 @@ def test_encoded_text_is_a_typed_condition_and_its_null_one_row_of_it():
     """The step reads the stored float16 records as TextCond(context, mask, pooled) in float32; dropout
     puts the one-row null in whole; a dict null (the format of files, not of the step) is refused by the
     constructor's annotation (checked in tests)."""
-    null = TextCond(np.full((1, 4, 3), -1, np.float32), np.asarray([[1, 1, 0, 0]], np.int32),
-                    np.full((1, 3), -2, np.float32))  # fmt: skip
+    null = TextCond(
+        np.full((1, 4, 3), -1, np.float32), np.asarray([[1, 1, 0, 0]], np.int32), np.full((1, 3), -2, np.float32)
+    )
     condition = EncodedText(None, null)
     rng = np.random.default_rng(0)
     half = lambda *shape: rng.normal(size=shape).astype(np.float16)  # noqa: E731 — as records store them
-    batch = {"context": half(2, 4, 3), "pooled": half(2, 3), "attention_mask": np.asarray([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32)}
+    batch = {
+        "context": half(2, 4, 3),
+        "pooled": half(2, 3),
+        "attention_mask": np.asarray([[1, 1, 1, 0], [1, 1, 1, 1]], np.int32),
+    }
     frozen = condition.frozen()
     cond = condition.cond(batch, frozen)
     assert isinstance(cond, TextCond) and condition.null(frozen) is null and condition.null(None) is null
@@ -88,8 +100,12 @@ def test_captioned_digits_is_asked_for_its_tower_and_prompts():
 def test_old_checkpoints_name_their_condition_by_text_and_num_classes():
     assert stored_condition({"num_classes": 10}) == {"kind": "labels", "num_classes": 10}
     assert stored_condition({"num_classes": 0}) == {"kind": "none"}
-    old = stored_condition({"num_classes": 0, "text": {"text_encoder": "scratch", "tokenizer": "captioned_digits",
-                                                       "null_text": "empty", "max_length": 8}})  # fmt: skip
+    old = stored_condition(
+        {
+            "num_classes": 0,
+            "text": {"text_encoder": "scratch", "tokenizer": "captioned_digits", "null_text": "empty", "max_length": 8},
+        }
+    )
     assert old["kind"] == "scratch_text" and old["causal"] is True and old["pooled"] is True
 
 
@@ -116,7 +132,9 @@ def test_the_readme_condition_kind_trains_samples_and_is_rebuilt(monkeypatch):
 
     kinds = dict(open_condition.CONDITION_KINDS)
     monkeypatch.setattr(open_condition, "CONDITION_KINDS", kinds)
-    with pytest.raises(KeyError, match="'image_embedding', which CONDITION_KINDS in eqxdiff/run/open_condition.py does not"):
+    with pytest.raises(
+        KeyError, match="'image_embedding', which CONDITION_KINDS in eqxdiff/run/open_condition.py does not"
+    ):
         condition_from_config({"kind": "image_embedding", "dim": 6}, mesh=None)
     scope = {"NoCondition": NoCondition, "TextCond": TextCond, "jnp": jnp, "np": np, "CONDITION_KINDS": kinds}
     exec(readme_condition_example(), scope)

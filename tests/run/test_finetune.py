@@ -38,8 +38,23 @@ from eqxdiff.sd import save_diffusers
 from eqxdiff.sharding import make_mesh
 
 # A few small steps: batch 8 over the test's 8 devices, 4×4×4 latents of 16×16 images, the UNet of 8/16 channels.
-STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
-         "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
+STEPS = [
+    "--batch_size",
+    8,
+    "--warmup_steps",
+    1,
+    "--lr",
+    1e-2,
+    "--sample_every",
+    0,
+    "--log_every",
+    1,
+    "--wandb",
+    "disabled",
+    "--ema_decay",
+    0.5,
+    "--no-ema_warmup",
+]
 # remat: the base and adapters agree; alpha 3 ≠ rank 2: the adapters' scale 1.5, which the run must keep
 LORA = ["--lora_rank", 2, "--lora_alpha", 3, "--steps", 4, "--ckpt_every", 2, "--remat"]
 
@@ -61,9 +76,28 @@ def captioned_latents(root: Path, folder: Path, size: int, captions: list[str], 
         Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
         (images / f"{i:02d}.txt").write_text(caption)
     latents = root / name
-    train_encode.main(train_encode.parse_config([str(a) for a in (
-        "--dataset", f"folder:{images}", "--image_size", size, "--vae", folder / "vae", "--text_encoder",
-        folder / "text_encoder", "--out", latents, "--batch_size", len(captions), *flags)]))  # fmt: skip
+    train_encode.main(
+        train_encode.parse_config(
+            [
+                str(a)
+                for a in (
+                    "--dataset",
+                    f"folder:{images}",
+                    "--image_size",
+                    size,
+                    "--vae",
+                    folder / "vae",
+                    "--text_encoder",
+                    folder / "text_encoder",
+                    "--out",
+                    latents,
+                    "--batch_size",
+                    len(captions),
+                    *flags,
+                )
+            ]
+        )
+    )
     return latents
 
 
@@ -102,7 +136,8 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
     assert all(np.array_equal(a, b) for a, b in zip(unadapted, jax.tree.leaves(folder), strict=True))
     ema_adapters = {k: v for k, v in arrays.items() if k.startswith("['ema']")}
     assert sorted(np.asarray(x).tobytes() for x in jax.tree.leaves(adapters)) == sorted(
-        v.tobytes() for v in ema_adapters.values())  # fmt: skip
+        v.tobytes() for v in ema_adapters.values()
+    )
 
     # The LoRA file of the last checkpoint (the EMA's adapters) loaded into the folder's UNet is that model: the
     # same structure, adapters (alpha among the static fields) and weights.
@@ -196,11 +231,14 @@ def test_captions_are_encoded_as_the_pipeline_encodes_them(sd_data, tmp_path):
     assert relative(condition.for_sampling(PROMPTS, 1)[0].context, ref["prompt_embeds"]) < 1e-5
     config = condition.to_config()
     assert config["attend_padding"] is True
-    assert relative(condition_from_config(config, mesh=mesh).for_sampling(PROMPTS, 1)[0].context,
-                    ref["prompt_embeds"]) < 1e-5  # fmt: skip
+    assert (
+        relative(condition_from_config(config, mesh=mesh).for_sampling(PROMPTS, 1)[0].context, ref["prompt_embeds"])
+        < 1e-5
+    )
 
-    masked = run_condition(train_main.parse_config(args + ["--text_encoder", str(folder / "text_encoder")]),
-                           source, mesh)  # fmt: skip
+    masked = run_condition(
+        train_main.parse_config(args + ["--text_encoder", str(folder / "text_encoder")]), source, mesh
+    )
     assert "attend_padding" not in masked.to_config()  # a run of before keeps its config
     assert relative(eqx.filter_jit(masked.cond)(batch, masked.frozen()).context, ref["prompt_embeds"]) > 1e-3
 
@@ -210,11 +248,13 @@ def test_captions_encoded_ahead_of_time_are_read_as_they_were_encoded(sd_data, t
     contexts encoded with the padding masked are refused there, naming the fix, and the other way round."""
     folder, _ = sd_data
     mesh, ref = make_mesh(data=-1, fsdp=1), reference("sd1")
-    attended = captioned_latents(tmp_path, folder, 16, PROMPTS * 4, "--encode_text", "--attend_padding",
-                                 name="attended")  # fmt: skip
+    attended = captioned_latents(
+        tmp_path, folder, 16, PROMPTS * 4, "--encode_text", "--attend_padding", name="attended"
+    )
     masked = captioned_latents(tmp_path, folder, 16, PROMPTS * 4, "--encode_text", name="masked")
     parse = lambda latents, *flags: train_main.parse_config(  # noqa: E731
-        ["--run_dir", str(tmp_path / "run"), "--dataset", f"latents:{latents}", *flags])
+        ["--run_dir", str(tmp_path / "run"), "--dataset", f"latents:{latents}", *flags]
+    )
     source = LatentSource(attended, f"latents:{attended}")
     condition = run_condition(parse(attended, "--init", f"sd:{folder}"), source, mesh)
     assert isinstance(condition, EncodedText) and condition.to_config()["attend_padding"] is True
@@ -223,17 +263,21 @@ def test_captions_encoded_ahead_of_time_are_read_as_they_were_encoded(sd_data, t
     batch = {k: np.stack([r[k] for r in records]) for k in ("context", "pooled", "attention_mask")}
     assert relative(condition.cond(batch, None).context, ref["prompt_embeds"]) < 2e-3  # stored in float16
     assert relative(condition.null(None).context[0], ref["negative_embeds"][1]) < 2e-3
-    with pytest.raises(SystemExit, match="encoded with the padding masked: encode again with train/encode.py "
-                                         "--attend_padding"):  # fmt: skip
+    with pytest.raises(
+        SystemExit, match="encoded with the padding masked: encode again with train/encode.py --attend_padding"
+    ):
         run_condition(parse(masked, "--init", f"sd:{folder}"), LatentSource(masked, f"latents:{masked}"), mesh)
     with pytest.raises(SystemExit, match="encoded with --attend_padding.*pass --init, or encode again without"):
         run_condition(parse(attended), source, mesh)
 
 
 def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
-    with pytest.raises(SystemExit, match=r"trains on latents of its VAE: encode the images first \(python "
-                                         r"train/encode.py --dataset captioned_digits --image_size 32 --vae .*vae --text_encoder "
-                                         r".*text_encoder --out DIR\)"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"trains on latents of its VAE: encode the images first \(python "
+        r"train/encode.py --dataset captioned_digits --image_size 32 --vae .*vae --text_encoder "
+        r".*text_encoder --out DIR\)",
+    ):
         train_here("--run_dir", tmp_path / "run", "--init", f"sd:{sd_data[0]}", "--dataset", "captioned_digits", *STEPS)
 
 
@@ -243,8 +287,18 @@ def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_dat
     what the fine-tunes here train on."""
     folder, latents = sd_data
     images, run_dir = latents.parent / "latents_images", tmp_path / "run"
-    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"folder:{images}",
-                   "--image_size", 16, *STEPS)  # fmt: skip
+    line = refused(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--init",
+        f"sd:{folder}",
+        "--dataset",
+        f"folder:{images}",
+        "--image_size",
+        16,
+        *STEPS,
+    )
     assert not run_dir.exists()
     suggested = re.search(r"\(python train/encode.py (.*) --out DIR\)", line)
     assert suggested and f"--text_encoder {folder / 'text_encoder'}" in line and "--image_size 16" in line, line
@@ -265,10 +319,32 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
     for png in sorted((latents.parent / "latents_images").glob("*.png")):
         shutil.copy(png, bare / png.name)
     uncaptioned, run_dir = tmp_path / "uncaptioned", tmp_path / "run"
-    train_encode.main(train_encode.parse_config(["--dataset", f"folder:{bare}", "--image_size", "16", "--vae",
-                                                 str(folder / "vae"), "--out", str(uncaptioned)]))  # fmt: skip
-    line = refused("main.py", "--run_dir", run_dir, "--init", f"sd:{folder}", "--dataset", f"latents:{uncaptioned}",
-                   "--sample_prompts", "a cat", *STEPS)  # fmt: skip
+    train_encode.main(
+        train_encode.parse_config(
+            [
+                "--dataset",
+                f"folder:{bare}",
+                "--image_size",
+                "16",
+                "--vae",
+                str(folder / "vae"),
+                "--out",
+                str(uncaptioned),
+            ]
+        )
+    )
+    line = refused(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--init",
+        f"sd:{folder}",
+        "--dataset",
+        f"latents:{uncaptioned}",
+        "--sample_prompts",
+        "a cat",
+        *STEPS,
+    )
     assert "holds latents without captions" in line and f"--dataset folder:{bare} --image_size 16" in line, line
     assert f"--text_encoder {folder / 'text_encoder'}" in line
     assert not run_dir.exists()
@@ -294,8 +370,19 @@ def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
 def test_a_folder_without_vae_trains_its_unet_in_pixels(pixel_data, tmp_path):
     folder, data = pixel_data
     run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, "--init", f"sd:{folder / 'unet'}", "--dataset", f"npz:{data / 'grey.npz'}",
-               *STEPS, "--lora_rank", 2, "--steps", 2)  # fmt: skip
+    train_here(
+        "--run_dir",
+        run_dir,
+        "--init",
+        f"sd:{folder / 'unet'}",
+        "--dataset",
+        f"npz:{data / 'grey.npz'}",
+        *STEPS,
+        "--lora_rank",
+        2,
+        "--steps",
+        2,
+    )
     assert all(np.isfinite(r["train/loss"]) for r in metric_rows(run_dir))
     config = saved_config(run_dir, 2)[1]
     assert config["codec"] == {"kind": "pixels"} and config["image_shape"] == [8, 8, 1]
@@ -305,8 +392,11 @@ def test_a_folder_without_vae_trains_its_unet_in_pixels(pixel_data, tmp_path):
 @pytest.mark.parametrize(
     "dataset, message",
     [
-        ("latents", r"has no vae/: its UNet works in pixels; train it on images of its in_channels \(1\), not "
-                    r"--dataset latents:"),
+        (
+            "latents",
+            r"has no vae/: its UNet works in pixels; train it on images of its in_channels \(1\), not "
+            r"--dataset latents:",
+        ),
         ("rgb.npz", r"holds 3-channel images; --init .*'s pixel-space UNet \(no vae/\) takes in_channels 1"),
     ],
 )
@@ -340,7 +430,9 @@ def test_the_edits_fine_tuning_kind_trains_its_part_alone_and_samples_whole(tmp_
     flags = ["--run_dir", run_dir, *TINY, "--steps", 3, "--ckpt_every", 3, "--sample_every", 3, "--finetune", "bitfit"]
     kinds = {}
     monkeypatch.setattr(finetune, "FINETUNE_KINDS", kinds)
-    with pytest.raises(SystemExit, match="--finetune bitfit: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py"):
+    with pytest.raises(
+        SystemExit, match="--finetune bitfit: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py"
+    ):
         train_here(*flags)
     scope = {name: getattr(finetune, name) for name in ("Scratch", "Training")}
     scope |= {"eqx": eqx, "jax": jax, "dataclasses": dataclasses, "FINETUNE_KINDS": kinds}
@@ -353,7 +445,9 @@ def test_the_edits_fine_tuning_kind_trains_its_part_alone_and_samples_whole(tmp_
 
     run = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1))  # the whole network, as sample.py rebuilds it
     drawn = build_model(run.stored["model_args"], False, jax.random.key(0), run.condition)
-    pairs = list(zip(jax.tree.leaves(eqx.filter(run.ema, eqx.is_array)), jax.tree.leaves(eqx.filter(drawn, eqx.is_array))))
+    pairs = list(
+        zip(jax.tree.leaves(eqx.filter(run.ema, eqx.is_array)), jax.tree.leaves(eqx.filter(drawn, eqx.is_array)))
+    )
     assert any(ours.ndim > 1 for ours, _ in pairs)
     for ours, theirs in pairs:
         if ours.ndim > 1:  # frozen: the draw from --seed

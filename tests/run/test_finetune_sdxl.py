@@ -28,11 +28,40 @@ from eqxdiff.sd.lora_files import load_lora
 from eqxdiff.run.sdxl_condition import SDXLText
 from eqxdiff.sharding import make_mesh
 
-STEPS = ["--batch_size", 8, "--warmup_steps", 1, "--lr", 1e-2, "--sample_every", 0, "--log_every", 1,
-         "--wandb", "disabled", "--ema_decay", 0.5, "--no-ema_warmup"]  # fmt: skip
-LORA = ["--lora_rank", 2, "--steps", 2, "--ckpt_every", 1, "--sample_every", 2, "--sample_steps", 1, "--sample_prompts",
-        "a photo of a cat"]  # its grid at the end: one row of ten images
-SIZE = 32  # pixels: 8×8 latents of the fixture's factor-4 VAE (2×2 at the UNet's lowest level: self-attention has 4 keys)
+STEPS = [
+    "--batch_size",
+    8,
+    "--warmup_steps",
+    1,
+    "--lr",
+    1e-2,
+    "--sample_every",
+    0,
+    "--log_every",
+    1,
+    "--wandb",
+    "disabled",
+    "--ema_decay",
+    0.5,
+    "--no-ema_warmup",
+]
+LORA = [
+    "--lora_rank",
+    2,
+    "--steps",
+    2,
+    "--ckpt_every",
+    1,
+    "--sample_every",
+    2,
+    "--sample_steps",
+    1,
+    "--sample_prompts",
+    "a photo of a cat",
+]  # its grid at the end: one row of ten images
+SIZE = (
+    32  # pixels: 8×8 latents of the fixture's factor-4 VAE (2×2 at the UNet's lowest level: self-attention has 4 keys)
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +81,9 @@ def test_the_condition_is_the_pipelines(sdxl_data, tmp_path):
     """The step's condition of the captions PROMPTS is what diffusers' StableDiffusionXLPipeline.encode_prompt made
     of them (the fixture's reference.npz), time_ids (h, w, 0, 0, h, w) of the images; the null is "" encoded."""
     folder, latents = sdxl_data
-    cfg = train_main.parse_config(["--run_dir", str(tmp_path), "--init", f"sd:{folder}", "--dataset",
-                                   f"latents:{latents}"])  # fmt: skip
+    cfg = train_main.parse_config(
+        ["--run_dir", str(tmp_path), "--init", f"sd:{folder}", "--dataset", f"latents:{latents}"]
+    )
     source = LatentSource(latents, f"latents:{latents}")
     condition = run_condition(cfg, source, make_mesh(data=-1, fsdp=1))
     assert isinstance(condition, SDXLText)
@@ -96,8 +126,10 @@ def test_lora_trains_the_adapters_alone_and_resumes_bitwise(lora_run, sdxl_data,
     run = load_run(lora_run, mesh=make_mesh(data=-1, fsdp=1))
     folder = SDUNet.from_diffusers(sdxl_data[0] / "unet")
     _, base = partition_lora(run.ema)
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(eqx.filter(base, eqx.is_array)),
-                                                    jax.tree.leaves(folder), strict=True))  # fmt: skip
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(eqx.filter(base, eqx.is_array)), jax.tree.leaves(folder), strict=True)
+    )
     host = lambda model: jax.tree.map(np.asarray, model)  # noqa: E731
     assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
 
@@ -113,8 +145,22 @@ def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
     import sample  # train/sample.py
 
     out = tmp_path / "s.npz"
-    sample.main(sample.parse_args(["--run_dir", str(lora_run), "--prompts", "a photo of a cat", "--per_prompt", "10",
-                                   "--steps", "1", "--out", str(out)]))  # fmt: skip
+    sample.main(
+        sample.parse_args(
+            [
+                "--run_dir",
+                str(lora_run),
+                "--prompts",
+                "a photo of a cat",
+                "--per_prompt",
+                "10",
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+    )
     with np.load(out) as saved:
         assert saved["images"].shape == (10, SIZE, SIZE, 3) and saved["images"].dtype == np.uint8
 
@@ -123,8 +169,10 @@ def test_sample_py_samples_the_lora_run(lora_run, tmp_path):
     "flags, message",
     [
         (["--tokenizer", "OTHER"], "tokenizes with its own tokenizer/ and tokenizer_2/; drop --tokenizer"),
-        (["--dataset", "latents:UNCAPTIONED"], "holds latents without captions; .* --image_size 32 .* --text_encoder "
-                                               ".*/text_encoder --out DIR"),
+        (
+            ["--dataset", "latents:UNCAPTIONED"],
+            "holds latents without captions; .* --image_size 32 .* --text_encoder .*/text_encoder --out DIR",
+        ),
     ],
 )
 def test_what_sdxl_fine_tuning_refuses_at_start(sdxl_data, tmp_path, flags, message):
@@ -132,12 +180,25 @@ def test_what_sdxl_fine_tuning_refuses_at_start(sdxl_data, tmp_path, flags, mess
     uncaptioned = tmp_path / "uncaptioned"
     if "latents:UNCAPTIONED" in flags:  # the same images encoded without --text_encoder: no captions kept
         images = f"folder:{latents.parent / f'{latents.name}_images'}"
-        train_encode.main(train_encode.parse_config(["--dataset", images, "--image_size", str(SIZE), "--vae",
-                                                     str(folder / "vae"), "--out", str(uncaptioned)]))  # fmt: skip
+        train_encode.main(
+            train_encode.parse_config(
+                [
+                    "--dataset",
+                    images,
+                    "--image_size",
+                    str(SIZE),
+                    "--vae",
+                    str(folder / "vae"),
+                    "--out",
+                    str(uncaptioned),
+                ]
+            )
+        )
     flags = [f.replace("OTHER", str(folder / "tokenizer")).replace("UNCAPTIONED", str(uncaptioned)) for f in flags]
     with pytest.raises(SystemExit, match=message):
-        train_here("--run_dir", tmp_path / "run", "--init", f"sd:{folder}", "--dataset", f"latents:{latents}", *STEPS,
-                   *flags)  # fmt: skip
+        train_here(
+            "--run_dir", tmp_path / "run", "--init", f"sd:{folder}", "--dataset", f"latents:{latents}", *STEPS, *flags
+        )
 
 
 def test_what_sdxl_folders_refuse_in_the_flags(sdxl_data, tmp_path):

@@ -33,8 +33,9 @@ def test_sample_restores_a_checkpoint_written_before_model_args(tmp_path):
     with tarfile.open(DATA / "legacy_digits_unet_tiny.tar.xz") as archive:
         archive.extractall(tmp_path, filter="data")
     run_dir = tmp_path / "legacy_digits_unet_tiny"
-    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "20",
-                                   "--steps", "2"]))  # fmt: skip
+    sample.main(
+        sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "20", "--steps", "2"])
+    )
     with np.load(tmp_path / "s.npz") as now, np.load(DATA / "legacy_digits_unet_tiny_samples.npz") as before:
         np.testing.assert_array_equal(now["labels"], before["labels"])
         # Here 8 simulated devices, there one: 20 rows do not split over 8, so the same program on each.

@@ -18,15 +18,26 @@ def test_sample_rebuilds_the_trained_network_after_its_entry_changed_and_resume_
     run_dir = tmp_path / "run"
     train_here("--run_dir", run_dir, *TINY, "--steps", 1, "--warmup_steps", 0)
     stored = json.loads((run_dir / "checkpoints" / "1" / "config" / "metadata").read_text())
-    assert stored["model_args"] == {"constructor": "UNet", "kwargs": {
-        "in_channels": 1, "channels": [16], "num_res_blocks": 1, "norm_groups": 4, "num_classes": 10}}  # fmt: skip
+    assert stored["model_args"] == {
+        "constructor": "UNet",
+        "kwargs": {"in_channels": 1, "channels": [16], "num_res_blocks": 1, "norm_groups": 4, "num_classes": 10},
+    }
     assert stored["condition"] == {"kind": "labels", "num_classes": 10} and stored["codec"] == {"kind": "pixels"}
 
-    edited = lambda shape, **sizes: ("UNet", dict(in_channels=shape[-1], channels=(8,), num_res_blocks=1,  # noqa: E731
-                                                  norm_groups=4, **sizes))  # fmt: skip
+    edited = lambda shape, **sizes: (
+        "UNet",
+        dict(
+            in_channels=shape[-1],
+            channels=(8,),
+            num_res_blocks=1,  # noqa: E731
+            norm_groups=4,
+            **sizes,
+        ),
+    )
     monkeypatch.setitem(models.MODELS, "unet_tiny", edited)
-    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "8",
-                                   "--steps", "1"]))  # fmt: skip
+    sample.main(
+        sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "8", "--steps", "1"])
+    )
     assert (tmp_path / "s.npz").is_file()
     with pytest.raises(SystemExit, match=r"channels \[16\] -> \[8\]"):
         train_here("--run_dir", run_dir, *TINY, "--steps", 2)

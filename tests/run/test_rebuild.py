@@ -38,20 +38,40 @@ def assert_ema_as_saved(run, run_dir) -> None:
 @pytest.mark.slow  # a latent run trained end to end
 def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp_path):
     latents = tmp_path / "latents"
-    train_encode.main(train_encode.parse_config(["--dataset", "digits", "--vae", "space_to_depth:2", "--out",
-                                                 str(latents)]))  # fmt: skip
+    train_encode.main(
+        train_encode.parse_config(["--dataset", "digits", "--vae", "space_to_depth:2", "--out", str(latents)])
+    )
     run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, *TINY, "--dataset", f"latents:{latents}", "--steps", 2, "--schedule", "vp_cosine",
-               "--sigma_data", 0.7, "--ckpt_every", 1, "--keep_checkpoints", 2)  # fmt: skip
+    train_here(
+        "--run_dir",
+        run_dir,
+        *TINY,
+        "--dataset",
+        f"latents:{latents}",
+        "--steps",
+        2,
+        "--schedule",
+        "vp_cosine",
+        "--sigma_data",
+        0.7,
+        "--ckpt_every",
+        1,
+        "--keep_checkpoints",
+        2,
+    )
     stored = stored_config(run_dir, 1)
 
     run = load_run(run_dir, 1, mesh=make_mesh(data=-1, fsdp=1))  # not the newest
     assert run.step == 1 and run.stored == stored and run.cfg.model == "unet_tiny" and run.cfg.steps == 2
     assert_ema_as_saved(run, run_dir)
     assert isinstance(run.codec, Latents) and run.codec.to_config() == stored["codec"] == {
-        "kind": "latents", "autoencoder": "space_to_depth:2"}  # fmt: skip
+        "kind": "latents",
+        "autoencoder": "space_to_depth:2",
+    }
     assert isinstance(run.condition, Labels) and run.condition.to_config() == stored["condition"] == {
-        "kind": "labels", "num_classes": 10}  # fmt: skip
+        "kind": "labels",
+        "num_classes": 10,
+    }
     assert run.schedule == VPSchedule.cosine() and run.parameterization == EDMPreconditioning(0.7)  # as trained
     assert run.image_shape == (4, 4, 4) and run.image_dataset == "digits" and run.class_names is None
     assert load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1)).step == 2  # step -1: the newest
@@ -84,5 +104,6 @@ def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path, capsys):
     with np.load(tmp_path / "s.npz") as saved:
         assert list(saved["prompts"]) == [p for p in prompts for _ in range(2)]
     with pytest.raises(SystemExit, match="--eval: 'a cat' is not a captioned_digits caption"):  # asked, refused
-        sample.main(sample.parse_args([*flags, "--prompts", "a 3 left of a 7", "a cat", "--out",
-                                       str(tmp_path / "t.npz")]))  # fmt: skip
+        sample.main(
+            sample.parse_args([*flags, "--prompts", "a 3 left of a 7", "a cat", "--out", str(tmp_path / "t.npz")])
+        )

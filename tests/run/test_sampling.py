@@ -26,24 +26,43 @@ def stand_in_run(scale: float = 0.3) -> tuple:
 def draw(sampling: Sampling, **kwargs) -> np.ndarray:
     """8 images of labels 0..7 (null label 10) of a stand-in network, in pixels, by `sampling`."""
     model, schedule, param = stand_in_run()
-    images, drawn = sampling.images(model, Pixels(), schedule, param, (4, 4, 1), np.arange(8, dtype=np.int32), 8,
-                                    mesh=make_mesh(data=-1, fsdp=1), null_cond=np.array([10], np.int32), seed=5,
-                                    **kwargs)  # fmt: skip
+    images, drawn = sampling.images(
+        model,
+        Pixels(),
+        schedule,
+        param,
+        (4, 4, 1),
+        np.arange(8, dtype=np.int32),
+        8,
+        mesh=make_mesh(data=-1, fsdp=1),
+        null_cond=np.array([10], np.int32),
+        seed=5,
+        **kwargs,
+    )
     assert drawn is images  # pixels: nothing decoded
     return images
 
 
 def spelled_out(**recipe) -> np.ndarray:
     """`draw`'s images from eqxdiff.generate's `generate`, the recipe given by hand."""
-    return generate(*stand_in_run(), np.arange(8, dtype=np.int32), 8, (4, 4, 1), mesh=make_mesh(data=-1, fsdp=1),
-                    null_cond=np.array([10], np.int32), seed=5, **recipe)  # fmt: skip
+    return generate(
+        *stand_in_run(),
+        np.arange(8, dtype=np.int32),
+        8,
+        (4, 4, 1),
+        mesh=make_mesh(data=-1, fsdp=1),
+        null_cond=np.array([10], np.int32),
+        seed=5,
+        **recipe,
+    )
 
 
 def test_sampling_draws_what_its_recipe_spelled_out_draws():
     sampling = Sampling(method="euler", steps=3, guidance=2.5, guidance_interval=(0.5, 10.0))
     images = draw(sampling)
-    np.testing.assert_array_equal(images, spelled_out(method="euler", steps=3, guidance=2.5,
-                                                      guidance_interval=(0.5, 10.0)))  # fmt: skip
+    np.testing.assert_array_equal(
+        images, spelled_out(method="euler", steps=3, guidance=2.5, guidance_interval=(0.5, 10.0))
+    )
     # Each field reaches the sampler: changing one changes the images.
     for other in (dict(method="heun"), dict(steps=4), dict(guidance=1.0), dict(guidance_interval=None)):
         changed = draw(Sampling(**{**sampling.__dict__, **other}))
@@ -63,7 +82,8 @@ def test_autoguidance_needs_both_the_weak_model_and_its_scale():
 def test_run_sampling_is_the_runs_own_unless_a_flag_overrides_it():
     assert run_sampling(RUN_FLAGS) == Sampling(method="euler", steps=7, guidance=1.5, guidance_interval=(0.5, 10.0))
     assert run_sampling(RUN_FLAGS, method="heun", steps=3, guidance=4.0, interval="0.2,3", tiling="off") == Sampling(
-        method="heun", steps=3, guidance=4.0, guidance_interval=(0.2, 3.0), tiling="off")
+        method="heun", steps=3, guidance=4.0, guidance_interval=(0.2, 3.0), tiling="off"
+    )
     assert run_sampling(RUN_FLAGS, guidance=1.0).guidance == 1.0  # 1 (no guidance) is an override, not "unset"
     # Autoguidance replaces classifier-free guidance: unguided at every σ, whatever the run's grids used.
     assert run_sampling(RUN_FLAGS, guide_scale=2.0) == Sampling(method="euler", steps=7, guide_scale=2.0)

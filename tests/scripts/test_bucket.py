@@ -111,7 +111,9 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
     infos = []  # metadata requests: the prefix's listing has every object's, so none per file
     fs = fsspec.core.url_to_fs(str(folder))[0]  # gcsfs's cached instance: its sync `info` wraps the async `_info`
     monkeypatch.setattr(gcsfs.GCSFileSystem, "_info", counted(gcsfs.GCSFileSystem._info, infos))
-    monkeypatch.setattr(fs, "info", lambda path, **kwargs: infos.append(path) or sync(fs.loop, fs._info, path, **kwargs))
+    monkeypatch.setattr(
+        fs, "info", lambda path, **kwargs: infos.append(path) or sync(fs.loop, fs._info, path, **kwargs)
+    )
     assert local_copy(folder) == copy and (copy / "a.bin").read_bytes() == b"again"
     assert not (copy / "sub" / "b.json").exists() and (copy / "c.txt").stat().st_ino == kept
     assert not [p for p in infos if p.endswith("c.txt")]  # an unchanged object: no request of its own
@@ -275,18 +277,28 @@ def leaves(tree) -> list[np.ndarray]:
 def test_weight_folders_in_a_bucket_load_as_the_local_folders(bucket):
     """--vae gs://... and --text_encoder gs://... (with the tokenizer/ beside it): copied into $EQXDIFF_CACHE and
     loaded from there, the local folders' weights and tokens; what encode's meta.json records is the URL."""
-    for local, name in [(DATA / "autoencoder_kl" / "flux_like", "vae"), (DATA / "sdxl_text" / "text_encoder",
-                        "text_encoder"), (DATA / "clip_tokenizer" / "sd1", "tokenizer")]:  # fmt: skip
+    for local, name in [
+        (DATA / "autoencoder_kl" / "flux_like", "vae"),
+        (DATA / "sdxl_text" / "text_encoder", "text_encoder"),
+        (DATA / "clip_tokenizer" / "sd1", "tokenizer"),
+    ]:
         put_folder(local, f"{bucket}/sd/{name}")
     vae = f"{bucket}/sd/vae"
     check_autoencoder(vae)
-    assert all(np.array_equal(a, b) for a, b in zip(
-        leaves(open_autoencoder(vae)), leaves(open_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))),
-        strict=True))  # fmt: skip
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(
+            leaves(open_autoencoder(vae)),
+            leaves(open_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))),
+            strict=True,
+        )
+    )
     described = describe_autoencoder(vae)
     assert described["path"] == vae
-    assert described["weights_sha256"] == describe_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))[
-        "weights_sha256"]  # fmt: skip
+    assert (
+        described["weights_sha256"]
+        == describe_autoencoder(str(DATA / "autoencoder_kl" / "flux_like"))["weights_sha256"]
+    )
     text = f"{bucket}/sd/text_encoder"
     check_text_folders(text)
     assert tokenizer_location(text, "") == f"{bucket}/sd/tokenizer"
@@ -355,8 +367,10 @@ def test_inception_weights_in_a_bucket_are_read_from_their_local_copy(bucket, mo
 
 def test_the_compile_cache_in_a_bucket_is_written_by_jax(bucket):
     """--compilation_cache_dir gs://...: JAX's own cache writes its entries there (through etils.epath)."""
-    script = ("import sys, jax; from startup import Launch, start_jax; start_jax(Launch(compilation_cache_dir="
-              "sys.argv[1])); jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(7))")  # fmt: skip
+    script = (
+        "import sys, jax; from startup import Launch, start_jax; start_jax(Launch(compilation_cache_dir="
+        "sys.argv[1])); jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(7))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "train"), str(ROOT)])}
     subprocess.run([sys.executable, "-c", script, f"{bucket}/xla"], check=True, env=env, timeout=120)
     entries = list(as_path(f"{bucket}/xla").iterdir())

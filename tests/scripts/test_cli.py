@@ -90,7 +90,19 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
 
     sections = field_sections(train_main.Config)
     assert set(sections) == {f.name for f in dataclasses.fields(train_main.Config)}  # no flag outside a section
-    titles = ["data", "model", "diffusion", "meanflow", "text", "optimisation", "sampling", "evaluation", "run", "finetune", "launch"]
+    titles = [
+        "data",
+        "model",
+        "diffusion",
+        "meanflow",
+        "text",
+        "optimisation",
+        "sampling",
+        "evaluation",
+        "run",
+        "finetune",
+        "launch",
+    ]
     assert list(dict.fromkeys(title for title, _ in sections.values())) == titles
     text = help_text(train_main.parse_config, capsys)
     starts = [text.index(f"\n{title}:\n") for title in titles]  # each a group of --help, in this order
@@ -107,8 +119,13 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
     import posthoc_ema  # train/posthoc_ema.py
     import sample_pretrained  # train/sample_pretrained.py
 
-    for parse in (encode.parse_config, fid_stats.parse_config, sample.parse_args, sample_pretrained.parse_args,
-                  posthoc_ema.parse_args):
+    for parse in (
+        encode.parse_config,
+        fid_stats.parse_config,
+        sample.parse_args,
+        sample_pretrained.parse_args,
+        posthoc_ema.parse_args,
+    ):
         other = help_text(parse, capsys)
         assert other[other.index("\nlaunch:\n") :] == launch, parse.__module__
 
@@ -127,8 +144,17 @@ def test_the_default_run_dir_is_named_by_dataset_and_model(tmp_path, monkeypatch
 
 
 def test_resuming_takes_left_off_flags_from_the_checkpoint(tmp_path, capsys):
-    saved = saved_run(tmp_path, 6, model="unet_tiny", steps=10, batch_size=16, guidance=2.5, coordinator="h:1",
-                      resume_step=4, remat=True)  # fmt: skip
+    saved = saved_run(
+        tmp_path,
+        6,
+        model="unet_tiny",
+        steps=10,
+        batch_size=16,
+        guidance=2.5,
+        coordinator="h:1",
+        resume_step=4,
+        remat=True,
+    )
     cfg = train_main.parse_config(["--run_dir", str(tmp_path)])
     assert (cfg.model, cfg.steps, cfg.batch_size, cfg.guidance, cfg.remat) == ("unet_tiny", 10, 16, 2.5, True)
     assert (cfg.coordinator, cfg.resume_step) == ("", -1)  # how one command starts is never inherited
@@ -151,15 +177,24 @@ def test_flags_that_define_a_run_cannot_change_on_resume(tmp_path, capsys):
 
     with pytest.raises(SystemExit, match=r"--dataset folder:elsewhere \(saved: digits\).*--allow_dataset_change"):
         train_main.parse_config(["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere"])
-    cfg = train_main.parse_config(["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere",
-                                   "--allow_dataset_change"])  # fmt: skip
+    cfg = train_main.parse_config(
+        ["--run_dir", str(tmp_path), "--dataset", "folder:elsewhere", "--allow_dataset_change"]
+    )
     assert cfg.dataset == "folder:elsewhere" and "--dataset digits -> folder:elsewhere" in capsys.readouterr().out
     # The same data or tower written another way is no change: nothing refused, nothing echoed.
     folder_run = tmp_path / "folder_run"
     saved_run(folder_run, 6, dataset=f"folder:{tmp_path}/pets", text_encoder=f"{tmp_path}/clip")
     capsys.readouterr()
-    cfg = train_main.parse_config(["--run_dir", str(folder_run), "--dataset", f"folder:{tmp_path}/x/../pets/",
-                                   "--text_encoder", f"{tmp_path}/clip/"])  # fmt: skip
+    cfg = train_main.parse_config(
+        [
+            "--run_dir",
+            str(folder_run),
+            "--dataset",
+            f"folder:{tmp_path}/x/../pets/",
+            "--text_encoder",
+            f"{tmp_path}/clip/",
+        ]
+    )
     assert cfg.dataset == f"folder:{tmp_path}/x/../pets/" and capsys.readouterr().out == ""
     with pytest.raises(SystemExit, match=r"--resume_step 3: .* no checkpoint of step 3 \(saved: 6\)"):
         train_main.parse_config(["--run_dir", str(tmp_path), "--resume_step", "3"])
@@ -194,7 +229,8 @@ def test_user_errors_are_one_line_with_status_2(tmp_path):
     # sample.py's refusals in this process (its status-2 wiring: tests/scripts/test_script_errors.py).
     # Read-only: a mistyped run directory leaves nothing behind.
     assert f"No checkpoint under {tmp_path / 'typo' / 'checkpoints'}: train first" in sample_refusal(
-        "--run_dir", tmp_path / "typo", "--out", tmp_path / "grid.png")  # fmt: skip
+        "--run_dir", tmp_path / "typo", "--out", tmp_path / "grid.png"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     # --eval on a run it cannot score: refused from the saved config alone, before the state (a stand-in
     # that fits no model here) is restored or anything sampled.
@@ -202,7 +238,7 @@ def test_user_errors_are_one_line_with_status_2(tmp_path):
     assert sample_refusal("--run_dir", tmp_path / "pets", "--eval", "--out", tmp_path / "s.npz") == (
         "--eval scores class-conditional digits and captioned_digits runs with a digits classifier; this run "
         "trained on folder:~/pets: measure it with --fid STATS.npz (train/fid_stats.py)."
-    )  # fmt: skip
+    )
     assert not (tmp_path / "s.npz").exists()
 
 
@@ -211,8 +247,11 @@ def test_sample_classes_by_name_or_index_and_a_labelled_row_block_each():
     assert sample.class_indices("dog,3, 1", names, 4) == [2, 3, 0]
     assert sample.class_indices("", names, 4) == [0, 1, 2, 3]
     assert sample.class_indices("3,1", None, 10) == [3, 1]  # bare label ids (digits)
-    with pytest.raises(SystemExit, match=r"^--classes: this run has no class 'cow'; its classes are 0=1, 1=cat, "
-                                         r"2=dog, 3=eel\.$"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"^--classes: this run has no class 'cow'; its classes are 0=1, 1=cat, "
+        r"2=dog, 3=eel\.$",
+    ):
         sample.class_indices("cat,cow", names, 4)
     with pytest.raises(SystemExit, match=r"no class '10'; its classes are 0\.\.9\."):
         sample.class_indices("10", None, 10)
@@ -266,8 +305,10 @@ def test_a_missing_or_unreadable_dataset_stops_before_anything_compiles(tmp_path
     said = []
     source = train_main.open_dataset(config("--dataset", f"folder:{folder}", "--skip_bad_images"), said.append)
     assert len(source) == 6
-    assert said == [f"dataset folder:{folder}: 6 images, classes 0=cat, 1=dog, model input 32×32×3 after resizing, "
-                    "2 unreadable files skipped"]  # fmt: skip
+    assert said == [
+        f"dataset folder:{folder}: 6 images, classes 0=cat, 1=dog, model input 32×32×3 after resizing, "
+        "2 unreadable files skipped"
+    ]
 
 
 def test_a_data_error_mid_run_saves_the_state_first(tmp_path):
@@ -278,18 +319,31 @@ def test_a_data_error_mid_run_saves_the_state_first(tmp_path):
         raise ValueError("Could not decode image pets/cat/9.png: truncated.")
 
     def train_step(state, batch):
-        metrics = dict(loss=jnp.float32(1), finite=jnp.bool_(True), grad_norm=jnp.float32(1), lr=jnp.float32(1),
-                       bad_steps=jnp.int32(0))  # fmt: skip
+        metrics = dict(
+            loss=jnp.float32(1),
+            finite=jnp.bool_(True),
+            grad_norm=jnp.float32(1),
+            lr=jnp.float32(1),
+            bad_steps=jnp.int32(0),
+        )
         return state + 1, metrics
 
     saved = []
     cfg = train_main.Config(steps=10, log_every=2, sample_every=0, ckpt_every=100)
     with StopRequest() as stop, pytest.raises(SystemExit) as error:
         train_main.train_loop(
-            cfg, 0, train_step, iter(batches()), MetricsLogger(tmp_path, enabled=False), start_step=0,
-            log_window=LogWindow(16, 1.0, 1.0), profile=ProfileWindow("", tmp_path), write_samples=None,
-            save_checkpoint=lambda step, state: saved.append((step, state)), stop=stop,
-        )  # fmt: skip
+            cfg,
+            0,
+            train_step,
+            iter(batches()),
+            MetricsLogger(tmp_path, enabled=False),
+            start_step=0,
+            log_window=LogWindow(16, 1.0, 1.0),
+            profile=ProfileWindow("", tmp_path),
+            write_samples=None,
+            save_checkpoint=lambda step, state: saved.append((step, state)),
+            stop=stop,
+        )
     assert saved == [(3, 3)]  # the state after 3 steps, saved as step 3
     assert error.value.code.startswith("data error at step 4 (saved step 3): Could not decode image pets/cat/9.png")
     assert "--allow_dataset_change" in error.value.code
@@ -332,6 +386,7 @@ def test_a_failed_restores_leftover_async_errors_are_dropped_and_no_other():
     """The records asyncio writes for a failed orbax restore's other reads (tests/scripts/test_resume.py's unreadable
     checkpoint: "Future exception was never retrieved", a callback on the closed loop) never reach stderr once a
     script runs under exit_on_user_error; asyncio's other reports do."""
+
     def record(message: str, error: Exception | None = None) -> logging.LogRecord:
         exc_info = (type(error), error, None) if error else None
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, exc_info)
@@ -356,7 +411,10 @@ def test_every_documented_sampling_command_parses(monkeypatch):
     from docs_pages import all_pages
 
     monkeypatch.setattr(sample_pretrained, "resolved", lambda flags: flags)  # the files each names are not here
-    scripts = {"python train/sample.py ": sample.parse_args, "python train/sample_pretrained.py ": sample_pretrained.parse_args}
+    scripts = {
+        "python train/sample.py ": sample.parse_args,
+        "python train/sample_pretrained.py ": sample_pretrained.parse_args,
+    }
     text = "\n".join(all_pages().values()).replace("\\\n", " ")
     parsed = 0
     for line in text.splitlines():
@@ -374,8 +432,11 @@ def test_a_checkpoint_of_the_old_flag_names_resumes_and_samples_by_the_new(tmp_p
     from eqxdiff.run.rebuild import stored_flags
     from eqxdiff.run.sampling import run_sampling
 
-    config = dict(dataclasses.asdict(train_main.Config(guidance=4.0, guidance_interval="0.3,3")), image_shape=[8, 8, 1],
-                  num_classes=10)  # fmt: skip
+    config = dict(
+        dataclasses.asdict(train_main.Config(guidance=4.0, guidance_interval="0.3,3")),
+        image_shape=[8, 8, 1],
+        num_classes=10,
+    )
     config["cfg_scale"], config["cfg_interval"] = config.pop("guidance"), config.pop("guidance_interval")
     with Checkpoints(tmp_path / "checkpoints", async_save=False) as checkpoints:
         assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
@@ -396,8 +457,10 @@ def test_no_page_notebook_or_benchmark_gives_a_renamed_flag():
     from docs_pages import ROOT, all_pages
     from flags import RENAMED  # train/flags.py
 
-    texts = dict(all_pages()) | {str(p.relative_to(ROOT)): p.read_text() for p in [
-        *ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("train/*.py")]}  # fmt: skip
+    texts = dict(all_pages()) | {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("train/*.py")]
+    }
     texts.pop("train/flags.py")  # the table itself
     for name, text in texts.items():
         for old in RENAMED:

@@ -42,8 +42,14 @@ def batches(ref, tmp_path_factory) -> tuple[Path, Path]:
     batch with labels."""
     folder = tmp_path_factory.mktemp("batches")
     pool3, spatial = ref["e2e_stored_pool3"], ref["e2e_stored_spatial"]
-    np.savez(folder / "ref.npz", arr_0=ref["e2e_ref"], mu=pool3.mean(0), sigma=np.cov(pool3, rowvar=False),
-             mu_s=spatial.mean(0), sigma_s=np.cov(spatial, rowvar=False))  # fmt: skip
+    np.savez(
+        folder / "ref.npz",
+        arr_0=ref["e2e_ref"],
+        mu=pool3.mean(0),
+        sigma=np.cov(pool3, rowvar=False),
+        mu_s=spatial.mean(0),
+        sigma_s=np.cov(spatial, rowvar=False),
+    )
     np.savez(folder / "samples.npz", arr_0=ref["e2e_samples"], arr_1=np.arange(10) % 3)
     return folder / "ref.npz", folder / "samples.npz"
 
@@ -73,8 +79,9 @@ def test_the_table_is_adms(ref, json_line):
 
 @pytest.mark.slow
 def test_the_table_says_what_each_fid_is_against(json_line, batches):
-    table = evaluate.format_table(json_line[0], evaluate.parse_args(list(map(str, batches))),
-                                  {"samples": 10, "reference": 8})  # fmt: skip
+    table = evaluate.format_table(
+        json_line[0], evaluate.parse_args(list(map(str, batches))), {"samples": 10, "reference": 8}
+    )
     rows = table.splitlines()[2:]
     assert [r.split()[0] for r in rows] == ["Inception", "FID", "FID", "sFID", "sFID", "Precision", "Recall"]
     assert "stored in the reference batch" in rows[1] and "recomputed from the reference images" in rows[2]
@@ -90,8 +97,9 @@ def test_a_reference_of_statistics_only_gives_the_stored_lines(ref, net, batches
     with np.load(batches[0]) as f:
         stats = {k: f[k] for k in ("mu", "sigma", "mu_s", "sigma_s")}
     np.savez(tmp_path / "stats.npz", **stats)
-    evaluate.main(evaluate.parse_args([str(tmp_path / "stats.npz"), str(batches[1]), "--batch_size", "3", "--json"]),
-                  network=net)  # fmt: skip
+    evaluate.main(
+        evaluate.parse_args([str(tmp_path / "stats.npz"), str(batches[1]), "--batch_size", "3", "--json"]), network=net
+    )
     line = json.loads(capsys.readouterr().out.strip())
     assert set(line) == {"inception_score", "fid_stored", "sfid_stored", "num_samples", "num_reference", "preprocess"}
     assert len(against) == 2 and np.array_equal(against[int(line["fid_stored"]) - 1], stats["mu"])
@@ -142,7 +150,8 @@ def test_the_script_refuses_in_one_line(batches, tmp_path):
     """As a process: status 2, one line on stderr, no traceback."""
     import subprocess
 
-    result = subprocess.run(command("evaluate.py", tmp_path / "none.npz", batches[1]), cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        command("evaluate.py", tmp_path / "none.npz", batches[1]), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: No batch file"), result.stderr

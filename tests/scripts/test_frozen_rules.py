@@ -18,8 +18,20 @@ from runs import ROOT, random_clip_folder, train_here
 TOKENIZER = ROOT / "tests" / "data" / "clip_tokenizer" / "sd1"
 SD_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "sd_like"
 MIN_SIZE = 64  # small: the size rule shards most leaves of these tiny towers over fsdp
-LAYOUT = ["--model", "unet_tiny", "--batch_size", 8, "--steps", 1, "--wandb", "disabled", "--fsdp_size", 2,
-          "--fsdp_min_param_size", MIN_SIZE]  # fmt: skip
+LAYOUT = [
+    "--model",
+    "unet_tiny",
+    "--batch_size",
+    8,
+    "--steps",
+    1,
+    "--wandb",
+    "disabled",
+    "--fsdp_size",
+    2,
+    "--fsdp_min_param_size",
+    MIN_SIZE,
+]
 
 
 class Built(Exception):
@@ -48,12 +60,26 @@ def shard_anyway(shape, fsdp_size, min_size):
 
 def test_one_rule_list_lays_out_the_frozen_text_tower(tmp_path, monkeypatch):
     tokenizer = load_tokenizer(TOKENIZER)
-    config = dict(vocab_size=tokenizer.tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=37,
-                  num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=16,
-                  eos_token_id=int(tokenizer([""])[0][0, 1]))  # fmt: skip
+    config = dict(
+        vocab_size=tokenizer.tokenizer.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        eos_token_id=int(tokenizer([""])[0][0, 1]),
+    )
     tower = random_clip_folder(tmp_path / "text_encoder", config)
-    flags = ["--run_dir", tmp_path / "run", "--dataset", "captioned_digits", "--text_encoder", tower,
-             "--tokenizer", TOKENIZER]  # fmt: skip
+    flags = [
+        "--run_dir",
+        tmp_path / "run",
+        "--dataset",
+        "captioned_digits",
+        "--text_encoder",
+        tower,
+        "--tokenizer",
+        TOKENIZER,
+    ]
     rules = [
         (r"^text_encoder\.embeddings\.token_embedding\.weight$", P()),  # big: the size rule shards it
         (r"^text_encoder\.final_layer_norm\.weight$", shard_anyway),  # 32 elements: the size rule replicates it
@@ -74,23 +100,42 @@ def test_one_rule_list_lays_out_the_frozen_text_tower(tmp_path, monkeypatch):
     assert any("fsdp" in s.spec for s in jax.tree.leaves(built["state_shardings"].model))
 
     # A rule that matches no leaf of any module the run placed is a typo: one line, with the names there are.
-    with pytest.raises(SystemExit, match=r"SHARDING_RULES in train/main.py: Sharding rule '\^text_encodr\S*' "
-                                         r"matches no leaf .*'text_encoder\."):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"SHARDING_RULES in train/main.py: Sharding rule '\^text_encodr\S*' "
+        r"matches no leaf .*'text_encoder\.",
+    ):
         built_step(monkeypatch, [(r"^text_encodr\.", P())], *flags)
     # A spec that does not fit the tower's leaf is one line naming the rules, not the tower's folder.
-    with pytest.raises(SystemExit, match=r"^SHARDING_RULES in train/main.py: leaf text_encoder\.final_layer_norm"
-                                         r"\.weight of shape \(32,\).* names 2 dimensions"):  # fmt: skip
+    with pytest.raises(
+        SystemExit,
+        match=r"^SHARDING_RULES in train/main.py: leaf text_encoder\.final_layer_norm"
+        r"\.weight of shape \(32,\).* names 2 dimensions",
+    ):
         built_step(monkeypatch, [(r"^text_encoder\.final_layer_norm\.weight$", P(None, "fsdp"))], *flags)
 
 
 def test_one_rule_list_lays_out_a_latent_runs_vae(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "rgb.npz", images=rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8),
-             labels=np.arange(8) % 2)  # fmt: skip
-    encode.main(encode.parse_config(["--dataset", f"npz:{tmp_path / 'rgb.npz'}", "--vae", str(SD_LIKE), "--out",
-                                     str(tmp_path / "latents"), "--batch_size", "8"]))  # fmt: skip
+    np.savez(tmp_path / "rgb.npz", images=rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8), labels=np.arange(8) % 2)
+    encode.main(
+        encode.parse_config(
+            [
+                "--dataset",
+                f"npz:{tmp_path / 'rgb.npz'}",
+                "--vae",
+                str(SD_LIKE),
+                "--out",
+                str(tmp_path / "latents"),
+                "--batch_size",
+                "8",
+            ]
+        )
+    )
     rule = (r"^autoencoder\.decoder\.conv_out\.weight$", P())
-    built = built_step(monkeypatch, [rule], "--run_dir", tmp_path / "run", "--dataset", f"latents:{tmp_path / 'latents'}")
+    built = built_step(
+        monkeypatch, [rule], "--run_dir", tmp_path / "run", "--dataset", f"latents:{tmp_path / 'latents'}"
+    )
     vae = built["prepare"].keywords["codec"].autoencoder
     conv_out = vae.decoder.conv_out.weight
     assert fsdp_spec(conv_out.shape, 2, MIN_SIZE) != P()  # the size rule alone would shard it
@@ -101,8 +146,11 @@ def test_one_rule_list_lays_out_a_latent_runs_vae(tmp_path, monkeypatch):
     # A spec that does not fit its leaf is one line naming the rules, the VAE's leaf or the model's alike.
     flags = ["--run_dir", tmp_path / "run", "--dataset", f"latents:{tmp_path / 'latents'}"]
     for regex in (r"^autoencoder\.decoder\.conv_out\.weight$", r"^conv_out\.weight$"):
-        with pytest.raises(SystemExit, match=r"^SHARDING_RULES in train/main.py: leaf (autoencoder\.decoder\.)?"
-                                             r"conv_out\.weight of shape .* does not divide it"):  # fmt: skip
+        with pytest.raises(
+            SystemExit,
+            match=r"^SHARDING_RULES in train/main.py: leaf (autoencoder\.decoder\.)?"
+            r"conv_out\.weight of shape .* does not divide it",
+        ):
             built_step(monkeypatch, [(regex, P("fsdp"))], *flags)  # a 3×3 kernel's 3 rows into 2
 
 

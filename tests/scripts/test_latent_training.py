@@ -48,8 +48,14 @@ def test_prepare_draws_latents_from_the_posterior_and_scales_them_per_channel():
     autoencoder = SimpleNamespace(scaling_factor=scale.astype(np.float32), shift_factor=shift.astype(np.float32))
 
     def x0(key):
-        out = train_main.prepare(records, key, schedule=EDMSchedule(), cond_dropout=0.0, condition=Labels(10),
-                                 codec=Latents(autoencoder, "per-channel"))  # fmt: skip
+        out = train_main.prepare(
+            records,
+            key,
+            schedule=EDMSchedule(),
+            cond_dropout=0.0,
+            condition=Labels(10),
+            codec=Latents(autoencoder, "per-channel"),
+        )
         return np.asarray(out["x0"], np.float64)
 
     key = jax.random.key(7)
@@ -80,8 +86,19 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys,
     latent draw has a key of its own and σ, ε and the label dropout draw as for images."""
     latents = encode(tmp_path / "latents", "digits", "space_to_depth:1")
     run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, *REFERENCE, "--dataset", f"latents:{latents}", "--sigma_data", 0.5,
-               "--sample_every", REFERENCE_STEPS, "--ckpt_every", REFERENCE_STEPS)  # fmt: skip
+    train_here(
+        "--run_dir",
+        run_dir,
+        *REFERENCE,
+        "--dataset",
+        f"latents:{latents}",
+        "--sigma_data",
+        0.5,
+        "--sample_every",
+        REFERENCE_STEPS,
+        "--ckpt_every",
+        REFERENCE_STEPS,
+    )
     # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative
     np.testing.assert_allclose(losses(run_dir), losses(eight_device_run), rtol=1e-4)
     with Image.open(run_dir / "samples" / f"step_{REFERENCE_STEPS:06d}.png") as grid:
@@ -108,14 +125,38 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
     for name in names:
         (tmp_path / "images" / name).mkdir(parents=True)
         for i in range(16):
-            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "images" / name / f"{i}.png")
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                tmp_path / "images" / name / f"{i}.png"
+            )
     latents = encode(tmp_path / "latents", f"folder:{tmp_path / 'images'}", str(FLUX_LIKE), "--image_size", "8")
     assert open_source(f"latents:{latents}").image_shape == (4, 4, 16)
 
     run_dir = tmp_path / "run"
-    run("main.py", "--run_dir", run_dir, "--dataset", f"latents:{latents}", "--model", "unet_tiny", "--batch_size", 16,
-        "--steps", 3, "--log_every", 1, "--sample_every", 3, "--sample_steps", 1, "--wandb", "disabled",
-        "--schedule", "vp_cosine", "--parameterization", "v")  # main.py's run of these: see test_train_main.py  # fmt: skip
+    run(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--dataset",
+        f"latents:{latents}",
+        "--model",
+        "unet_tiny",
+        "--batch_size",
+        16,
+        "--steps",
+        3,
+        "--log_every",
+        1,
+        "--sample_every",
+        3,
+        "--sample_steps",
+        1,
+        "--wandb",
+        "disabled",
+        "--schedule",
+        "vp_cosine",
+        "--parameterization",
+        "v",
+    )  # main.py's run of these: see test_train_main.py
     rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert_finite_training(rows)

@@ -91,8 +91,9 @@ def test_resume_on_one_process_another_mesh_steps_and_batch_then_ctrl_c(tmp_path
     to it) at --batch_size 32 (the data continuing from the 96 examples consumed), then Ctrl-C
     (SIGINT): the step is finished, saved, and the process exits 0. (SIGTERM: tests/scripts/test_resume.py.)"""
     shutil.copytree(two_process_run, tmp_path, dirs_exist_ok=True)
-    proc = start("main.py", "--run_dir", tmp_path, "--cpu_devices", 4, "--fsdp_size", 4, "--steps", 24,
-                 "--batch_size", 32)  # fmt: skip
+    proc = start(
+        "main.py", "--run_dir", tmp_path, "--cpu_devices", 4, "--fsdp_size", 4, "--steps", 24, "--batch_size", 32
+    )
     wait_for(lambda: "train:" in proc.output() and last_logged_step(tmp_path) >= STEPS + 2, proc)
     proc.send_signal(signal.SIGINT)
     returncode, output = proc.finish(timeout=60)
@@ -145,8 +146,16 @@ time.sleep(60)
 
 def test_launcher_stops_the_others_when_one_process_fails(tmp_path):
     (tmp_path / "peer.py").write_text(FAILING_PEER)
-    cmd = [sys.executable, str(ROOT / "train" / "launch_local.py"), "--num_processes", "2", "--script",
-           str(tmp_path / "peer.py"), "--", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "launch_local.py"),
+        "--num_processes",
+        "2",
+        "--script",
+        str(tmp_path / "peer.py"),
+        "--",
+        str(tmp_path),
+    ]
     started = time.monotonic()
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)

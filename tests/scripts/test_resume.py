@@ -91,8 +91,13 @@ def test_an_unreadable_checkpoint_stops_the_run_and_is_kept(tmp_path, eight_devi
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     # The run's own command from that step: the step the process compiles alongside the restore
     # loads from the session's compile cache. A user error: one line, status 2.
-    result = subprocess.run(command("main.py", "--run_dir", run_dir, *ARGS, "--resume_step", step), cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        command("main.py", "--run_dir", run_dir, *ARGS, "--resume_step", step),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"error: Checkpoint step {step} in {run_dir / 'checkpoints'} cannot be restored" in result.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before  # nothing new, nothing removed

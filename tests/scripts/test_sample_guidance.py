@@ -41,23 +41,41 @@ def test_guidance_flags_are_refused_in_one_line(capsys, tmp_path):
     assert "needs 0 <= LO < HI" in usage_error(capsys, "--run_dir", "r", "--guidance_interval", "3,1")
     assert "must be LO,HI" in usage_error(capsys, "--run_dir", "r", "--guidance_interval", "0.3")
     assert "go with --guide_run" in usage_error(capsys, "--run_dir", "r", "--guide_scale", "2")
-    assert "replaces classifier-free guidance" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w",
-                                                              "--guide_scale", "2", "--guidance", "3")  # fmt: skip
+    assert "replaces classifier-free guidance" in usage_error(
+        capsys, "--run_dir", "r", "--guide_run", "w", "--guide_scale", "2", "--guidance", "3"
+    )
     assert "needs --guide_scale S" in usage_error(capsys, "--run_dir", "r", "--guide_run", "w")
     with pytest.raises(SystemExit) as exited:  # train/main.py's flag alike
         train_main.parse_config(["--run_dir", str(tmp_path / "r"), "--guidance_interval", "1,0.5"])
     assert exited.value.code == 2 and "needs 0 <= LO < HI" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("other, what", [(dict(image_shape=[16, 16, 1]), "sample shape"),
-                                         (dict(num_classes=0), "condition"),
-                                         (dict(codec={"kind": "latents", "autoencoder": "vae/"}), "codec")])  # fmt: skip
+@pytest.mark.parametrize(
+    "other, what",
+    [
+        (dict(image_shape=[16, 16, 1]), "sample shape"),
+        (dict(num_classes=0), "condition"),
+        (dict(codec={"kind": "latents", "autoencoder": "vae/"}), "codec"),
+    ],
+)
 def test_a_guide_run_of_another_task_is_refused_naming_both_runs(tmp_path, other, what):
     run = config_only_run(tmp_path / "run")
     weak = config_only_run(tmp_path / "weak", **other)
     with pytest.raises(SystemExit) as refused:  # from the configs alone: nothing restored
-        sample.main(sample.parse_args(["--run_dir", str(run), "--guide_run", str(weak), "--guide_scale", "2",
-                                       "--out", str(tmp_path / "s.npz")]))  # fmt: skip
+        sample.main(
+            sample.parse_args(
+                [
+                    "--run_dir",
+                    str(run),
+                    "--guide_run",
+                    str(weak),
+                    "--guide_scale",
+                    "2",
+                    "--out",
+                    str(tmp_path / "s.npz"),
+                ]
+            )
+        )
     message = refused.value.code
     assert f"--guide_run {weak} has {what}" in message and f"--run_dir {run} has" in message, message
     assert not (tmp_path / "s.npz").exists()
@@ -76,7 +94,9 @@ def two_runs(tmp_path_factory):
 
 def drawn(tmp_path, *flags) -> np.ndarray:
     out = tmp_path / "s.npz"
-    sample.main(sample.parse_args(["--num", "10", "--steps", "4", "--method", "euler", "--out", str(out), *map(str, flags)]))
+    sample.main(
+        sample.parse_args(["--num", "10", "--steps", "4", "--method", "euler", "--out", str(out), *map(str, flags)])
+    )
     return np.load(out)["images"].astype(np.float32) / 127.5 - 1
 
 
@@ -94,8 +114,10 @@ def test_guide_run_samples_autoguidance_of_both_runs(tmp_path, two_runs):
     mesh = make_mesh(data=-1, fsdp=1)
     run, weak = load_run(main_dir, mesh=mesh), load_run(weak_dir, mesh=mesh)
     labels = jnp.asarray(sample.balanced_labels(10, list(range(10))))
-    good, bad = Denoiser(run.ema, run.schedule, run.parameterization), Denoiser(weak.ema, weak.schedule,
-                                                                              weak.parameterization)  # fmt: skip
+    good, bad = (
+        Denoiser(run.ema, run.schedule, run.parameterization),
+        Denoiser(weak.ema, weak.schedule, weak.parameterization),
+    )
     images = drawn(tmp_path, "--run_dir", main_dir, "--guide_run", weak_dir, "--guide_scale", "3")
     np.testing.assert_allclose(images, reference(run, AutoGuidance(good, bad, 3.0, labels)), atol=2.5 / 127.5)
     # The weak model is seen: the conditional model alone draws other images.

@@ -44,8 +44,25 @@ def test_official_uint8_conversion_is_sample_ddps():
 def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
     out = tmp_path / f"{family}.npz"
     method = ["--method", "ddpm"] if family == "dit" else ["--method", "ode", "--sampler", "heun"]
-    run("--pretrained", f"{family}:{DIT if family == 'dit' else SIT}", "--vae", VAE, "--num", 12, "--batch_size", 8,
-        "--steps", 4, "--guidance", 2.0, "--seed", 3, *method, "--out", out)  # fmt: skip
+    run(
+        "--pretrained",
+        f"{family}:{DIT if family == 'dit' else SIT}",
+        "--vae",
+        VAE,
+        "--num",
+        12,
+        "--batch_size",
+        8,
+        "--steps",
+        4,
+        "--guidance",
+        2.0,
+        "--seed",
+        3,
+        *method,
+        "--out",
+        out,
+    )
     with np.load(out) as f:
         images, labels = f["arr_0"], f["arr_1"]
     assert images.shape == (12, 32, 32, 3) and images.dtype == np.uint8  # 8² latents, the VAE's 4x
@@ -54,9 +71,25 @@ def test_a_batch_is_the_protocol_decoded_as_sample_ddp(family, tmp_path):
     noise_key, sampler_key = jax.random.split(chunk_key(3, 0))
     noise = jax.random.normal(noise_key, (8, 8, 8, 4))
     if family == "dit":
-        latents = sample_dit(load_dit(DIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ddpm", guidance=2.0, key=sampler_key)
+        latents = sample_dit(
+            load_dit(DIT, 2),
+            jax.numpy.asarray(labels[:8], jax.numpy.int32),
+            noise,
+            steps=4,
+            method="ddpm",
+            guidance=2.0,
+            key=sampler_key,
+        )
     else:
-        latents = sample_sit(load_sit(SIT, 2), jax.numpy.asarray(labels[:8], jax.numpy.int32), noise, steps=4, method="ode", sampler="heun", guidance=2.0)
+        latents = sample_sit(
+            load_sit(SIT, 2),
+            jax.numpy.asarray(labels[:8], jax.numpy.int32),
+            noise,
+            steps=4,
+            method="ode",
+            sampler="heun",
+            guidance=2.0,
+        )
     want = decoded_as_sample_ddp(latents)
     assert np.abs(images[:8].astype(int) - want).max() <= 1  # one level: sharded vs one-device rounding at .5
     assert np.mean(images[:8] == want) > 0.99
@@ -101,8 +134,12 @@ def test_a_run_and_a_published_checkpoint_are_two_scripts(capsys):
         (sample.parse_args, ["--pretrained", f"dit:{DIT}"], "python train/sample_pretrained.py --pretrained dit:FILE"),
         (sample.parse_args, ["--run_dir", "r", "--vae", str(VAE)], "--vae: python train/sample_pretrained.py"),
         (sample.parse_args, ["--run_dir", "r", "--negative_prompts", "x"], "--negative_prompts: python train/sample_"),
-        (sample_pretrained.parse_args, ["--pretrained", f"dit:{DIT}", "--run_dir", "r"], "python train/sample.py --run_dir"),
-    ]:  # fmt: skip
+        (
+            sample_pretrained.parse_args,
+            ["--pretrained", f"dit:{DIT}", "--run_dir", "r"],
+            "python train/sample.py --run_dir",
+        ),
+    ]:
         with pytest.raises(SystemExit) as exited:
             parse(flags)
         err = capsys.readouterr().err.strip().splitlines()

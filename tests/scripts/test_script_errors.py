@@ -58,20 +58,47 @@ def a_file(tmp_path) -> Path:
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_path, a_file):
     # fid_stats.py: before the dataset (which does not exist either) or the weights are read.
-    line = refused("fid_stats.py", "--dataset", f"folder:{tmp_path / 'none'}", "--inception", tmp_path / "no.pth",
-                   "--out", a_file / "fid" / "stats.npz")  # fmt: skip
-    assert line == (f"error: --out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
-                    "folder; pass another --out (or make that folder writable).")  # fmt: skip
+    line = refused(
+        "fid_stats.py",
+        "--dataset",
+        f"folder:{tmp_path / 'none'}",
+        "--inception",
+        tmp_path / "no.pth",
+        "--out",
+        a_file / "fid" / "stats.npz",
+    )
+    assert line == (
+        f"error: --out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
+        "folder; pass another --out (or make that folder writable)."
+    )
     run_dir = fake_run(tmp_path / "run")
     message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--out", a_file / "grid.png")
     assert message.startswith(f"--out {a_file / 'grid.png'}: cannot write into {a_file}: it is a file")
     message = refusal(train_main.main, train_main.parse_config, "--run_dir", a_file / "run", "--model", "unet_tiny")
     assert message.startswith(f"--run_dir {a_file / 'run'}: cannot write into {a_file}: it is a file")
-    message = refusal(encode.main, encode.parse_config, "--dataset", f"folder:{tmp_path / 'none'}", "--vae",
-                      "space_to_depth:2", "--out", a_file / "latents")  # fmt: skip
+    message = refusal(
+        encode.main,
+        encode.parse_config,
+        "--dataset",
+        f"folder:{tmp_path / 'none'}",
+        "--vae",
+        "space_to_depth:2",
+        "--out",
+        a_file / "latents",
+    )
     assert message.startswith(f"--out {a_file / 'latents'}: cannot write into {a_file}: it is a file")
-    message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--fid", tmp_path / "ref.npz",
-                      "--inception", "x.pth", "--fid_out", a_file / "fid.jsonl")  # fmt: skip
+    message = refusal(
+        sample.main,
+        sample.parse_args,
+        "--run_dir",
+        run_dir,
+        "--fid",
+        tmp_path / "ref.npz",
+        "--inception",
+        "x.pth",
+        "--fid_out",
+        a_file / "fid.jsonl",
+    )
     assert message.startswith(f"--fid_out {a_file / 'fid.jsonl'}: cannot write into {a_file}: it is a file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "run"]  # nothing made on the way
 
@@ -96,11 +123,25 @@ def test_the_folders_a_user_expects_are_made_before_the_long_part(tmp_path):
     """fid_stats.py makes --out's folders (the README writes to ~/fid/) before it reads the data: here a
     missing dataset stops it after they exist; a training run's directory waits for the run."""
     out = tmp_path / "fid" / "pets" / "stats.npz"
-    message = refusal(fid_stats.main, fid_stats.parse_config, "--dataset", f"folder:{tmp_path / 'none'}",
-                      "--inception", "x.pth", "--out", out)  # fmt: skip
+    message = refusal(
+        fid_stats.main,
+        fid_stats.parse_config,
+        "--dataset",
+        f"folder:{tmp_path / 'none'}",
+        "--inception",
+        "x.pth",
+        "--out",
+        out,
+    )
     assert "Dataset folder not found" in message and out.parent.is_dir() and not out.exists()
-    message = refusal(train_main.main, train_main.parse_config, "--run_dir", tmp_path / "runs" / "x", "--dataset",
-                      f"folder:{tmp_path / 'none'}")  # fmt: skip
+    message = refusal(
+        train_main.main,
+        train_main.parse_config,
+        "--run_dir",
+        tmp_path / "runs" / "x",
+        "--dataset",
+        f"folder:{tmp_path / 'none'}",
+    )
     assert "Dataset folder not found" in message and not (tmp_path / "runs").exists()
 
 
@@ -115,19 +156,28 @@ def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
         return refusal(encode.main, encode.parse_config, "--out", tmp_path / "latents", *args)
 
     def main_refusal(*args) -> str:
-        return refusal(train_main.main, train_main.parse_config, "--dataset", "captioned_digits", "--run_dir",
-                       tmp_path / "run", *args)  # fmt: skip
+        return refusal(
+            train_main.main,
+            train_main.parse_config,
+            "--dataset",
+            "captioned_digits",
+            "--run_dir",
+            tmp_path / "run",
+            *args,
+        )
 
     assert main_refusal("--text_encoder", tmp_path / "nope").startswith(
-        f"--text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist (a transformers CLIP text folder")
+        f"--text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist (a transformers CLIP text folder"
+    )
     message = encode_refusal("--vae", "space_to_depth:x")
     assert message.startswith("--vae: Bad autoencoder 'space_to_depth:x': the accepted forms are space_to_depth:F")
     message = encode_refusal("--vae", empty)
     assert message.startswith(f"--vae: Autoencoder '{empty}': {empty} is not a diffusers VAE folder (needs config.json")
     message = encode_refusal("--vae", "space_to_depth:2", "--text_encoder", tmp_path / "nope")
     assert message.startswith(f"--text_encoder {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist")
-    assert main_refusal("--text_encoder", empty).startswith(f"--text_encoder {empty}: the folder is empty, with no "
-                                                            "config.json")  # fmt: skip
+    assert main_refusal("--text_encoder", empty).startswith(
+        f"--text_encoder {empty}: the folder is empty, with no config.json"
+    )
     (empty / "config.json").write_text("{}")
     message = main_refusal("--text_encoder", empty)
     assert "model.safetensors does not exist" in message and "(the folder holds ['config.json'])" in message
@@ -153,14 +203,29 @@ def test_a_text_tower_moved_since_training_is_named_when_sampling(tmp_path):
     from eqxdiff.checkpoint import Checkpoints
 
     tower = tmp_path / "sd" / "text_encoder"
-    config = dict(dataclasses.asdict(train_main.Config(dataset="folder:~/pets", model="unet_tiny")),
-                  image_shape=[8, 8, 3], num_classes=0,
-                  text={"text_encoder": str(tower), "tokenizer": str(tower.parent / "tokenizer"), "null_text": "empty",
-                        "max_length": 16})  # fmt: skip
+    config = dict(
+        dataclasses.asdict(train_main.Config(dataset="folder:~/pets", model="unet_tiny")),
+        image_shape=[8, 8, 3],
+        num_classes=0,
+        text={
+            "text_encoder": str(tower),
+            "tokenizer": str(tower.parent / "tokenizer"),
+            "null_text": "empty",
+            "max_length": 16,
+        },
+    )
     with Checkpoints(tmp_path / "run" / "checkpoints", async_save=False) as checkpoints:
         assert checkpoints.save(6, {"w": jnp.ones(3)}, {"examples_consumed": 0}, config) == "saved"
-    message = refusal(sample.main, sample.parse_args, "--run_dir", tmp_path / "run", "--prompts", "a cat", "--out",
-                      tmp_path / "grid.png")  # fmt: skip
+    message = refusal(
+        sample.main,
+        sample.parse_args,
+        "--run_dir",
+        tmp_path / "run",
+        "--prompts",
+        "a cat",
+        "--out",
+        tmp_path / "grid.png",
+    )
     assert message.startswith(f"{tmp_path / 'run'} trained with the text tower {tower}, which cannot be read now (")
     assert message.endswith("); put it back there.")
 
@@ -175,8 +240,10 @@ def test_a_mistyped_run_dir_on_the_short_resume_form_is_refused_naming_the_close
     typo = Path("runs") / "pets-dti_s"
     monkeypatch.chdir(tmp_path)
     message = refusal(train_main.main, train_main.parse_config, "--run_dir", typo)
-    assert message == (f"--run_dir {typo} does not exist; did you mean runs/pets-dit_s (a run at step 1000)? To "
-                    f"start a new run there anyway, give its --dataset (or make the folder first: mkdir -p {typo}).")
+    assert message == (
+        f"--run_dir {typo} does not exist; did you mean runs/pets-dit_s (a run at step 1000)? To "
+        f"start a new run there anyway, give its --dataset (or make the folder first: mkdir -p {typo})."
+    )
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["pets-dit_s"]  # nothing started or made
     message = refusal(sample.main, sample.parse_args, "--run_dir", tmp_path / typo, "--out", tmp_path / "g.png")
     assert f"did you mean {tmp_path / 'runs' / 'pets-dit_s'}? Else train first" in message
@@ -207,11 +274,29 @@ def test_latents_whose_vae_folder_moved_are_named_before_anything_compiles(tmp_p
     vae = shutil.copytree(ROOT / "tests" / "data" / "autoencoder_kl" / "sd_like", tmp_path / "vae")
     images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
     np.savez(tmp_path / "rgb.npz", images=images)
-    encode.main(encode.parse_config(["--dataset", f"npz:{tmp_path / 'rgb.npz'}", "--vae", str(vae), "--out",
-                                     str(tmp_path / "latents"), "--batch_size", "8"]))  # fmt: skip
+    encode.main(
+        encode.parse_config(
+            [
+                "--dataset",
+                f"npz:{tmp_path / 'rgb.npz'}",
+                "--vae",
+                str(vae),
+                "--out",
+                str(tmp_path / "latents"),
+                "--batch_size",
+                "8",
+            ]
+        )
+    )
     shutil.rmtree(vae)
-    message = refusal(train_main.main, train_main.parse_config, "--dataset", f"latents:{tmp_path / 'latents'}",
-                      "--run_dir", tmp_path / "run")  # fmt: skip
+    message = refusal(
+        train_main.main,
+        train_main.parse_config,
+        "--dataset",
+        f"latents:{tmp_path / 'latents'}",
+        "--run_dir",
+        tmp_path / "run",
+    )
     assert message.startswith(f"latents:{tmp_path / 'latents'}: the VAE its meta.json names cannot be read (")
     assert f"{vae} does not exist" in message and message.endswith("put it back there.")
 
@@ -234,8 +319,7 @@ def test_a_user_error_is_its_one_line_even_when_the_failed_work_leaves_cleanup_b
         "    raise SystemExit('the checkpoint cannot be restored: use another step')\n"
         "exit_on_user_error(main)\n"
     )
-    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == "error: the checkpoint cannot be restored: use another step\n"
 
@@ -251,7 +335,8 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
     """argparse's mistakes without its usage block: one line, status 2, the closest flag named; `--step 3` is not
     taken as main.py's `--steps 3` (no prefix matching), nor anything written."""
     assert refused("main.py", "--run_dir", tmp_path / "run", "--step", 3) == (
-        "error: unrecognized arguments: --step 3 (did you mean --steps?)")  # fmt: skip
+        "error: unrecognized arguments: --step 3 (did you mean --steps?)"
+    )
     assert not (tmp_path / "run").exists()
     for parse, args, said in (
         (sample.parse_args, ["--run_dir", "r", "--stepz", "3"], "arguments: --stepz 3 (did you mean --step?)"),
@@ -259,7 +344,7 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
         (fid_stats.parse_config, ["--inception", "i", "--out", "o", "--zzz"], "--zzz (--help lists the flags)"),
         (train_main.parse_config, ["--model", "unet_tin"], "argument --model: invalid choice: 'unet_tin'"),
         (train_main.parse_config, ["--lr_ref", "5"], "--lr_ref 5 (did you mean --lr_ref_steps?)"),
-    ):  # fmt: skip
+    ):
         with pytest.raises(SystemExit) as exited:
             parse(args)
         err = capsys.readouterr().err.strip().splitlines()
@@ -271,8 +356,11 @@ def test_a_renamed_or_moved_flag_is_one_line_naming_the_new_one():
     """`--cfg` and the flags of a published checkpoint, as the scripts took them before: one line naming what to run
     now (the flag's new name, or the script that takes it), status 2, nothing started."""
     assert refused("sample.py", "--run_dir", "r", "--cfg", 2) == (
-        "error: --cfg is now --guidance (one name for it in every script and in the library)")  # fmt: skip
-    assert refused("sample_pretrained.py", "--pretrained", "dit:x.pt", "--cfg", 2).startswith("error: --cfg is now --guidance")
+        "error: --cfg is now --guidance (one name for it in every script and in the library)"
+    )
+    assert refused("sample_pretrained.py", "--pretrained", "dit:x.pt", "--cfg", 2).startswith(
+        "error: --cfg is now --guidance"
+    )
     said = refused("sample.py", "--pretrained", "sd:folder", "--prompts", "a cat")
     assert said.startswith("error: --pretrained: python train/sample_pretrained.py --pretrained dit:FILE|sit:FILE|sd:")
 
@@ -281,8 +369,13 @@ def test_a_renamed_or_moved_flag_is_one_line_naming_the_new_one():
 def test_the_launcher_takes_no_abbreviation_and_names_the_closest_flag():
     """train/launch_local.py (which starts no JAX) parses as every script does: `--num_proc 2` is not taken as
     --num_processes, and the mistake is one line naming it, before any process starts."""
-    done = subprocess.run(command("launch_local.py", "--num_proc", 2, "--", "--steps", 1), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        command("launch_local.py", "--num_proc", 2, "--", "--steps", 1),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"
 

@@ -35,24 +35,51 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     classifier on each half. Also the scripts' run of the flow schedule and parameterization
     (tests/scripts/test_train_main.py's SMOKE says which test runs which): finite losses, no skipped step."""
     tokenizer = load_tokenizer(TOKENIZER)
-    config = dict(vocab_size=tokenizer.tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=37,
-                  num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16,
-                  eos_token_id=int(tokenizer([""])[0][0, 1]))  # fmt: skip
+    config = dict(
+        vocab_size=tokenizer.tokenizer.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        eos_token_id=int(tokenizer([""])[0][0, 1]),
+    )
     tower = random_clip_folder(tmp_path / "sd" / "text_encoder", config)
     shutil.copytree(TOKENIZER, tmp_path / "sd" / "tokenizer")
 
     run_dir = tmp_path / "run"
-    run("main.py", "--run_dir", run_dir, "--dataset", "captioned_digits", "--text_encoder", tower, "--null_text",
-        "zeros", "--steps", 2, "--sample_every", 2, *SMOKE, "--schedule", "flow", "--parameterization", "flow")  # fmt: skip
+    run(
+        "main.py",
+        "--run_dir",
+        run_dir,
+        "--dataset",
+        "captioned_digits",
+        "--text_encoder",
+        tower,
+        "--null_text",
+        "zeros",
+        "--steps",
+        2,
+        "--sample_every",
+        2,
+        *SMOKE,
+        "--schedule",
+        "flow",
+        "--parameterization",
+        "flow",
+    )
     rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert_finite_training(rows)
     with Image.open(run_dir / "samples" / "step_000002.png") as grid:
         assert grid.size == ((10 * 17 + 1) * 4, (10 * 9 + 1) * 4)  # 10 prompts × 10 samples of 8×16
     assert stored_config(run_dir)["condition"] == {
-        "kind": "frozen_text", "text_encoder": str(tower.resolve()), "tokenizer": str((tmp_path / "sd" / "tokenizer").resolve()),
-        "null_text": "zeros", "max_length": 16,
-    }  # fmt: skip
+        "kind": "frozen_text",
+        "text_encoder": str(tower.resolve()),
+        "tokenizer": str((tmp_path / "sd" / "tokenizer").resolve()),
+        "null_text": "zeros",
+        "max_length": 16,
+    }
 
     prompts = ["a 3 left of a 7", "nine then one"]
     import sample  # train/sample.py, in this process (its script runs: tests/scripts/test_multihost.py)
@@ -66,8 +93,25 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
 
     real_generate = eqxdiff.generate.generate  # what sample.py's Sampling.images samples with (generate_images)
     monkeypatch.setattr(eqxdiff.generate, "generate", generate)
-    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
-                                   "--guidance", "3", "--out", str(tmp_path / "s.npz"), "--eval"]))  # fmt: skip
+    sample.main(
+        sample.parse_args(
+            [
+                "--run_dir",
+                str(run_dir),
+                "--prompts",
+                *prompts,
+                "--per_prompt",
+                "3",
+                "--steps",
+                "1",
+                "--guidance",
+                "3",
+                "--out",
+                str(tmp_path / "s.npz"),
+                "--eval",
+            ]
+        )
+    )
     assert "two digits: left" in capsys.readouterr().out  # (3, 7) and (9, 1), read from the prompts
     with np.load(tmp_path / "s.npz") as saved:
         assert saved["images"].shape == (6, 8, 16, 1) and "labels" not in saved.files  # one prompt per image
@@ -83,8 +127,24 @@ def test_a_frozen_clip_tower_trains_on_captions_and_samples_prompts(tmp_path, ca
     assert null.context.shape == encoded.context.shape and null.pooled.shape == encoded.pooled.shape
 
     # The same samples as a grid: a row per prompt, labelled with it (the sampler program above, reused).
-    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--prompts", *prompts, "--per_prompt", "3", "--steps", "1",
-                                   "--guidance", "3", "--out", str(tmp_path / "s.png")]))  # fmt: skip
+    sample.main(
+        sample.parse_args(
+            [
+                "--run_dir",
+                str(run_dir),
+                "--prompts",
+                *prompts,
+                "--per_prompt",
+                "3",
+                "--steps",
+                "1",
+                "--guidance",
+                "3",
+                "--out",
+                str(tmp_path / "s.png"),
+            ]
+        )
+    )
     assert scales == [3.0, 3.0]  # each flag overrides the run's --guidance (1.5)
     from tests.scripts.test_train_main import row_label_margin
 
@@ -110,13 +170,27 @@ def test_text_dropout_is_the_dropout_of_a_text_run(tmp_path, monkeypatch):
     built = {}
     monkeypatch.setattr(train_main, "make_train_step", capture)
     with pytest.raises(Built):
-        train_here("--run_dir", tmp_path, "--dataset", "captioned_digits", "--text_dropout", 0.5, "--label_dropout", 0,
-                   "--steps", 1, *SMOKE)  # fmt: skip
+        train_here(
+            "--run_dir",
+            tmp_path,
+            "--dataset",
+            "captioned_digits",
+            "--text_dropout",
+            0.5,
+            "--label_dropout",
+            0,
+            "--steps",
+            1,
+            *SMOKE,
+        )
     n, length = 256, 8  # captioned_digits' scratch tower reads 8 tokens
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 2000, (n, length)).astype(np.int32)
-    batch = {"image": rng.integers(0, 256, (n, 8, 16, 1), dtype=np.uint8), "input_ids": ids,
-             "attention_mask": np.ones((n, length), np.int32)}  # fmt: skip
+    batch = {
+        "image": rng.integers(0, 256, (n, 8, 16, 1), dtype=np.uint8),
+        "input_ids": ids,
+        "attention_mask": np.ones((n, length), np.int32),
+    }
     cond = built["prepare"](batch, jax.random.key(1))["cond"]
     replaced = np.any(np.asarray(cond["input_ids"]) != ids, axis=1)
     assert 0.35 < replaced.mean() < 0.65, replaced.mean()  # 128 ± 8 of 256

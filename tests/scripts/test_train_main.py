@@ -63,9 +63,31 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
     # Also the smoke run of ε-prediction with the EDM schedule (see SMOKE_CASES), on your own data: a
     # folder of 8×8 PNGs in class sub-folders (the digits' shapes: the same program as --dataset digits).
     folder = digits_folder(tmp_path / "digits")
-    args = [*SMALL, "--steps", "6", "--log_every", "3", "--sample_every", "6", "--cpu_devices", "4",
-            "--fsdp_size", "2", "--profile_steps", "2:4", "--compilation_cache_dir", str(cache), "--wandb", "offline",
-            "--parameterization", "eps", "--dataset", f"folder:{folder}", "--image_size", "8"]  # fmt: skip
+    args = [
+        *SMALL,
+        "--steps",
+        "6",
+        "--log_every",
+        "3",
+        "--sample_every",
+        "6",
+        "--cpu_devices",
+        "4",
+        "--fsdp_size",
+        "2",
+        "--profile_steps",
+        "2:4",
+        "--compilation_cache_dir",
+        str(cache),
+        "--wandb",
+        "offline",
+        "--parameterization",
+        "eps",
+        "--dataset",
+        f"folder:{folder}",
+        "--image_size",
+        "8",
+    ]
     result = run_main("--run_dir", str(run_dir), *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh {'data': 2, 'fsdp': 2}" in result.stderr + result.stdout
@@ -74,8 +96,15 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
 
     logged = rows(run_dir)
     assert [r["step"] for r in logged] == [3, 6]
-    for key in ("train/loss", "train/step_time_ms", "train/samples_per_sec", "train/mfu", "train/bad_steps",
-                "train/grad_norm", "train/lr"):  # fmt: skip
+    for key in (
+        "train/loss",
+        "train/step_time_ms",
+        "train/samples_per_sec",
+        "train/mfu",
+        "train/bad_steps",
+        "train/grad_norm",
+        "train/lr",
+    ):
         assert key in logged[-1], key
     assert logged[-1]["train/bad_steps"] == 0 and 0 < logged[-1]["train/mfu"] < 1
     startup = json.loads((run_dir / "run.json").read_text())
@@ -90,8 +119,22 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
 
     saved = json.loads((run_dir / "checkpoints" / "6" / "config" / "metadata").read_text())
     assert saved["class_names"] == sorted(NAMES)
-    sample.main(sample.parse_args(["--run_dir", str(run_dir), "--classes", "three,5", "--num", "6", "--steps", "1",
-                                   "--out", str(tmp_path / "grid.png")]))  # fmt: skip
+    sample.main(
+        sample.parse_args(
+            [
+                "--run_dir",
+                str(run_dir),
+                "--classes",
+                "three,5",
+                "--num",
+                "6",
+                "--steps",
+                "1",
+                "--out",
+                str(tmp_path / "grid.png"),
+            ]
+        )
+    )
     with Image.open(tmp_path / "grid.png") as grid:
         want = row_label_margin(["three", sorted(NAMES)[5]], 8, "L", grid.height)  # 5: "seven"
         assert grid.size == (want.shape[1] + (3 * 9 + 1) * 4, (2 * 9 + 1) * 4)  # 2 rows of 3 tiles
@@ -116,8 +159,21 @@ def test_main_trains_logs_profiles_and_writes_samples(tmp_path):
 def test_consecutive_nonfinite_steps_stop_with_the_documented_error(tmp_path):
     # lr = 1e38 sends the weights to inf after one update; every later step is non-finite.
     with pytest.raises(RuntimeError, match=r"consecutive non-finite steps .* raise --max_bad_steps"):
-        train_here("--run_dir", tmp_path, *SMALL, "--steps", 12, "--log_every", 6, "--lr", 1e38, "--max_bad_steps", 3,
-                   "--sample_every", 1000)  # fmt: skip
+        train_here(
+            "--run_dir",
+            tmp_path,
+            *SMALL,
+            "--steps",
+            12,
+            "--log_every",
+            6,
+            "--lr",
+            1e38,
+            "--max_bad_steps",
+            3,
+            "--sample_every",
+            1000,
+        )
     assert rows(tmp_path)[-1]["train/bad_steps"] >= 3
 
 
@@ -180,8 +236,19 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
 # npz images without labels (an unconditional model), bf16, remat, gradient accumulation, FID, and the DiT
 # as dit_tiny (dit_s's code at 2 blocks of width 64; dit_s's 12-block step takes most of a minute to
 # compile on a 2-core CPU).
-SMOKE = ["--schedule", "vp_linear", "--parameterization", "x0", "--precision", "bf16", "--remat", "--grad_accum_steps",
-         "2", "--model", "dit_tiny"]  # fmt: skip
+SMOKE = [
+    "--schedule",
+    "vp_linear",
+    "--parameterization",
+    "x0",
+    "--precision",
+    "bf16",
+    "--remat",
+    "--grad_accum_steps",
+    "2",
+    "--model",
+    "dit_tiny",
+]
 
 
 @pytest.mark.slow
@@ -204,9 +271,29 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, monk
     stand_in_reference(tmp_path / "ref.npz", image_shape=(16, 16, 1))
     digits = open_source("digits")
     np.savez(tmp_path / "digits.npz", images=digits.images[:64])  # no labels: an unconditional model
-    args = [*SMALL, "--steps", "3", "--log_every", "1", "--sample_every", "3", "--sample_steps", "1", *SMOKE,
-            "--dataset", f"npz:{tmp_path / 'digits.npz'}", "--eval_every", 2, "--eval_num", 20,
-            "--fid_ref", tmp_path / "ref.npz", "--inception", "unused", "--hflip"]  # fmt: skip
+    args = [
+        *SMALL,
+        "--steps",
+        "3",
+        "--log_every",
+        "1",
+        "--sample_every",
+        "3",
+        "--sample_steps",
+        "1",
+        *SMOKE,
+        "--dataset",
+        f"npz:{tmp_path / 'digits.npz'}",
+        "--eval_every",
+        2,
+        "--eval_num",
+        20,
+        "--fid_ref",
+        tmp_path / "ref.npz",
+        "--inception",
+        "unused",
+        "--hflip",
+    ]
     with pytest.warns(UserWarning, match="ref.npz holds statistics of 16×16×1 images, the samples are 8×8×1"):
         train_here("--run_dir", tmp_path / "run", *args, features_fn=projection)
     # --hflip: every image is a digit or its mirror image, and both kinds occur (p = 1/2 each).
@@ -234,9 +321,29 @@ def test_main_smoke_unlabeled_bf16_remat_accumulated_dit_with_fid(tmp_path, monk
 
     out = tmp_path / "fid.jsonl"
     with pytest.warns(UserWarning, match="holds statistics of 16×16×1 images"):
-        sample.main(sample.parse_args(["--run_dir", str(tmp_path / "run"), "--num", "20", "--steps", "1", "--batch_size",
-                                       "16", "--seed", "0", "--fid", str(tmp_path / "ref.npz"), "--inception", "unused",
-                                       "--fid_out", str(out)]), features_fn=projection)  # fmt: skip
+        sample.main(
+            sample.parse_args(
+                [
+                    "--run_dir",
+                    str(tmp_path / "run"),
+                    "--num",
+                    "20",
+                    "--steps",
+                    "1",
+                    "--batch_size",
+                    "16",
+                    "--seed",
+                    "0",
+                    "--fid",
+                    str(tmp_path / "ref.npz"),
+                    "--inception",
+                    "unused",
+                    "--fid_out",
+                    str(out),
+                ]
+            ),
+            features_fn=projection,
+        )
     (line,) = [json.loads(s) for s in out.read_text().splitlines()]
     assert line["step"] == 3 and line["num"] == 20 and line["guidance"] == train_main.Config().guidance  # the run's
     for key in ("fid", "precision", "recall"):
@@ -250,8 +357,9 @@ def test_subprocess_runs_are_type_checked(tmp_path):
         "import numpy as np\nfrom eqxdiff.diffusion.denoiser import per_example\n"
         "per_example(np.zeros((2, 3)), np.zeros((2, 3)))\nprint('unchecked')\n"
     )
-    result = subprocess.run([sys.executable, "tests/typechecked.py", str(script)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "tests/typechecked.py", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0 and "TypeCheckError" in result.stderr and "unchecked" not in result.stdout
 
 
@@ -267,8 +375,20 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
     from eqxdiff.generate import generate
     from eqxdiff.images import to_uint8
 
-    flags = ["--run_dir", str(eight_device_run), "--step", "12", "--classes", "3,7", "--num", "8", "--method", "euler",
-             "--steps", "2"]  # fmt: skip
+    flags = [
+        "--run_dir",
+        str(eight_device_run),
+        "--step",
+        "12",
+        "--classes",
+        "3,7",
+        "--num",
+        "8",
+        "--method",
+        "euler",
+        "--steps",
+        "2",
+    ]
     for out in ("s.npz", "s.png"):
         sample.main(sample.parse_args([*flags, "--out", str(tmp_path / out)]))
     with np.load(tmp_path / "s.npz") as saved:
@@ -281,13 +401,29 @@ def test_sample_script_png_grid_classes_method_and_step(eight_device_run, tmp_pa
     on_disk = leaf_paths(saved_arrays(eight_device_run, 12))
     assert any(not np.array_equal(v, on_disk[("ema", *k)]) for k, v in leaf_paths(newest).items())
     flat, treedef = jax.tree_util.tree_flatten_with_path(newest)
-    ema = jax.tree_util.tree_unflatten(treedef, [
-        jax.device_put(on_disk[("ema", *re.findall(r"\w+", jax.tree_util.keystr(p)))], x.sharding)
-        if eqx.is_array(x) else x for p, x in flat
-    ])  # fmt: skip
+    ema = jax.tree_util.tree_unflatten(
+        treedef,
+        [
+            jax.device_put(on_disk[("ema", *re.findall(r"\w+", jax.tree_util.keystr(p)))], x.sharding)
+            if eqx.is_array(x)
+            else x
+            for p, x in flat
+        ],
+    )
     # The run's schedule, parameterization (σ_data 0.5: pixels) and guidance (--guidance 1.5); sample.py's seed 0.
-    expected = generate(ema, schedule_by_name("edm"), parameterization_by_name("edm", 0.5), labels, 8, (8, 8, 1),
-                        mesh=mesh, steps=2, method="euler", guidance=1.5, seed=0)  # fmt: skip
+    expected = generate(
+        ema,
+        schedule_by_name("edm"),
+        parameterization_by_name("edm", 0.5),
+        labels,
+        8,
+        (8, 8, 1),
+        mesh=mesh,
+        steps=2,
+        method="euler",
+        guidance=1.5,
+        seed=0,
+    )
     np.testing.assert_array_equal(images, to_uint8(expected))
 
     with Image.open(tmp_path / "s.png") as png:

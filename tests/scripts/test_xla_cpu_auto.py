@@ -72,8 +72,13 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
     assert name == "on_with_conv_grad_matmul" and step.switches == fastest == xla_cpu.switched_on()
     entry = json.loads((tmp_path / "choice.json").read_text())["k"]
     assert entry["choice"] == name and entry["switches"] == sorted(fastest)
-    assert entry["step_ms"] == {"on": 1000.0, "off": 666.67, "on_with_conv_grad_matmul": 333.33, "on_with_ynnpack": 1333.33,
-                                "on_without_channel_sum_matmul": 1666.67}  # fmt: skip
+    assert entry["step_ms"] == {
+        "on": 1000.0,
+        "off": 666.67,
+        "on_with_conv_grad_matmul": 333.33,
+        "on_with_ynnpack": 1333.33,
+        "on_without_channel_sum_matmul": 1666.67,
+    }
     with xla_cpu.only(()):
         assert xla_cpu_auto.cached(tmp_path / "choice.json", "k", sets) == name and xla_cpu.switched_on() == fastest
     assert xla_cpu_auto.cached(tmp_path / "x", "k", sets) is None
@@ -81,8 +86,13 @@ def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_res
 
 def test_the_key_changes_with_the_step():
     spec = {"image": jax.ShapeDtypeStruct((16, 8, 8, 1), "uint8")}
-    key = lambda spec, extra: xla_cpu_auto.step_key({"w": jax.ShapeDtypeStruct((3, 3), "float32")}, spec, None,  # noqa: E731
-                                                    {"data": 8, "fsdp": 1}, extra)  # fmt: skip
+    key = lambda spec, extra: xla_cpu_auto.step_key(
+        {"w": jax.ShapeDtypeStruct((3, 3), "float32")},
+        spec,
+        None,  # noqa: E731
+        {"data": 8, "fsdp": 1},
+        extra,
+    )
     base = key(spec, {"precision": "fp32"})
     assert base == key(spec, {"precision": "fp32"})
     assert base != key({"image": jax.ShapeDtypeStruct((32, 8, 8, 1), "uint8")}, {"precision": "fp32"})

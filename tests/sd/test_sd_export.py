@@ -61,8 +61,10 @@ def test_unet_round_trip_is_the_folder_diffusers_wrote(sd1, tmp_path):
 def test_fp16_is_diffusers_own_fp16_file_and_bf16_round_trips(sd1, tmp_path):
     source = DATA / "sd_unet" / "sd1_like"
     save_diffusers(sd1, tmp_path / "fp16", dtype="float16", variant="fp16")
-    ours, theirs = load_file(str(tmp_path / "fp16" / f"{UNET[:-12]}.fp16.safetensors")), load_file(
-        str(source / f"{UNET[:-12]}.fp16.safetensors"))  # fmt: skip
+    ours, theirs = (
+        load_file(str(tmp_path / "fp16" / f"{UNET[:-12]}.fp16.safetensors")),
+        load_file(str(source / f"{UNET[:-12]}.fp16.safetensors")),
+    )
     assert ours.keys() == theirs.keys() and all(ours[k].tobytes() == theirs[k].tobytes() for k in ours)
     unet = SDUNet.from_diffusers(source, dtype=ml_dtypes.bfloat16)
     save_diffusers(unet, tmp_path / "bf16", dtype="bf16")
@@ -72,8 +74,9 @@ def test_fp16_is_diffusers_own_fp16_file_and_bf16_round_trips(sd1, tmp_path):
 
 def test_lora_is_merged_into_the_saved_weights(sd1, tmp_path):
     adapted = add_lora(sd1, 2, key=jax.random.key(0))
-    nonzero = lambda _, node: eqx.tree_at(lambda m: m.lora_B, node, node.lora_B + 0.1) if isinstance(node, LoRALinear) \
-        else node  # noqa: E731  (B != 0: the adapters change the model)
+    nonzero = lambda _, node: (
+        eqx.tree_at(lambda m: m.lora_B, node, node.lora_B + 0.1) if isinstance(node, LoRALinear) else node
+    )  # noqa: E731  (B != 0: the adapters change the model)
     adapted = map_layers(adapted, nonzero)
     save_diffusers(adapted, tmp_path)
     saved = SDUNet.from_diffusers(tmp_path)
@@ -102,18 +105,31 @@ def test_vae_round_trip_is_the_folder_diffusers_wrote(name, tmp_path):
     assert same_leaves(AutoencoderKL.from_diffusers(tmp_path), vae)
 
 
-@pytest.mark.parametrize("name, kind", [("text_encoder", CLIPTextModel),
-                                        ("text_encoder_2", CLIPTextModelWithProjection)])
+@pytest.mark.parametrize(
+    "name, kind", [("text_encoder", CLIPTextModel), ("text_encoder_2", CLIPTextModelWithProjection)]
+)
 def test_clip_tower_round_trip_has_transformers_names(name, kind, tmp_path):
     source = DATA / "sdxl_text" / name
     tower = kind.from_transformers(source)
     save_transformers(tower, tmp_path, dtype="float16")
     ours, theirs = shapes([tmp_path / "model.safetensors"]), shapes([source / "model.safetensors"])
-    assert ours == {k if k.startswith(("text_model.", "text_projection")) else f"text_model.{k}": v
-                    for k, v in theirs.items()}  # the hub's names  # fmt: skip
-    architecture = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "max_position_embeddings", "hidden_act", "layer_norm_eps", "eos_token_id", "model_type",
-                    "architectures", "dtype"] + ["projection_dim"] * (kind is CLIPTextModelWithProjection)  # fmt: skip
+    assert ours == {
+        k if k.startswith(("text_model.", "text_projection")) else f"text_model.{k}": v for k, v in theirs.items()
+    }  # the hub's names
+    architecture = [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "hidden_act",
+        "layer_norm_eps",
+        "eos_token_id",
+        "model_type",
+        "architectures",
+        "dtype",
+    ] + ["projection_dim"] * (kind is CLIPTextModelWithProjection)
     written = json.loads((tmp_path / "config.json").read_text())
     assert {k: written.get(k) for k in architecture} == {k: config(source).get(k) for k in architecture}
     assert same_leaves(kind.from_transformers(tmp_path), tower)

@@ -95,7 +95,7 @@ SD1_CASES = {
     "ddim_v": ("ddim", dict(prediction_type="v_prediction"), True, CFG),
     "euler": ("EulerDiscreteScheduler", {}, True, CFG),
     "dpmpp_2m": ("dpmpp_2m", dict(use_karras_sigmas=True), True, CFG),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", SD1_CASES)
@@ -103,8 +103,9 @@ def test_sd1_latents_equal_diffusers(sd1, case):
     ref = reference("sd1")
     scheduler, overrides, negative, cfg = SD1_CASES[case]
     pipe = sd1 if scheduler is None else sd1.with_scheduler(scheduler, **overrides)
-    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=cfg,
-                        initial_latents=nhwc(ref["latents"]))  # fmt: skip
+    ours = pipe.latents(
+        PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=cfg, initial_latents=nhwc(ref["latents"])
+    )
     assert ours.shape == (2, 8, 8, 4)
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
 
@@ -114,7 +115,7 @@ SDXL_CASES = {
     "euler_zeros": (None, False, MICRO),
     "euler_default_sizes": (None, True, {}),
     "dpmpp_2m": ("DPMSolverMultistepScheduler", True, MICRO),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", SDXL_CASES)
@@ -122,8 +123,14 @@ def test_sdxl_latents_equal_diffusers(sdxl, case):
     ref = reference("sdxl")
     scheduler, negative, micro = SDXL_CASES[case]
     pipe = sdxl if scheduler is None else sdxl.with_scheduler(scheduler)
-    ours = pipe.latents(PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=CFG,
-                        initial_latents=nhwc(ref["latents"]), **micro)  # fmt: skip
+    ours = pipe.latents(
+        PROMPTS,
+        NEGATIVE if negative else None,
+        steps=STEPS,
+        guidance=CFG,
+        initial_latents=nhwc(ref["latents"]),
+        **micro,
+    )
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
 
 
@@ -131,8 +138,15 @@ def test_sdxl_default_sizes_are_height_width_of_a_non_square_image(sdxl):
     """diffusers' defaults: original_size = target_size = (height, width). On 32×16-pixel latents (8×4, the VAE's
     factor 4), sizes left out, or only height/width given, sample as (32, 16) given; (16, 32) samples otherwise."""
     noise = np.asarray(jax.random.normal(jax.random.key(7), (1, 8, 4, 4)))
-    draw = lambda **sizes: np.asarray(sdxl.latents(["a cat"], steps=2, guidance=CFG, initial_latents=noise,  # noqa: E731
-                                                   **sizes))  # fmt: skip
+    draw = lambda **sizes: np.asarray(
+        sdxl.latents(
+            ["a cat"],
+            steps=2,
+            guidance=CFG,
+            initial_latents=noise,  # noqa: E731
+            **sizes,
+        )
+    )
     given = draw(original_size=(32, 16), target_size=(32, 16))
     assert given.shape == (1, 8, 4, 4)
     np.testing.assert_array_equal(draw(), given)
@@ -144,8 +158,10 @@ def test_sdxl_default_sizes_are_height_width_of_a_non_square_image(sdxl):
 
 def test_the_cases_are_told_apart():
     """Each reference differs from its neighbours by far more than the tolerance, so the parity tests can fail."""
-    for family, pairs in (("sd1", [("ddim", "ddim_no_negative"), ("ddim", "ddim_unguided"), ("ddim", "ddim_v")]),
-                          ("sdxl", [("euler", "euler_zeros"), ("euler", "euler_default_sizes")])):  # fmt: skip
+    for family, pairs in (
+        ("sd1", [("ddim", "ddim_no_negative"), ("ddim", "ddim_unguided"), ("ddim", "ddim_v")]),
+        ("sdxl", [("euler", "euler_zeros"), ("euler", "euler_default_sizes")]),
+    ):
         ref = reference(family)
         for a, b in pairs:
             assert relative(ref[f"{a}_latents"], ref[f"{b}_latents"]) > 10 * TOLERANCE, (family, a, b)
@@ -156,11 +172,20 @@ def test_drawn_latents_and_images(sd1):
     assert images.shape == (1, 16, 24, 3) and np.isfinite(np.asarray(images)).all()
     # from the same initial latents, Euler ancestral's step noise comes from the key (Euler's does not exist)
     noise = np.asarray(jax.random.normal(jax.random.key(5), (1, 8, 8, 4)))
-    draw = lambda method, seed: np.asarray(sd1.latents(["a cat"], steps=3, guidance=3.0, initial_latents=noise,  # noqa: E731
-                                                       key=jax.random.key(seed), method=method))  # fmt: skip
+    draw = lambda method, seed: np.asarray(
+        sd1.latents(
+            ["a cat"],
+            steps=3,
+            guidance=3.0,
+            initial_latents=noise,  # noqa: E731
+            key=jax.random.key(seed),
+            method=method,
+        )
+    )
     a = draw("euler_ancestral", 0)
     assert np.isfinite(a).all() and relative(draw("euler_ancestral", 1), a) > 0.1
     assert relative(draw("euler_ancestral", 0), a) == 0 and relative(draw("euler", 1), draw("euler", 0)) == 0
+
 
 def test_refusals(sd1, sdxl, sd1_folder, tmp_path):
     with pytest.raises(ValueError, match="guidance_rescale"):
@@ -192,17 +217,38 @@ def test_cli_writes_a_png(sdxl_folder, tmp_path):
     """The script's process writes a PNG grid and names a missing folder in one line. SDXL only: the process's
     wiring is the same for SD 1.x, whose pipeline runs through the script in the tests below."""
     out, folder = tmp_path / "grid.png", sdxl_folder
-    cmd = [sys.executable, str(ROOT / "train" / "sample_pretrained.py"), "--pretrained", f"sd:{folder}", "--prompts",
-           "a cat", "a dog", "--negative_prompts", "blurry", "", "--guidance", "5", "--steps", "2", "--method", "euler",
-           "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "sample_pretrained.py"),
+        "--pretrained",
+        f"sd:{folder}",
+        "--prompts",
+        "a cat",
+        "a dog",
+        "--negative_prompts",
+        "blurry",
+        "",
+        "--guidance",
+        "5",
+        "--steps",
+        "2",
+        "--method",
+        "euler",
+        "--out",
+        str(out),
+    ]
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 images (1 per prompt, euler, 2 steps, guidance 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
-    bad = subprocess.run(cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
-                         capture_output=True, text=True, env=env)  # fmt: skip
+    bad = subprocess.run(
+        cmd[:3] + [f"sd:{tmp_path / 'none'}", "--prompts", "a", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode != 0 and "model_index.json" in bad.stderr.strip().splitlines()[-1]
 
 
@@ -215,8 +261,26 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
 
     def run(name, *flags) -> dict:
         out = tmp_path / name / "samples.npz"  # its folder made
-        sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{sd1_folder}", "--prompts", "a cat",
-                                                             "a dog", "--steps", "2", "--guidance", "3", "--method", "euler", "--out", str(out), *flags]))  # fmt: skip
+        sample_pretrained.main(
+            sample_pretrained.parse_args(
+                [
+                    "--pretrained",
+                    f"sd:{sd1_folder}",
+                    "--prompts",
+                    "a cat",
+                    "a dog",
+                    "--steps",
+                    "2",
+                    "--guidance",
+                    "3",
+                    "--method",
+                    "euler",
+                    "--out",
+                    str(out),
+                    *flags,
+                ]
+            )
+        )
         return dict(np.load(out))
 
     three = run("three", "--per_prompt", "3")
@@ -244,8 +308,11 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
 
     def run(folder) -> np.ndarray:
         out = tmp_path / f"{folder.name}.npz"
-        sample_pretrained.main(sample_pretrained.parse_args(["--pretrained", f"sd:{folder}", "--prompts", "a cat",
-                                                             "--steps", "2", "--out", str(out)]))  # fmt: skip
+        sample_pretrained.main(
+            sample_pretrained.parse_args(
+                ["--pretrained", f"sd:{folder}", "--prompts", "a cat", "--steps", "2", "--out", str(out)]
+            )
+        )
         return np.load(out)["latents"]
 
     with pytest.warns(UserWarning) as said:
@@ -254,8 +321,18 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
     np.testing.assert_array_equal(ours, run(sd1_folder))
     # As the script says it: one line each, at the start
-    cmd = [sys.executable, str(ROOT / "train" / "sample_pretrained.py"), "--pretrained", f"sd:{fp16}", "--prompts", "a cat",
-           "--steps", "1", "--out", str(tmp_path / "cli.npz")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "sample_pretrained.py"),
+        "--pretrained",
+        f"sd:{fp16}",
+        "--prompts",
+        "a cat",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path / "cli.npz"),
+    ]
     env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -275,14 +352,16 @@ def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
     for flags, phrase in [
         (["--pretrained", f"sd:{tmp_path / 'none'}", "--prompts", "a"], "no model_index.json there: "),
         (["--pretrained", f"sd:{sd1_folder / 'unet'}", "--prompts", "a"], "is a model folder (config.json: UNet2D"),
-        (["--pretrained", f"sd:{sd1_folder / 'model_index.json'}", "--prompts", "a"],
-         f"is a file (did you mean dit:{sd1_folder / 'model_index.json'} or sit:"),
+        (
+            ["--pretrained", f"sd:{sd1_folder / 'model_index.json'}", "--prompts", "a"],
+            f"is a file (did you mean dit:{sd1_folder / 'model_index.json'} or sit:",
+        ),
         ([*sd, "--prompts", "a", "--vae", str(sd1_folder / "vae")], "brings its own VAE"),
         (sd, "needs --prompts"),
         ([*sd, "--prompts", "a", "--method", "heun"], "samples with ddim, euler, euler_ancestral, dpmpp_2m"),
         ([*sd, "--prompts", "a", "b", "c", "--negative_prompts", "x", "y"], "one for all prompts or one per prompt"),
         (["--pretrained", f"sd:{other}", "--prompts", "a"], "is a StableDiffusionImg2ImgPipeline: load_sd reads"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(SystemExit) as refused:
             sample_pretrained.main(sample_pretrained.parse_args(flags))
         assert phrase in str(refused.value.code), flags

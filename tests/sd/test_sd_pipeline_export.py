@@ -49,8 +49,15 @@ def test_a_loaded_pipeline_saves_as_the_folder_diffusers_wrote(family, tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(weights(again), weights(pipe), strict=True))
     if family == "sd1":  # the saved folder samples diffusers' latents, as the source does (the same arrays)
         ref = reference("sd1")
-        sample = lambda p: np.asarray(p.latents(PROMPTS, NEGATIVE, steps=STEPS, guidance=CFG,  # noqa: E731
-                                                initial_latents=nhwc(ref["latents"])))  # fmt: skip
+        sample = lambda p: np.asarray(
+            p.latents(
+                PROMPTS,
+                NEGATIVE,
+                steps=STEPS,
+                guidance=CFG,  # noqa: E731
+                initial_latents=nhwc(ref["latents"]),
+            )
+        )
         ours = sample(again)
         assert relative(ours, nhwc(ref["ddim_latents"])) < TOLERANCE and np.array_equal(ours, sample(pipe))
 
@@ -58,8 +65,13 @@ def test_a_loaded_pipeline_saves_as_the_folder_diffusers_wrote(family, tmp_path)
 def test_bad_parts_are_refused_before_writing(tmp_path):
     source = assemble("sd1", tmp_path / "source")
     pipe = load_sd(source)
-    parts = {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.prompts.encoder,
-             "scheduler": pipe.scheduler_config, "tokenizer": source / "tokenizer"}  # fmt: skip
+    parts = {
+        "unet": pipe.unet,
+        "vae": pipe.vae,
+        "text_encoder": pipe.prompts.encoder,
+        "scheduler": pipe.scheduler_config,
+        "tokenizer": source / "tokenizer",
+    }
     out = tmp_path / "out"
     for change, phrase in [
         ({"tokenizer": None}, "tokenizer must be a folder"),

@@ -146,8 +146,11 @@ def test_euler_ancestral_noises_replace_the_key():
     keys = jax.random.split(key, 3)
     drawn = jnp.stack([jax.random.normal(k, x.shape) for k in keys])
     denoise = lambda x, s: 0.5 * x  # noqa: E731
-    np.testing.assert_allclose(sample(denoise, x, sigmas, "euler_ancestral", noises=drawn),
-                               sample(denoise, x, sigmas, "euler_ancestral", key), rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        sample(denoise, x, sigmas, "euler_ancestral", noises=drawn),
+        sample(denoise, x, sigmas, "euler_ancestral", key),
+        rtol=1e-6,
+    )
 
 
 def test_trained_betas_give_the_schedule_of_those_betas():

@@ -25,9 +25,11 @@ from eqxdiff.sd.sdxl_prompts import SDXLPrompts
 DATA = Path(__file__).parents[1] / "data"
 FOLDER = DATA / "sdxl_text"
 # tools/make_sdxl_text_fixture.py's PROMPTS and CASES (the arguments of diffusers' encode_prompt)
-LONG = ("a highly detailed oil painting of a lighthouse on a rocky cliff at sunset, waves crashing below, seagulls "
-        "circling overhead, dramatic clouds lit in orange and purple, a small fishing boat returning to the harbor, "
-        "warm light in the keeper's window, masterpiece, best quality, intricate brushwork, 8k, trending")  # fmt: skip
+LONG = (
+    "a highly detailed oil painting of a lighthouse on a rocky cliff at sunset, waves crashing below, seagulls "
+    "circling overhead, dramatic clouds lit in orange and purple, a small fishing boat returning to the harbor, "
+    "warm light in the keeper's window, masterpiece, best quality, intricate brushwork, 8k, trending"
+)
 PROMPTS = ["a photo of a cat", "wow! a dog!!", LONG]
 NEGATIVE = ["", "blurry, ugly", "lowres"]
 CASES = {
@@ -35,13 +37,17 @@ CASES = {
     "empty": dict(force_zeros=False),
     "explicit_empty": dict(force_zeros=True, negative_prompt=["", "", ""]),
     "negative": dict(force_zeros=True, negative_prompt=NEGATIVE),
-    "prompt_2": dict(force_zeros=True, prompt_2=["an oil painting", "", "a cat"],
-                     negative_prompt=["bad", "worse", "worst"], negative_prompt_2=["grey", "", "flat"]),
+    "prompt_2": dict(
+        force_zeros=True,
+        prompt_2=["an oil painting", "", "a cat"],
+        negative_prompt=["bad", "worse", "worst"],
+        negative_prompt_2=["grey", "", "flat"],
+    ),
     "clip_skip_1": dict(force_zeros=True, clip_skip=1, negative_prompt=NEGATIVE),
     "clip_skip_2": dict(force_zeros=True, clip_skip=2),
     "unguided": dict(force_zeros=True, guided=False),
     "refiner": dict(force_zeros=False, refiner=True),
-}  # fmt: skip
+}
 WIDTHS = (8, 16, 12)  # tower 1, tower 2, projection_dim
 
 
@@ -164,8 +170,10 @@ def test_prompts_match_diffusers_encode_prompt(prompts, pipeline, ref, name):
     width = WIDTHS[1] + (0 if case.get("refiner") else WIDTHS[0])
     assert cond.context.shape == (3, 77, width) and cond.pooled.shape == (3, WIDTHS[2])
     assert cond.mask.shape == (3, 77) and (cond.mask == 1).all()  # diffusers' UNet attends to every position
-    errors = {"prompt_embeds": relative(cond.context, ref[f"{name}_prompt_embeds"]),
-              "pooled": relative(cond.pooled, ref[f"{name}_pooled"])}  # fmt: skip
+    errors = {
+        "prompt_embeds": relative(cond.context, ref[f"{name}_prompt_embeds"]),
+        "pooled": relative(cond.pooled, ref[f"{name}_pooled"]),
+    }
     if case.get("guided", True):
         negative = ours.negative(3, case.get("negative_prompt"), case.get("negative_prompt_2"))
         zeros = case["force_zeros"] and "negative_prompt" not in case
@@ -196,8 +204,10 @@ def test_the_condition_feeds_an_sdxl_unet(prompts):
     """TextCond(context [b, 77, d1 + d2], pooled [b, p]) with time_ids: an SDUNet whose cross_attention_dim
     and projection_class_embeddings_input_dim are those widths takes it as SDXLCond."""
     config = json.loads((DATA / "sd_unet" / "sdxl_like" / "config.json").read_text())
-    config |= {"cross_attention_dim": prompts.encoders.context_dim,
-               "projection_class_embeddings_input_dim": prompts.encoders.pooled_dim + 6 * 4}  # fmt: skip
+    config |= {
+        "cross_attention_dim": prompts.encoders.context_dim,
+        "projection_class_embeddings_input_dim": prompts.encoders.pooled_dim + 6 * 4,
+    }
     assert (prompts.encoders.context_dim, prompts.encoders.pooled_dim) == (WIDTHS[0] + WIDTHS[1], WIDTHS[2])
     unet = SDUNet.from_config(config, key=jax.random.key(0))
     cond = SDXLCond(prompts.encode(PROMPTS[:2]), sdxl_time_ids((64, 64), (0, 0), (64, 64), 2))

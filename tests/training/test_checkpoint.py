@@ -119,9 +119,12 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path, layout):
         if not layout:
             shutil.rmtree(tmp_path / "3" / "layout")
         assert_same_leaves(state, restore_on(checkpoints, 3, mesh)[0])
-        with pytest.raises(CheckpointError, match=r"step 3 .* cannot be restored into this run's state, which differs "
-                           r"in: .*ema\.layers\.0\.weight: saved \(\(64, 16\), 'float32'\), this run has "
-                           r"\(\(32, 16\), 'float32'\).*original flags"):  # fmt: skip
+        with pytest.raises(
+            CheckpointError,
+            match=r"step 3 .* cannot be restored into this run's state, which differs "
+            r"in: .*ema\.layers\.0\.weight: saved \(\(64, 16\), 'float32'\), this run has "
+            r"\(\(32, 16\), 'float32'\).*original flags",
+        ):
             restore_on(checkpoints, 3, mesh, make=lambda key: make_model(key, width=32))
         with pytest.raises(CheckpointError, match=r"No checkpoint for step 5 .* complete ones: \[3\]"):
             restore_on(checkpoints, 5, mesh)

@@ -88,8 +88,9 @@ def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch, capfd):
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
     said = capfd.readouterr()
     assert "Run data is saved locally in" in said.err + said.out
-    assert not {"Run history", "Run summary"} & set(line.removeprefix("wandb: ").rstrip(":") for line in
-                                                     (said.err + said.out).splitlines()), said  # fmt: skip
+    assert not {"Run history", "Run summary"} & set(
+        line.removeprefix("wandb: ").rstrip(":") for line in (said.err + said.out).splitlines()
+    ), said
     assert [r["step"] for r in _rows(tmp_path / "metrics.jsonl")] == [0, 1]
 
 
@@ -107,4 +108,3 @@ def test_run_json_and_the_wandb_id_have_the_umasks_permissions(tmp_path, umask):
         os.umask(before)
     modes = {name: (tmp_path / name).stat().st_mode & 0o777 for name in ("run.json", "wandb_run_id", "in_place")}
     assert modes == dict.fromkeys(modes, 0o666 & ~umask)
-

@@ -110,8 +110,12 @@ def test_profile_inner_products_are_the_integrals_and_edm2s():
     def profile(t, gamma):
         return lambda tau: (gamma + 1) * tau**gamma / t ** (gamma + 1) if tau <= t else 0.0
 
-    for (t_a, s_a), (t_b, s_b) in [((40, 0.05), (40, 0.1)), ((12, 0.1), (40, 0.05)), ((36, 0.2), (8, 0.02)),
-                                   ((20, 0.07), (20, 0.07))]:  # fmt: skip
+    for (t_a, s_a), (t_b, s_b) in [
+        ((40, 0.05), (40, 0.1)),
+        ((12, 0.1), (40, 0.05)),
+        ((36, 0.2), (8, 0.02)),
+        ((20, 0.07), (20, 0.07)),
+    ]:
         g_a, g_b = sigma_rel_to_gamma(s_a), sigma_rel_to_gamma(s_b)
         pa, pb = profile(t_a, g_a), profile(t_b, g_b)
         integral = quad(lambda tau: pa(tau) * pb(tau), 0, min(t_a, t_b), epsabs=0, epsrel=1e-12, limit=200)[0]
@@ -259,10 +263,16 @@ def test_the_step_tracks_edm2s_power_function_emas_sharded_like_the_params():
     assert state.phema[0].weight.sharding == state.model.weight.sharding
     assert not state.model.weight.sharding.is_fully_replicated  # FSDP: the check above is not trivially true
     step = make_train_step(
-        prepare=lambda batch, key: batch, loss_fn=fit_loss, optimizer=optimizer, lr_schedule=schedule,
-        ema_decay=0.9, state_shardings=shardings, batch_sharding=batch_sharding(mesh), seed=0,
+        prepare=lambda batch, key: batch,
+        loss_fn=fit_loss,
+        optimizer=optimizer,
+        lr_schedule=schedule,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
         phema_gammas=tuple(sigma_rel_to_gamma(s) for s in sigma_rels),
-    )  # fmt: skip
+    )
     x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     history = []
     for i in range(8):
@@ -329,7 +339,9 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "100", "--steps", "2")
     table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]
-    posthoc("--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--guidance", "1")  # unguided: other samples
+    posthoc(
+        "--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--guidance", "1"
+    )  # unguided: other samples
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
     assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
@@ -384,16 +396,20 @@ def test_posthoc_and_sample_refuse_bad_input_in_one_line(tmp_path, capsys):
     import posthoc_ema  # train/posthoc_ema.py
     import sample  # train/sample.py
 
-    for argv, says in ((["--sigma_rel", "0.3"], "sigma_rel must be in (0, 0.2887)"),
-                       (["--sigma_rel", ""], "give at least one relative width"),
-                       (["--sigma_rel", "0.05", "--from_sigma_rels", "x"], "--from_sigma_rels")):  # fmt: skip
+    for argv, says in (
+        (["--sigma_rel", "0.3"], "sigma_rel must be in (0, 0.2887)"),
+        (["--sigma_rel", ""], "give at least one relative width"),
+        (["--sigma_rel", "0.05", "--from_sigma_rels", "x"], "--from_sigma_rels"),
+    ):
         with pytest.raises(SystemExit):
             posthoc_ema.parse_args(["--run_dir", str(tmp_path), *argv])
         assert says in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:
         posthoc_ema.main(posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05"]))
-    assert refused.value.code == (f"{tmp_path / 'phema'} does not exist: train the run with --phema_sigma_rels "
-                                  "0.05,0.10 (train/main.py) to write post-hoc EMA's snapshots.")  # fmt: skip
+    assert refused.value.code == (
+        f"{tmp_path / 'phema'} does not exist: train the run with --phema_sigma_rels "
+        "0.05,0.10 (train/main.py) to write post-hoc EMA's snapshots."
+    )
     with pytest.raises(SystemExit):  # --fid without --inception (or without --sweep): before anything loads
         posthoc_ema.parse_args(["--run_dir", str(tmp_path), "--sigma_rel", "0.05", "--sweep", "--fid", "r.npz"])
     assert "--fid goes with --sweep and needs --inception FILE" in capsys.readouterr().err

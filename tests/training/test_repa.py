@@ -30,8 +30,11 @@ def projector_of(ref) -> Projector:
     """A Projector holding the fixture's weights (torch's [out, in] transposed to Dense's [in, out])."""
     projector = Projector(24, 32, 40, key=jax.random.key(0))
     for i in (1, 2, 3):
-        projector = eqx.tree_at(lambda p: (getattr(p, f"fc{i}").weight, getattr(p, f"fc{i}").bias), projector,
-                                (jnp.asarray(ref[f"fc{i}_weight"].T), jnp.asarray(ref[f"fc{i}_bias"])))  # fmt: skip
+        projector = eqx.tree_at(
+            lambda p: (getattr(p, f"fc{i}").weight, getattr(p, f"fc{i}").bias),
+            projector,
+            (jnp.asarray(ref[f"fc{i}_weight"].T), jnp.asarray(ref[f"fc{i}_bias"])),
+        )
     return projector
 
 

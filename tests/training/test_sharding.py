@@ -153,7 +153,9 @@ def test_explicit_specs_and_spec_functions_first_match_wins():
     assert shardings.model.conv_out.bias.spec == P()  # (1,): fsdp_spec(.., 1) finds no divisible axis
     assert model.conv_in.weight.sharding.spec == fsdp_spec((3, 3, 1, 16), 4, RULE_MIN_SIZE)  # no rule: default
     with pytest.raises(ValueError, match="either `rules` or `shardings`"):  # given shardings already hold their rules
-        create_train_state(tiny_unet, optimizer, jax.random.key(0), make_mesh(2, 4), 64, rules=rules, shardings=shardings)
+        create_train_state(
+            tiny_unet, optimizer, jax.random.key(0), make_mesh(2, 4), 64, rules=rules, shardings=shardings
+        )
 
 
 @pytest.mark.parametrize(
@@ -192,7 +194,9 @@ def test_head_layout_rules_split_attention_outputs_along_their_output_axis():
 
     assert output_axis_spec((16, 24), 8, 1) == P(None, "fsdp") and output_axis_spec((16, 20), 8, 1) == P()
     assert output_axis_spec((16, 24), 8, 10**6) == P() and output_axis_spec((16, 24), 1, 1) == P()
-    config = json.loads((Path(__file__).parents[1] / "data" / "sd_pipeline" / "sdxl" / "unet" / "config.json").read_text())
+    config = json.loads(
+        (Path(__file__).parents[1] / "data" / "sd_pipeline" / "sdxl" / "unet" / "config.json").read_text()
+    )
     assert fsdp_spec((16, 16), 8, 1) == P("fsdp")  # alone: a square weight split along its input (heads) axis
 
     def unet(lora: bool):
@@ -203,8 +207,9 @@ def test_head_layout_rules_split_attention_outputs_along_their_output_axis():
         model = eqx.filter_eval_shape(unet, lora)
         shardings = state_shardings(model, make_mesh(1, 8), 1, rules=HEAD_LAYOUT_RULES, strict=False)
         seen = set()
-        for name, leaf, sharding in zip(jax.tree.leaves(leaf_names(model)), jax.tree.leaves(model),
-                                        jax.tree.leaves(shardings), strict=True):  # fmt: skip
+        for name, leaf, sharding in zip(
+            jax.tree.leaves(leaf_names(model)), jax.tree.leaves(model), jax.tree.leaves(shardings), strict=True
+        ):
             if re.search(r"to_out\.0\.(base_layer\.)?weight$", name):
                 want, kind = P(None, "fsdp"), "weight"  # [heads · head_dim, out]: the output axis
             elif name.endswith("to_out.0.lora_A"):

@@ -69,6 +69,7 @@ def zip_with_pickle(path: Path, data_pkl: bytes, storage: bytes, compression=zip
 def tensor_pickle(size: tuple, stride: tuple, offset: int, numel: int, build: bytes = b"") -> bytes:
     """A protocol-2 pickle of `_rebuild_tensor_v2` on one FloatStorage of `numel` elements, the
     opcodes written out (torch.save never writes a tensor outside its storage)."""
+
     def s(text):
         return b"X" + len(text).to_bytes(4, "little") + text.encode()
 
@@ -76,7 +77,16 @@ def tensor_pickle(size: tuple, stride: tuple, offset: int, numel: int, build: by
         return b"(" + b"".join(b"J" + v.to_bytes(4, "little", signed=True) for v in values) + b"t"
 
     storage_id = b"(" + s("storage") + b"ctorch\nFloatStorage\n" + s("0") + s("cpu") + ints([numel])[1:-1] + b"tQ"
-    args = b"(" + storage_id + ints([offset])[1:-1] + ints(size) + ints(stride) + b"\x89" + b"ccollections\nOrderedDict\n)R" + b"t"
+    args = (
+        b"("
+        + storage_id
+        + ints([offset])[1:-1]
+        + ints(size)
+        + ints(stride)
+        + b"\x89"
+        + b"ccollections\nOrderedDict\n)R"
+        + b"t"
+    )
     return b"\x80\x02" + b"}" + s("w") + b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R" + build + b"s."
 
 

@@ -35,8 +35,13 @@ def test_a_state_dict_comes_back_as_written(tmp_path):
 def test_records_are_torchs_layout_with_storages_aligned(tmp_path):
     path = save_torch_state_dict({"a": np.ones(3, np.float32), "b": np.ones(7, np.float16)}, tmp_path / "s.pt")
     with zipfile.ZipFile(path) as zf, open(path, "rb") as f:
-        assert zf.namelist() == ["archive/data.pkl", "archive/byteorder", "archive/data/0", "archive/data/1",
-                                 "archive/version"]  # fmt: skip
+        assert zf.namelist() == [
+            "archive/data.pkl",
+            "archive/byteorder",
+            "archive/data/0",
+            "archive/data/1",
+            "archive/version",
+        ]
         assert zf.read("archive/byteorder") == b"little" and zf.read("archive/version") == b"3\n"
         for info in zf.infolist():
             assert info.compress_type == zipfile.ZIP_STORED
