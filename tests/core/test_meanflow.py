@@ -242,7 +242,7 @@ MEANFLOW_DIGITS = [
     "meanflow",
     "--sample_steps",
     "1",
-    "--cfg_scale",
+    "--guidance",
     "1",
     "--sample_every",
     "0",
