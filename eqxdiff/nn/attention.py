@@ -18,8 +18,8 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
 - `one_block` (TPU): a Pallas kernel per pass with each head's whole sequence in one block, for short sequences
   (`eqxdiff/nn/attention_one_block.py`: no online softmax, one backward kernel, nothing but q, k, v kept).
   A TPU takes it up to ONE_BLOCK_CHOSEN_UP_TO logits a head, whole blocks of 128, unmasked (BENCHMARKS.md "On a
-  TPU v5e": one DiT-XL/2 layer's attention forward and backward 1.66 ms against XLA's 2.06 and flash's 3.57;
-  the DiT-XL/2 step 142 images/s against 117).
+  TPU v5e": faster than XLA's form and flash's at DiT's 256 tokens, where flash's grid of one (batch, head) pair a
+  step is mostly overhead).
 
 `attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
 traced keeps the form it was traced with.
@@ -42,7 +42,7 @@ QUERY_BLOCK = 128  # queries per block of `query_blocks`
 QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
 FLASH_FROM = 1024  # queries from which a TPU takes flash attention
 FLASH_BLOCK = 512  # flash attention's largest query and key block
-ONE_BLOCK_CHOSEN_UP_TO = 256 * 256  # logits a head up to which a TPU takes one_block: measured at DiT's 256 tokens
+ONE_BLOCK_CHOSEN_UP_TO = 256 * 256  # logits a head up to which a TPU takes one_block: the shapes measured faster
 # A remat policy can keep the attention's output under this name (eqxdiff/nn/remat.py, "attention").
 ATTENTION_NAME = "attention"
 
