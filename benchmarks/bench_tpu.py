@@ -124,20 +124,27 @@ def dit_train(
     fsdp=1,
     compile_only=0,
     profile=0,
+    objective="edm",
 ):
     """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
     decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
     "where", default by backend), `remat` a policy name ("" none), `accum` micro-batches per update. `fsdp` N:
     the state split over N devices (a mesh of N; `--cpu_devices 8` simulates them); `compile_only`: XLA's memory
     analysis per device, nothing run; `profile` N: N more steps traced, their op time by kind and phase
-    (benchmarks/hlo_ops.py)."""
+    (benchmarks/hlo_ops.py). `objective` "meanflow": a DiT of two times on MeanFlow's loss as train/main.py's
+    `--objective meanflow` with its defaults (one jax.jvp through the network, guidance folded in with ω = 1,
+    κ = 0.5: two more forward calls); its model FLOPs counted as the plain step's, so its MFU reads as the
+    plain step's rate of images."""
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
     batch = min(batch, 4 * accum) if TINY else batch
     if guard:
         step_module.GUARD_FORM = guard
     schedule, parameterization = EDMSchedule(), parameterization_by_name("edm", 1.0)
     optimizer, lr = adamw_cosine(1e-4, 10**6, 0, 0.0)
-    make_model = functools.partial(DiT, 32, 2, 4, hidden, depth, heads, num_classes=1000, remat=bool(remat))
+    meanflow = objective == "meanflow"
+    make_model = functools.partial(
+        DiT, 32, 2, 4, hidden, depth, heads, num_classes=1000, remat=bool(remat), interval_embedding=meanflow
+    )
 
     def prepare(batch, key):
         k1, k2 = jax.random.split(key)
@@ -150,6 +157,26 @@ def dit_train(
             model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
         )
         return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
+
+    if meanflow:  # train/main.py's prepare_meanflow and meanflow_loss_fn, their defaults
+        from eqxdiff.diffusion import draw_condition_drop, draw_times, meanflow_prediction
+
+        def prepare(batch, key):  # noqa: F811
+            k1, k2, k3 = jax.random.split(key, 3)
+            b = batch["label"].shape[0]
+            t, r = draw_times(k1, b, p_mean=-0.4, p_std=1.0, r_neq_t=0.25)
+            noise = jax.random.normal(k2, batch["x0"].shape)
+            null = jnp.full_like(batch["label"], 1000)
+            drop = draw_condition_drop(k3, b, 0.1)
+            return dict(x0=batch["x0"], cond=batch["label"], null=null, drop=drop, t=t, r=r, noise=noise)
+
+        def loss_fn(model, batch, key):  # noqa: F811
+            u, target = meanflow_prediction(
+                model, batch["x0"], batch["noise"], batch["t"], batch["r"], batch["cond"], batch["null"],
+                batch["drop"], omega=1.0, kappa=0.5, key=key,
+            )  # fmt: skip
+            error = jnp.sum((u - target) ** 2, axis=(1, 2, 3))
+            return jnp.mean(error / jax.lax.stop_gradient(error + 0.01))
 
     mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
     with forms(attention, remat):
@@ -224,7 +251,7 @@ def profiled(run_step, steps: int, compiled) -> dict:
     jax.profiler.ProfileData), grouped by kind and phase as benchmarks/hlo_ops.py classifies the compiled HLO."""
     import tempfile
 
-    from hlo_ops import instructions, module_name, op_events, summarise
+    from hlo_ops import instructions, module_name, op_events, summarise, trace_layout
 
     text = compiled.as_text()
     with tempfile.TemporaryDirectory() as folder:
@@ -236,8 +263,9 @@ def profiled(run_step, steps: int, compiled) -> dict:
             jax.profiler.stop_trace()
         trace = sorted(Path(folder).rglob("*.xplane.pb"))[-1]
         events, others = op_events(trace, module_name(text))
+        layout = {} if events else {"trace_layout": trace_layout(trace)}  # nothing matched: say what is there
     summary = summarise(events, instructions(text, ("eqxdiff/training/step.py",)), steps)
-    return {**summary, "other_modules_ms": {k: round(v / 1e6 / steps, 2) for k, v in others.items()}}
+    return {**summary, "other_modules_ms": {k: round(v / 1e6 / steps, 2) for k, v in others.items()}, **layout}
 
 
 def utilisation(model_flops: float, xla: float, seconds: float, compiled=None) -> dict:
@@ -280,9 +308,9 @@ def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20):
     return dict(ms=round(seconds * 1e3, 3), **utilisation(flops, xla_flops(compiled), seconds), **memory(compiled))
 
 
-def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=2):
+def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=2, profile=0):
     """`sample_dit` as DiT's sample.py: DDPM over `steps` respaced steps, guidance `cfg` on 3 channels, bf16
-    weights, one lax.scan; `calls` timed after a warm-up."""
+    weights, one lax.scan; `calls` timed after a warm-up; `profile` N: N more calls traced, op time by kind."""
     from eqxdiff.pretrained.dit_sampling import sample_dit
 
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
@@ -299,10 +327,44 @@ def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=
         seconds = timed(lambda: compiled(arrays, labels, noise, jax.random.key(1)), calls)
     evaluations = steps * batch * (2 if cfg > 1 else 1)
     macs = dit_forward_macs(hidden, depth, 256)
-    return dict(
+    out = dict(
         compile_s=round(compile_s, 1),
         images_per_s=round(batch / seconds, 3),
         **utilisation(2 * macs * evaluations, xla_flops(compiled), seconds),
+    )
+    if profile:
+        call = lambda: jax.block_until_ready(compiled(arrays, labels, noise, jax.random.key(1)))  # noqa: E731
+        out["profile"] = profiled(call, profile, compiled)
+    return out
+
+
+def dit_one_step(size="XL", batch=256, steps=1, calls=5):
+    """MeanFlow sampling with a DiT-{size}/2 of two times, bf16: `steps` network calls (one: z_0 = z_1 − u) through
+    the samplers table's `meanflow` step on its flow-time grid, unguided (MeanFlow folds guidance into training)."""
+    from eqxdiff.diffusion import Denoiser, FlowSchedule, sample
+    from eqxdiff.diffusion.grids import flow_time_sigmas
+
+    hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
+    batch = min(batch, 4) if TINY else batch
+    model = DiT(32, 2, 4, hidden, depth, heads, num_classes=1000, interval_embedding=True, key=jax.random.key(0))
+    model = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model)
+    schedule = FlowSchedule()
+    sigmas = flow_time_sigmas(steps, schedule.sigma_max)
+    labels = jnp.arange(batch) % 1000
+    noise = jnp.asarray(np.random.default_rng(0).normal(size=(batch, 32, 32, 4)), jnp.float32)
+
+    def generate(m, y, z):
+        denoiser = Denoiser(m, schedule, parameterization_by_name("flow", 1.0))
+        return sample(lambda x, s, **kw: denoiser(x, s, y, **kw), z * sigmas[0], sigmas, "meanflow")
+
+    run, arrays = jitted(generate, model)
+    compiled = run.lower(arrays, labels, noise).compile()
+    seconds = timed(lambda: compiled(arrays, labels, noise), calls)
+    macs = dit_forward_macs(hidden, depth, 256)
+    return dict(
+        images_per_s=round(batch / seconds, 1),
+        **utilisation(2 * macs * batch * steps, xla_flops(compiled), seconds),
+        **memory(compiled),
     )
 
 
@@ -421,11 +483,13 @@ SDXL_SCHEDULER = {
 }
 
 
-def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
+def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0):
     """SDXL base text-to-image as its pipeline computes it, random weights of its shapes, bf16: both text towers on
     the prompts and the negative ones (penultimate layer, pooled projection), `steps` Euler steps (the folder's
     EulerDiscreteScheduler) with classifier-free guidance in one UNet call on the doubled batch, the VAE's decode
-    at `size`² (its fp32 upcast, as diffusers' force_upcast). Images per second over `calls` whole batches."""
+    at `size`² (its fp32 upcast, as diffusers' force_upcast). Images per second over `calls` whole batches;
+    `profile` N: N more batches traced, op time by kind and source file; `parts` 1: the towers, one guided UNet
+    call and the decode each compiled and timed alone (ms per batch)."""
     from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
     from eqxdiff.nn import AutoencoderKL, CLIPTextModel
     from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
@@ -485,12 +549,35 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2):
     compile_s = time.perf_counter() - start
     seconds = timed(lambda: compiled(arrays, ids, noise), calls)
     peak = device_record()["peak_bf16_flops"]
-    return dict(
+    out = dict(
         compile_s=round(compile_s, 1),
         images_per_s=round(batch / seconds, 3),
         mfu_xla=round(xla_flops(compiled) / seconds / peak, 4),
         **memory(compiled),
     )
+    if profile:
+        out["profile"] = profiled(lambda: jax.block_until_ready(compiled(arrays, ids, noise)), profile, compiled)
+    if parts:
+        context, pooled = eqx.filter_jit(encode)((tower, tower2), ids)
+        b, latents = batch, noise
+        time_ids = jnp.tile(jnp.array([[size, size, 0, 0, size, size]], jnp.float32), (2 * b, 1))
+        both = SDXLCond(TextCond(context, jnp.ones((2 * b, 77), jnp.int32), pooled), time_ids)
+        t = jnp.full((2 * b,), 500.0)
+
+        def unet_call(unet, x, t, both):  # the doubled batch in one call, as the guided sampler's
+            return unet(jnp.concatenate([x, x]), t, both)
+
+        pieces = {
+            "towers": (eqx.filter_jit(encode), ((tower, tower2), ids)),
+            "unet_call": (eqx.filter_jit(unet_call), (unet, latents, t, both)),
+            "decode": (eqx.filter_jit(lambda vae, z: vae.decode(z)), (vae, latents)),
+        }
+        out["parts_ms"] = {}
+        for name, (fn, args) in pieces.items():
+            fn(*args)  # compile and warm up
+            out["parts_ms"][name] = round(timed(lambda: fn(*args), calls) * 1e3, 2)
+        out["parts_ms"]["unet_calls_x_steps"] = round(out["parts_ms"]["unet_call"] * steps, 1)
+    return out
 
 
 def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile_only=1, steps=5):
@@ -567,6 +654,7 @@ CASES = {
     "dit_train": dit_train,
     "dit_forward": dit_forward,
     "dit_sample": dit_sample,
+    "dit_one_step": dit_one_step,
     "sd_forward": sd_forward,
 }
 RECORD = [

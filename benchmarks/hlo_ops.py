@@ -21,7 +21,7 @@ trace's op events summed over them (benchmarks/profile_steps.py).
   added without metadata (a layout transpose, a copy) takes the phase of the op it feeds.
 - `op_events(xplane_path, module)`: (hlo_op, duration ns) of the trace's op events of one compiled
   module (XLA:CPU tags each thunk's event with `hlo_op` and `hlo_module`).
-- `summarise(events, table, steps)`: per kind, per phase and the top ops, as ms per step and shares.
+- `summarise(events, table, steps)`: per kind, per phase, per innermost source file and the top ops, as ms per step and shares.
 """
 
 import re
@@ -202,6 +202,7 @@ def instructions(hlo_text: str, step_files: tuple[str, ...] = ()) -> dict[str, d
             "kind": kind,
             "phase": _phase(e, kind, step_files),
             "op_name": e["op_name"][-120:],
+            "source": "/".join(e["source_file"].split("/")[-2:]),
             "computation": e["computation"],
         }
     users = defaultdict(list)
@@ -225,12 +226,26 @@ def module_name(hlo_text: str) -> str:
 
 
 def op_events(xplane_path, module: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
-    """(hlo_op, duration ns) of the trace's op events of `module` (XLA:CPU's thunks, on every thread), and
-    the summed ns of every other module's op events by module."""
+    """(hlo_op, duration ns) of the trace's op events of `module`, and the summed ns of every other module's op
+    events by module. XLA:CPU tags each thunk's event (on every thread) with `hlo_op` and `hlo_module`; a TPU's
+    device plane has an "XLA Modules" line (events named `MODULE(id)`) over an "XLA Ops" line (events named by
+    the op), so there an op belongs to the module whose event spans it."""
     from jax.profiler import ProfileData
 
     matched, others = [], defaultdict(int)
     for plane in ProfileData.from_file(str(xplane_path)).planes:
+        lines = {line.name: line for line in plane.lines}
+        if "XLA Ops" in lines and "XLA Modules" in lines:
+            spans = sorted(
+                (e.start_ns, e.start_ns + e.duration_ns, e.name.split("(")[0]) for e in lines["XLA Modules"].events
+            )
+            for event in lines["XLA Ops"].events:
+                owner = next((name for start, end, name in spans if start <= event.start_ns < end), "")
+                if owner == module:
+                    matched.append((event.name.lstrip("%").split(" ")[0], int(event.duration_ns)))
+                else:
+                    others[owner or "(none)"] += int(event.duration_ns)
+            continue
         for line in plane.lines:
             for event in line.events:
                 stats = dict(event.stats)
@@ -241,6 +256,24 @@ def op_events(xplane_path, module: str) -> tuple[list[tuple[str, int]], dict[str
                 else:
                     others[str(stats.get("hlo_module"))] += int(event.duration_ns)
     return matched, dict(others)
+
+
+def trace_layout(xplane_path, events_per_line: int = 3) -> dict:
+    """Each plane's lines with their event count, first event names and stat keys: what a trace holds when
+    `op_events` finds nothing of the module (a runtime that names its lines otherwise)."""
+    from jax.profiler import ProfileData
+
+    layout = {}
+    for plane in ProfileData.from_file(str(xplane_path)).planes:
+        layout[plane.name] = {
+            line.name: {
+                "events": len(events := list(line.events)),
+                "first": [e.name[:80] for e in events[:events_per_line]],
+                "stats": sorted({k for e in events[:events_per_line] for k, _ in e.stats}),
+            }
+            for line in plane.lines
+        }
+    return layout
 
 
 def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int, top: int = 15) -> dict:
@@ -270,6 +303,7 @@ def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int,
         "by_kind": grouped(lambda e: e["kind"]),
         "by_phase": grouped(lambda e: e["phase"]),
         "by_phase_and_kind": grouped(lambda e: f"{e['phase']} | {e['kind']}"),
+        "by_source": grouped(lambda e: e["source"] or "(none)"),
         "top_ops": [
             {
                 "name": n,

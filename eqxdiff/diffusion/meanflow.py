@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from ..nn.attention import forward_mode
 from .denoiser import per_example
 from .guidance import condition_where
 
@@ -125,7 +126,8 @@ def meanflow_prediction(
     def u_of(z, t, r):
         return average_velocity(model, z, t, r, cond, key=key)
 
-    u, du_dt = jax.jvp(u_of, (z, t, r), (v_g, jnp.ones_like(t), jnp.zeros_like(r)))
+    with forward_mode():  # the Pallas attention forms have no jvp rule
+        u, du_dt = jax.jvp(u_of, (z, t, r), (v_g, jnp.ones_like(t), jnp.zeros_like(r)))
     u_tgt = v_g - jnp.clip(t_ - r_, 0.0, 1.0) * du_dt.astype(jnp.float32)
     return u.astype(jnp.float32), jax.lax.stop_gradient(u_tgt)
 

@@ -22,7 +22,8 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
   step is mostly overhead).
 
 `attention_form(name)` forces one form while functions are traced (tests, benchmarks); a function already
-traced keeps the form it was traced with.
+traced keeps the form it was traced with. `forward_mode()` marks code that `jax.jvp` differentiates (MeanFlow's
+target): the Pallas forms' gradient is a custom_vjp, which JAX cannot differentiate forward, so none is chosen there.
 """
 
 import contextlib
@@ -47,6 +48,7 @@ ONE_BLOCK_CHOSEN_UP_TO = 256 * 256  # logits a head up to which a TPU takes one_
 ATTENTION_NAME = "attention"
 
 _forced: list[str] = []
+_forward_mode: list[bool] = []
 
 
 @contextlib.contextmanager
@@ -68,6 +70,17 @@ def attention_form(name: str) -> Iterator[None]:
             _forced.pop()
 
 
+@contextlib.contextmanager
+def forward_mode() -> Iterator[None]:
+    """Attention traced inside may be differentiated by `jax.jvp`: the chosen form is one of XLA's (a custom_vjp,
+    the Pallas forms' gradient, has no forward-mode rule). A form forced by `attention_form` still wins."""
+    _forward_mode.append(True)
+    try:
+        yield
+    finally:
+        _forward_mode.pop()
+
+
 def platform() -> str:
     """Where arrays made now go: the device of a `jax.default_device(...)` block, else JAX's default backend."""
     device = jax.config.jax_default_device
@@ -84,7 +97,7 @@ def chosen_form(n: int, m: int, masked: bool, batch: int = 1) -> str:
     backend = platform()
     if backend == "cpu" and n > QUERY_BLOCK and n * m >= QUERY_BLOCKS_FROM:
         return "query_blocks"
-    if backend == "tpu" and not masked and n % 128 == 0 and m % 128 == 0 and _kernel_takes(batch, backend):
+    if backend == "tpu" and not _forward_mode and not masked and n % 128 == 0 and m % 128 == 0 and _kernel_takes(batch, backend):
         if n >= FLASH_FROM:
             return "flash"
         if n * m <= ONE_BLOCK_CHOSEN_UP_TO:

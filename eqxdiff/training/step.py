@@ -107,19 +107,27 @@ def make_train_step(
 
     grad_fn = eqx.filter_value_and_grad(loss_of)  # with respect to the trained part only
 
+    def micro_gradients(model, batch, key, frozen):
+        """(loss, gradients), the gradients in the compute dtype: without `model_of` they are taken at the cast
+        model. The float32 master's gradient is that one converted (the cast's transpose), so the values are the
+        same, and a micro-batch's gradients take half the memory until they are summed in float32."""
+        at = cast_for_compute(model, precision) if model_of is None else model
+        return grad_fn(at, batch, key, frozen)
+
     def gradients(model, batch, key, frozen):
+        params = eqx.filter(model, eqx.is_inexact_array)
         if k == 1:
-            return grad_fn(model, batch, key, frozen)
+            loss, grads = micro_gradients(model, batch, key, frozen)
+            return loss, jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         # One optimizer update per call, k sequential micro-batches (activation memory ≈ 1/k).
         # A scan keeps them sequential; with the XLA:CPU workarounds on it is unrolled
         # (eqxdiff/xla_cpu.py: XLA:CPU runs a conv backward inside a rolled loop far slower).
-        params = eqx.filter(model, eqx.is_inexact_array)
 
         def micro(carry, xs):
             loss_sum, grad_sum = carry
             i, mb = xs
-            loss, grads = grad_fn(model, mb, jax.random.fold_in(key, i), frozen)
-            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+            loss, grads = micro_gradients(model, mb, jax.random.fold_in(key, i), frozen)
+            return (loss_sum + loss, jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)), None
 
         init = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
         unroll = xla_cpu.on_cpu("unrolled_accumulation")

@@ -146,6 +146,27 @@ def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embeddin
     assert not np.allclose(call(two, x, t, labels, interval=jnp.array([100.0, 500.0])), at_zero, atol=1e-4)
 
 
+def test_meanflow_takes_an_attention_form_jvp_can_differentiate_on_a_tpu(monkeypatch):
+    """On a TPU, DiT's 256 tokens take the one_block kernel, whose gradient is a custom_vjp: jax.jvp cannot go
+    through it, so MeanFlow's target is traced in `forward_mode()`, where XLA's form is chosen."""
+    from eqxdiff.nn import DiT
+    from eqxdiff.nn import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "platform", lambda: "tpu")
+    monkeypatch.setattr(jax, "device_count", lambda backend=None: 1)
+    assert attention_module.chosen_form(256, 256, False) == "one_block"
+    model = DiT(16, 1, 1, 16, 1, 2, key=jax.random.key(0), interval_embedding=True)  # 16² tokens of one pixel
+    x0, noise = (jax.random.normal(k, (2, 16, 16, 1)) for k in jax.random.split(jax.random.key(1)))
+    t, r = jnp.array([0.9, 0.5]), jnp.array([0.2, 0.5])
+
+    def loss(model):
+        u, target = meanflow_prediction(model, x0, noise, t, r)
+        return jnp.mean((u - target) ** 2)
+
+    value, grads = eqx.filter_value_and_grad(loss)(model)
+    assert np.isfinite(value) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
 def test_meanflow_flags_that_cannot_work_are_refused_naming_the_fix():
     import dataclasses
 

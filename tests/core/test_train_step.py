@@ -386,3 +386,55 @@ def test_model_of_trains_the_trained_part_and_reads_the_frozen_one(prefix):
     assert new.model.weight is None and new.ema.weight is None
     assert not np.array_equal(new.model.bias, whole.bias)
     np.testing.assert_array_equal(frozen["base"].weight, weight)  # an argument, not donated, not changed
+
+
+class _Affine(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+
+    def __call__(self, x):
+        return jnp.tanh(x @ self.w + self.b)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_bf16_steps_gradient_is_the_float32_masters_through_the_cast(k):
+    """The step takes a micro-batch's gradient at the bf16 model and sums it in float32: the same values as
+    differentiating the float32 master through the cast (the cast's transpose converts the gradient back), which
+    this reference does; summed in bf16 instead, they differ."""
+    import optax
+
+    mesh = make_mesh(data=1, fsdp=1, devices=jax.devices()[:1])
+    rng = np.random.default_rng(0)
+    batch = {name: jnp.asarray(rng.normal(size=(8, 16)), jnp.float32) for name in ("x", "y")}
+
+    def loss(model, batch, key):
+        return jnp.mean((model(batch["x"].astype(model.w.dtype)) - batch["y"]).astype(jnp.float32) ** 2)
+
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        return _Affine(jax.random.normal(k1, (16, 16)) * 0.5, jax.random.normal(k2, (16,)) * 0.1)
+
+    optimizer = optax.sgd(1.0)
+    state, shardings = create_train_state(make, optimizer, jax.random.key(0), mesh, 2**20)
+    master = jax.device_get(state.model)
+    step = make_train_step(
+        prepare=lambda batch, key: batch,
+        loss_fn=loss,
+        optimizer=optimizer,
+        lr_schedule=lambda _: 1.0,
+        ema_decay=0.9,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding(mesh),
+        seed=0,
+        grad_accum_steps=k,
+        precision="bf16",
+    )
+    state, _ = step(state, batch)
+
+    through_cast = jax.jit(jax.grad(lambda m, mb: loss(jax.tree.map(lambda x: x.astype(jnp.bfloat16), m), mb, None)))
+    grads = [through_cast(master, {n: v[i::k] for n, v in batch.items()}) for i in range(k)]
+    total = jax.tree.map(lambda *g: functools.reduce(jnp.add, g, jnp.zeros_like(g[0])) / k, *grads)
+    expected = jax.tree.map(lambda p, g: p - g, master, total)
+    for got, want in zip(jax.tree.leaves(state.model), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

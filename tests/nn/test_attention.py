@@ -154,6 +154,8 @@ def test_each_backend_takes_its_form(monkeypatch):
     assert chosen_form(256, 256, False) == chosen_form(128, 256, False) == "one_block"  # DiT's 256 tokens
     assert chosen_form(512, 512, False) == chosen_form(4096, 77, False) == chosen_form(4096, 4096, True) == "plain"
     assert chosen_form(256, 256, True) == chosen_form(200, 200, False) == "plain"  # masked; not whole blocks
+    with attention_module.forward_mode():  # jax.jvp ahead: no custom_vjp kernel
+        assert chosen_form(256, 256, False) == chosen_form(4096, 4096, False) == "plain"
     monkeypatch.setattr(jax, "device_count", lambda backend=None: 4)
     assert chosen_form(4096, 4096, False, 8) == "plain"  # GSPMD does not split a Pallas call: no mesh in context
     mesh = make_mesh(data=1, fsdp=4, devices=jax.devices()[:4])
