@@ -97,7 +97,14 @@ def chosen_form(n: int, m: int, masked: bool, batch: int = 1) -> str:
     backend = platform()
     if backend == "cpu" and n > QUERY_BLOCK and n * m >= QUERY_BLOCKS_FROM:
         return "query_blocks"
-    if backend == "tpu" and not _forward_mode and not masked and n % 128 == 0 and m % 128 == 0 and _kernel_takes(batch, backend):
+    if (
+        backend == "tpu"
+        and not _forward_mode
+        and not masked
+        and n % 128 == 0
+        and m % 128 == 0
+        and _kernel_takes(batch, backend)
+    ):
         if n >= FLASH_FROM:
             return "flash"
         if n * m <= ONE_BLOCK_CHOSEN_UP_TO:
