@@ -11,6 +11,8 @@ from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range
 from eqxdiff.training.phema import parse_sigma_rels
 
+from repa_flags import repa_flag_error  # train/repa_flags.py
+
 
 def flag_value_error(cfg) -> str | None:
     """What is wrong with a flag's value that argparse's type cannot see (parse_config's error), or None."""
@@ -26,7 +28,7 @@ def flag_value_error(cfg) -> str | None:
         return f"--phema_sigma_rels takes comma-separated relative widths, e.g. 0.05,0.10: {e}"
     if cfg.phema_every < 1:
         return f"--phema_every must be >= 1, got {cfg.phema_every}"
-    return None
+    return repa_flag_error(cfg)
 
 
 def check_batch(cfg, num_devices: int) -> None:
