@@ -510,7 +510,7 @@ def main(cfg: Config, features_fn=None) -> None:
     repa = open_repa(cfg, args, make_network, codec, source)
     frozen = condition.frozen()
     if repa:  # the grids and FID sample the network alone; the step reads the tower as frozen["repa_encoder"]
-        make_network, frozen = repa.make_model(make_network), {**(frozen or {}), **repa.frozen()}
+        make_network, frozen = repa.make_model(make_network), {**(frozen or {}), **repa.frozen()} or None
         write_samples, evaluate = (fn and sampled_network(fn) for fn in (write_samples, evaluate))
     # What the step trains (the network, or LoRA's adapters), its frozen argument (a text tower, its null, LoRA's
     # base) and a new run's state

@@ -4,6 +4,7 @@ checkpoints and resumes it bitwise, samples without it; and each wrong combinati
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -53,3 +54,43 @@ def test_wrong_repa_flags_are_one_line_each(tmp_path, capsys):
     flow = ["--objective", "meanflow", "--schedule", "flow", "--parameterization", "flow"]
     with pytest.raises(SystemExit, match=r"leave it off with --objective meanflow"):
         train_here(*run, *REPA, "--model", "dit_tiny", *flow)
+
+
+def encoded(out: Path, *flags) -> Path:
+    import encode as train_encode  # train/encode.py
+
+    train_encode.main(
+        train_encode.parse_config(["--dataset", "digits", "--vae", "space_to_depth:1", "--out", str(out), *flags])
+    )
+    return out
+
+
+def test_features_written_ahead_are_the_towers_and_a_latent_run_needs_them(tmp_path):
+    from eqxdiff.data import open_source
+    from eqxdiff.nn import Dinov2Model
+    from eqxdiff.training.repa import dinov2_targets
+
+    latents = encoded(tmp_path / "with", "--repa_encoder", str(TOWER))
+    source = open_source(f"latents:{latents}")
+    assert source.fields["repa_features"].shape == (16, 32)  # a 4×4 grid of DiT-patch-2 tokens on 8² latents, width 32
+    images = open_source("digits").images[:2].astype(np.float32)
+    tower = Dinov2Model.from_transformers(TOWER, interpolate_offset=0.1)
+    expected = dinov2_targets(
+        tower, jnp.asarray(np.repeat(images, 3, axis=-1)), 56
+    )  # 14 · 4: the side of one token per DiT's
+    stored = np.stack([source[i]["repa_features"] for i in range(2)]).astype(np.float32)
+    np.testing.assert_allclose(stored, expected, rtol=2e-3, atol=2e-3)  # float16
+    run = ["--model", "dit_tiny", "--batch_size", "16", "--wandb", "disabled", *REPA]
+    with pytest.raises(SystemExit, match=r"--hflip flips the latents but not the DINOv2 features"):
+        train_here("--run_dir", tmp_path / "run", "--dataset", f"latents:{latents}", "--hflip", *run)
+    without = encoded(tmp_path / "without")
+    with pytest.raises(SystemExit, match=r"encode it again with python train/encode.py ... --repa_encoder"):
+        train_here("--run_dir", tmp_path / "run", "--dataset", f"latents:{without}", *run)
+
+
+@pytest.mark.slow
+def test_a_latent_run_trains_on_the_features_written_ahead(tmp_path):
+    latents = encoded(tmp_path / "latents", "--repa_encoder", str(TOWER))
+    train_here("--run_dir", tmp_path / "run", "--dataset", f"latents:{latents}", *TINY_DIT, *REPA, "--steps", 2)
+    arrays = saved_arrays(tmp_path / "run", 2)
+    assert all(np.abs(v).max() > 0 for k, v in arrays.items() if "['mu']['projector']" in k)
