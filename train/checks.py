@@ -89,6 +89,12 @@ def with_two_times(cfg, args: dict) -> dict:
 
 def check_eval(cfg) -> None:
     """--eval_every's flags, before anything loads or compiles."""
+    if bool(cfg.dinov2) != bool(cfg.fd_dinov2_ref):
+        given, missing = ("--dinov2", "--fd_dinov2_ref") if cfg.dinov2 else ("--fd_dinov2_ref", "--dinov2")
+        raise SystemExit(f"{given} measures FD-DINOv2 during training: pass {missing} too (a DINOv2 folder, e.g. "
+                         f"facebook/dinov2-large, and the dataset's statistics from train/fid_stats.py --dinov2).")  # fmt: skip
+    if cfg.dinov2 and cfg.eval_every <= 0:
+        raise SystemExit("--dinov2 measures FD-DINOv2 in --eval_every's evaluation: pass --eval_every N too.")
     if cfg.eval_every <= 0:
         return
     missing = [f"--{name}" for name in ("fid_ref", "inception") if not getattr(cfg, name)]

@@ -87,7 +87,7 @@ from checks import (  # train/checks.py
     with_two_times,
 )
 from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
-from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
+from ema_samples import evaluate_fid, open_eval_fd_dinov2, open_eval_fid, write_sample_grid  # train/ema_samples.py
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from resume import check_model_args, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
@@ -164,11 +164,13 @@ class Config(FineTuneFlags, Launch):
     guidance: float = 1.5  # the grids' classifier-free guidance scale (1: none); train/sample.py's default too
     guidance_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
-    # evaluation: FID during training
+    # evaluation: FID (and FD-DINOv2) during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
     eval_num: int = 10000  # sampled --batch_size at a time
     fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
     inception: str = ""  # pytorch-fid's Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
+    dinov2: str = ""  # also FD-DINOv2 (EDM2's) of the same samples, by this transformers DINOv2 folder (facebook/dinov2-large)
+    fd_dinov2_ref: str = ""  # with --dinov2: the dataset's DINOv2 statistics, train/fid_stats.py --dinov2
     # run: its directory, seed, logs, checkpoints and profile
     run_dir: str = ""  # where checkpoints, grids and logs go; a run resumes from it (default: runs/DATASET-MODEL)
     seed: int = 0  # the model's initialisation, the data order and every draw of σ, ε and dropout
@@ -495,11 +497,15 @@ def main(cfg: Config, features_fn=None) -> None:
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
-        fid_network, fid_reference = open_eval_fid(
-            cfg, fid_images, latent_config.get("image_dataset", cfg.dataset), features_fn
-        )
+        image_dataset = latent_config.get("image_dataset", cfg.dataset)
+        fid_network, fid_reference = open_eval_fid(cfg, fid_images, image_dataset, features_fn)
         evaluate = functools.partial(
-            evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network, reference=fid_reference
+            evaluate_fid,
+            **ema_sampling,
+            num_classes=num_classes,
+            network=fid_network,
+            reference=fid_reference,
+            fd_dinov2=open_eval_fd_dinov2(cfg, fid_images, image_dataset),  # --dinov2: the same samples' FD-DINOv2
         )
 
     if resume is not None:

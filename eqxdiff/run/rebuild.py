@@ -51,6 +51,8 @@ LATER_FLAGS = dict(
     repa_block=0,
     repa_encoder="",
     repa_projector_dim=2048,
+    dinov2="",
+    fd_dinov2_ref="",
 )
 
 
