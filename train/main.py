@@ -133,17 +133,17 @@ class Config(FineTuneFlags, Launch):
     meanflow_norm_eps: float = 0.01  # its c
     meanflow_omega: float = 1.0  # guidance folded into training: v_g = ω·v + (1-ω-κ)·u(∅) + κ·u(c), scale ω/(1-κ)
     meanflow_kappa: float = 0.5  # (ω = 1, κ = 0: unguided; the labels still drop with --label_dropout)
-    # repa: representation alignment (Yu et al. 2025) of a DiT's tokens to a frozen DINOv2's, docs/vision-towers.md
-    repa_weight: float = 0.0  # λ of REPA's loss added to the denoising loss (REPA's --proj-coeff: 0.5); 0: off; DiT models only
-    repa_block: int = 0  # the block (1..depth) whose tokens align (REPA's --encoder-depth: 8 of SiT-XL/2's 28); 0: round(depth·8/28)
-    repa_encoder: str = ""  # a transformers Dinov2Model folder, frozen (facebook/dinov2-base: REPA's dinov2-vit-b)
-    repa_projector_dim: int = 2048  # the width of REPA's projector MLP (its projector_dim)
     # text: text-to-image, from captions (folder: .txt beside each image or captions.jsonl; arrayrecord: a caption field)
     text_encoder: str = ""  # a CLIP text folder (frozen, e.g. SD's text_encoder/) | scratch (trained with the model); captioned_digits: scratch
     tokenizer: str = ""  # the captions' tokenizer folder (default: tokenizer/ beside --text_encoder)
     text_dropout: float = 0.1  # captions replaced by the null text (classifier-free guidance training)
     null_text: str = "empty"  # the null text: the encoded "" | zeros
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of an error
+    # repa: representation alignment (Yu et al. 2025) of a DiT's tokens to a frozen DINOv2's, docs/vision-towers.md
+    repa_weight: float = 0.0  # λ of REPA's loss added to the denoising loss (REPA's --proj-coeff: 0.5); 0: off; DiT models only
+    repa_block: int = 0  # the block (1..depth) whose tokens align (REPA's --encoder-depth: 8 of SiT-XL/2's 28); 0: round(depth·8/28)
+    repa_encoder: str = ""  # a transformers Dinov2Model folder, frozen (facebook/dinov2-base: REPA's dinov2-vit-b)
+    repa_projector_dim: int = 2048  # the width of REPA's projector MLP (its projector_dim)
     # optimisation: AdamW over --steps updates, the EMA, the non-finite guard
     steps: int = 900  # optimizer updates in the whole run (a resumed run trains up to this step)
     batch_size: int = 128  # global, per optimizer update (split over every device and process)

@@ -82,7 +82,7 @@ def test_streamed_fid_equals_fid_of_all_features_at_once():
 def test_several_networks_measure_one_pass_of_samples():
     """fids_of_samples (--eval_every's FID and FD-DINOv2): each chunk made once, each network's distance against the
     host's float64 statistics of its own features."""
-    from eqxdiff.eval.fid import fids_of_samples
+    from eqxdiff.eval import fids_of_samples
 
     images = random_images(40, 0)
     w2 = np.random.default_rng(9).normal(size=(8 * 8 * 3, 4)).astype(np.float32)
