@@ -40,9 +40,10 @@ def test_repa_loss_is_the_denoising_loss_plus_lambda_times_the_negative_cosine()
     np.testing.assert_allclose(prepared["repa_targets"], dinov2_targets(dino, rgb, 56), rtol=1e-5, atol=1e-6)
     assert prepared["repa_targets"].shape == (4, 16, 32)  # 56² / 14² = 16 patches: the DiT's 4×4 tokens
 
-    loss = lambda m, w: train_main.loss_fn(
-        m, prepared, key, schedule=schedule, parameterization=parameterization, repa_weight=w
-    )  # noqa: E731, E501
+    def loss(model, repa_weight):
+        kwargs = dict(schedule=schedule, parameterization=parameterization, repa_weight=repa_weight)
+        return train_main.loss_fn(model, prepared, key, **kwargs)
+
     with_repa, plain = jax.jit(loss, static_argnums=1)(model, 0.5), jax.jit(loss, static_argnums=1)(model.network, 0.0)
     args = (prepared["x0"], prepared["sigma"], prepared["noise"], prepared["cond"])
     tokens = denoising_prediction(model.network, schedule, parameterization, *args, key=key, tokens_after=2).tokens

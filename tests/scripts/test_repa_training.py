@@ -24,6 +24,8 @@ TINY_DIT += ["--log_every", "1", "--wandb", "disabled", "--ckpt_every", "2"]
 def test_a_repa_run_trains_its_projector_resumes_bitwise_and_samples_without_it(tmp_path):
     train_here("--run_dir", tmp_path / "whole", *TINY_DIT, *REPA, "--steps", 4)
     train_here("--run_dir", tmp_path / "resumed", *TINY_DIT, *REPA, "--steps", 2)
+    with pytest.raises(SystemExit, match=r"--repa_weight 0.25 \(saved: 0.5\) cannot change"):  # they define the run
+        train_here("--run_dir", tmp_path / "resumed", "--steps", 4, "--repa_weight", 0.25)
     train_here("--run_dir", tmp_path / "resumed", "--steps", 4)  # the REPA flags come from the checkpoint
     whole = saved_arrays(tmp_path / "whole", 4)
     assert_bitwise_equal(saved_arrays(tmp_path / "resumed", 4), whole)
