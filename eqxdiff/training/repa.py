@@ -16,6 +16,7 @@ checkpoints hold the projector beside the network; sampling takes `network_of(mo
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -68,8 +69,9 @@ def with_projector(make_model: Callable, *, block: int, z_dim: int, projector_di
     return make
 
 
-def network_of(model: eqx.Module) -> eqx.Module:
-    """The diffusion network of a trained model: `Aligned`'s without its projector; any other, itself."""
+def network_of(model: Any) -> Any:
+    """The diffusion network of a trained model: `Aligned`'s without its projector; any other (any callable
+    network, eqxdiff.nn.DiffusionModel), itself."""
     return model.network if isinstance(model, Aligned) else model
 
 
