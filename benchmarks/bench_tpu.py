@@ -3,6 +3,7 @@
     python benchmarks/bench_tpu.py                       # every case of the record, on the chip
     python benchmarks/bench_tpu.py dit_train:size=XL,batch=32,attention=flash dit_sample:steps=250
     python benchmarks/bench_tpu.py --tiny dit_train sd_forward   # the same programs at toy sizes (a CPU check)
+    python benchmarks/bench_tpu.py dit_train:size=B,batch=256 dit_train:size=B,batch=256,repa=1   # REPA's cost
 
 A case is NAME[:key=value,...] (the keywords of the function NAME below). Each line holds the case, the device,
 images (or steps) per second, model-FLOP utilisation (MFU: the papers' FLOP counts, multiply-adds ×2, over the
