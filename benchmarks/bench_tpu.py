@@ -3,6 +3,7 @@
     python benchmarks/bench_tpu.py                       # every case of the record, on the chip
     python benchmarks/bench_tpu.py dit_train:size=XL,batch=32,attention=flash dit_sample:steps=250
     python benchmarks/bench_tpu.py --tiny dit_train sd_forward   # the same programs at toy sizes (a CPU check)
+    python benchmarks/bench_tpu.py dit_train:size=B,batch=256 dit_train:size=B,batch=256,repa=1   # REPA's cost
 
 A case is NAME[:key=value,...] (the keywords of the function NAME below). Each line holds the case, the device,
 images (or steps) per second, model-FLOP utilisation (MFU: the papers' FLOP counts, multiply-adds ×2, over the
@@ -37,17 +38,22 @@ from eqxdiff.diffusion import EDMSchedule, parameterization_by_name  # noqa: E40
 from eqxdiff.diffusion.guidance import drop_condition  # noqa: E402
 from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise  # noqa: E402
 from eqxdiff.diffusion.parameterization import loss_weight  # noqa: E402
-from eqxdiff.nn import DiT  # noqa: E402
+from eqxdiff.nn import DiT, Dinov2Model  # noqa: E402
 from eqxdiff.sd import SDUNet  # noqa: E402
 from eqxdiff.nn.attention import attention, attention_form  # noqa: E402
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, set_remat_policy  # noqa: E402
-from eqxdiff.sharding import batch_sharding, make_mesh  # noqa: E402
+from eqxdiff.sharding import batch_sharding, make_mesh, state_shardings  # noqa: E402
 from eqxdiff.training import abstract_train_state, create_train_state, make_train_step, peak_flops_per_device  # noqa: E402
 from eqxdiff.training import step as step_module  # noqa: E402
 from eqxdiff.training.optimizer import adamw_cosine  # noqa: E402
+from eqxdiff.training.repa import default_block, dinov2_targets, repa_loss, with_projector  # noqa: E402
 
 # hidden, depth, heads (DiT's Table 1); "tiny" keeps 256 tokens at 32² so every attention form applies.
 DIT_SIZES = {"XL": (1152, 28, 16), "L": (1024, 24, 16), "B": (768, 12, 12), "S": (384, 12, 6), "tiny": (144, 2, 2)}
+# REPA's frozen tower: transformers' Dinov2Config of facebook/dinov2-base (REPA's dinov2-vit-b), random weights
+DINOV2_BASE = {"model_type": "dinov2", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "image_size": 518, "patch_size": 14}  # fmt: skip
+DINOV2_TINY = {**DINOV2_BASE, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
 TINY = False  # --tiny: toy sizes of every case, to check the programs on a CPU
 
 
@@ -58,6 +64,12 @@ def dit_forward_macs(hidden: int, depth: int, tokens: int, patch: int = 2, chann
     d, n, p2c = hidden, tokens, patch * patch * channels
     block = n * (12 * d * d + 2 * n * d) + 6 * d * d
     return depth * block + n * p2c * d + n * d * p2c + 2 * d * d
+
+
+def vit_forward_macs(hidden: int, depth: int, tokens: int, patch: int = 14) -> float:
+    """Multiply-adds of one ViT forward per image (REPA's DINOv2 tower): per block qkv, out and the 4× MLP (12·d² per
+    token) and attention's two products (2·n·d per token), and the patch embedding."""
+    return depth * tokens * (12 * hidden * hidden + 2 * tokens * hidden) + tokens * patch * patch * 3 * hidden
 
 
 def device_record() -> dict:
@@ -125,6 +137,7 @@ def dit_train(
     compile_only=0,
     profile=0,
     objective="edm",
+    repa=0,
 ):
     """A DiT-{size}/2 training step on 32×32×4 latents (256²-image ImageNet's), 1000 classes: AdamW (lr 1e-4, no
     decay, as DiT) over fp32 masters with `precision` compute, EMA 0.9999, the NaN guard (`guard`: "cond" or
@@ -134,7 +147,10 @@ def dit_train(
     (benchmarks/hlo_ops.py). `objective` "meanflow": a DiT of two times on MeanFlow's loss as train/main.py's
     `--objective meanflow` with its defaults (one jax.jvp through the network, guidance folded in with ω = 1,
     κ = 0.5: two more forward calls); its model FLOPs counted as the plain step's, so its MFU reads as the
-    plain step's rate of images."""
+    plain step's rate of images. `repa` 1: + 0.5·REPA's loss (eqxdiff/training/repa.py, as train/main.py's `loss_fn`
+    adds it), the targets computed in the step by a frozen DINOv2-B/14 (random weights, facebook/dinov2-base's
+    shape) from the 256² images the latents stand for, resized to 224² (16² tokens), REPA's projector (2048 wide)
+    on the tokens after block round(depth·8/28); its model FLOPs add the tower's forward."""
     hidden, depth, heads = DIT_SIZES["tiny" if TINY else size]
     batch = min(batch, 4 * accum) if TINY else batch
     if guard:
@@ -142,21 +158,42 @@ def dit_train(
     schedule, parameterization = EDMSchedule(), parameterization_by_name("edm", 1.0)
     optimizer, lr = adamw_cosine(1e-4, 10**6, 0, 0.0)
     meanflow = objective == "meanflow"
-    make_model = functools.partial(
+    network = functools.partial(
         DiT, 32, 2, 4, hidden, depth, heads, num_classes=1000, remat=bool(remat), interval_embedding=meanflow
     )
+    tower_config = DINOV2_TINY if TINY else DINOV2_BASE
+    block = default_block(depth)
+    if repa:  # the network beside REPA's projector, as train/main.py --repa_weight trains it
+        make_network = lambda key: network(key=key)  # noqa: E731
+        aligned = with_projector(make_network, block=block, z_dim=tower_config["hidden_size"], projector_dim=2048)
+        make_model = lambda key: aligned(key)  # noqa: E731
+    else:
+        make_model = network
 
-    def prepare(batch, key):
+    def prepare(batch, key, frozen=None):
         k1, k2 = jax.random.split(key)
         sigma, noise = draw_sigma_and_noise(schedule, batch["x0"], k1)
         cond = drop_condition(k2, batch["label"], 0.1, jnp.full_like(batch["label"], 1000))
-        return dict(x0=batch["x0"], cond=cond, sigma=sigma, noise=noise)
+        out = dict(x0=batch["x0"], cond=cond, sigma=sigma, noise=noise)
+        if repa:  # the clean images' DINOv2 patch tokens, by the frozen tower (main.py's `prepare`)
+            out["repa_targets"] = dinov2_targets(frozen["repa_encoder"], batch["image"].astype(jnp.float32), 224)
+        return out
 
     def loss_fn(model, batch, key):
+        net = model.network if repa else model
         pred = denoising_prediction(
-            model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+            net,
+            schedule,
+            parameterization,
+            batch["x0"],
+            batch["sigma"],
+            batch["noise"],
+            batch["cond"],
+            key=key,
+            tokens_after=block if repa else None,
         )
-        return jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
+        loss = jnp.mean(loss_weight(batch["sigma"], parameterization, schedule) * pred.mse)
+        return loss + 0.5 * repa_loss(batch["repa_targets"], model.projector(pred.tokens)) if repa else loss
 
     if meanflow:  # train/main.py's prepare_meanflow and meanflow_loss_fn, their defaults
         from eqxdiff.diffusion import draw_condition_drop, draw_times, meanflow_prediction
@@ -179,6 +216,11 @@ def dit_train(
             return jnp.mean(error / jax.lax.stop_gradient(error + 0.01))
 
     mesh = make_mesh(data=1, fsdp=fsdp, devices=jax.devices()[:fsdp])
+    frozen = frozen_shardings = None
+    if repa:
+        tower = Dinov2Model.from_config(tower_config, key=jax.random.key(1), interpolate_offset=0.1)
+        frozen_shardings = state_shardings({"repa_encoder": tower}, mesh, 2**12)
+        frozen = jax.device_put({"repa_encoder": tower}, frozen_shardings)
     with forms(attention, remat):
         abstract, shardings = abstract_train_state(lambda key: make_model(key=key), optimizer, mesh, 2**12)
         step = make_train_step(
@@ -192,12 +234,15 @@ def dit_train(
             seed=0,
             grad_accum_steps=accum,
             precision=precision,
+            frozen_shardings=frozen_shardings,
         )
         spec = dict(
             x0=jax.ShapeDtypeStruct((batch, 32, 32, 4), jnp.float32), label=jax.ShapeDtypeStruct((batch,), jnp.int32)
         )
+        if repa:  # the 256² images REPA's latents stand for
+            spec["image"] = jax.ShapeDtypeStruct((batch, 256, 256, 3), jnp.uint8)
         start = time.perf_counter()
-        compiled = step.compile(abstract, spec)
+        compiled = step.compile(abstract, spec, frozen)
         compile_s = time.perf_counter() - start
     step_module.GUARD_FORM = None
     set_remat_policy(DEFAULT_REMAT_POLICY)
@@ -208,13 +253,14 @@ def dit_train(
         lambda key: make_model(key=key), optimizer, jax.random.key(0), mesh, 2**12, shardings=shardings
     )
     rng = np.random.default_rng(0)
-    data = jax.device_put(
-        dict(
-            x0=rng.normal(size=(batch, 32, 32, 4)).astype(np.float32),
-            label=rng.integers(0, 1000, batch).astype(np.int32),
-        ),
-        batch_sharding(mesh),
+    data = dict(
+        x0=rng.normal(size=(batch, 32, 32, 4)).astype(np.float32),
+        label=rng.integers(0, 1000, batch).astype(np.int32),
     )
+    if repa:
+        data["image"] = rng.integers(0, 256, (batch, 256, 256, 3), np.uint8)
+    data = jax.device_put(data, batch_sharding(mesh))
+    step = functools.partial(step, frozen=frozen)
     state, metrics = step(state, data)  # warm-up
     jax.block_until_ready(metrics)
     start = time.perf_counter()
@@ -228,11 +274,13 @@ def dit_train(
     seconds = (time.perf_counter() - start) / steps
     assert bool(metrics["finite"]), "non-finite step"
     macs = dit_forward_macs(hidden, depth, 256)
+    tower_macs = vit_forward_macs(tower_config["hidden_size"], tower_config["num_hidden_layers"], 257) if repa else 0
     out.update(
         step_s=round(seconds, 4),
         images_per_s=round(batch / seconds, 2),
-        model_flops_per_image=6 * macs,
-        **utilisation(6 * macs * batch, out["xla_flops_per_step"], seconds, compiled),
+        model_flops_per_image=6 * macs + 2 * tower_macs,
+        **({"repa_block": block, "tower_flops_per_image": 2 * tower_macs} if repa else {}),
+        **utilisation((6 * macs + 2 * tower_macs) * batch, out["xla_flops_per_step"], seconds, compiled),
     )
     out.update(memory(compiled))  # the device's peak after the steps ran
     if profile:

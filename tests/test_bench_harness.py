@@ -83,3 +83,11 @@ def test_the_tpu_benchmarks_dit_flops_are_the_papers():
     for size, paper in (("S", 6.06), ("B", 23.01), ("L", 80.7), ("XL", 118.6)):
         hidden, depth, _ = bench.DIT_SIZES[size]
         assert abs(bench.dit_forward_macs(hidden, depth, 256) / 1e9 - paper) < 0.03, size
+
+
+def test_the_tpu_benchmarks_vit_count_is_the_published_one():
+    """bench_tpu's REPA tower count (`vit_forward_macs`) on ViT-B/16 at 224² (197 tokens): the 17.6 GMACs the ViT
+    tables give (timm's vit_base_patch16_224); at /14 and 224² (DINOv2-B, REPA's tower) 257 tokens."""
+    bench = script_module("benchmarks/bench_tpu.py")
+    assert abs(bench.vit_forward_macs(768, 12, 197, patch=16) / 1e9 - 17.6) < 0.1
+    assert bench.DINOV2_BASE["hidden_size"] == 768 and bench.DINOV2_BASE["patch_size"] == 14

@@ -140,6 +140,7 @@ SCRIPT_TESTS = {
     "test_loss.py",
     "test_meanflow.py",
     "test_model_contract.py",
+    "test_repa_objective.py",
     "test_text_step.py",
     "test_train_step.py",
     # a script's CLI or main
@@ -160,6 +161,7 @@ SCRIPT_TESTS = {
     "test_model_args.py",
     "test_phema.py",
     "test_rebuild.py",
+    "test_repa_training.py",
     "test_sample_batches.py",
     "test_sample_guidance.py",
     "test_sample_pretrained.py",

@@ -11,6 +11,8 @@ from eqxdiff.text.conditioning import check_text_folders
 from eqxdiff.training import parse_step_range
 from eqxdiff.training.phema import parse_sigma_rels
 
+from repa_flags import repa_flag_error  # train/repa_flags.py
+
 
 def flag_value_error(cfg) -> str | None:
     """What is wrong with a flag's value that argparse's type cannot see (parse_config's error), or None."""
@@ -26,7 +28,7 @@ def flag_value_error(cfg) -> str | None:
         return f"--phema_sigma_rels takes comma-separated relative widths, e.g. 0.05,0.10: {e}"
     if cfg.phema_every < 1:
         return f"--phema_every must be >= 1, got {cfg.phema_every}"
-    return None
+    return repa_flag_error(cfg)
 
 
 def check_batch(cfg, num_devices: int) -> None:
@@ -87,6 +89,12 @@ def with_two_times(cfg, args: dict) -> dict:
 
 def check_eval(cfg) -> None:
     """--eval_every's flags, before anything loads or compiles."""
+    if bool(cfg.dinov2) != bool(cfg.fd_dinov2_ref):
+        given, missing = ("--dinov2", "--fd_dinov2_ref") if cfg.dinov2 else ("--fd_dinov2_ref", "--dinov2")
+        raise SystemExit(f"{given} measures FD-DINOv2 during training: pass {missing} too (a DINOv2 folder, e.g. "
+                         f"facebook/dinov2-large, and the dataset's statistics from train/fid_stats.py --dinov2).")  # fmt: skip
+    if cfg.dinov2 and cfg.eval_every <= 0:
+        raise SystemExit("--dinov2 measures FD-DINOv2 in --eval_every's evaluation: pass --eval_every N too.")
     if cfg.eval_every <= 0:
         return
     missing = [f"--{name}" for name in ("fid_ref", "inception") if not getattr(cfg, name)]

@@ -1,5 +1,6 @@
 """train/main.py's samples of the EMA model during training (`cfg`: its Config): the sample grids in
-RUN_DIR/samples and --eval_every's FID. Every process samples (the EMA is sharded over all of them)."""
+RUN_DIR/samples and --eval_every's FID (and with --dinov2 FD-DINOv2 of the same samples). Every process samples (the
+EMA is sharded over all of them)."""
 
 import jax
 import numpy as np
@@ -38,12 +39,32 @@ def open_eval_fid(cfg, image_shape: tuple, image_dataset: str, features_fn=None)
         raise SystemExit(f"--eval_every: {e}") from e
 
 
+def open_eval_fd_dinov2(cfg, image_shape: tuple, image_dataset: str) -> tuple | None:
+    """(EDM2's DINOv2 detector from --dinov2, its --fd_dinov2_ref statistics) checked as `open_eval_fid` checks FID's
+    (eqxdiff/eval/fid.py's open_fid), or None without --dinov2."""
+    if not cfg.dinov2:
+        return None
+    from eqxdiff.eval.fd_dinov2 import DINOv2Features
+    from eqxdiff.eval.fid import open_fid
+
+    try:
+        detector = DINOv2Features.from_transformers(cfg.dinov2)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--dinov2: {e}") from e
+    try:
+        return open_fid("", cfg.fd_dinov2_ref, image_shape, detector, dataset=image_dataset)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"--fd_dinov2_ref: {e}") from e
+
+
 def evaluate_fid(step: int, state, *, cfg, sampling: Sampling, codec, condition, schedule, parameterization,
-                 sample_shape: tuple, mesh: Mesh, num_classes: int, network, reference) -> dict:  # fmt: skip
+                 sample_shape: tuple, mesh: Mesh, num_classes: int, network, reference,
+                 fd_dinov2: tuple | None = None) -> dict:  # fmt: skip
     """FID of --eval_num EMA samples by `sampling` (every class alike, the same noise at every evaluation) against
     `reference` through `network` (`open_eval_fid`), and precision/recall if the reference keeps
-    features, as eval/* metrics; made --batch_size at a time (the last batch padded: one sampler program)."""
-    from eqxdiff.eval.fid import chunk_seed, fid_of_samples
+    features, as eval/* metrics; made --batch_size at a time (the last batch padded: one sampler program).
+    `fd_dinov2`: `open_eval_fd_dinov2`'s (detector, reference): also eval/fd_dinov2 of the same samples."""
+    from eqxdiff.eval.fid import chunk_seed, fids_of_samples
 
     cond, null_cond = condition.for_sampling(np.arange(cfg.eval_num) % max(num_classes, 1), 1)  # every class alike
 
@@ -54,5 +75,7 @@ def evaluate_fid(step: int, state, *, cfg, sampling: Sampling, codec, condition,
                                     null_cond=null_cond, seed=chunk_seed(cfg.seed, start))  # fmt: skip
         return to_uint8(images[:size])
 
-    result = fid_of_samples(sample_chunk, cfg.eval_num, network, reference, chunk_size=cfg.batch_size, seed=cfg.seed)
-    return {f"eval/{name}": value for name, value in result.items() if name != "num"}
+    measures = [(network, reference), *([fd_dinov2] if fd_dinov2 else [])]
+    result, *dino = fids_of_samples(sample_chunk, cfg.eval_num, measures, chunk_size=cfg.batch_size, seed=cfg.seed)
+    scores = {f"eval/{name}": value for name, value in result.items() if name != "num"}
+    return scores | {"eval/fd_dinov2": d["fid"] for d in dino}

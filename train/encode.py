@@ -17,6 +17,10 @@ default the tokenizer/ folder beside DIR) and stored as input_ids and attention_
 encoded on the devices next to the VAE. The null condition of guidance (`--null_text`: the encoded
 "" or zeros) is written to null_text.npz beside meta.json. `--attend_padding`: the tower reads every token,
 the padding too, as Stable Diffusion's pipelines encode prompts (what `train/main.py --init sd:` trains with).
+`--repa_encoder DIR` (a transformers Dinov2Model folder) also stores each image's DINOv2 patch tokens, float16, as
+REPA's targets ("repa_features", eqxdiff/training/repa.py), at the side giving one token per patch of a DiT of patch
+`--repa_dit_patch` on the latents (256² images, 32² latents, patch 2: 224², REPA's): `train/main.py --repa_weight`
+reads them instead of running the tower in each step.
 
 The examples, in order, are cut into shards of `--shard_size`; shard k belongs to process
 k % process_count, which encodes it on its own devices (data-parallel over them) and writes it
@@ -39,6 +43,7 @@ import equinox as eqx
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eqxdiff.autoencoders import (
     TILING_MODES,
@@ -64,10 +69,12 @@ from eqxdiff.data.latents import (
 from eqxdiff.data.offline import run_offline  # a dataset through the devices once
 from eqxdiff.images import from_uint8
 from eqxdiff.local_copies import canonical, local_copy
+from eqxdiff.nn import Dinov2Model
 from eqxdiff.nn.clip_text import WEIGHTS_FILE as TEXT_WEIGHTS_FILE
 from eqxdiff.nn.vae_tiling import encode_in_pieces
 from eqxdiff.paths import is_url
 from eqxdiff.sharding import batch_sharding, make_mesh
+from eqxdiff.training.repa import dinov2_targets
 from eqxdiff.text.conditioning import (
     NULL_TEXTS,
     SCRATCH,
@@ -104,6 +111,8 @@ class Config(Launch):
     null_text: str = "empty"  # the null condition stored in null_text.npz: the encoded "" | zeros
     attend_padding: bool = False  # the tower reads the padding tokens too, as SD's pipelines (for main.py --init sd:)
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of stopping the encode
+    repa_encoder: str = ""  # a transformers Dinov2Model folder: also store each image's patch tokens, REPA's targets (main.py --repa_weight)
+    repa_dit_patch: int = 2  # with --repa_encoder: the DiT's patch size on the latents; one DINOv2 token per DiT token
 # fmt: on
 
 
@@ -127,6 +136,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     given = [flag for flag, value in text_flags.items() if value]
     if given and not cfg.text_encoder:
         parser.error(f"{given[0]} applies to captions, which are read and tokenized only with --text_encoder DIR")
+    if cfg.repa_dit_patch < 1:
+        parser.error(f"--repa_dit_patch must be >= 1, got {cfg.repa_dit_patch}")
     if cfg.text_encoder == SCRATCH:
         parser.error(
             "--text_encoder scratch is a tower trained with the model, which has nothing to store ahead of time: "
@@ -135,10 +146,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
     return cfg
 
 
-def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str]) -> dict:
+def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str], repa=None) -> dict:
     """meta.json's content, known before anything is encoded (eqxdiff/data/latents.py lists the keys);
     `text`: what the encode stores of the captions (`ImagesOnly` or `Captions`), `files_sha256`: the
-    hashes of its files beside meta.json."""
+    hashes of its files beside meta.json; `repa`: --repa_encoder's `RepaFeatures`, or None."""
     images = jax.ShapeDtypeStruct((1, *source.image_shape), np.float32)
     try:  # shapes only: a size the VAE's factor does not divide, or other channels, fail here
         mean, _ = eqx.filter_eval_shape(type(vae).encode, vae, images)
@@ -147,6 +158,7 @@ def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str]) -> d
     latent = tuple(mean.shape[1:])
     latent_field = jax.ShapeDtypeStruct(latent, np.float16)
     fields = {"mean": latent_field, "logvar": latent_field, **{k: f for k, f in source.fields.items() if k != "image"}}
+    fields |= {} if repa is None else repa.fields(latent)
     count = len(source) * (2 if cfg.hflip_copies else 1)
     meta = {
         "fields": fields_to_meta(fields | text.fields()),
@@ -164,7 +176,43 @@ def plan_meta(cfg: Config, source, vae, text, files_sha256: dict[str, str]) -> d
         "hflip_copies": cfg.hflip_copies,
         "class_names": getattr(source, "class_names", None) or None,  # a folder's sub-folders: grid rows, --classes
     }
-    return meta | text.meta(files_sha256)
+    return meta | text.meta(files_sha256) | ({} if repa is None else repa.meta())
+
+
+class RepaFeatures:
+    """--repa_encoder DIR: each image's DINOv2 patch tokens (`dinov2_targets`, the torch.hub tower's resize), float16,
+    at the side 14·(latent side / --repa_dit_patch): one token per DiT token."""
+
+    def __init__(self, cfg: Config, mesh):
+        config = local_copy(cfg.repa_encoder) / "config.json"
+        if not config.is_file():
+            raise SystemExit(f"--repa_encoder {cfg.repa_encoder}: no config.json there; pass a transformers "
+                             f"Dinov2Model folder (huggingface-cli download facebook/dinov2-base --local-dir DIR).")  # fmt: skip
+        tower = Dinov2Model.from_transformers(config.parent, interpolate_offset=0.1)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        self.tower = jax.tree.map(lambda x: jax.device_put(x, replicated) if eqx.is_array(x) else x, tower)
+        self.folder, self.dit_patch = canonical(cfg.repa_encoder), cfg.repa_dit_patch
+        self.weights_sha256 = sha256_file(config.parent / "model.safetensors")
+        self.side = 0  # known with the latent's shape (`fields`)
+
+    def fields(self, latent: tuple) -> dict:
+        if latent[0] % self.dit_patch:
+            raise SystemExit(f"--repa_dit_patch {self.dit_patch} does not divide the latent side {latent[0]}.")
+        grid = latent[0] // self.dit_patch
+        self.side = self.tower.patch_size * grid
+        width = self.tower.layernorm.weight.shape[0]
+        return {"repa_features": jax.ShapeDtypeStruct((grid * grid, width), np.float16)}
+
+    def meta(self) -> dict:
+        return {"repa": {"encoder": self.folder, "weights_sha256": self.weights_sha256, "side": self.side}}
+
+    def __call__(self, images) -> jax.Array:
+        return repa_features16(self.tower, images, self.side)
+
+
+@eqx.filter_jit
+def repa_features16(tower, images, side: int) -> jax.Array:
+    return dinov2_targets(tower, images.astype(np.float32), side).astype(np.float16)
 
 
 def identity(meta: dict) -> dict:
@@ -177,7 +225,8 @@ def identity(meta: dict) -> dict:
     if text is not None:
         text = {k: v for k, v in text.items() if k not in ("text_encoder", "tokenizer", "null")}
     rest = {k: v for k, v in meta.items() if k != "class_names"}
-    return {**rest, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text}
+    repa = meta.get("repa") and {k: v for k, v in meta["repa"].items() if k != "encoder"}  # by weights, not folder
+    return {**rest, "vae": meta["vae"]["weights_sha256"] or meta["vae"]["spec"], "text": text, "repa": repa}
 
 
 def refuse_other_encode(out: os.PathLike, plan: dict) -> None:
@@ -386,13 +435,16 @@ def main(cfg: Config) -> None:
     try:  # weights that do not fit their config, a tokenizer of another tower
         vae = open_autoencoder(cfg.vae, mesh=mesh)
         text = open_text(cfg, mesh)
+        repa = RepaFeatures(cfg, mesh) if cfg.repa_encoder else None
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(str(e)) from e
     out.mkdir(parents=True, exist_ok=True)
     files = text.files()  # beside meta.json: null_text.npz with captions
     if any((out / name).is_file() for name in (META, PLAN)):  # an encode resumed: keep the files its plan names
         files = {name: (out / name).read_bytes() if (out / name).is_file() else data for name, data in files.items()}
-    plan = plan_meta(cfg, source, vae, text, {name: hashlib.sha256(data).hexdigest() for name, data in files.items()})
+    plan = plan_meta(
+        cfg, source, vae, text, {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}, repa
+    )
     refuse_other_encode(out, plan)
     if process == 0:
         for name, data in files.items():
@@ -422,7 +474,8 @@ def main(cfg: Config) -> None:
 
     def compute(inputs) -> dict:
         images, tokens = inputs
-        return encode_batch(vae, images, text.encoder, tokens, tiling)
+        encoded = encode_batch(vae, images, text.encoder, tokens, tiling)
+        return encoded if repa is None else encoded | {"repa_features": repa(images)}
 
     started = time.perf_counter()
     run_offline(

@@ -72,6 +72,7 @@ from eqxdiff.training import (
     step_flops,
 )
 from eqxdiff.training.phema import parse_sigma_rels, sigma_rel_to_gamma
+from eqxdiff.training.repa import dinov2_targets, network_of, repa_loss
 from eqxdiff.training.logging import WANDB_MODES
 from eqxdiff.training.preemption import StopRequest
 
@@ -86,11 +87,12 @@ from checks import (  # train/checks.py
     with_two_times,
 )
 from finetune import FineTuneFlags, with_init_flags  # train/finetune.py: --init sd:FOLDER, --lora_rank
-from ema_samples import evaluate_fid, open_eval_fid, write_sample_grid  # train/ema_samples.py: grids and FID
+from ema_samples import evaluate_fid, open_eval_fd_dinov2, open_eval_fid, write_sample_grid  # train/ema_samples.py
 from loop import save_checkpoint, save_snapshot, train_loop  # train/loop.py: steps, logs, samples, FID, checkpoints
 from resume import check_model_args, default_run_dir, run_config  # train/resume.py: the run's directory and saved flags
 from run_data import open_dataset, run_codec, scaled_latent_std  # train/run_data.py
 from outputs import check_writable  # train/outputs.py: --run_dir can be written, before anything loads
+from repa_flags import open_repa, sampled_network  # train/repa_flags.py: --repa_*'s tower, block and projector
 from startup import Launch, dataclass_parser, exit_on_user_error, start_jax  # train/startup.py: flags, JAX's start
 import xla_cpu_auto  # train/xla_cpu_auto.py: --xla_cpu auto
 
@@ -137,6 +139,11 @@ class Config(FineTuneFlags, Launch):
     text_dropout: float = 0.1  # captions replaced by the null text (classifier-free guidance training)
     null_text: str = "empty"  # the null text: the encoded "" | zeros
     allow_uncaptioned: bool = False  # an image without a caption gets "" instead of an error
+    # repa: representation alignment (Yu et al. 2025) of a DiT's tokens to a frozen DINOv2's, docs/vision-towers.md
+    repa_weight: float = 0.0  # λ of REPA's loss added to the denoising loss (REPA's --proj-coeff: 0.5); 0: off; DiT models only
+    repa_block: int = 0  # the block (1..depth) whose tokens align (REPA's --encoder-depth: 8 of SiT-XL/2's 28); 0: round(depth·8/28)
+    repa_encoder: str = ""  # a transformers Dinov2Model folder, frozen (facebook/dinov2-base: REPA's dinov2-vit-b)
+    repa_projector_dim: int = 2048  # the width of REPA's projector MLP (its projector_dim)
     # optimisation: AdamW over --steps updates, the EMA, the non-finite guard
     steps: int = 900  # optimizer updates in the whole run (a resumed run trains up to this step)
     batch_size: int = 128  # global, per optimizer update (split over every device and process)
@@ -157,11 +164,13 @@ class Config(FineTuneFlags, Launch):
     guidance: float = 1.5  # the grids' classifier-free guidance scale (1: none); train/sample.py's default too
     guidance_interval: str = ""  # "LO,HI": the grids' guidance only for σ in (LO, HI] (Kynkäänniemi et al. 2024)
     sample_prompts: str = ""  # "|"-separated prompts for sample grids (default: the dataset's first captions)
-    # evaluation: FID during training
+    # evaluation: FID (and FD-DINOv2) during training
     eval_every: int = 0  # >0: FID of --eval_num EMA samples against --fid_ref every N steps (and at the end)
     eval_num: int = 10000  # sampled --batch_size at a time
     fid_ref: str = ""  # the dataset's statistics, train/fid_stats.py (--keep_features: also precision/recall)
     inception: str = ""  # pytorch-fid's Inception weights: pt_inception-2015-12-05-6726825d.pth (or a .safetensors copy)
+    dinov2: str = ""  # also FD-DINOv2 (EDM2's) of the same samples, by this transformers DINOv2 folder (facebook/dinov2-large)
+    fd_dinov2_ref: str = ""  # with --dinov2: the dataset's DINOv2 statistics, train/fid_stats.py --dinov2
     # run: its directory, seed, logs, checkpoints and profile
     run_dir: str = ""  # where checkpoints, grids and logs go; a run resumes from it (default: runs/DATASET-MODEL)
     seed: int = 0  # the model's initialisation, the data order and every draw of σ, ε and dropout
@@ -198,31 +207,60 @@ CHOICES = {
 
 # ---- where a batch of records meets the model, and the loss: edit these ----
 def prepare(
-    batch: dict, key: jax.Array, frozen: dict | None = None, *, codec=Pixels(), condition, schedule, cond_dropout: float
+    batch: dict,
+    key: jax.Array,
+    frozen: dict | None = None,
+    *,
+    codec=Pixels(),
+    condition,
+    schedule,
+    cond_dropout: float,
+    repa_side: int = 0,
 ) -> dict:
     """A record batch -> what `loss_fn` reads: x0 (`codec`: images in [-1, 1], or latents), the condition
     (`condition`, eqxdiff/run/conditions.py: labels, tokens, or text encoded by the step's frozen tower; each
     example's replaced by the condition's null with probability `cond_dropout` for classifier-free
     guidance), and the training draw σ, ε. Runs
     inside the step on the whole global batch. Latent records (train/encode.py) hold the VAE
-    posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/run/codecs.py)."""
+    posterior's mean and log-variance: each step draws z from it and scales it (eqxdiff/run/codecs.py).
+    `repa_side` > 0 (--repa_weight): also REPA's targets, the clean images' DINOv2 patch tokens at that side²
+    (eqxdiff/training/repa.py), by the step's frozen tower, or train/encode.py's when the records hold them."""
     key_draw, key_drop = jax.random.split(key)
     key_latent = jax.random.fold_in(key, 1)  # its own key: σ, ε and dropout draw alike for pixels and latents
     x0 = codec.x0(batch, key_latent)
     sigma, noise = draw_sigma_and_noise(schedule, x0, key_draw)
     cond = drop_condition(key_drop, condition.cond(batch, frozen), cond_dropout, condition.null(frozen))
-    return dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
+    out = dict(x0=x0, cond=cond, sigma=sigma, noise=noise)
+    if repa_side and "repa_features" in batch:  # written ahead beside the latents (train/encode.py --repa_encoder)
+        out["repa_targets"] = batch["repa_features"].astype(jnp.float32)
+    elif repa_side:
+        out["repa_targets"] = dinov2_targets(frozen["repa_encoder"], batch["image"].astype(jnp.float32), repa_side)
+    return out
 
 
-def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization) -> jax.Array:
-    """E λ(σ)·‖D(x0 + σε; σ, cond) - x0‖² (Karras et al. 2022, eq. 2) over a (micro-)batch."""
+def loss_fn(model, batch: dict, key: jax.Array, *, schedule, parameterization, repa_weight: float = 0.0) -> jax.Array:
+    """E λ(σ)·‖D(x0 + σε; σ, cond) - x0‖² (Karras et al. 2022, eq. 2) over a (micro-)batch; with --repa_weight (the
+    model then `Aligned`: the network and REPA's projector) + repa_weight·REPA's loss (Yu et al. 2025, eq. 8)."""
+    network = network_of(model)
+    tokens_after = model.block if repa_weight else None  # REPA: also the network's tokens after that block
     pred = denoising_prediction(
-        model, schedule, parameterization, batch["x0"], batch["sigma"], batch["noise"], batch["cond"], key=key
+        network,
+        schedule,
+        parameterization,
+        batch["x0"],
+        batch["sigma"],
+        batch["noise"],
+        batch["cond"],
+        key=key,
+        tokens_after=tokens_after,
     )
     weight = loss_weight(batch["sigma"], parameterization, schedule)  # 1/c_out²: ε-, v-, EDM, flow-matching MSE
     # weight = jnp.minimum(1 / batch["sigma"] ** 2, 5.0)  # min-SNR-5 (Hang et al. 2023): SNR = 1/σ²
     # EDM2's learned per-σ weighting: λ·mse/e^u + u, u = the network's logvar head (eq. 21); without one: λ·mse
-    return jnp.mean(uncertainty_weighted(model, schedule.sigma_to_t(batch["sigma"]), weight * pred.mse))
+    loss = jnp.mean(uncertainty_weighted(network, schedule.sigma_to_t(batch["sigma"]), weight * pred.mse))
+    if repa_weight:  # -cos(the clean image's DINOv2 patch token, the projected token), averaged over tokens
+        loss = loss + repa_weight * repa_loss(batch["repa_targets"], model.projector(pred.tokens))
+    return loss
 
 
 # --objective meanflow: a network of two times learns the average velocity u(z_t, r, t), one step z_0 = z_1 - u.
@@ -315,9 +353,9 @@ def training_schedule(cfg: Config):
     return schedule_by_name(cfg.schedule)
 
 
-def train_objective(cfg: Config, codec, condition, schedule, parameterization) -> tuple:
+def train_objective(cfg: Config, codec, condition, schedule, parameterization, repa=None) -> tuple:
     """(prepare, loss_fn) of --objective: `prepare` and `loss_fn`, or MeanFlow's `prepare_meanflow` and
-    `meanflow_loss_fn`, with the run's codec, condition and flags."""
+    `meanflow_loss_fn`, with the run's codec, condition and flags; `repa` (train/repa_flags.py): REPA's term."""
     dropout = getattr(cfg, condition.dropout_flag)
     if cfg.objective == "meanflow":
         return (
@@ -338,9 +376,12 @@ def train_objective(cfg: Config, codec, condition, schedule, parameterization) -
                 norm_eps=cfg.meanflow_norm_eps,
             ),
         )
+    repa_side, repa_weight = (repa.side, repa.weight) if repa else (0, 0.0)
     return (
-        functools.partial(prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=dropout),
-        functools.partial(loss_fn, schedule=schedule, parameterization=parameterization),
+        functools.partial(
+            prepare, codec=codec, condition=condition, schedule=schedule, cond_dropout=dropout, repa_side=repa_side
+        ),
+        functools.partial(loss_fn, schedule=schedule, parameterization=parameterization, repa_weight=repa_weight),
     )
 
 
@@ -353,10 +394,11 @@ def checkpoint_config(
     condition,
     latent_config: dict,
     class_names: list | None,
+    repa=None,
 ) -> dict:
     """What each checkpoint stores beside the state, enough to rebuild the run from its directory alone: the
     flags, the data's shape and classes, the network's constructor arguments (`model_args`), the codec and
-    condition (`to_config`) and what latents were encoded from (`latent_config`)."""
+    condition (`to_config`), what latents were encoded from (`latent_config`) and REPA's projector (`repa`), if any."""
     return dict(
         dataclasses.asdict(cfg),
         image_shape=list(image_shape),
@@ -366,6 +408,7 @@ def checkpoint_config(
         condition=condition.to_config(),
         **latent_config,
         **({"class_names": list(class_names)} if class_names else {}),
+        **({"repa": repa.to_config()} if repa else {}),
     )
 
 
@@ -454,19 +497,30 @@ def main(cfg: Config, features_fn=None) -> None:
     evaluate = None
     if cfg.eval_every > 0:  # FID's network and reference, checked against each other before anything compiles
         fid_images = codec.image_shape(image_shape)  # FID sees images: a latent run's samples decoded
-        fid_network, fid_reference = open_eval_fid(
-            cfg, fid_images, latent_config.get("image_dataset", cfg.dataset), features_fn
-        )
+        image_dataset = latent_config.get("image_dataset", cfg.dataset)
+        fid_network, fid_reference = open_eval_fid(cfg, fid_images, image_dataset, features_fn)
         evaluate = functools.partial(
-            evaluate_fid, **ema_sampling, num_classes=num_classes, network=fid_network, reference=fid_reference
+            evaluate_fid,
+            **ema_sampling,
+            num_classes=num_classes,
+            network=fid_network,
+            reference=fid_reference,
+            fd_dinov2=open_eval_fd_dinov2(cfg, fid_images, image_dataset),  # --dinov2: the same samples' FD-DINOv2
         )
 
     if resume is not None:
         check_model_args(cfg.run_dir, cfg.model, resume, args)
     set_remat_policy(cfg.remat_policy)  # read as the step traces each block
+    # --repa_weight: the network beside REPA's projector (its block, DINOv2's side) and the frozen DINOv2, or None
+    make_network = functools.partial(build_model, args, cfg.remat, condition=condition)
+    repa = open_repa(cfg, args, make_network, codec, source)
+    frozen = condition.frozen()
+    if repa:  # the grids and FID sample the network alone; the step reads the tower as frozen["repa_encoder"]
+        make_network, frozen = repa.make_model(make_network), {**(frozen or {}), **repa.frozen()} or None
+        write_samples, evaluate = (fn and sampled_network(fn) for fn in (write_samples, evaluate))
     # What the step trains (the network, or LoRA's adapters), its frozen argument (a text tower, its null, LoRA's
     # base) and a new run's state
-    training = tune.training(functools.partial(build_model, args, cfg.remat, condition=condition), condition.frozen())
+    training = tune.training(make_network, frozen)
     make_model, frozen = training.make_model, training.frozen
 
     warmup = cfg.warmup_steps if cfg.warmup_steps < cfg.steps else cfg.steps // 10
@@ -496,7 +550,7 @@ def main(cfg: Config, features_fn=None) -> None:
         raise SystemExit(f"SHARDING_RULES in train/main.py: {e}") from e
     frozen = None if frozen is None else jax.device_put(frozen, frozen_shardings)
     data_sharding = batch_sharding(mesh)
-    prepare_fn, loss = train_objective(cfg, codec, condition, schedule, parameterization)  # --objective
+    prepare_fn, loss = train_objective(cfg, codec, condition, schedule, parameterization, repa)  # --objective, REPA
     build_step = functools.partial(
         make_train_step,
         prepare=prepare_fn,
@@ -542,7 +596,9 @@ def main(cfg: Config, features_fn=None) -> None:
     if timed:
         _, train_step = xla_cpu_auto.choose(build_step, train_step, state, spec, frozen, *auto)
 
-    ckpt_config = checkpoint_config(cfg, image_shape, num_classes, args, codec, condition, latent_config, class_names)
+    ckpt_config = checkpoint_config(
+        cfg, image_shape, num_classes, args, codec, condition, latent_config, class_names, repa
+    )
     stream = batch_stream(
         source,
         cfg.batch_size,

@@ -19,7 +19,7 @@ from eqxdiff.run.run_dir import checkpoint_steps, close_runs, saved_config
 # different run.
 FIXED = ("dataset", "image_size", "model", "schedule", "parameterization", "sigma_data", "seed", "text_encoder", "init",
          "tokenizer", "null_text", "phema_sigma_rels", "lr_ref_steps", "lora_rank", "lora_targets", "lora_alpha",
-         "finetune")  # fmt: skip
+         "finetune", "repa_weight", "repa_block", "repa_projector_dim")  # fmt: skip
 # How this one command starts, not what the run is: never taken from a checkpoint.
 PER_COMMAND = ("run_dir", "resume_step", "allow_dataset_change", "coordinator", "num_processes", "process_id",
                "xla_cpu")  # fmt: skip

@@ -23,10 +23,12 @@ from .schedules import Schedule
 
 class DenoisingPrediction(NamedTuple):
     """What the network made of x = x0 + σ·ε: `x0_hat` = D(x; σ) (b, ...) and `mse` (b,), the
-    mean over each example's elements of (D - x0)², float32."""
+    mean over each example's elements of (D - x0)², float32; `tokens`: the network's tokens after the block
+    `tokens_after` names (REPA), else None."""
 
     x0_hat: Float[Array, "b *dims"]
     mse: Float[Array, " b"]
+    tokens: Float[Array, "b n d"] | None = None
 
 
 def draw_sigma_and_noise(
@@ -50,22 +52,27 @@ def denoising_prediction(
     cond: Any = None,
     *,
     key: PRNGKeyArray | None = None,
+    tokens_after: int | None = None,
 ) -> DenoisingPrediction:
     """D(x; σ) = c_skip·x + c_out·F(c_in·x, c_noise, cond) at x = x0 + σ·ε, and its error.
 
     The error is computed in F-space, c_out²·‖F - (x0 - c_skip·x)/c_out‖², which equals
     ‖D - x0‖² but does not cancel x0 against D at small σ (where D - x0 is tiny). Float32
-    whatever the model's dtype. `key` drives the model's dropout.
+    whatever the model's dtype. `key` drives the model's dropout. `tokens_after=k`: the network is called with it
+    and returns (output, its tokens after block k) (eqxdiff.nn.DiT), and the prediction carries those tokens.
     """
     x0, sigma, noise = (a.astype(jnp.float32) for a in (x0, sigma, noise))
     c_skip, c_out, c_in = (per_example(c, x0) for c in parameterization.coefficients(sigma, schedule))
     scaled_noise = per_example(sigma, x0) * noise
     x = x0 + scaled_noise
-    out = model(c_in * x, schedule.sigma_to_t(sigma), cond, key=key).astype(jnp.float32)
+    extra = {} if tokens_after is None else {"tokens_after": tokens_after}
+    out = model(c_in * x, schedule.sigma_to_t(sigma), cond, key=key, **extra)
+    out, tokens = (out, None) if tokens_after is None else out
+    out = out.astype(jnp.float32)
     # (x0 - c_skip·x)/c_out with x expanded, so no x0 - x0 cancellation at small σ.
     target = ((1 - c_skip) * x0 - c_skip * scaled_noise) / c_out
     f_mse = jnp.mean((out - target) ** 2, axis=tuple(range(1, x0.ndim)))
-    return DenoisingPrediction(c_skip * x + c_out * out, c_out.reshape(-1) ** 2 * f_mse)
+    return DenoisingPrediction(c_skip * x + c_out * out, c_out.reshape(-1) ** 2 * f_mse, tokens)
 
 
 def denoising_loss(

@@ -14,7 +14,7 @@ ADM's batches (eqxdiff/eval/adm_batches.py) serve as references too: a reference
 `mu`/`sigma`, a batch of images alone by statistics computed from them once (open_fid).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import os
 import tempfile
@@ -287,20 +287,27 @@ def fid_of_samples(
     fails (~1e-3 relative). Precision/recall compare min(num, kept) rows of each side: a uniform
     random subset of the samples (seeded by `seed`).
     """
+    return fids_of_samples(sample_chunk, num, [(features_fn, reference)], chunk_size=chunk_size, seed=seed)[0]
+
+
+def fids_of_samples(
+    sample_chunk: Callable[[int, int], np.ndarray],
+    num: int,
+    measures: Sequence[tuple[Any, FIDReference]],
+    *,
+    chunk_size: int,
+    seed: int = 0,
+) -> list[dict[str, float | int]]:
+    """`fid_of_samples` of each (feature network, reference) of `measures` (FID's and FD-DINOv2's) over the same
+    samples, made once: each chunk goes through every network as it comes. A result per measure, in order."""
     if num < 2 or chunk_size < 1:
         raise ValueError(f"FID needs num >= 2 samples and chunk_size >= 1, got num {num}, chunk_size {chunk_size}.")
     p, processes = jax.process_index(), jax.process_count()
     devices = jax.local_devices()
     mesh = make_mesh(devices=devices)
-    features_fn = replicated(features_fn, mesh)
     per_device = -(-chunk_size // (processes * len(devices)))  # this process's share of a chunk, padded
     local_batch = per_device * len(devices)  # ... to one shape over its devices: one compile
-    dim = len(reference.mu)
-    few = num <= dim  # a singular covariance: the distance from all the features (frechet_distance_of_few)
-    stats = None if few else FeatureStats(dim)
-    every = KeptFeatures(num, num, dim) if few else None
-    kept_num = 0 if reference.features is None else min(num, len(reference.features))
-    kept = KeptFeatures(num, kept_num, dim, seed) if kept_num > NEIGHBOURS else None  # k-NN needs k + 1 points
+    streams = [_FeatureStream(replicated(fn, mesh), reference, num, seed) for fn, reference in measures]
     for start in range(0, num, chunk_size):
         size = min(chunk_size, num - start)
         images = np.asarray(sample_chunk(start, size))
@@ -312,22 +319,45 @@ def fid_of_samples(
         lo, hi = p * size // processes, (p + 1) * size // processes  # this process's rows of the chunk
         if hi > lo:
             mine = images[lo:hi]
-            padded = np.concatenate([mine, np.repeat(mine[-1:], local_batch - len(mine), axis=0)])
-            features = np.asarray(rgb_features(features_fn, jax.device_put(padded, batch_sharding(mesh))))[: len(mine)]
-            if stats is not None:
-                stats.update(features)
-            for rows in (every, kept):
-                if rows is not None:
-                    rows.update(features, start + lo)
-    if few:
-        fid = frechet_distance_of_few(every.gather(), reference.mu, reference.sigma)
-    else:
-        fid = fid_from_stats(*gather_feature_stats(stats).mean_cov(), reference.mu, reference.sigma)
-    result = {"num": num, "fid": fid}
-    if kept is not None:
-        fake = kept.gather()
-        result["precision"], result["recall"] = precision_recall(reference.features[:kept_num], fake, NEIGHBOURS)
-    return result
+            padded = jax.device_put(
+                np.concatenate([mine, np.repeat(mine[-1:], local_batch - len(mine), axis=0)]), batch_sharding(mesh)
+            )
+            for stream in streams:
+                stream.update(np.asarray(rgb_features(stream.features_fn, padded))[: len(mine)], start + lo)
+    return [stream.result() for stream in streams]
+
+
+class _FeatureStream:
+    """One feature network's share of `fids_of_samples`: the samples' statistics (or, fewer samples than
+    dimensions, every feature row) and the rows precision/recall keep, then the distance to `reference`."""
+
+    def __init__(self, features_fn: Any, reference: FIDReference, num: int, seed: int):
+        self.features_fn, self.reference, self.num = features_fn, reference, num
+        dim = len(reference.mu)
+        self.few = num <= dim  # a singular covariance: the distance from all the features (frechet_distance_of_few)
+        self.stats = None if self.few else FeatureStats(dim)
+        self.every = KeptFeatures(num, num, dim) if self.few else None
+        self.kept_num = 0 if reference.features is None else min(num, len(reference.features))
+        self.kept = KeptFeatures(num, self.kept_num, dim, seed) if self.kept_num > NEIGHBOURS else None  # k-NN: k + 1
+
+    def update(self, features: np.ndarray, first_row: int) -> None:
+        if self.stats is not None:
+            self.stats.update(features)
+        for rows in (self.every, self.kept):
+            if rows is not None:
+                rows.update(features, first_row)
+
+    def result(self) -> dict[str, float | int]:
+        ref = self.reference
+        if self.few:
+            fid = frechet_distance_of_few(self.every.gather(), ref.mu, ref.sigma)
+        else:
+            fid = fid_from_stats(*gather_feature_stats(self.stats).mean_cov(), ref.mu, ref.sigma)
+        result = {"num": self.num, "fid": fid}
+        if self.kept is not None:
+            fake = self.kept.gather()
+            result["precision"], result["recall"] = precision_recall(ref.features[: self.kept_num], fake, NEIGHBOURS)
+        return result
 
 
 def load_inception(path: str | Path) -> InceptionV3:

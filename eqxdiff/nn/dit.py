@@ -122,6 +122,10 @@ class DiT(eqx.Module):
     it is the network at r = t (interval 0), the instantaneous velocity. Its `time_embed` is then a
     `TwoTimeEmbedding` (t's embedding as `.time`); without the option the module is as it was, leaf for leaf, and the
     other weights are drawn alike either way.
+
+    `tokens_after=k` (REPA, Yu et al. 2025: the representation a projector aligns) also returns the tokens after block
+    k of 1..depth, `[b, (h/p)·(w/p), hidden]` in the patch grid's row-major order: `(output, tokens)`. The call
+    without it, the parameters and checkpoints are as they were. SiT is this network (eqxdiff/pretrained/sit.py).
     """
 
     patch_embed: Conv2d
@@ -291,8 +295,13 @@ class DiT(eqx.Module):
         *,
         key: PRNGKeyArray | None = None,
         interval: Float[Array, " b"] | None = None,  # t − r, a network of two times only (interval_embedding)
-    ) -> Float[Array, "b h w c"] | Float[Array, "b h w 2*c"]:  # 2c with learn_sigma
+        tokens_after: int | None = None,  # k in 1..depth: also return the tokens after block k (REPA's alignment)
+    ) -> (  # 2c with learn_sigma; with tokens_after: (the output, the tokens after that block)
+        Float[Array, "b h w c"] | Float[Array, "b h w 2*c"] | tuple[Float[Array, "b h w oc"], Float[Array, "b n d"]]
+    ):
         b, h, w, c = x.shape
+        if tokens_after is not None and not 1 <= tokens_after <= len(self.blocks):
+            raise ValueError(f"DiT: tokens_after={tokens_after}, a block in 1..{len(self.blocks)} (the depth)")
         if (h, w, c) != (self.image_size, self.image_size, self.in_channels):
             raise ValueError(
                 f"DiT was built for [b, {self.image_size}, {self.image_size}, {self.in_channels}] inputs; got {x.shape}"
@@ -317,11 +326,13 @@ class DiT(eqx.Module):
         elif cond is not None:
             raise ValueError("A condition was given to an unconditional DiT (num_classes=0, context_dim=0).")
 
-        for blk in self.blocks:
+        after = None  # the tokens after block `tokens_after`
+        for i, blk in enumerate(self.blocks, 1):
             tokens = checkpointed(blk, self.remat)(tokens, emb, **text)
+            after = tokens if i == tokens_after else after
         shift, scale = jnp.split(self.final_ada(jax.nn.silu(emb)), 2, axis=-1)
         out = self.final_linear(_modulate(layer_norm(tokens), shift, scale))
         oc = 2 * c if self.learn_sigma else c
         # Unpatchify: token (gi, gj) holds its p×p×oc patch in (pi, pj, oc) order.
-        out = out.reshape(b, g, g, p, p, oc).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, oc)
-        return out.astype(x.dtype)
+        out = out.reshape(b, g, g, p, p, oc).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, oc).astype(x.dtype)
+        return out if tokens_after is None else (out, after)

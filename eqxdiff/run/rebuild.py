@@ -22,6 +22,7 @@ from eqxdiff.run.open_condition import condition_from_config, stored_condition
 from eqxdiff.run.run_dir import checkpoint_steps, close_runs, current_names, saved_config
 from eqxdiff.training import abstract_train_state, run_optimizer
 from eqxdiff.training.phema import parse_sigma_rels
+from eqxdiff.training.repa import network_of, with_projector
 
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
 # default): a checkpoint stores every flag of its day (`stored_flags`), so an older one lacks only these.
@@ -46,6 +47,12 @@ LATER_FLAGS = dict(
     meanflow_norm_eps=0.01,
     meanflow_omega=1.0,
     meanflow_kappa=0.5,
+    repa_weight=0.0,
+    repa_block=0,
+    repa_encoder="",
+    repa_projector_dim=2048,
+    dinov2="",
+    fd_dinov2_ref="",
 )
 
 
@@ -160,7 +167,7 @@ def load_run(
         args, schedule_by_name(cfg.schedule), parameterization_by_name(cfg.parameterization, sigma_data(cfg, codec)), ()
     )
     return Run(
-        ema=tune.whole(model),
+        ema=network_of(tune.whole(model)),  # a REPA run's without its projector
         cfg=cfg,
         stored=stored,
         step=step,
@@ -186,6 +193,8 @@ def abstract_run_state(
     def make_model(key):
         return build_model(args, False, key, condition, constructors or CONSTRUCTORS)
 
+    if "repa" in stored:  # a REPA run's state trains its projector beside the network (eqxdiff/training/repa.py)
+        make_model = with_projector(make_model, **stored["repa"])
     make_model = make_model if tune is None else tune.training(make_model, None).make_model
 
     # The optimizer only gives the state its structure; min_size 2**62: everything replicated.

@@ -10,7 +10,13 @@ The pieces, as REPA's train.py and loss.py compute them:
   std, torch's bicubic `interpolate` without antialias to 224·(resolution // 256)) then the hub tower's
   `x_norm_patchtokens` (eqxdiff.nn.Dinov2Model with `interpolate_offset=0.1`, its patch tokens);
 - `repa_loss`: the mean over examples and tokens of -cos(target, projected token) (REPA's `proj_loss`).
+
+A run trains `Aligned(network, projector, block)` (train/main.py's --repa_* flags): its state, EMA, optimizer and
+checkpoints hold the projector beside the network; sampling takes `network_of(model)`, the network alone.
 """
+
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -42,6 +48,39 @@ class Projector(eqx.Module):
         return self.fc3(jax.nn.silu(self.fc2(jax.nn.silu(self.fc1(tokens)))))
 
 
+class Aligned(eqx.Module):
+    """A network trained with REPA: the diffusion network, the projector of its tokens after block `block` (1..depth;
+    `DiT(..., tokens_after=block)`). Not callable: sampling calls `network_of(model)`, the network alone."""
+
+    network: eqx.Module
+    projector: Projector
+    block: int = eqx.field(static=True)
+
+
+def with_projector(make_model: Callable, *, block: int, z_dim: int, projector_dim: int) -> Callable:
+    """`make_model(key) -> network` as `key -> Aligned(network, Projector(hidden, z_dim, projector_dim), block)`: the
+    network drawn from `key` as without REPA, the projector from a key folded from it."""
+
+    def make(key: PRNGKeyArray) -> Aligned:
+        network = make_model(key)
+        projector = Projector(network.hidden_size, z_dim, projector_dim, key=jax.random.fold_in(key, 0x4E9A))
+        return Aligned(network, projector, block)
+
+    return make
+
+
+def network_of(model: Any) -> Any:
+    """The diffusion network of a trained model: `Aligned`'s without its projector; any other (any callable
+    network, eqxdiff.nn.DiffusionModel), itself."""
+    return model.network if isinstance(model, Aligned) else model
+
+
+def default_block(depth: int) -> int:
+    """REPA's alignment depth scaled to a network of `depth` blocks: its --encoder-depth 8 of SiT-XL/2's 28, so
+    round(depth·8/28), at least 1 (DiT-B/2's 12 blocks: 3; SiT-XL/2: 8)."""
+    return max(1, round(depth * 8 / 28))
+
+
 def target_size(resolution: int) -> int:
     """The side REPA resizes images to for DINOv2: 224·(resolution // 256) (256² -> 224², 512² -> 448²)."""
     if resolution < 256:
@@ -53,10 +92,12 @@ def target_size(resolution: int) -> int:
 
 
 def dinov2_targets(
-    dinov2: Dinov2Model, images: Float[Array, "b h w 3"], size: int | None = None
+    dinov2: Dinov2Model, images: Float[Array, "b h w c"], size: int | None = None
 ) -> Float[Array, "b n d"]:
     """DINOv2's patch tokens of clean images with values in [0, 255] (uint8 images as float), resized to `size`²
-    (default REPA's `target_size` of the width) by torch's bicubic without antialias, as REPA prepares them."""
+    (default REPA's `target_size` of the width) by torch's bicubic without antialias, as REPA prepares them. Grey
+    images (c = 1) are repeated to RGB."""
+    images = jnp.repeat(images, 3, axis=-1) if images.shape[-1] == 1 else images
     x = (images.astype(jnp.float32) / 255 - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD)
     side = target_size(images.shape[2]) if size is None else size
     x = resize_bicubic(x, (side, side))

@@ -151,3 +151,44 @@ def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path):
                 [str(tmp_path / "stats_only.npz"), str(tmp_path / "samples.npz"), "--dinov2", str(TOWER)]
             )
         )
+
+
+@pytest.mark.slow
+def test_eval_every_measures_fd_dinov2_of_the_samples_fid_sees(tmp_path):
+    """train/main.py --eval_every with --dinov2: eval/fd_dinov2 beside eval/fid, of the same samples (one pass), and
+    equal to what train/sample.py --fid --dinov2 measures of the final checkpoint with the run's count and seed."""
+    from eqxdiff.data import open_source
+    from runs import train_here
+    from tests.eval.test_fid import projection, stand_in_reference
+
+    np.savez(tmp_path / "digits.npz", images=open_source("digits").images[:64])
+    dino_ref = tmp_path / "digits_dinov2.npz"
+    fid_stats.main(fid_stats.parse_config(["--dataset", f"npz:{tmp_path / 'digits.npz'}", "--dinov2", str(TOWER),
+                                           "--out", str(dino_ref), "--batch_size", "16"]))  # fmt: skip
+    stand_in_reference(tmp_path / "ref.npz", image_shape=(8, 8, 1))
+    evaluation = ["--eval_every", 2, "--eval_num", 20, "--fid_ref", tmp_path / "ref.npz", "--inception", "unused"]
+    train_here("--run_dir", tmp_path / "run", "--dataset", f"npz:{tmp_path / 'digits.npz'}", "--model", "unet_tiny",
+               "--batch_size", 16, "--steps", 2, "--sample_every", 0, "--sample_steps", 1, "--wandb", "disabled",
+               *evaluation, "--dinov2", TOWER, "--fd_dinov2_ref", dino_ref, features_fn=projection)  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (logged,) = [r for r in rows if "eval/fd_dinov2" in r]
+    assert logged["step"] == 2 and logged["eval/fd_dinov2"] > 0 and logged["eval/fid"] > 0
+    out = tmp_path / "fd.jsonl"
+    flags = ["--run_dir", tmp_path / "run", "--num", 20, "--steps", 1, "--batch_size", 16, "--seed", 0]
+    sample.main(
+        sample.parse_args([*map(str, flags), "--fid", str(dino_ref), "--dinov2", str(TOWER), "--fid_out", str(out)])
+    )
+    (line,) = [json.loads(s) for s in out.read_text().splitlines()]
+    assert line["metric"] == "fd_dinov2" and line["fid"] == pytest.approx(logged["eval/fd_dinov2"], rel=1e-6)
+
+
+def test_eval_every_dinov2_flags_come_in_pairs(tmp_path):
+    from runs import train_here
+
+    run = ["--run_dir", tmp_path / "run", "--batch_size", 16, "--wandb", "disabled"]
+    with pytest.raises(SystemExit, match=r"--dinov2 measures FD-DINOv2 during training: pass --fd_dinov2_ref too"):
+        train_here(*run, "--eval_every", 2, "--dinov2", TOWER)
+    with pytest.raises(
+        SystemExit, match=r"--dinov2 measures FD-DINOv2 in --eval_every's evaluation: pass --eval_every"
+    ):
+        train_here(*run, "--dinov2", TOWER, "--fd_dinov2_ref", tmp_path / "s.npz")

@@ -79,6 +79,29 @@ def test_streamed_fid_equals_fid_of_all_features_at_once():
     assert few.keys() == {"num", "fid"} and few["fid"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_several_networks_measure_one_pass_of_samples():
+    """fids_of_samples (--eval_every's FID and FD-DINOv2): each chunk made once, each network's distance against the
+    host's float64 statistics of its own features."""
+    from eqxdiff.eval import fids_of_samples
+
+    images = random_images(40, 0)
+    w2 = np.random.default_rng(9).normal(size=(8 * 8 * 3, 4)).astype(np.float32)
+    other = lambda x: (x.reshape(len(x), -1).astype(np.float32) / 255) @ w2  # noqa: E731 — a second stand-in
+    x, y = host_features(images), np.repeat(images, 3, axis=-1).reshape(40, -1) / 255 @ w2.astype(np.float64)
+    refs = [FIDReference(np.zeros(d), np.eye(d), None, name) for d, name in ((DIM, "a"), (4, "b"))]
+    calls = []
+
+    def sample_chunk(start, size):
+        calls.append(start)
+        return images[start : start + size]
+
+    first, second = fids_of_samples(sample_chunk, 40, [(projection, refs[0]), (other, refs[1])], chunk_size=16)
+    assert calls == [0, 16, 32]  # one pass for both
+    for result, f, ref in ((first, x, refs[0]), (second, y, refs[1])):
+        expected = fid_from_stats(f.mean(axis=0), np.cov(f, rowvar=False), ref.mu, ref.sigma)
+        assert result == {"num": 40, "fid": pytest.approx(expected, rel=1e-5)}
+
+
 def test_distance_of_few_features_equals_the_full_eigenvalue_form():
     # n < d samples against a full-rank and a rank-deficient reference: the d × d computation.
     rng = np.random.default_rng(6)

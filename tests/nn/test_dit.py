@@ -65,6 +65,26 @@ def test_wrong_sizes_raise():
         call(model, X[0], T)
 
 
+def test_tokens_after_a_block_are_a_manual_forwards():
+    """REPA's `tokens_after=k`: the tokens after block k of a forward written out here (patchify as a reshape and a
+    matmul, MAE's positions, t + label embedding, the blocks by hand); the output as without the option."""
+    from eqxdiff.nn.layers import sincos_pos_embed_2d
+
+    model = perturbed(DiT(8, 2, 3, 32, 2, 4, num_classes=10, key=jax.random.key(0)), 0.05)
+    out, tokens = eqx.filter_jit(lambda m, x, t, y: m(x, t, y, tokens_after=1))(model, X, T, LABELS)
+    np.testing.assert_array_equal(out, call(model, X, T, LABELS))
+    patches = np.asarray(X).reshape(2, 4, 2, 4, 2, 3).transpose(0, 1, 3, 2, 4, 5).reshape(2, 16, 12)
+    w = np.asarray(model.patch_embed.weight).reshape(12, 32)  # HWIO: (pi, pj, c) rows as the patches
+    x = patches @ w + np.asarray(model.patch_embed.bias) + sincos_pos_embed_2d(32, 4)
+    c = model.time_embed(T) + model.label_embed(LABELS)
+    manual = model.blocks[0](jnp.asarray(x, jnp.float32), c)
+    assert tokens.shape == (2, 16, 32)
+    np.testing.assert_allclose(tokens, manual, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(tokens, model.blocks[1](manual, c), atol=1e-3)  # block 2's differ: k counts from 1
+    with pytest.raises(ValueError, match=r"tokens_after=3, a block in 1..2"):
+        model(X, T, LABELS, tokens_after=3)
+
+
 @pytest.mark.slow
 def test_gradient_steps_reduce_loss_and_remat_matches():
     model, target = tiny(), jnp.asarray(RNG.normal(size=X.shape), jnp.float32)

@@ -96,6 +96,7 @@ def test_help_shows_the_config_in_its_sections_and_every_script_the_same_launch_
         "diffusion",
         "meanflow",
         "text",
+        "repa",
         "optimisation",
         "sampling",
         "evaluation",

@@ -58,3 +58,16 @@ def test_sizes_follow_repa():
     assert (target_size(256), target_size(512)) == (224, 448)
     with pytest.raises(ValueError, match=r"give images of at least 256²"):
         target_size(64)
+
+
+def test_a_repa_runs_network_is_drawn_as_without_it_and_its_block_follows_repas_depth():
+    from eqxdiff.nn import DiT
+    from eqxdiff.training.repa import Aligned, default_block, network_of, with_projector
+
+    make = lambda key: DiT(8, 2, 1, 32, 2, 4, num_classes=10, key=key)  # noqa: E731
+    aligned = with_projector(make, block=1, z_dim=24, projector_dim=40)(jax.random.key(5))
+    plain = make(jax.random.key(5))
+    assert isinstance(aligned, Aligned) and network_of(aligned) is aligned.network and network_of(plain) is plain
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(aligned.network), jax.tree.leaves(plain)))
+    assert aligned.projector.fc1.weight.shape == (32, 40) and aligned.projector.fc3.weight.shape == (40, 24)
+    assert [default_block(d) for d in (28, 24, 12, 6, 2)] == [8, 7, 3, 2, 1]  # REPA's 8 of SiT-XL/2's 28
