@@ -15,7 +15,7 @@ from tests.eval.test_inception import fid_weights
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import evaluate  # train/evaluate.py
-from eqxdiff.eval import adm_eval
+from eqxdiff.eval import adm_eval, frechet
 from eqxdiff.eval.adm_inception import ADMInception
 from runs import ROOT, command
 
@@ -57,11 +57,19 @@ def batches(ref, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def json_line(net, batches) -> tuple[dict, dict]:
     """(the metrics main returns, its one JSON line): batches of 3 over conftest's 8 devices, padded
-    (the padding cut off). Each FID of fewer samples than dimensions takes its 2048² eigenvalues and
-    ADM's sqrtm decision (~20 s on a shared 2-core box): one run serves the tests below."""
+    (the padding cut off). One run serves the tests below.
+
+    Each FID of fewer samples than dimensions asks whether pytorch-fid would offset the covariances, which
+    takes scipy's sqrtm of a 2048² product (30 of the run's 40 s on an idle 2-core box). The reference's
+    answer for these statistics is no, four times: an offset moves a FID by ~1e-3 relative, and the values
+    below match the reference to 1e-4. So the stand-in gives that answer and counts the questions; the
+    decision itself is tests/eval/test_frechet.py's, against pytorch-fid's own code."""
+    asked = []
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(frechet, "_pytorch_fid_offsets", lambda s1, s2, lam: asked.append(len(lam)) or False)
         metrics = evaluate.main(evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"]), network=net)
+    assert sorted(asked) == [2023, 2023, 2048, 2048]  # FID and sFID, against stored and recomputed statistics
     return metrics, json.loads(out.getvalue().strip())
 
 
