@@ -301,8 +301,10 @@ class FromRun(Scratch):
     The source's newest checkpoint gives its EMA (the weights it samples with; every train/main.py run keeps one),
     not its raw weights. The network is this run's --model, which must be the source's: the same constructor
     arguments but a second time, so that a flow-matching run starts a MeanFlow one (--objective meanflow), its
-    interval embedding added as `with_intervals` says. Only a new run reads the source; a resumed one starts
-    from its own checkpoint, and a rebuild (train/sample.py) reads nothing of it."""
+    interval embedding added as `with_intervals` says. Only a new run reads the source's weights (its whole saved
+    state, on the run's devices and layout, of which the EMA is kept); a resumed one starts from its own checkpoint
+    and reads the source's config only to check it again, and a rebuild (train/sample.py) reads nothing of it. The
+    drawn interval layers are put in place by `jax.device_put`: one process (several: untested)."""
 
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         super().__init__(cfg, mesh, min_size)
