@@ -97,7 +97,7 @@ def fine_tune(run_dir, source, *flags):
     train_here("--run_dir", run_dir, *MEANFLOW_DIGITS, *TINY, "--init", source, "--lr", 1e-2, *flags)
 
 
-@pytest.mark.slow  # a flow run, a MeanFlow start and a fine-tune with its resume, end to end (~40 s)
+@pytest.mark.slow  # a flow run, a MeanFlow start and a fine-tune with its resume, end to end (~20 s)
 def test_a_flow_run_starts_a_meanflow_run_that_trains_and_resumes_bitwise(flow_run, tmp_path):
     from eqxdiff.run.conditions import Labels
     from eqxdiff.run.finetune import open_init
@@ -126,8 +126,8 @@ def test_a_flow_run_starts_a_meanflow_run_that_trains_and_resumes_bitwise(flow_r
         np.testing.assert_array_equal(call(model, x, t, labels, interval=t / 2), want)  # and any r, at first
 
     # It trains, checkpoints, and a copy resumed from step 2 reaches the uninterrupted run's step 4 bitwise.
-    run_dir = tmp_path / "meanflow"
-    fine_tune(run_dir, flow_run, "--steps", 4, "--ckpt_every", 2)
+    run_dir, copied = tmp_path / "meanflow", shutil.copytree(flow_run, tmp_path / "source")
+    fine_tune(run_dir, copied, "--steps", 4, "--ckpt_every", 2)
     rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["train/loss"]) for r in rows)
     resumed = tmp_path / "resumed"
@@ -135,6 +135,7 @@ def test_a_flow_run_starts_a_meanflow_run_that_trains_and_resumes_bitwise(flow_r
     shutil.rmtree(resumed / "checkpoints" / "4")
     train_here("--run_dir", resumed)  # the flags from the checkpoint
     assert_bitwise_equal(saved_arrays(resumed, 4), saved_arrays(run_dir, 4))
+    shutil.rmtree(copied)  # its weights are the run's own now: train/sample.py's rebuild reads nothing of the source
     trained = load_run(run_dir, mesh=mesh).ema
     assert isinstance(trained.time_embed, TwoTimeEmbedding)
     assert np.abs(np.asarray(trained.time_embed.interval.fc2.weight)).max() > 0  # the interval is being learned
