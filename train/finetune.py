@@ -15,7 +15,7 @@ from eqxdiff.run.sdxl_condition import is_sdxl_folder
 class FineTuneFlags:
     """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
 
-    # finetune: a run's network (docs/meanflow.md), or a pretrained Stable Diffusion UNet, whole or with low-rank adapters (docs/stable-diffusion.md)
+    # finetune: a run's network (docs/meanflow.md), or a Stable Diffusion UNet, whole or with LoRA (docs/stable-diffusion.md)
     init: str = ""  # RUN_DIR: start from a run's EMA (the same --model; a flow run -> MeanFlow) | sd:FOLDER: a diffusers SD UNet (its folder decides model, text tower, latents, noise)
     lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
     lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
