@@ -146,7 +146,11 @@ call = eqx.filter_jit(lambda model, x, t, cond, **kw: model(x, t, cond, **kw))
 
 @pytest.mark.parametrize(
     "make, without_interval",
-    [(tiny_unet, without_time_embed_interval), (tiny_dit, without_time_embed_interval), (tiny_edm2, without_edm2_interval)],
+    [
+        (tiny_unet, without_time_embed_interval),
+        (tiny_dit, without_time_embed_interval),
+        (tiny_edm2, without_edm2_interval),
+    ],
     ids=["unet", "dit", "edm2"],
 )
 def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embedding(make, without_interval):

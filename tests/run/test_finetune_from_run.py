@@ -109,7 +109,9 @@ def test_a_flow_run_starts_a_meanflow_run_that_trains_and_resumes_bitwise(flow_r
     from checks import with_two_times  # train/checks.py
 
     # The first step's network, as train/main.py makes it: the source's EMA with a zero interval embedding.
-    cfg = train_main.parse_config(["--run_dir", str(tmp_path / "start"), *TINY, *MEANFLOW_DIGITS, "--init", str(flow_run)])
+    cfg = train_main.parse_config(
+        ["--run_dir", str(tmp_path / "start"), *TINY, *MEANFLOW_DIGITS, "--init", str(flow_run)]
+    )
     mesh = make_mesh(-1, 1)
     tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, (), object())  # any data: the network is checked, not it
     args = with_two_times(cfg, tune.network(model_args("unet_tiny", (8, 8, 1), Labels(10)), None, None, ()).args)
