@@ -154,6 +154,7 @@ SCRIPT_TESTS = {
     "test_fid.py",
     "test_finetune.py",
     "test_finetune_sdxl.py",
+    "test_finetune_from_run.py",
     "test_frozen_rules.py",
     "test_latent_training.py",
     "test_latents.py",

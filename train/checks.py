@@ -71,7 +71,7 @@ def check_objective(cfg) -> None:
         raise SystemExit(f"--meanflow_r_neq_t is a share of the batch, in [0, 1]; got {cfg.meanflow_r_neq_t}.")
 
 
-TWO_TIME_CONSTRUCTORS = ("UNet", "DiT", "DiT.small")  # those taking interval_embedding (eqxdiff/nn/unet.py, dit.py)
+TWO_TIME_CONSTRUCTORS = ("UNet", "DiT", "DiT.small")  # given interval_embedding here (EDM2UNet takes it too: refused)
 
 
 def with_two_times(cfg, args: dict) -> dict:
@@ -79,6 +79,11 @@ def with_two_times(cfg, args: dict) -> dict:
     network of two times; another objective's unchanged. A constructor without the option names the models with it."""
     if cfg.objective != "meanflow":
         return args
+    if args["constructor"] == "EDM2UNet":  # its option exists (eqxdiff/nn/edm2.py), its time features do not fit
+        raise SystemExit(
+            f"--objective meanflow: --model {cfg.model}'s EDM2UNet draws its Fourier time features for EDM's "
+            "c_noise = ln(σ)/4, not the flow's 1000·t; use a unet or dit model (e.g. --model unet)."
+        )
     if args["constructor"] not in TWO_TIME_CONSTRUCTORS:
         raise SystemExit(
             f"--objective meanflow needs a network of two times: --model {cfg.model} builds "

@@ -1,11 +1,11 @@
-"""train/main.py's fine-tuning flags (--init sd:FOLDER, --lora_*), and what the folder decides of the others before
-JAX starts. The fine-tune itself (the folder's UNet, its noise, a LoRA's adapters and base) is
+"""train/main.py's fine-tuning flags (--init RUN_DIR or sd:FOLDER, --lora_*), and what the folder decides of the others
+before JAX starts. The fine-tune itself (a run's EMA, the folder's UNet, its noise, a LoRA's adapters and base) is
 eqxdiff/run/finetune.py's."""
 
 import dataclasses
 from pathlib import Path
 
-from eqxdiff.run.finetune import parts
+from eqxdiff.run.finetune import PREFIX, parts, source_run
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 
 
@@ -15,8 +15,8 @@ from eqxdiff.run.sdxl_condition import is_sdxl_folder
 class FineTuneFlags:
     """train/main.py's fine-tuning flags (its Config derives from this; train/startup.py reads these comments)."""
 
-    # finetune: a pretrained Stable Diffusion UNet, whole or with low-rank adapters (docs/stable-diffusion.md)
-    init: str = ""  # sd:FOLDER: fine-tune a diffusers SD UNet (its folder decides model, text tower, latents, noise)
+    # finetune: a run's network (docs/meanflow.md), or a Stable Diffusion UNet, whole or with LoRA (docs/stable-diffusion.md)
+    init: str = ""  # RUN_DIR: start from a run's EMA (the same --model; a flow run -> MeanFlow) | sd:FOLDER: a diffusers SD UNet (its folder decides model, text tower, latents, noise)
     lora_rank: int = 0  # --init: train rank-R adapters only (LoRA), the UNet frozen; 0: train the whole UNet
     lora_targets: str = ""  # a regex on the adapted layers' names (default: attention's to_q/to_k/to_v/to_out.0)
     lora_alpha: float = 0.0  # the adapters' scale is alpha/rank (0: alpha = rank)
@@ -36,6 +36,14 @@ def with_init_flags(cfg):
                 f"--text_encoder {cfg.text_encoder}: an SDXL pipeline's two towers condition its own "
                 "UNet: pass --init sd:FOLDER instead."
             )
+        return cfg
+    if not cfg.init.startswith(PREFIX):  # a train/main.py run: this run's flags give the network, checked against it
+        if cfg.lora_rank or cfg.lora_targets or cfg.lora_alpha:
+            raise SystemExit(
+                f"--lora_rank/--lora_targets/--lora_alpha adapt a diffusers UNet (--init sd:FOLDER); --init "
+                f"{cfg.init} trains the whole network: drop them."
+            )
+        source_run(cfg.init, cfg)
         return cfg
     folders = parts(cfg.init)
     given = [

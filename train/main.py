@@ -52,7 +52,7 @@ from eqxdiff.diffusion import (
 from eqxdiff.nn import force_weight_normalization
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY, REMAT_POLICIES, set_remat_policy
 from eqxdiff.run.codecs import Latents, Pixels  # what x0 is
-from eqxdiff.run.finetune import open_init  # --init sd:FOLDER: the pretrained UNet, LoRA
+from eqxdiff.run.finetune import open_init  # --init RUN_DIR: a run's EMA; sd:FOLDER: the pretrained UNet, LoRA
 from eqxdiff.run.models import MODELS, build_model, model_args  # the model table
 from eqxdiff.run.open_condition import run_condition, sample_grid_rows  # the condition, from flags and data
 from eqxdiff.run.run_dir import checkpoint_steps
@@ -426,7 +426,8 @@ def main(cfg: Config, features_fn=None) -> None:
             )
         return
     if cfg.process_id == 0:  # which of the two a command does, first: a mistyped --run_dir shows here
-        network = f"the UNet of {cfg.init}" if cfg.init else cfg.model  # --init: the folder's, not --model's
+        network = f"the UNet of {cfg.init}" if cfg.init.startswith("sd:") else cfg.model  # sd: the folder's
+        network += f" from {cfg.init}'s EMA" if cfg.init and not cfg.init.startswith("sd:") else ""
         network += f" with LoRA rank {cfg.lora_rank} adapters" if cfg.lora_rank else ""
         tqdm.write(
             f"new run in {cfg.run_dir}: {network} on {cfg.dataset}"
@@ -451,8 +452,9 @@ def main(cfg: Config, features_fn=None) -> None:
     check_text_folders_exist(cfg)
     check_writable(run_dir, "--run_dir", folder=True, create=False)  # made when the run starts: a refusal leaves none
     source = open_dataset(cfg, tqdm.write if is_main else lambda _: None)
-    # Where the weights come from and what trains (eqxdiff/run/finetune.py): --model drawn from --seed (Scratch), or
-    # --init's folder's UNet, trained whole (Pretrained) or frozen under LoRA adapters (LoRA); --init's data checked
+    # Where the weights come from and what trains (eqxdiff/run/finetune.py): --model drawn from --seed (Scratch) or
+    # from --init RUN_DIR's EMA (FromRun), or --init sd:'s UNet, trained whole (Pretrained) or frozen under LoRA
+    # adapters (LoRA); --init's data checked
     tune = open_init(cfg, mesh, cfg.fsdp_min_param_size, SHARDING_RULES, source)
     if cfg.hflip and not getattr(source, "hflip_keeps_meaning", True):
         raise SystemExit(f"--hflip would swap what {cfg.dataset}'s captions place left and right.")
@@ -466,7 +468,7 @@ def main(cfg: Config, features_fn=None) -> None:
     # What x0 is: pixels, or latents (eqxdiff/run/codecs.py) of a VAE laid out by the run's rules.
     codec, latent_config = run_codec(source, mesh, min_size=cfg.fsdp_min_param_size, rules=SHARDING_RULES)
     # EDM's preconditioning assumes the data's std is --sigma_data (--init: the folder's scheduler, no sigma_data)
-    if isinstance(codec, Latents) and is_main and not cfg.init:
+    if isinstance(codec, Latents) and is_main and not cfg.init.startswith("sd:"):
         std, sigma = scaled_latent_std(source, codec.scaling_factor, codec.shift_factor), sigma_data(cfg, codec)
         if not 0.5 <= std / sigma <= 2:
             tqdm.write(

@@ -211,11 +211,19 @@ class EDM2UNet(eqx.Module):
     Levels `channel_mult` of `model_channels`·m channels, `num_blocks` blocks each (+1 in the decoder),
     self-attention at the resolutions in `attn_resolutions` and in the first innermost decoder block.
     `enc_names`/`dec_names` are EDM2's block names (`8x8_conv`, `4x4_down`, ...), in order.
+
+    `interval_embedding` makes a network of two times (MeanFlow, Geng et al. 2025, as UNet's and DiT's): `interval`
+    = t − r, in the units of t, gets its own Fourier features and linear layer (`emb_interval_fourier`,
+    `emb_interval`), joined to t's embedding by `mp_sum` as EDM2 joins the label's; called without it, the network
+    at r = t. Without the option both are None: the module's leaves are as they were, drawn alike (the option's
+    keys are folded off `key`).
     """
 
     emb_fourier: MPFourier
     emb_noise: MPConv
     emb_label: MPConv | None
+    emb_interval_fourier: MPFourier | None
+    emb_interval: MPConv | None
     enc: tuple
     dec: tuple
     out_conv: MPConv
@@ -266,6 +274,7 @@ class EDM2UNet(eqx.Module):
         attn_balance: float = 0.3,
         clip_act: float | int | None = 256,
         remat: bool = False,
+        interval_embedding: bool = False,
         *,
         key: PRNGKeyArray,
     ):
@@ -286,6 +295,11 @@ class EDM2UNet(eqx.Module):
         self.emb_fourier = MPFourier(cnoise, key=next(keys))
         self.emb_noise = MPConv(cnoise, cemb, (), key=next(keys))
         self.emb_label = MPConv(num_classes, cemb, (), key=next(keys)) if num_classes else None
+        self.emb_interval_fourier, self.emb_interval = None, None
+        if interval_embedding:  # MeanFlow's t − r: keys folded off `key`, so every other draw stays as it was
+            key_fourier, key_linear = jax.random.split(jax.random.fold_in(key, 2))
+            self.emb_interval_fourier = MPFourier(cnoise, key=key_fourier)
+            self.emb_interval = MPConv(cnoise, cemb, (), key=key_linear)
 
         enc, cout = {}, in_channels + 1
         for level, channels in enumerate(cblock):
@@ -334,8 +348,14 @@ class EDM2UNet(eqx.Module):
         cond: Int[Array, " b"] | Float[Array, "b n"] | None = None,
         *,
         key: PRNGKeyArray | None = None,
+        interval: Float[Array, " b"] | None = None,  # t − r, a network of two times only (interval_embedding)
     ) -> Float[Array, "b h w c"]:
         emb = self.emb_noise(self.emb_fourier(t))
+        if self.emb_interval is not None:  # no interval: r = t
+            h = jnp.zeros_like(t) if interval is None else interval.astype(t.dtype)
+            emb = mp_sum(emb, self.emb_interval(self.emb_interval_fourier(h)), t=0.5)
+        elif interval is not None:
+            raise ValueError("EDM2UNet was built for one time; a second (interval=t-r) needs interval_embedding=True")
         if self.emb_label is not None:
             labels = self.null_cond(x.shape[0]) if cond is None else cond
             onehot = jax.nn.one_hot(labels, self.num_classes, dtype=emb.dtype) if labels.ndim == 1 else labels

@@ -1,4 +1,5 @@
-"""train/main.py --init sd:FOLDER: fine-tune a pretrained Stable Diffusion UNet (a diffusers folder), all of it or,
+"""train/main.py --init RUN_DIR: a run of this network's weights as the start (`FromRun`, below; docs/meanflow.md).
+train/main.py --init sd:FOLDER: fine-tune a pretrained Stable Diffusion UNet (a diffusers folder), all of it or,
 with --lora_rank R, low-rank adapters around its layers (eqxdiff/nn/lora.py; Hu et al. 2021).
 
 FOLDER is a pipeline folder as diffusers saves it (model_index.json, unet/, vae/, text_encoder/, tokenizer/,
@@ -17,7 +18,7 @@ on resume) and `model_of` combines the two for `loss_fn` (eqxdiff.training.make_
 combined EMA; each checkpoint also writes RUN_DIR/lora/pytorch_lora_weights.safetensors (the EMA's adapters, in
 the format diffusers' `load_lora_weights` reads).
 
-The run's fine-tuning kind (`open_init`: `Scratch`, `Pretrained` or `LoRA`) is where its weights come from and what
+The run's fine-tuning kind (`open_init`: `Scratch`, `FromRun`, `Pretrained` or `LoRA`) is where its weights come from and what
 trains, asked four questions: `network` (its constructor arguments, sharding rules and training noise), `training`
 (what the step trains, its frozen argument, how the two make the network, and a new run's state), `whole` (the
 network of a trained part: what the grids, FID and train/sample.py sample) and `outputs` (what the grids,
@@ -34,20 +35,26 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from eqxdiff.checkpoint import CheckpointError, Checkpoints
 from eqxdiff.data.latents import LatentSource
+from eqxdiff.nn.layers import TimestepEmbedding, TwoTimeEmbedding
 from eqxdiff.local_copies import upload
 from eqxdiff.sd import SDUNet
 from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
 from eqxdiff.sd.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url, what_path_is
 from eqxdiff.sd.scheduler import scheduler_from_diffusers
+from eqxdiff.run.models import changed_args
+from eqxdiff.run.run_dir import saved_config
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
 from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
-from eqxdiff.training import create_train_state
+from eqxdiff.training import abstract_train_state, create_train_state, run_optimizer
+from eqxdiff.training.phema import parse_sigma_rels
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
@@ -153,7 +160,7 @@ def encode_command(cfg, dataset: str, vae: Path, image_size: int | None = None) 
 
 def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
     """The run's fine-tuning kind, where its weights come from and what trains: --finetune's of FINETUNE_KINDS, else
-    `Scratch` (no --init), `Pretrained` (--init sd:FOLDER) or `LoRA` (with --lora_rank). `rules`: SHARDING_RULES;
+    `Scratch` (no --init), `FromRun` (--init RUN_DIR), `Pretrained` (--init sd:FOLDER) or `LoRA` (with --lora_rank). `rules`: SHARDING_RULES;
     `source`: the training data, checked to be what the folder's UNet takes (`check_data`; None: a rebuild for
     sampling, which reads no data). `base`: read a LoRA run's base (False: the state's structure is all that is
     asked)."""
@@ -164,7 +171,12 @@ def open_init(cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = T
             f"--finetune {name}: no such kind in FINETUNE_KINDS of eqxdiff/run/finetune.py (there: "
             f"{known}); add its class there, or leave --finetune off."
         )
-    kind = FINETUNE_KINDS[name] if name else LoRA if cfg.init and cfg.lora_rank else Pretrained if cfg.init else Scratch
+    if name:
+        kind = FINETUNE_KINDS[name]
+    elif not cfg.init:
+        kind = Scratch
+    else:
+        kind = (LoRA if cfg.lora_rank else Pretrained) if cfg.init.startswith(PREFIX) else FromRun
     return kind(cfg, mesh, min_size, rules, source, base=base)
 
 
@@ -220,6 +232,138 @@ class Scratch:
             return fn and (lambda step, state: fn(step, dataclasses.replace(state, ema=self.whole(state.ema))))
 
         return of_whole(write_samples), save_checkpoint, of_whole(evaluate)
+
+
+def is_two_time(node) -> bool:
+    return isinstance(node, TwoTimeEmbedding)
+
+
+def one_time(model):
+    """`model` with each time embedding of two times (`TwoTimeEmbedding`) replaced by its t's: the network of one
+    time it extends, leaf for leaf (eqxdiff/nn/layers.py)."""
+    return jax.tree.map(lambda node: node.time if is_two_time(node) else node, model, is_leaf=is_two_time)
+
+
+def with_intervals(source, fresh):
+    """`source` (a network of one time) as the network of two times `fresh` is: at each of fresh's TwoTimeEmbedding,
+    source's time embedding beside fresh's interval embedding with its output layer zero. The interval's output
+    zero makes the network start as the source at every (t, r): its instantaneous velocity, MeanFlow's target at
+    r = t and the one-step Euler guess of the average velocity elsewhere; a drawn one would add a constant to
+    every time embedding and undo what the source learned. fc1 keeps its draw, so fc2's gradient is not zero."""
+    fresh_nodes = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=is_two_time)[0]
+    intervals = {path: node.interval for path, node in fresh_nodes if is_two_time(node)}
+
+    def extend(path, node):
+        if path not in intervals:
+            return node
+        interval = eqx.tree_at(lambda e: (e.fc2.weight, e.fc2.bias), intervals[path], replace_fn=jnp.zeros_like)
+        return TwoTimeEmbedding(node, interval)
+
+    is_embedding = lambda node: isinstance(node, TimestepEmbedding)  # noqa: E731
+    return jax.tree_util.tree_map_with_path(extend, source, is_leaf=is_embedding)
+
+
+def without_interval(args: dict) -> dict:
+    """Constructor arguments (`model_args`) without the option of a second time."""
+    return {**args, "kwargs": {k: v for k, v in args["kwargs"].items() if k != "interval_embedding"}}
+
+
+def source_run(init: str, cfg) -> tuple[int, dict]:
+    """(newest step, stored config) of --init RUN_DIR, a train/main.py run whose whole network this run can start
+    from: a SystemExit naming the fix for a folder without checkpoints, a LoRA run, or another noise."""
+    found = saved_config(init) if not init.startswith(PREFIX) else None
+    if found is None:
+        hint = f" (did you mean --init sd:{init}?)" if (Path(init).expanduser() / "model_index.json").is_file() else ""
+        raise SystemExit(
+            f"--init {init}: no checkpoint under {init}/checkpoints: give a train/main.py run that saved one, or "
+            f"sd:FOLDER for a diffusers Stable Diffusion pipeline folder or its unet/{hint}."
+        )
+    step, stored = found
+    if stored.get("lora_rank"):
+        raise SystemExit(
+            f"--init {init} trained LoRA adapters alone, not a whole network: start from its --init "
+            f"{stored.get('init')} or from a run that trained its whole network."
+        )
+    if "model_args" not in stored:
+        raise SystemExit(f"--init {init}: its checkpoints predate stored constructor arguments; train it again.")
+    other = [f"--{n} {stored.get(n)}" for n in ("schedule", "parameterization") if stored.get(n) != getattr(cfg, n)]
+    if other:  # the network's time input is its schedule's, its output the parameterization's
+        raise SystemExit(
+            f"--init {init} trained with {' '.join(other)}, whose network sees another time or predicts another "
+            f"thing: start from a run of this run's --schedule {cfg.schedule} --parameterization "
+            f"{cfg.parameterization}."
+        )
+    return step, stored
+
+
+class FromRun(Scratch):
+    """--init RUN_DIR: a train/main.py run's weights as the start, the whole network trained under this run's flags.
+    The source's newest checkpoint gives its EMA (the weights it samples with; every train/main.py run keeps one),
+    not its raw weights. The network is this run's --model, which must be the source's: the same constructor
+    arguments but a second time, so that a flow-matching run starts a MeanFlow one (--objective meanflow), its
+    interval embedding added as `with_intervals` says. Only a new run reads the source's weights (its whole saved
+    state, on the run's devices and layout, of which the EMA is kept); a resumed one starts from its own checkpoint
+    and reads the source's config only to check it again, and a rebuild (train/sample.py) reads nothing of it. The
+    drawn interval layers are put in place by `jax.device_put`: one process (several: untested)."""
+
+    def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
+        super().__init__(cfg, mesh, min_size)
+        self.rules = list(rules)
+        self.source = None if source is None else source_run(cfg.init, cfg)  # None: a rebuild, nothing read
+
+    def network(self, args: dict, schedule, parameterization, rules) -> Network:
+        """--model's network as the flags give it, refused in one line unless it is the source's (up to a time)."""
+        if self.source is not None:
+            stored = self.source[1]
+            changed = changed_args(without_interval(stored["model_args"]), without_interval(args))
+            if changed:
+                raise SystemExit(
+                    f"--init {self.cfg.init} trained another network ({'; '.join(changed)}): pass its --model "
+                    f"{stored.get('model')} and --dataset {stored.get('dataset')}, or start from a run of this one."
+                )
+        return super().network(args, schedule, parameterization, rules)
+
+    def training(self, make_model: Callable, frozen) -> Training:
+        """The network trained whole; a new run's is the source's EMA (with a second time as `with_intervals` adds
+        it), laid out in the state's shardings."""
+        if self.source is None:  # the state's structure alone
+            return Training(make_model, frozen, None, None)
+        step, stored = self.source
+        fresh = eqx.filter_eval_shape(make_model, jax.random.key(0))
+        two_times = any(is_two_time(node) for node in jax.tree.leaves(fresh, is_leaf=is_two_time))
+        source_two = bool(stored["model_args"]["kwargs"].get("interval_embedding"))
+        if source_two and not two_times:
+            raise SystemExit(
+                f"--init {self.cfg.init} is a network of two times (--objective meanflow): fine-tune it with "
+                "--objective meanflow too."
+            )
+        make_source = make_model if source_two or not two_times else (lambda key: one_time(make_model(key)))
+
+        def start(optimizer, shardings):
+            cfg = self.cfg
+            optimizer_then = run_optimizer(  # the source state's structure
+                stored["lr"], stored["steps"], 0, stored["weight_decay"], stored.get("lr_ref_steps", 0)
+            )[0]
+            num_phema = len(parse_sigma_rels(stored.get("phema_sigma_rels", "")))
+            abstract, layout = abstract_train_state(
+                make_source, optimizer_then, self.mesh, self.min_size, rules=self.rules, strict=False,
+                num_phema=num_phema,
+            )  # fmt: skip
+            with Checkpoints(as_path(cfg.init) / "checkpoints", read_only=True) as saved:
+                try:
+                    model = saved.restore(step, abstract, layout)[0].ema
+                except CheckpointError as e:
+                    raise SystemExit(f"--init {cfg.init}: {e}") from e
+            if two_times and not source_two:
+                host = jax.local_devices(backend="cpu")[0]
+                with jax.default_device(host):  # drawn as a new run's network is (create_train_state)
+                    drawn = make_model(jax.device_put(jax.random.key(cfg.seed), host))
+                model = with_intervals(model, drawn)
+            if jax.process_index() == 0:
+                tqdm.write(f"--init {cfg.init}: starting from the EMA of its step {step}")
+            return state_around(jax.device_put(model, shardings.model), optimizer, shardings)
+
+        return Training(make_model, frozen, None, start)
 
 
 def host_value(x: jax.Array) -> np.ndarray:

@@ -125,14 +125,38 @@ def tiny_dit(**kw):
     return DiT(4, 2, 1, 16, 1, 2, num_classes=3, key=jax.random.key(0), **kw)
 
 
+def tiny_edm2(**kw):
+    from eqxdiff.nn import EDM2UNet
+
+    return EDM2UNet(1, 4, num_classes=3, model_channels=8, channel_mult=(1,), num_blocks=1, key=jax.random.key(0), **kw)
+
+
+def without_time_embed_interval(two):
+    """A UNet's or DiT's network of two times with its time embedding of t alone."""
+    return eqx.tree_at(lambda m: m.time_embed, two, two.time_embed.time)
+
+
+def without_edm2_interval(two):
+    """An EDM2UNet of two times with neither of its interval's layers."""
+    return eqx.tree_at(lambda m: (m.emb_interval_fourier, m.emb_interval), two, (None, None))
+
+
 call = eqx.filter_jit(lambda model, x, t, cond, **kw: model(x, t, cond, **kw))
 
 
-@pytest.mark.parametrize("make", [tiny_unet, tiny_dit], ids=["unet", "dit"])
-def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embedding(make):
+@pytest.mark.parametrize(
+    "make, without_interval",
+    [
+        (tiny_unet, without_time_embed_interval),
+        (tiny_dit, without_time_embed_interval),
+        (tiny_edm2, without_edm2_interval),
+    ],
+    ids=["unet", "dit", "edm2"],
+)
+def test_a_network_of_one_time_is_the_two_time_one_without_its_interval_embedding(make, without_interval):
     one, two = make(), make(interval_embedding=True)
     # Same leaves, same values: the option draws its own key, and a network of one time has only the leaves it had.
-    without = eqx.tree_at(lambda m: m.time_embed, two, two.time_embed.time)
+    without = without_interval(two)
     assert jax.tree.structure(without) == jax.tree.structure(one)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(without), strict=True):
         np.testing.assert_array_equal(a, b)
