@@ -1,6 +1,6 @@
 """train/main.py --init sd:SDXL_FOLDER (eqxdiff/run/finetune.py, eqxdiff/run/sdxl_condition.py) on the tiny random SDXL pipeline
 of tests/data/sd_pipeline: the condition the step builds from a batch's captions is diffusers' (encode_prompt's
-embeddings of the fixture, time_ids written out by hand); with --lora_rank its adapters alone train, resume bitwise,
+embeddings of the fixture, time_ids written out by hand); with --lora_rank its adapters alone train,
 sample (grids, train/sample.py --run_dir) and write a LoRA file that loads back as the model; what stays unsupported
 is refused in one line. The whole-UNet path (no --lora_rank) is the same for every folder once the condition is
 built: tests/run/test_finetune.py's SD 1.x test covers it (an SDXL copy of it cost ~37 s of CI for no new code path)."""
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from eqxdiff.run.rebuild import load_run
 from eqxdiff.run.open_condition import run_condition
-from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
+from runs import metric_rows, saved_arrays, train_here
 from tests.run.test_finetune import captioned_latents
 from tests.sd.test_sd_pipeline import PROMPTS, assemble, reference, relative
 
@@ -114,7 +114,9 @@ def lora_run(sdxl_data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_lora_trains_the_adapters_alone_and_resumes_bitwise(lora_run, sdxl_data, tmp_path):
+def test_lora_trains_the_adapters_alone(lora_run, sdxl_data):
+    """A second, resumed training (~40 s here) would add no code path: resuming a LoRA run is SD 1.x's
+    (tests/run/test_finetune.py, bitwise, in a bucket), and SDXL's condition is built from the records alone."""
     rows = metric_rows(lora_run)
     assert list((lora_run / "samples").glob("*.png"))  # the grid of the EMA's adapters in the base
     assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["train/loss"]) for r in rows)
@@ -132,12 +134,6 @@ def test_lora_trains_the_adapters_alone_and_resumes_bitwise(lora_run, sdxl_data,
     )
     host = lambda model: jax.tree.map(np.asarray, model)  # noqa: E731
     assert eqx.tree_equal(host(load_lora(folder, lora_run / "lora")), host(run.ema)) is True
-
-    resumed = tmp_path / "resumed"
-    shutil.copytree(lora_run, resumed, ignore=shutil.ignore_patterns("2", "lora", "samples"))  # up to checkpoint 1
-    train(resumed, sdxl_data, *LORA)
-    assert_bitwise_equal(saved_arrays(resumed, 2), arrays)
-    assert list((resumed / "samples").glob("*.png"))  # its grid too (the first run's sampler, from the compile cache)
 
 
 @pytest.mark.slow
