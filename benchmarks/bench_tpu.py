@@ -531,14 +531,15 @@ SDXL_SCHEDULER = {
 }
 
 
-def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0):
+def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0, vae_bf16=0):
     """SDXL base text-to-image as its pipeline computes it, random weights of its shapes, bf16: both text towers on
     the prompts and the negative ones (penultimate layer, pooled projection), `steps` Euler steps (the folder's
     EulerDiscreteScheduler) with classifier-free guidance in one UNet call on the doubled batch, the VAE's decode
     at `size`² (its fp32 upcast, as diffusers' force_upcast; a batch's images one after another). Images per
     second over `calls` whole batches (MLPerf's Offline scenario: any batch);
     `profile` N: N more batches traced, op time by kind and source file; `parts` 1: the towers, one guided UNet
-    call and the decode each compiled and timed alone (ms per batch)."""
+    call and the decode each compiled and timed alone (ms per batch); `vae_bf16` 1: the VAE in bf16 (diffusers'
+    fp32 upcast guards fp16's range, which bf16 shares with fp32)."""
     from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
     from eqxdiff.nn import AutoencoderKL, CLIPTextModel
     from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
@@ -571,6 +572,8 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
         bf16(CLIPTextModelWithProjection.from_config(text2, key=keys[2])),
     )
     vae = AutoencoderKL.from_config(vae_config, key=keys[3])
+    vae = bf16(vae) if vae_bf16 else vae
+    vae_dtype = jnp.bfloat16 if vae_bf16 else jnp.float32
     scheduler = scheduler_from_diffusers(SDXL_SCHEDULER)
     f = 2 ** (len(vae_config["block_out_channels"]) - 1)
 
@@ -589,9 +592,9 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
         guided = ClassifierFreeGuidance(denoiser, cond(slice(0, b)), guidance, cond(slice(b, 2 * b)))
         latents = scheduler.sample(guided, noise, steps)
         if b == 1:
-            return vae.decode(latents / vae.scaling_factor)
+            return vae.decode((latents / vae.scaling_factor).astype(vae_dtype))
         # one image at a time: a 1024² decode's float32 activations are GiBs an image, the UNet's batch is not
-        return jax.lax.map(lambda z: vae.decode(z[None] / vae.scaling_factor)[0], latents)
+        return jax.lax.map(lambda z: vae.decode((z[None] / vae.scaling_factor).astype(vae_dtype))[0], latents)
 
     ids = jnp.asarray(np.random.default_rng(0).integers(0, text["vocab_size"], (2 * batch, 77)), jnp.int32)
     noise = jnp.asarray(np.random.default_rng(1).normal(size=(batch, size // f, size // f, 4)), jnp.float32)
@@ -622,7 +625,7 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
         pieces = {
             "towers": (eqx.filter_jit(encode), ((tower, tower2), ids)),
             "unet_call": (eqx.filter_jit(unet_call), (unet, latents, t, both)),
-            "decode": (eqx.filter_jit(lambda vae, z: vae.decode(z)), (vae, latents)),
+            "decode": (eqx.filter_jit(lambda vae, z: vae.decode(z.astype(vae_dtype))), (vae, latents)),
         }
         out["parts_ms"] = {}
         for name, (fn, args) in pieces.items():
