@@ -12,6 +12,7 @@ from runs import (
     REFERENCE,
     REFERENCE_STEPS,
     ROOT,
+    Started,
     TINY,
     assert_bitwise_equal,
     command,
@@ -68,10 +69,12 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, monkeypatch):
     """SIGINT before the loop's handler is installed (here as JAX starts, after the run's first line, with the
     backend, the data, the state and the step's compile still ahead): the one line, status 130 (a shell's for
     SIGINT), no traceback, nothing saved. Without the session's compile cache, so that the step compiles for a
-    while rather than loading at once. (Sent at the mesh line instead, a compile of ~1 s and the 5 steps after
-    it once finished before the signal came: the run exited 0.)"""
+    while rather than loading at once. The child gets SIGINT's default action back: pytest started as a
+    background job of a script (`cmd &` without job control) ignores SIGINT, and a child inherits that, so the
+    run would never see the signal and exit 0."""
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    proc = start("main.py", "--run_dir", tmp_path, *TINY, "--steps", 5)
+    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = Started(command("main.py", "--run_dir", tmp_path, *TINY, "--steps", 5), preexec_fn=default_sigint)
     wait_for(lambda: "new run in" in proc.output(), proc)
     proc.send_signal(signal.SIGINT)
     returncode, output = proc.finish(timeout=120)
