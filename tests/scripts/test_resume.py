@@ -12,7 +12,6 @@ from runs import (
     REFERENCE,
     REFERENCE_STEPS,
     ROOT,
-    Started,
     TINY,
     assert_bitwise_equal,
     command,
@@ -73,8 +72,12 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, monkeypatch):
     background job of a script (`cmd &` without job control) ignores SIGINT, and a child inherits that, so the
     run would never see the signal and exit 0."""
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    default_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    proc = Started(command("main.py", "--run_dir", tmp_path, *TINY, "--steps", 5), preexec_fn=default_sigint)
+    # A handler (not SIG_IGN) while the child starts: exec resets a handled signal to its default action.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = start("main.py", "--run_dir", tmp_path, *TINY, "--steps", 5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     wait_for(lambda: "new run in" in proc.output(), proc)
     proc.send_signal(signal.SIGINT)
     returncode, output = proc.finish(timeout=120)
