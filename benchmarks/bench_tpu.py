@@ -381,6 +381,7 @@ def dit_sample(size="XL", batch=64, steps=250, cfg=1.5, attention="auto", calls=
         **utilisation(2 * macs * evaluations, xla_flops(compiled), seconds),
     )
     if profile:
+        print("before the profile:", json.dumps(out), flush=True)  # the timing survives a profile cut short
         call = lambda: jax.block_until_ready(compiled(arrays, labels, noise, jax.random.key(1)))  # noqa: E731
         out["profile"] = profiled(call, profile, compiled)
     return out
@@ -611,6 +612,7 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
         **memory(compiled),
     )
     if profile:
+        print("before the profile:", json.dumps(out), flush=True)  # the timing survives a profile cut short
         out["profile"] = profiled(lambda: jax.block_until_ready(compiled(arrays, ids, noise)), profile, compiled)
     if parts:
         context, pooled = eqx.filter_jit(encode)((tower, tower2), ids)

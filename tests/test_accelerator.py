@@ -195,7 +195,9 @@ def test_checkpoint_saved_and_restored_on_the_accelerator(tmp_path):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
 
 
-@pytest.mark.parametrize(("n", "m", "heads", "d"), [(256, 256, 16, 72), (1024, 1024, 5, 64), (1024, 77, 5, 64)])
+@pytest.mark.parametrize(
+    ("n", "m", "heads", "d"), [(256, 256, 16, 72), (256, 256, 6, 72), (1024, 1024, 5, 64), (1024, 77, 5, 64)]
+)
 def test_each_attention_form_on_the_accelerator_matches_the_plain_one(n, m, heads, d):
     """Every form the chip can take for these shapes (the Pallas ones where n and m are whole blocks of 128),
     forward and gradient, against the plain form on the same chip; bf16 inputs as a bf16 step feeds them."""

@@ -187,7 +187,9 @@ class SelfAttention(eqx.Module):
 
     def __call__(self, x: Float[Array, "b n d"]) -> Float[Array, "b n d"]:
         b, n, d = x.shape
-        q, k, v = jnp.split(self.qkv(x).reshape(b, n, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
+        # split before the heads: a reshape of the lanes, no relayout (attention_one_block takes `[b, n, h·d]`)
+        heads = lambda t: t.reshape(b, n, self.num_heads, d // self.num_heads)  # noqa: E731
+        q, k, v = map(heads, jnp.split(self.qkv(x), 3, axis=-1))
         return self.proj(attention(q, k, v).reshape(b, n, d))
 
 
@@ -224,7 +226,7 @@ class CrossAttention(eqx.Module):
         b, n, d = x.shape
         m, heads = context.shape[1], self.num_heads
         q = self.q(x).reshape(b, n, heads, d // heads)
-        k, v = jnp.split(self.kv(context).reshape(b, m, 2 * heads, d // heads), 2, axis=2)
+        k, v = (t.reshape(b, m, heads, d // heads) for t in jnp.split(self.kv(context), 2, axis=-1))
         if mask is None:
             out = attention(q, k, v)
         else:
