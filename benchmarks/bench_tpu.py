@@ -341,18 +341,20 @@ def dit_forward(size="XL", batch=64, attention="auto"):
     )
 
 
-def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20):
+def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20, backward=1):
     """One attention's forward and backward (the gradient of a weighted sum) in bf16 on `[batch, n, heads, d]`
-    tokens, `form` forced: DiT-XL/2's layer by default. Model FLOPs: the four matmuls forward and backward
-    (2·n²·d each forward, twice that backward)."""
+    tokens, `form` forced: DiT-XL/2's layer by default (SDXL's 32² level: `n=1024,heads=20,d=64`); `backward` 0:
+    the forward alone, as sampling calls it. Model FLOPs: the two matmuls forward (2·n²·d each), the four of the
+    backward twice that."""
     batch = min(batch, 2) if TINY else batch
     rng = np.random.default_rng(0)
     q, k, v, g = (jnp.asarray(rng.normal(size=(batch, n, heads, d)), jnp.bfloat16) for _ in range(4))
     with attention_form(form):
         loss = lambda q, k, v: jnp.sum((attention(q, k, v) * g).astype(jnp.float32))  # noqa: E731
-        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+        fn = jax.grad(loss, argnums=(0, 1, 2)) if backward else attention
+        compiled = jax.jit(fn).lower(q, k, v).compile()
     seconds = timed(lambda: compiled(q, k, v), calls)
-    flops = 3 * 2 * (2 * n * n * d) * batch * heads
+    flops = (3 if backward else 1) * 2 * (2 * n * n * d) * batch * heads
     return dict(ms=round(seconds * 1e3, 3), **utilisation(flops, xla_flops(compiled), seconds), **memory(compiled))
 
 

@@ -34,7 +34,7 @@ from jaxtyping import Array, Float
 # Logits one grid step holds (float32, with the probabilities and their gradients: ~16 bytes each in VMEM): the
 # batch elements a step takes (all their heads) hold up to this many, at least one.
 LOGITS_PER_STEP = 8 * 256 * 256
-ONE_BLOCK_UP_TO = 512 * 512  # the most logits per pair (n·m) this form takes
+ONE_BLOCK_UP_TO = 1024 * 1024  # the most logits a head (n·m) this form takes: 4 MiB of float32 a head in VMEM
 LANES = 128  # a TPU vector register's minor dimension: loads and stores of bf16 start on a multiple of it
 _NT = (((1,), (1,)), ((), ()))  # a · bᵀ: contract both operands' last axes
 

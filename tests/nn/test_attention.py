@@ -139,7 +139,7 @@ def test_flash_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="takes no mask"), attention_form("flash"):
         attention(*qkv(256, 256), mask=jnp.ones((2, 1, 256, 256), bool))
     with pytest.raises(ValueError, match="one_block takes up to"), attention_form("one_block"):
-        attention(*qkv(1024, 1024, heads=1, d=8))
+        attention(*qkv(2048, 1024, heads=1, d=8))
     with pytest.raises(ValueError, match="Unknown attention form"), attention_form("fast"):
         pass
 
