@@ -41,6 +41,12 @@ REFERENCE_STEPS = 24
 REFERENCE = [*TINY, "--steps", REFERENCE_STEPS, "--ckpt_every", 6, "--fsdp_size", 2]
 
 
+# A class-conditional run on latents (the digits through space_to_depth:2), of another schedule and σ_data than the
+# defaults: tests/run/test_rebuild.py's, and tests/scripts/test_bucket.py's on latents in a bucket (the same step
+# program: the second loads it from the persistent compile cache).
+LATENT_RUN = [*TINY, "--steps", 2, "--schedule", "vp_cosine", "--sigma_data", 0.7]
+
+
 def script_module(path: str):
     """The Python file at `path` (relative to the repository: a benchmarks/ or tools/ script, not a package),
     imported as a module named by its stem."""

@@ -15,7 +15,7 @@ from eqxdiff.data import CaptionedDigitsSource
 from eqxdiff.diffusion import EDMPreconditioning, VPSchedule
 from eqxdiff.sharding import make_mesh
 from eqxdiff.run.rebuild import load_run
-from runs import TINY, saved_arrays, train_here
+from runs import LATENT_RUN, TINY, saved_arrays, train_here
 from tests.scripts.test_train_main import leaf_paths
 
 
@@ -43,21 +43,7 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
     )
     run_dir = tmp_path / "run"
     train_here(
-        "--run_dir",
-        run_dir,
-        *TINY,
-        "--dataset",
-        f"latents:{latents}",
-        "--steps",
-        2,
-        "--schedule",
-        "vp_cosine",
-        "--sigma_data",
-        0.7,
-        "--ckpt_every",
-        1,
-        "--keep_checkpoints",
-        2,
+        "--run_dir", run_dir, *LATENT_RUN, "--dataset", f"latents:{latents}", "--ckpt_every", 1, "--keep_checkpoints", 2
     )
     stored = stored_config(run_dir, 1)
 

@@ -24,6 +24,7 @@ from fsspec.asyn import sync
 from PIL import Image
 from eqxdiff.run.rebuild import load_run
 from runs import (
+    LATENT_RUN,
     REFERENCE,
     REFERENCE_STEPS,
     TINY,
@@ -129,7 +130,7 @@ def test_a_local_copy_follows_its_objects(bucket, tmp_path, monkeypatch):
 def test_a_latent_run_reads_the_latents_encode_wrote_in_a_bucket(bucket, tmp_path):
     """encode.py --out gs://...: its shards and meta.json in the bucket are the local encode's bytes, read back
     (from their local copy) as the local latents' examples; a run trains on latents:gs://..."""
-    flags = ["--dataset", "digits", "--vae", "space_to_depth:1", "--shard_size", "1024"]  # two shards
+    flags = ["--dataset", "digits", "--vae", "space_to_depth:2", "--shard_size", "1024"]  # two shards
     local, in_bucket = tmp_path / "latents", as_path(f"{bucket}/latents")
     for out in (local, in_bucket):
         train_encode.main(train_encode.parse_config([*flags, "--out", str(out)]))
@@ -140,7 +141,7 @@ def test_a_latent_run_reads_the_latents_encode_wrote_in_a_bucket(bucket, tmp_pat
     assert len(from_bucket) == len(from_disk) == 1797
     for i in (0, 1023, 1024, 1796):  # both shards' ends
         assert {k: v.tobytes() for k, v in from_bucket[i].items()} == {k: v.tobytes() for k, v in from_disk[i].items()}
-    train_here("--run_dir", tmp_path / "run", *TINY, "--steps", 2, "--dataset", f"latents:{in_bucket}")
+    train_here("--run_dir", tmp_path / "run", *LATENT_RUN, "--dataset", f"latents:{in_bucket}")
     assert [r["step"] for r in metric_rows(tmp_path / "run")] == [1, 2]
 
 

@@ -201,11 +201,12 @@ def leaf_paths(tree) -> dict[tuple, np.ndarray]:
 
 @pytest.mark.slow
 def test_default_job_end_to_end_at_reduced_steps(tmp_path):
-    """`python train/main.py` (model, data, schedule, sampler), only shorter and with the batch, warm-up
-    and label dropout it shipped with before issue 14 (the stored args). Its losses are the stored
-    trajectory of that job written before the record/conditioning redesign."""
+    """`python train/main.py` (model, data, schedule, sampler), only shorter (its grid too: 2 sampler steps of
+    the default heun) and with the batch, warm-up and label dropout it shipped with before issue 14 (the stored
+    args). Its losses are the stored trajectory of that job written before the record/conditioning redesign."""
     stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
-    result = run_main("--run_dir", tmp_path, *stored["args"], "--sample_every", "20")  # the later flag wins
+    grid = ["--sample_every", "20", "--sample_steps", "2"]  # the later flag wins
+    result = run_main("--run_dir", tmp_path, *stored["args"], *grid)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["train/loss"] for r in rows(tmp_path)]
     np.testing.assert_allclose(losses, stored["loss"], rtol=1e-4)  # same seed: same numbers to float rounding

@@ -4,6 +4,7 @@ same step reads the stored choice instead of timing again."""
 
 import itertools
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -33,7 +34,7 @@ def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, 
     # Two of the five sets, each a real step's compile and timing (the five, and the fastest of them: the test below).
     monkeypatch.setattr(xla_cpu_auto, "candidates", lambda on: {"on": on, "off": frozenset()})
     args = [*TINY, "--run_dir", tmp_path, "--xla_cpu", "auto", "--ckpt_every", 2]
-    train_here(*args, "--steps", 2)
+    train_here(*args, "--steps", 4)  # TINY's 4 steps: test_sample_guidance's step too (the persistent cache has it)
     entry, sets = stored(tmp_path), xla_cpu_auto.candidates(xla_cpu.DEFAULT)  # no --remat: DEFAULT is "on"
     assert entry["choice"] in sets and set(entry["step_ms"]) == set(sets)
     assert all(ms > 0 for ms in entry["step_ms"].values())
@@ -41,7 +42,8 @@ def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, 
     assert "--xla_cpu auto:" in capsys.readouterr().out
     assert xla_cpu.switched_on() == sets[entry["choice"]]
 
-    # The same step again (the run resumed): the stored choice, nothing timed.
+    # The same step again (the run resumed from step 2, as if it had stopped there): the stored choice, nothing timed.
+    shutil.rmtree(tmp_path / "checkpoints" / "4")
     table = json.loads((tmp_path / xla_cpu_auto.FILE).read_text())
     (key,) = table
     table[key]["choice"] = "off"  # a stored choice (whatever was timed) shows it is read, not timed again
