@@ -43,5 +43,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(script.parent))  # as `python script.py` would
     sys.path.insert(1, str(Path(__file__).parent.parent))  # eqxdiff by the path finder the hook wraps (conftest.py)
     import_dependencies()
+    # The hook's bytecode is cached under its own tag (`*.opt-jaxtyping*.pyc`); under PYTHONDONTWRITEBYTECODE each
+    # run would rewrite and recompile all of eqxdiff from source (~2 s of every test's process start).
+    sys.dont_write_bytecode = False
     with install_import_hook("eqxdiff", "beartype.beartype"):
         runpy.run_path(str(script), run_name="__main__")
