@@ -639,6 +639,36 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
     return out
 
 
+def sd_grad(config="sd15", batch=8, remat="", calls=5):
+    """The SD 1.5 (or SDXL base) UNet's loss gradient alone (bf16 weights, no optimizer state: SD 1.5's AdamW state
+    over fp32 masters does not fit one v5e beside its activations) at its native latent size, `remat` a policy
+    name or "" (off): what remat saves of the activations and what it costs, on one chip."""
+    cfg = dict(SD15_UNET if config == "sd15" else SDXL_BASE_UNET)
+    if TINY:
+        cfg.update(block_out_channels=[32, 64, 64, 64], attention_head_dim=2, sample_size=16, cross_attention_dim=32)
+        cfg.pop("transformer_layers_per_block", None)
+        batch = min(batch, 2)
+    with forms("auto", remat):
+        unet = SDUNet.from_config(cfg, remat=bool(remat), key=jax.random.key(0))
+        unet = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, unet)
+        size = cfg["sample_size"]
+        x = jnp.asarray(np.random.default_rng(0).normal(size=(batch, size, size, 4)), jnp.bfloat16)
+        t, cond = jnp.full((batch,), 500.0), sd_cond(unet, batch)
+        arrays, static = eqx.partition(unet, eqx.is_array)
+
+        def loss(arrays, x, t, cond):
+            return jnp.mean(eqx.combine(arrays, static)(x, t, cond).astype(jnp.float32) ** 2)
+
+        compiled = jax.jit(jax.grad(loss)).lower(arrays, x, t, cond).compile()
+        seconds = timed(lambda: compiled(arrays, x, t, cond), calls)
+    set_remat_policy(DEFAULT_REMAT_POLICY)
+    return dict(
+        images_per_s=round(batch / seconds, 2),
+        mfu_xla=round(xla_flops(compiled) / seconds / device_record()["peak_bf16_flops"], 4),
+        **memory(compiled),
+    )
+
+
 def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile_only=1, steps=5):
     """The SD 1.5 or SDXL base UNet's training step (ε-prediction on diffusers' scaled-linear VP schedule, text
     conditions given pre-encoded, AdamW over fp32 masters, EMA, the NaN guard) on its native latents, the state
@@ -709,6 +739,7 @@ def sd_train(config="sdxl", batch=8, fsdp=8, remat="", precision="bf16", compile
 CASES = {
     "attention_op": attention_op,
     "sd_train": sd_train,
+    "sd_grad": sd_grad,
     "sdxl_t2i": sdxl_t2i,
     "dit_train": dit_train,
     "dit_forward": dit_forward,
