@@ -304,12 +304,11 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     for file in [*fp16.glob("*/diffusion_pytorch_model.safetensors"), *fp16.glob("*/model.safetensors")]:
         file.rename(file.with_name(file.name.replace(".safetensors", ".fp16.safetensors")))
 
-    def run(folder) -> np.ndarray:
+    def run(folder) -> np.ndarray:  # the sampling of the test above ("one"): its compiled programs again
         out = tmp_path / f"{folder.name}.npz"
+        flags = ["--prompts", "a cat", "a dog", "--steps", "2", "--guidance", "3", "--method", "euler"]
         sample_pretrained.main(
-            sample_pretrained.parse_args(
-                ["--pretrained", f"sd:{folder}", "--prompts", "a cat", "--steps", "2", "--out", str(out)]
-            )
+            sample_pretrained.parse_args(["--pretrained", f"sd:{folder}", *flags, "--out", str(out)])
         )
         return np.load(out)["latents"]
 
