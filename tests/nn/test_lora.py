@@ -98,18 +98,26 @@ def test_merge_equals_unmerged(unet_and_inputs):
     assert rel_err(forward(merged, x, t, cond), out) < 1e-5
 
 
-def test_trainable_part_is_the_adapters_only(unet_and_inputs):
+@pytest.fixture(scope="module")
+def adapter_gradient(unet_and_inputs):
+    """(lora: the default adapters moved off zero, its trainable part, its frozen part, the gradient of the mean
+    squared output with respect to the trainable part, on one device): one UNet backward pass compiled, for the
+    tests of the trainable part and of its sharded step."""
     unet, (x, t, cond) = unet_and_inputs
     lora = moved_off_zero(add_lora(unet, 4, key=jax.random.key(0)))
     trainable, frozen = partition_lora(lora)
-    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainable)[0]]
-    assert len(names) == 2 * len(lora_layers(lora)) and all(n.endswith((".lora_A", ".lora_B")) for n in names)
-    assert jax.tree.leaves(eqx.filter(lora, lora_filter(lora))) == jax.tree.leaves(trainable)
 
     def loss(train, rest):
         return jnp.mean(jnp.square(eqx.combine(train, rest)(x, t, cond)))
 
-    grads = eqx.filter_jit(jax.grad(loss))(trainable, frozen)
+    return lora, trainable, frozen, eqx.filter_jit(jax.grad(loss))(trainable, frozen)
+
+
+def test_trainable_part_is_the_adapters_only(adapter_gradient):
+    lora, trainable, frozen, grads = adapter_gradient
+    names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trainable)[0]]
+    assert len(names) == 2 * len(lora_layers(lora)) and all(n.endswith((".lora_A", ".lora_B")) for n in names)
+    assert jax.tree.leaves(eqx.filter(lora, lora_filter(lora))) == jax.tree.leaves(trainable)
     assert jax.tree.structure(grads) == jax.tree.structure(trainable)  # no base leaf in the gradient
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
     optimizer = optax.adam(1e-2)
@@ -205,11 +213,11 @@ def test_other_formats_refused_by_name(unet_and_inputs, tmp_path):
             load_lora(unet, tmp_path)
 
 
-def test_adapters_and_frozen_base_shard_by_the_same_rules(unet_and_inputs):
+def test_adapters_and_frozen_base_shard_by_the_same_rules(unet_and_inputs, adapter_gradient):
     """The training layout: adapters (the trained state) and the frozen base (an argument of the step), each laid
     out by `state_shardings` over an 8-way FSDP mesh; one sharded step moves the adapters only, as unsharded."""
-    unet, (x, t, cond) = unet_and_inputs
-    trainable, frozen = partition_lora(moved_off_zero(add_lora(unet, 4, key=jax.random.key(0))))
+    _, (x, t, cond) = unet_and_inputs
+    _, trainable, frozen, grads = adapter_gradient
     mesh = make_mesh(1, 8)
     rules = [(r"\.lora_B$", PartitionSpec())]  # one rule by name, as train/main.py's SHARDING_RULES
     train_sh, frozen_sh = (state_shardings(tree, mesh, 16, rules=rules, strict=False) for tree in (trainable, frozen))
@@ -222,7 +230,7 @@ def test_adapters_and_frozen_base_shard_by_the_same_rules(unet_and_inputs):
         grads = jax.grad(lambda tr: jnp.mean(jnp.square(eqx.combine(tr, rest)(x, t, cond))))(train)
         return jax.tree.map(lambda p, g: p - 0.1 * g, train, grads)
 
-    want = eqx.filter_jit(step)(trainable, frozen)
+    want = jax.tree.map(lambda p, g: p - 0.1 * g, trainable, grads)  # the step unsharded, on one device
     got = eqx.filter_jit(step)(jax.device_put(trainable, train_sh), jax.device_put(frozen, frozen_sh))
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)

@@ -114,7 +114,9 @@ def test_missing_and_unexpected_keys_are_named(tmp_path):
 
 def test_weights_load_into_fsdp_shardings():
     """Over 8 simulated devices in one FSDP group, every leaf is read into the training state's sharding
-    (sdxl_like's shards), with the values of a single-device load and the same output."""
+    (sdxl_like's shards), with the values of a single-device load, bitwise: the output is then
+    test_matches_diffusers[sdxl_like]'s. (A sharded SD UNet computes as the unsharded one: tests/nn/test_lora.py's
+    FSDP step. The sharded forward compiled here again cost ~11 s for nothing the loader does.)"""
     mesh, min_size = make_mesh(1, 8), 1024
     unet = SDUNet.from_diffusers(DATA / "sdxl_like", place=placement(mesh, min_size))
     config = json.loads((DATA / "sdxl_like" / "config.json").read_text())
@@ -128,7 +130,6 @@ def test_weights_load_into_fsdp_shardings():
     single = params(SDUNet.from_diffusers(DATA / "sdxl_like"))
     for name, value in params(unet).items():
         np.testing.assert_array_equal(value, single[name], err_msg=name)
-    assert rel_error(unet, np.load(DATA / "sdxl_like" / "reference.npz")) < TOL
 
 
 SD2 = json.loads((DATA / "sd2_like" / "config.json").read_text())
