@@ -49,10 +49,9 @@ def _windows(heads: int, d: int) -> list[tuple[int, int, int, int]]:
     return windows
 
 
-def _head(ref, j: int, window) -> Array:
-    """Batch element j's window of `ref`, the columns of other heads zeroed."""
+def _head(x: Array, window) -> Array:
+    """A head's window `x` (loaded as `ref[j, :, start:end]`), the columns of other heads zeroed."""
     start, end, lo, hi = window
-    x = ref[j, :, start:end]
     if (lo, hi) == (0, end - start):
         return x
     cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
@@ -71,8 +70,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, o_ref, *, heads: int, d: int):
         o_ref[j] = jnp.zeros(o_ref.shape[1:], o_ref.dtype)
         for window in _windows(heads, d):
             start, end = window[:2]
-            v = _head(v_ref, j, window)
-            p = _softmax(_head(q_ref, j, window), k_ref[j, :, start:end], scale).astype(v.dtype)
+            v = _head(v_ref[j, :, start:end], window)
+            p = _softmax(_head(q_ref[j, :, start:end], window), k_ref[j, :, start:end], scale).astype(v.dtype)
             out = jnp.dot(p, v, preferred_element_type=jnp.float32).astype(o_ref.dtype)
             o_ref[j, :, start:end] += out
 
@@ -84,8 +83,9 @@ def _backward_kernel(q_ref, k_ref, v_ref, do_ref, dq_ref, dk_ref, dv_ref, *, hea
             ref[j] = jnp.zeros(ref.shape[1:], ref.dtype)
         for window in _windows(heads, d):
             start, end = window[:2]
-            q, k, do = _head(q_ref, j, window), _head(k_ref, j, window), _head(do_ref, j, window)
-            p = _softmax(q, k_ref[j, :, start:end], scale)
+            k_window = k_ref[j, :, start:end]  # loaded once: whole for the logits, masked for dq
+            q, k, do = (_head(x, window) for x in (q_ref[j, :, start:end], k_window, do_ref[j, :, start:end]))
+            p = _softmax(q, k_window, scale)
             dv = jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
             dp = lax.dot_general(do, v_ref[j, :, start:end], _NT, preferred_element_type=jnp.float32)
             ds = p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
