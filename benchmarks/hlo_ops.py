@@ -304,6 +304,7 @@ def summarise(events: list[tuple[str, int]], table: dict[str, dict], steps: int,
         "by_phase": grouped(lambda e: e["phase"]),
         "by_phase_and_kind": grouped(lambda e: f"{e['phase']} | {e['kind']}"),
         "by_source": grouped(lambda e: e["source"] or "(none)"),
+        "by_source_and_kind": dict(list(grouped(lambda e: f"{e['source'] or '(none)'} | {e['kind']}").items())[:20]),
         "top_ops": [
             {
                 "name": n,
