@@ -9,6 +9,7 @@
 
 Restore targets come from the *restoring* run's mesh (`state_shardings` of its abstract state),
 so a checkpoint written on (data=2, fsdp=4) restores onto (1, 2), one device or two processes.
+`restore_part` reads one field of the state alone (a rebuild for sampling: the EMA, not the model or optimizer).
 """
 
 import os

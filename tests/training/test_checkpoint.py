@@ -136,10 +136,12 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path, layout):
                 restore_on(checkpoints, 3, mesh)
 
 
-def test_the_ema_restores_alone_without_reading_the_rest(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", [True, False], ids=["layout", "written_before_layouts"])
+def test_the_ema_restores_alone_without_reading_the_rest(tmp_path, monkeypatch, layout):
     """`restore_part` reads the EMA's arrays and no other (orbax's array reads counted), each as saved, onto
     another mesh; an EMA of another shape is refused in one line naming its leaf, checked against the EMA's saved
-    leaves alone (a changed optimizer is no error: the sampling rebuild does not know it)."""
+    leaves alone (a changed optimizer is no error: the sampling rebuild does not know it), from the layout item or
+    orbax's metadata."""
     state = trained_state(make_mesh(data=2, fsdp=4))
     mesh = make_mesh(data=8)
     replicated = lambda tree: state_shardings(tree, mesh, 2**62)  # noqa: E731 — min_size 2**62: all replicated
@@ -154,6 +156,8 @@ def test_the_ema_restores_alone_without_reading_the_rest(tmp_path, monkeypatch):
     with Checkpoints(tmp_path) as checkpoints:
         checkpoints.save(3, state, {}, {})
         checkpoints.wait()
+        if not layout:
+            shutil.rmtree(tmp_path / "3" / "layout")
         abstract = eqx.filter_eval_shape(make_model, jax.random.key(0))
         ema = checkpoints.restore_part(3, "ema", abstract, replicated(abstract))
         assert_same_leaves(state.ema, ema)
