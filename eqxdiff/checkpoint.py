@@ -9,6 +9,7 @@
 
 Restore targets come from the *restoring* run's mesh (`state_shardings` of its abstract state),
 so a checkpoint written on (data=2, fsdp=4) restores onto (1, 2), one device or two processes.
+`restore_part` reads one field of the state alone (a rebuild for sampling: the EMA, not the model or optimizer).
 """
 
 import os
@@ -36,6 +37,14 @@ ARRAY_HANDLERS = ocp.type_handlers.create_type_handler_registry(
         ),
     ),
     (np.ndarray, ocp.type_handlers.NumpyHandler()),  # a saved jax.Array read onto the host (EmaSnapshots.restore)
+)
+
+
+# The fix a CheckpointError of a restore names: the run, or the step, it was written by.
+CHANGED_RUN = (
+    "If the model or optimizer flags (or the model's entry in eqxdiff/run/models.py) changed since it was written, "
+    "use the original flags or a new --run_dir; another step restores with --resume_step (train/main.py) or --step "
+    "(train/sample.py)."
 )
 
 
@@ -93,6 +102,11 @@ def _as_saved(arrays):
         return arrays
     fields = {name: getattr(arrays, name) for name in ("model", "ema", "opt_state", "step", "bad_steps", "phema")}
     return fields if fields["phema"] else {k: v for k, v in fields.items() if k != "phema"}
+
+
+def _laid_out(arrays, shardings):
+    """Restore targets: the ShapeDtypeStructs `arrays` with the `shardings` to read them into."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
 
 
 def _from_saved(restored, like):
@@ -188,33 +202,48 @@ class Checkpoints:
         """
         self._require(step)
         arrays, static = eqx.partition(abstract_state, _is_abstract_array)
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), arrays, shardings)
-        # Compared up front: orbax's own mismatch errors arrive from inside its async reads.
-        mismatch = table_differences(saved_table(self._manager, self.directory, step, "state"), leaf_table(target))
+        target = _as_saved(_laid_out(arrays, shardings))
+        self._check_fits(step, saved_table(self._manager, self.directory, step, "state"), target, "state")
+        state = ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+        restored = self._read(step, "state", state=state, data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
+        return eqx.combine(_from_saved(restored.state, arrays), static), restored.data, restored.config
+
+    def restore_part(self, step: int, part: str, abstract, sharding):
+        """The state's field `part` ("ema", "model", ...) of `step` alone, laid out by `sharding`, the other fields
+        left unread (orbax's partial restore): a rebuild for sampling keeps the EMA, a quarter of an Adam run's
+        arrays. `abstract`: that field's structure (e.g. the eqx.filter_eval_shape of the network), which supplies
+        its static parts; the check before the read compares that field's saved leaves alone."""
+        self._require(step)
+        arrays, static = eqx.partition(abstract, _is_abstract_array)
+        target = {part: _laid_out(arrays, sharding)}
+        saved = saved_table(self._manager, self.directory, step, "state")
+        in_part = {name: v for name, v in saved.items() if name == part or name.startswith(f"{part}.")}
+        self._check_fits(step, in_part, target, part)
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        restored = self._read(
+            step, part, state=ocp.args.PyTreeRestore(target, restore_args=restore_args, partial_restore=True)
+        )
+        return eqx.combine(restored.state[part], static)
+
+    def _check_fits(self, step: int, saved: dict[str, tuple], target, what: str) -> None:
+        """A CheckpointError naming the leaves where `saved` (a `leaf_table`) and `target` differ, before orbax reads
+        an array: its own mismatch errors arrive from inside its async reads."""
+        mismatch = table_differences(saved, leaf_table(target))
         if mismatch:
             raise CheckpointError(
-                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state, "
-                "which differs in: " + "; ".join(mismatch) + ". If the model or optimizer flags (or the model's "
-                "entry in eqxdiff/run/models.py) changed since it was written, use the original flags or a new "
-                "--run_dir; another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
+                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's {what}, which differs "
+                "in: " + "; ".join(mismatch) + f". {CHANGED_RUN}"
             )
-        args = ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(
-                _as_saved(target), restore_args=ocp.checkpoint_utils.construct_restore_args(_as_saved(target))
-            ),
-            data=ocp.args.JsonRestore(),
-            config=ocp.args.JsonRestore(),
-        )
+
+    def _read(self, step: int, what: str, **items):
+        """orbax's restore of `items` (name -> restore args) of `step`; a failure one CheckpointError naming it."""
         try:
-            restored = self._manager.restore(step, args=args)
+            return self._manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:  # orbax/tensorstore raise many kinds; the user needs the step and why
             raise CheckpointError(
-                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's state: "
-                f"{type(e).__name__}: {_without_traceback(e)}. If the model or optimizer flags (or the model's entry "
-                "in eqxdiff/run/models.py) changed since it was written, use the original flags or a new --run_dir; "
-                "another step restores with --resume_step (train/main.py) or --step (train/sample.py)."
+                f"Checkpoint step {step} in {self.directory} cannot be restored into this run's {what}: "
+                f"{type(e).__name__}: {_without_traceback(e)}. {CHANGED_RUN}"
             ) from e
-        return eqx.combine(_from_saved(restored.state, target), static), restored.data, restored.config
 
     def restore_config(self, step: int) -> dict:
         """Only the config item of `step` (e.g. to rebuild the model before restoring it)."""

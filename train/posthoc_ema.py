@@ -27,7 +27,7 @@ from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.ema_snapshots import EmaSnapshots
 from eqxdiff.paths import as_path
 from eqxdiff.run.finetune import open_init  # a LoRA run's state holds its adapters only
-from eqxdiff.run.rebuild import abstract_run_state, posthoc_dir, stored_flags, stored_run, stored_run_condition
+from eqxdiff.run.rebuild import abstract_run_ema, posthoc_dir, stored_flags, stored_run, stored_run_condition
 from eqxdiff.sharding import make_mesh
 from eqxdiff.training.phema import parse_sigma_rels, posthoc_coefficients, sigma_rel_to_gamma
 
@@ -152,7 +152,7 @@ def main(args: Flags, features_fn=None) -> None:
     cfg = stored_flags(stored)
     condition = stored_run_condition(run_dir, stored, mesh)
     tune = open_init(cfg, mesh, 2**62, base=False)  # a LoRA run's state: the adapters
-    abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune)
+    abstract_ema, sharding = abstract_run_ema(cfg, stored, condition, mesh, tune)
     with EmaSnapshots(run_dir / "phema", read_only=True) as snapshots:
         if not snapshots.steps or (args.step >= 0 and args.step not in snapshots.steps):
             raise SystemExit(
@@ -160,7 +160,7 @@ def main(args: Flags, features_fn=None) -> None:
                 f"{', '.join(map(str, snapshots.steps)) or 'none'}; pick one of them."
             )
         step = snapshots.steps[-1] if args.step < 0 else args.step
-        models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract.ema, shardings.ema, args.only)
+        models, weights, inputs = reconstruct(snapshots, step, args.sigma_rels, abstract_ema, sharding, args.only)
     print(
         f"{run_dir} step {step}: {len(inputs)} snapshots ({len({s for s, _, _ in inputs})} steps × profiles "
         f"{sorted({r for _, _, r in inputs})})"

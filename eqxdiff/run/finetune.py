@@ -52,9 +52,8 @@ from eqxdiff.sd.scheduler import scheduler_from_diffusers
 from eqxdiff.run.models import changed_args
 from eqxdiff.run.run_dir import saved_config
 from eqxdiff.run.sdxl_condition import is_sdxl_folder
-from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement
-from eqxdiff.training import abstract_train_state, create_train_state, run_optimizer
-from eqxdiff.training.phema import parse_sigma_rels
+from eqxdiff.sharding import HEAD_LAYOUT_RULES, placement, state_shardings
+from eqxdiff.training import create_train_state
 from eqxdiff.training.state import state_around
 
 PREFIX = "sd:"
@@ -301,10 +300,10 @@ class FromRun(Scratch):
     The source's newest checkpoint gives its EMA (the weights it samples with; every train/main.py run keeps one),
     not its raw weights. The network is this run's --model, which must be the source's: the same constructor
     arguments but a second time, so that a flow-matching run starts a MeanFlow one (--objective meanflow), its
-    interval embedding added as `with_intervals` says. Only a new run reads the source's weights (its whole saved
-    state, on the run's devices and layout, of which the EMA is kept); a resumed one starts from its own checkpoint
-    and reads the source's config only to check it again, and a rebuild (train/sample.py) reads nothing of it. The
-    drawn interval layers are put in place by `jax.device_put`: one process (several: untested)."""
+    interval embedding added as `with_intervals` says. Only a new run reads the source's weights (the EMA alone of
+    its saved state, on the run's devices and layout); a resumed one starts from its own checkpoint and reads the
+    source's config only to check it again, and a rebuild (train/sample.py) reads nothing of it. The drawn interval
+    layers are put in place by `jax.device_put`: one process (several: untested)."""
 
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         super().__init__(cfg, mesh, min_size)
@@ -341,17 +340,11 @@ class FromRun(Scratch):
 
         def start(optimizer, shardings):
             cfg = self.cfg
-            optimizer_then = run_optimizer(  # the source state's structure
-                stored["lr"], stored["steps"], 0, stored["weight_decay"], stored.get("lr_ref_steps", 0)
-            )[0]
-            num_phema = len(parse_sigma_rels(stored.get("phema_sigma_rels", "")))
-            abstract, layout = abstract_train_state(
-                make_source, optimizer_then, self.mesh, self.min_size, rules=self.rules, strict=False,
-                num_phema=num_phema,
-            )  # fmt: skip
+            abstract = eqx.filter_eval_shape(make_source, jax.random.key(0))  # the source's EMA, laid out as ours
+            layout = state_shardings(abstract, self.mesh, self.min_size, rules=self.rules, strict=False)
             with Checkpoints(as_path(cfg.init) / "checkpoints", read_only=True) as saved:
                 try:
-                    model = saved.restore(step, abstract, layout)[0].ema
+                    model = saved.restore_part(step, "ema", abstract, layout)  # not its model's or optimizer's arrays
                 except CheckpointError as e:
                     raise SystemExit(f"--init {cfg.init}: {e}") from e
             if two_times and not source_two:
@@ -430,15 +423,15 @@ class LoRA(Pretrained):
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         super().__init__(cfg, mesh, min_size, rules, source)
         rules = [*rules, *HEAD_LAYOUT_RULES]  # the frozen `unet`'s layout: the network's rules (`network`)
-        with self.refusing():  # the fresh adapters and the frozen base (the rest of the adapted UNet), or None, None
-            self.adapters, self.base = self.lora_base(mesh, min_size, rules) if base else (None, None)
+        with self.refusing():  # the folder's UNet, the fresh adapters and the frozen base (the rest), or all None
+            self.unet, self.adapters, self.base = self.lora_base(mesh, min_size, rules) if base else (None,) * 3
 
     def lora_base(self, mesh, min_size: int, rules) -> tuple:
-        """(fresh adapters, frozen base): the folder's UNet read into the layout SHARDING_RULES give the step's
-        frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
+        """(the folder's UNet, fresh adapters, frozen base): the UNet read into the layout SHARDING_RULES give the
+        step's frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
         place = placement(mesh, min_size, rules=rules, name="unet")
         unet = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
-        return partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
+        return unet, *partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
 
     def adapted(self, unet, key):
         cfg = self.cfg
@@ -447,9 +440,11 @@ class LoRA(Pretrained):
         )
 
     def training(self, make_model: Callable, frozen) -> Training:
-        """The adapters trained (key -> the adapters of `make_model`'s UNet), the base frozen beside `frozen` as
-        "unet" and put back around them by `model_of`; a new run's adapters the fresh ones, drawn from --seed."""
-        adapters = lambda key: partition_lora(self.adapted(make_model(key), key))[0]  # noqa: E731
+        """The adapters trained (key -> the adapters of `make_model`'s UNet; with the base read, of the folder's UNet
+        it came from, which is that network), the base frozen beside `frozen` as "unet" and put back around them by
+        `model_of`; a new run's adapters the fresh ones, drawn from --seed."""
+        unet = make_model if self.unet is None else (lambda key: self.unet)  # read: its init is not traced again
+        adapters = lambda key: partition_lora(self.adapted(unet(key), key))[0]  # noqa: E731
         if self.base is None:  # the state's structure alone (train/posthoc_ema.py)
             return Training(adapters, frozen, None, None)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import equinox as eqx
+import jax
 from jax.sharding import Mesh
 
 from eqxdiff.checkpoint import Checkpoints
@@ -20,8 +22,7 @@ from eqxdiff.run.finetune import open_init
 from eqxdiff.run.models import CONSTRUCTORS, build_model, model_args
 from eqxdiff.run.open_condition import condition_from_config, stored_condition
 from eqxdiff.run.run_dir import checkpoint_steps, close_runs, current_names, saved_config
-from eqxdiff.training import abstract_train_state, run_optimizer
-from eqxdiff.training.phema import parse_sigma_rels
+from eqxdiff.sharding import state_shardings
 from eqxdiff.training.repa import network_of, with_projector
 
 # The flags train/main.py added after its first checkpoints, at the value their absence meant (their Config
@@ -156,11 +157,11 @@ def load_run(
         condition = stored_run_condition(run_dir, stored, mesh)  # its tower and null text
         # --init: its scheduler; a LoRA's base read again from the folder, without remat as the model here
         tune = open_init(SimpleNamespace(**vars(cfg) | {"remat": False}), mesh, 2**62)
-        abstract, shardings = abstract_run_state(cfg, stored, condition, mesh, tune, constructors)
-        if ema is None:
-            model = checkpoints.restore(step, abstract, shardings)[0].ema
+        abstract, sharding = abstract_run_ema(cfg, stored, condition, mesh, tune, constructors)
+        if ema is None:  # the EMA's arrays alone: not the model's, the optimizer's or the post-hoc EMAs'
+            model = checkpoints.restore_part(step, "ema", abstract, sharding)
     if ema is not None:
-        step, model = load_posthoc_ema(run_dir, ema, asked, abstract.ema, shardings.ema)
+        step, model = load_posthoc_ema(run_dir, ema, asked, abstract, sharding)
     codec = stored_codec(run_dir, stored, mesh)
     args = stored.get("model_args") or model_args(cfg.model, tuple(stored["image_shape"]), condition)  # older: MODELS'
     net = tune.network(
@@ -181,12 +182,13 @@ def load_run(
     )
 
 
-def abstract_run_state(
+def abstract_run_ema(
     cfg: Any, stored: dict, condition, mesh: Mesh, tune=None, constructors: dict | None = None
 ) -> tuple:
-    """(abstract TrainState, its shardings: everything replicated over `mesh`) of a run, from its saved config
-    (`cfg`: `stored_flags(stored)`); `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's `open_init`), which says
-    the part the state trains (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
+    """(abstract EMA, its sharding: every leaf replicated over `mesh`) of a run, from its saved config (`cfg`:
+    `stored_flags(stored)`): the structure of the part its state trains, which its EMA and post-hoc EMAs copy; no
+    optimizer, whose state a rebuild for sampling never reads. `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's
+    `open_init`), which says that part (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
 
@@ -196,11 +198,8 @@ def abstract_run_state(
     if "repa" in stored:  # a REPA run's state trains its projector beside the network (eqxdiff/training/repa.py)
         make_model = with_projector(make_model, **stored["repa"])
     make_model = make_model if tune is None else tune.training(make_model, None).make_model
-
-    # The optimizer only gives the state its structure; min_size 2**62: everything replicated.
-    optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, cfg.lr_ref_steps)[0]
-    num_phema = len(parse_sigma_rels(cfg.phema_sigma_rels))  # its power-function EMAs, in its checkpoints too
-    return abstract_train_state(make_model, optimizer, mesh, 2**62, num_phema=num_phema)
+    abstract = eqx.filter_eval_shape(make_model, jax.random.key(0))
+    return abstract, state_shardings(abstract, mesh, 2**62)  # min_size 2**62: everything replicated
 
 
 def load_posthoc_ema(

@@ -250,13 +250,29 @@ def test_models_table_builds_edm2():
         models.MODELS["edm2_tiny"]((8, 8, 1), context_dim=32, pooled_dim=0)
 
 
-def test_a_run_is_rebuilt_with_its_own_optimizer():
-    """train/sample.py rebuilds a --lr_ref_steps run's state with EDM2's Adam (its checkpoint holds Adam's state,
-    not AdamW-cosine's clip + decay chain), through the one `run_optimizer` train/main.py trains with."""
+def test_a_run_is_rebuilt_from_its_ema_whatever_its_optimizer(tmp_path):
+    """train/sample.py rebuilds a --lr_ref_steps run (its checkpoint holds EDM2's Adam state, not AdamW-cosine's clip +
+    decay chain) as any other: the rebuild's abstract EMA, which holds no optimizer, restores the EMA saved beside
+    either optimizer's state, bitwise."""
+    from eqxdiff.checkpoint import Checkpoints
     from eqxdiff.run import rebuild
+    from eqxdiff.training import abstract_train_state, run_optimizer
 
-    stored = {"image_shape": [8, 8, 1], "model_args": models.model_args("edm2_tiny", (8, 8, 1), Labels(10))}
+    mesh, labels, rng = make_mesh(-1, 1), Labels(10), np.random.default_rng(0)
+    stored = {"image_shape": [8, 8, 1], "model_args": models.model_args("edm2_tiny", (8, 8, 1), labels)}
+    make = lambda key: models.build_model(stored["model_args"], False, key, labels)  # noqa: E731
     for lr_ref_steps, adam_first in ((300, True), (0, False)):
         cfg = train_main.Config(model="edm2_tiny", lr_ref_steps=lr_ref_steps)
-        abstract, _ = rebuild.abstract_run_state(cfg, stored, Labels(10), make_mesh(-1, 1))
-        assert isinstance(abstract.opt_state[0], optax.ScaleByAdamState) == adam_first
+        optimizer = run_optimizer(cfg.lr, cfg.steps, 0, cfg.weight_decay, lr_ref_steps)[0]
+        abstract_state, shardings = abstract_train_state(make, optimizer, mesh, 2**62)
+        assert isinstance(abstract_state.opt_state[0], optax.ScaleByAdamState) == adam_first  # two structures
+        # Each leaf its own random values (no init compiled): the EMA read back is the EMA, not the model or a moment
+        state = jax.tree.map(
+            lambda a, s: jax.device_put(rng.normal(size=a.shape).astype(a.dtype), s), abstract_state, shardings
+        )
+        with Checkpoints(tmp_path / str(lr_ref_steps)) as checkpoints:
+            checkpoints.save(1, state, {}, {})
+            checkpoints.wait()
+            abstract, sharding = rebuild.abstract_run_ema(cfg, stored, labels, mesh)
+            ema = checkpoints.restore_part(1, "ema", abstract, sharding)
+        assert eqx.tree_equal(jax.tree.map(np.asarray, ema), jax.tree.map(np.asarray, state.ema)) is True

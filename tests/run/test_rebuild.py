@@ -3,17 +3,21 @@ the codec, condition, schedule and parameterization the run trained with. (A che
 arguments were stored: tests/run/test_legacy_checkpoint.py.)"""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 import encode as train_encode  # train/encode.py
+from eqxdiff.checkpoint import CheckpointError
+from eqxdiff.nn import UNet
 from eqxdiff.run.codecs import Latents, Pixels
 from eqxdiff.run.conditions import Labels, ScratchText
 from eqxdiff.data import CaptionedDigitsSource
 from eqxdiff.diffusion import EDMPreconditioning, VPSchedule
 from eqxdiff.sharding import make_mesh
+from eqxdiff.run.models import CONSTRUCTORS
 from eqxdiff.run.rebuild import load_run
 from runs import LATENT_RUN, TINY, saved_arrays, train_here
 from tests.scripts.test_train_main import leaf_paths
@@ -61,6 +65,15 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
     assert run.schedule == VPSchedule.cosine() and run.parameterization == EDMPreconditioning(0.7)  # as trained
     assert run.image_shape == (4, 4, 4) and run.image_dataset == "digits" and run.class_names is None
     assert load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1)).step == 2  # step -1: the newest
+
+    # A network that no longer fits the EMA it saved (its constructor widened since): one line naming an EMA leaf,
+    # as train/sample.py prints it; only the EMA's leaves are compared (the EMA alone is read).
+    wider = {**CONSTRUCTORS, "UNet": lambda **kwargs: UNet(**kwargs | {"channels": (32,)})}
+    with pytest.raises(CheckpointError) as refused:
+        load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1), constructors=wider)
+    message = str(refused.value)
+    assert "\n" not in message and "opt_state" not in message and "model." not in message
+    assert re.search(r"step 2 .* cannot be restored into this run's ema, which differs in: ema\.\S+: saved", message)
 
 
 @pytest.mark.slow

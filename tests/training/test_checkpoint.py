@@ -4,6 +4,7 @@ A truncated checkpoint file is tested through train/main.py in test_resume.py, i
 process: orbax leaves tensorstore callbacks behind after a failed read, which would surface
 as unraisable-exception warnings in whichever test runs next."""
 
+import re
 import shutil
 
 import equinox as eqx
@@ -11,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from eqxdiff import xla_cpu
-from eqxdiff.checkpoint import CheckpointError, Checkpoints, all_finite
-from eqxdiff.sharding import make_mesh
+from eqxdiff.checkpoint import ARRAY_HANDLERS, CheckpointError, Checkpoints, all_finite
+from eqxdiff.sharding import make_mesh, state_shardings
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state
 
 MIN_SIZE = 256
@@ -132,6 +134,46 @@ def test_structure_mismatch_is_a_checkpoint_error(tmp_path, layout):
             (tmp_path / "3" / "layout" / "metadata").write_text("{not json")
             with pytest.raises(CheckpointError, match=r"Step 3 in .*: cannot read the layout of its state"):
                 restore_on(checkpoints, 3, mesh)
+
+
+@pytest.mark.parametrize("layout", [True, False], ids=["layout", "written_before_layouts"])
+def test_the_ema_restores_alone_without_reading_the_rest(tmp_path, monkeypatch, layout):
+    """`restore_part` reads the EMA's arrays and no other (orbax's array reads counted), each as saved, onto
+    another mesh; an EMA of another shape is refused in one line naming its leaf, checked against the EMA's saved
+    leaves alone (a changed optimizer is no error: the sampling rebuild does not know it), from the layout item or
+    orbax's metadata."""
+    state = trained_state(make_mesh(data=2, fsdp=4))
+    mesh = make_mesh(data=8)
+    replicated = lambda tree: state_shardings(tree, mesh, 2**62)  # noqa: E731 — min_size 2**62: all replicated
+    handler, read = ARRAY_HANDLERS.get(jax.Array), []
+    deserialize = handler.deserialize
+
+    async def counted(infos, args=None):
+        read.extend(infos)
+        return await deserialize(infos, args)
+
+    monkeypatch.setattr(handler, "deserialize", counted)
+    with Checkpoints(tmp_path) as checkpoints:
+        checkpoints.save(3, state, {}, {})
+        checkpoints.wait()
+        if not layout:
+            shutil.rmtree(tmp_path / "3" / "layout")
+        abstract = eqx.filter_eval_shape(make_model, jax.random.key(0))
+        ema = checkpoints.restore_part(3, "ema", abstract, replicated(abstract))
+        assert_same_leaves(state.ema, ema)
+        assert isinstance(ema, eqx.nn.MLP) and ema.activation is jax.nn.gelu  # the static parts: the abstract's
+        assert all(x.sharding.spec == P() for x in jax.tree.leaves(eqx.filter(ema, eqx.is_array)))
+        assert len(read) == len(arrays(state.ema)) < len(arrays(state)) / 3  # EMA only: not model, mu, nu
+        narrower = eqx.filter_eval_shape(lambda key: make_model(key, width=32), jax.random.key(0))
+        with pytest.raises(CheckpointError) as refused:
+            checkpoints.restore_part(3, "ema", narrower, replicated(narrower))
+    message = str(refused.value)
+    assert "\n" not in message and "model." not in message and "opt_state" not in message  # the EMA's leaves alone
+    assert re.search(
+        r"step 3 .* cannot be restored into this run's ema, which differs in: .*ema\.layers\.0\.weight: saved "
+        r"\(\(64, 16\), 'float32'\), this run has \(\(32, 16\), 'float32'\).*original flags",
+        message,
+    )
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
