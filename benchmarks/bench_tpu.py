@@ -342,25 +342,28 @@ def dit_forward(size="XL", batch=64, attention="auto"):
 
 
 @contextlib.contextmanager
-def flash_blocks(size: int):
-    """Traces inside take flash attention's blocks up to `size` queries and keys (0: eqxdiff's FLASH_BLOCK)."""
+def flash_settings(block: int, lanes: int):
+    """Traces inside take flash attention's blocks up to `block` queries and keys (0: eqxdiff's FLASH_BLOCK) and,
+    with `lanes` 1 (0: eqxdiff's FLASH_LANES), its forward pass reading the heads side by side where they tile."""
     from eqxdiff.nn import attention as attention_module
 
-    before = attention_module.FLASH_BLOCK
-    attention_module.FLASH_BLOCK = size or before
+    before = attention_module.FLASH_BLOCK, attention_module.FLASH_LANES
+    attention_module.FLASH_BLOCK = block or before[0]
+    attention_module.FLASH_LANES = bool(lanes) or before[1]
     try:
         yield
     finally:
-        attention_module.FLASH_BLOCK = before
+        attention_module.FLASH_BLOCK, attention_module.FLASH_LANES = before
 
 
-def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20, backward=1, repeat=1, flash_block=0):
+def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20, backward=1, repeat=1, flash_block=0, lanes=0):
     """One attention's forward and backward (the gradient of a weighted sum) in bf16 on `[batch, n, heads, d]`
     tokens, `form` forced: DiT-XL/2's layer by default (SDXL's 32² level: `n=1024,heads=20,d=64`); `backward` 0:
     the forward alone, as sampling calls it; `repeat` R: R forwards chained in one program (each output the next
     queries), so a small call's time is the chip's, not the host's dispatch (ms reported per forward);
-    `flash_block`: flash's largest block (0: eqxdiff's). Model FLOPs: the two matmuls forward (2·n²·d each), the
-    four of the backward twice that."""
+    `flash_block`: flash's largest block (0: eqxdiff's); `lanes` 1: flash's forward with the heads side by side
+    (eqxdiff/nn/attention_flash_lanes.py). Model FLOPs: the two matmuls forward (2·n²·d each), the four of the
+    backward twice that."""
     batch = min(batch, 2) if TINY else batch
     rng = np.random.default_rng(0)
     q, k, v, g = (jnp.asarray(rng.normal(size=(batch, n, heads, d)), jnp.bfloat16) for _ in range(4))
@@ -370,7 +373,7 @@ def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20, backwa
     def chained(q, k, v):
         return jax.lax.fori_loop(0, repeat, lambda _, x: attention(x, k, v), q)
 
-    with attention_form(form), flash_blocks(flash_block):
+    with attention_form(form), flash_settings(flash_block, lanes):
         loss = lambda q, k, v: jnp.sum((attention(q, k, v) * g).astype(jnp.float32))  # noqa: E731
         fn = jax.grad(loss, argnums=(0, 1, 2)) if backward else (chained if repeat > 1 else attention)
         compiled = jax.jit(fn).lower(q, k, v).compile()
@@ -555,7 +558,9 @@ SDXL_SCHEDULER = {
 }
 
 
-def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0, vae_bf16=0, flash_block=0):
+def sdxl_t2i(
+    batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0, vae_bf16=0, flash_block=0, lanes=0
+):
     """SDXL base text-to-image as its pipeline computes it, random weights of its shapes, bf16: both text towers on
     the prompts and the negative ones (penultimate layer, pooled projection), `steps` Euler steps (the folder's
     EulerDiscreteScheduler) with classifier-free guidance in one UNet call on the doubled batch, the VAE's decode
@@ -563,8 +568,8 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
     second over `calls` whole batches (MLPerf's Offline scenario: any batch);
     `profile` N: N more batches traced, op time by kind and source file; `parts` 1: the towers, one guided UNet
     call and the decode each compiled and timed alone (ms per batch); `vae_bf16` 1: the VAE in bf16 (diffusers'
-    fp32 upcast guards fp16's range, which bf16 shares with fp32); `flash_block`: flash attention's largest block
-    (0: eqxdiff's FLASH_BLOCK)."""
+    fp32 upcast guards fp16's range, which bf16 shares with fp32); `flash_block`, `lanes`: flash attention's
+    largest block and its side-by-side forward (`flash_settings`)."""
     from eqxdiff.diffusion import ClassifierFreeGuidance, Denoiser
     from eqxdiff.nn import AutoencoderKL, CLIPTextModel
     from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
@@ -625,7 +630,7 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
     noise = jnp.asarray(np.random.default_rng(1).normal(size=(batch, size // f, size // f, 4)), jnp.float32)
     run, arrays = jitted(lambda m, ids, noise: generate(m[0], m[1], m[2], ids, noise), (unet, (tower, tower2), vae))
     start = time.perf_counter()
-    with flash_blocks(flash_block):
+    with flash_settings(flash_block, lanes):
         compiled = run.lower(arrays, ids, noise).compile()
     compile_s = time.perf_counter() - start
     seconds = timed(lambda: compiled(arrays, ids, noise), calls)
@@ -656,7 +661,7 @@ def sdxl_t2i(batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, par
         }
         out["parts_ms"] = {}
         for name, (fn, args) in pieces.items():
-            with flash_blocks(flash_block):
+            with flash_settings(flash_block, lanes):
                 fn(*args)  # compile and warm up
             out["parts_ms"][name] = round(timed(lambda: fn(*args), calls) * 1e3, 2)
         out["parts_ms"]["unet_calls_x_steps"] = round(out["parts_ms"]["unet_call"] * steps, 1)

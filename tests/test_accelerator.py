@@ -20,7 +20,9 @@ from eqxdiff.diffusion import METHODS, EDMSchedule, karras_sigmas, parameterizat
 from eqxdiff.diffusion.loss import denoising_prediction, draw_sigma_and_noise
 from eqxdiff.diffusion.parameterization import loss_weight
 from eqxdiff.nn import DiT
+from eqxdiff.nn import attention as attention_module
 from eqxdiff.nn.attention import attention, attention_form, chosen_form
+from eqxdiff.nn.attention_flash_lanes import takes as flash_lanes_takes
 from eqxdiff.nn.attention_one_block import ONE_BLOCK_UP_TO
 from eqxdiff.sharding import batch_sharding, make_mesh
 from eqxdiff.training import abstract_train_state, adamw_cosine, create_train_state, make_train_step
@@ -196,11 +198,12 @@ def test_checkpoint_saved_and_restored_on_the_accelerator(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("n", "m", "heads", "d"), [(256, 256, 16, 72), (256, 256, 6, 72), (1024, 1024, 5, 64), (1024, 77, 5, 64)]
+    ("n", "m", "heads", "d"), [(256, 256, 16, 72), (256, 256, 6, 72), (1024, 1024, 10, 64), (1024, 77, 5, 64)]
 )
 def test_each_attention_form_on_the_accelerator_matches_the_plain_one(n, m, heads, d):
-    """Every form the chip can take for these shapes (the Pallas ones where n and m are whole blocks of 128),
-    forward and gradient, against the plain form on the same chip; bf16 inputs as a bf16 step feeds them."""
+    """Every form the chip can take for these shapes (the Pallas ones where n and m are whole blocks of 128; flash
+    also with FLASH_LANES where the heads tile the lanes: SDXL's 10 heads of 64), forward and gradient, against the
+    plain form on the same chip; bf16 inputs as a bf16 step feeds them."""
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (
         jax.device_put(jax.random.normal(kk, (2, length, heads, d), jnp.bfloat16), ACCELERATORS[0])
@@ -213,9 +216,11 @@ def test_each_attention_form_on_the_accelerator_matches_the_plain_one(n, m, head
     with jax.default_device(ACCELERATORS[0]):
         chosen = chosen_form(n, m, masked=False)
     assert chosen in ("plain", *forms)
-    for form in forms:
-        with attention_form(form):
+    lanes = [("flash", True)] if "flash" in forms and flash_lanes_takes(n, m, heads, d) else []
+    for form, side_by_side in [(form, False) for form in forms] + lanes:
+        with attention_form(form), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(attention_module, "FLASH_LANES", side_by_side)
             out = jax.jit(attention)(q, k, v), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
             a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-            assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max(), form
+            assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max(), (form, side_by_side)
