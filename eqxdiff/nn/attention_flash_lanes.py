@@ -102,6 +102,9 @@ def _forward(q: Array, k: Array, v: Array, heads: int, d: int, block: int) -> Ar
     bq, bk = _blocks(n, block), _blocks(m, block)
     rows = pl.BlockSpec((None, bq, width), lambda i, j, t: (i, j, 0))
     keys = pl.BlockSpec((None, bk, width), lambda i, j, t: (i, t, 0))
+    # the blocks double-buffered, the scratch, a head's float32 logits and probabilities, and room to spare
+    blocks = 2 * (2 * bq + 2 * bk) * width * q.dtype.itemsize
+    vmem = blocks + (2 * heads * LANES + width) * bq * 4 + 4 * bq * bk * 4 + 8 * 2**20
     cost = pl.CostEstimate(
         flops=4 * b * heads * n * m * d,
         transcendentals=b * heads * n * m,
@@ -121,7 +124,9 @@ def _forward(q: Array, k: Array, v: Array, heads: int, d: int, block: int) -> Ar
             ],
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"), vmem_limit_bytes=max(32 * 2**20, vmem)
+        ),
         cost_estimate=cost,
     )(q, k, v)
 
