@@ -25,7 +25,7 @@ from eqxdiff.run.run_dir import saved_config
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
 from eqxdiff.run.open_condition import condition_from_config, run_condition
-from tests.scripts.test_script_errors import refused
+from tests.scripts.test_script_errors import refusal
 from tests.sd.test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.run.conditions import EncodedText
@@ -269,13 +269,15 @@ def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
 
 
 def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_data, tmp_path):
-    """Images for --init: refused through the script (one line, status 2, no RUN_DIR) with an encode command that,
+    """Images for --init: refused by train/main.py's main (one line, no RUN_DIR: the script prints it with status 2,
+    tests/scripts/test_script_errors.py; a subprocess here cost ~3 s of start) with an encode command that,
     run as given (DIR named), writes latents of the asked --image_size with the captions the folder's tower reads:
     what the fine-tunes here train on."""
     folder, latents = sd_data
     images, run_dir = latents.parent / "latents_images", tmp_path / "run"
-    line = refused(
-        "main.py",
+    line = refusal(
+        train_main.main,
+        train_main.parse_config,
         "--run_dir",
         run_dir,
         "--init",
@@ -286,7 +288,7 @@ def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_dat
         16,
         *STEPS,
     )
-    assert not run_dir.exists()
+    assert "\n" not in line and not run_dir.exists()
     suggested = re.search(r"\(python train/encode.py (.*) --out DIR\)", line)
     assert suggested and f"--text_encoder {folder / 'text_encoder'}" in line and "--image_size 16" in line, line
     encoded = tmp_path / "encoded"
@@ -298,8 +300,8 @@ def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_dat
 
 
 def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp_path):
-    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line through the script
-    (status 2), naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
+    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line from train/main.py's
+    main, naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
     folder, latents = sd_data
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -320,8 +322,9 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
             ]
         )
     )
-    line = refused(
-        "main.py",
+    line = refusal(
+        train_main.main,
+        train_main.parse_config,
         "--run_dir",
         run_dir,
         "--init",
@@ -332,7 +335,11 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
         "a cat",
         *STEPS,
     )
-    assert "holds latents without captions" in line and f"--dataset folder:{bare} --image_size 16" in line, line
+    assert (
+        "\n" not in line
+        and "holds latents without captions" in line
+        and f"--dataset folder:{bare} --image_size 16" in line
+    ), line
     assert f"--text_encoder {folder / 'text_encoder'}" in line
     assert not run_dir.exists()
 
