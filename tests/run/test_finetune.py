@@ -436,9 +436,10 @@ def test_the_edits_fine_tuning_kind_trains_its_part_alone_and_samples_whole(tmp_
     from runs import TINY
 
     run_dir = tmp_path / "bitfit"
-    # the grid at 2 of Heun's steps (3 network calls), not 18 (35): the whole network is sampled all the same
+    # the grid at 2 Euler steps (2 network calls; a program of one), not Heun's 18 (35): the whole network is sampled
     flags = [
         *("--run_dir", run_dir, *TINY, "--steps", 3, "--ckpt_every", 3, "--sample_every", 3, "--sample_steps", 2),
+        *("--sample_method", "euler"),
         *("--finetune", "bitfit"),
     ]
     kinds = {}
