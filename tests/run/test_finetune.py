@@ -4,6 +4,8 @@ optimizer hold adapter-sized leaves only, the base stays the folder's), resumes 
 file that loads back into the base as the trained model; a folder without vae/ trains in pixels; the flags and data
 the folder decides are refused in one line."""
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -23,7 +25,7 @@ from eqxdiff.run.run_dir import saved_config
 from runs import assert_bitwise_equal, metric_rows, saved_arrays, train_here
 from safetensors import safe_open
 from eqxdiff.run.open_condition import condition_from_config, run_condition
-from tests.scripts.test_script_errors import refused
+from tests.scripts.test_script_errors import refusal
 from tests.sd.test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.run.conditions import EncodedText
@@ -107,14 +109,18 @@ def train(run_dir: Path, sd_data, *flags) -> None:
 
 
 @pytest.fixture(scope="module")
-def lora_run(sd_data, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("lora_run")
-    train(run_dir, sd_data, *LORA)
-    return run_dir
+def lora_run(sd_data, tmp_path_factory) -> tuple[Path, str]:
+    """(the LoRA run's directory, what it printed)."""
+    run_dir, said = tmp_path_factory.mktemp("lora_run"), io.StringIO()
+    with contextlib.redirect_stdout(said):
+        train(run_dir, sd_data, *LORA)
+    return run_dir, said.getvalue()
 
 
 @pytest.mark.slow  # a fine-tuning run end to end
 def test_lora_trains_the_adapters_alone(lora_run, sd_data):
+    lora_run, said = lora_run
+    assert "--sigma_data" not in said  # the folder's scheduler has none, and the run refuses the flag
     rows = metric_rows(lora_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(np.isfinite(r["train/loss"]) for r in rows)
     arrays = saved_arrays(lora_run, 4)
@@ -152,6 +158,7 @@ def test_lora_trains_the_adapters_alone(lora_run, sd_data):
 def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_run, sd_data, tmp_path, bucket):
     """Resumed from its checkpoint 2 copied into a bucket (gs://, tests/bucket.py's server): the checkpoints and
     the LoRA file it writes there are the local run's."""
+    lora_run, _ = lora_run
     copied = tmp_path / "copied"
     shutil.copytree(lora_run, copied, ignore=shutil.ignore_patterns("4", "lora"))  # up to checkpoint 2
     resumed = as_path(f"{bucket}/resumed")
@@ -165,26 +172,6 @@ def test_a_lora_run_resumed_in_a_bucket_is_bitwise_the_uninterrupted_one(lora_ru
 def lora_file(run_dir) -> tuple[dict, dict]:
     with safe_open(str(local_copy(run_dir / "lora" / "pytorch_lora_weights.safetensors")), framework="numpy") as f:
         return {k: f.get_tensor(k).tobytes() for k in f.keys()}, f.metadata()
-
-
-@pytest.mark.slow  # a fine-tuning run end to end
-def test_the_whole_unet_fine_tunes_from_the_folders_weights(sd_data, tmp_path, capsys):
-    run_dir = tmp_path / "full"
-    train(run_dir, sd_data, "--steps", 1, "--ema_decay", 1.0)  # the EMA stays the start
-    said = capsys.readouterr().out
-    assert f"new run in {run_dir}: the UNet of sd:{sd_data[0]} on latents:" in said  # not --model's default
-    assert "--sigma_data" not in said  # the folder's scheduler has none, and the run refuses the flag
-    assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
-    arrays = saved_arrays(run_dir, 1)
-    folder = SDUNet.from_diffusers(sd_data[0] / "unet")
-    flat = jax.tree_util.tree_flatten_with_path(folder)[0]
-    paths = [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(p)) for p, _ in flat]  # as saved_arrays names them
-    for path, weight in zip(paths, jax.tree.leaves(folder), strict=True):
-        assert np.array_equal(arrays["['ema']" + path], weight), path
-    assert any(not np.array_equal(arrays["['model']" + p], w) for p, w in zip(paths, jax.tree.leaves(folder)))
-    # The checkpoint says what the network is: SDUNet of the folder's config (eqxdiff/run/models.py's CONSTRUCTORS).
-    config = json.loads((sd_data[0] / "unet" / "config.json").read_text())
-    assert saved_config(run_dir, 1)[1]["model_args"] == {"constructor": "SDUNet", "kwargs": {"config": config}}
 
 
 @pytest.mark.parametrize(
@@ -282,13 +269,15 @@ def test_images_are_refused_naming_the_encode(sd_data, tmp_path):
 
 
 def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_data, tmp_path):
-    """Images for --init: refused through the script (one line, status 2, no RUN_DIR) with an encode command that,
+    """Images for --init: refused by train/main.py's main (one line, no RUN_DIR: the script prints it with status 2,
+    tests/scripts/test_script_errors.py; a subprocess here cost ~3 s of start) with an encode command that,
     run as given (DIR named), writes latents of the asked --image_size with the captions the folder's tower reads:
     what the fine-tunes here train on."""
     folder, latents = sd_data
     images, run_dir = latents.parent / "latents_images", tmp_path / "run"
-    line = refused(
-        "main.py",
+    line = refusal(
+        train_main.main,
+        train_main.parse_config,
         "--run_dir",
         run_dir,
         "--init",
@@ -299,7 +288,7 @@ def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_dat
         16,
         *STEPS,
     )
-    assert not run_dir.exists()
+    assert "\n" not in line and not run_dir.exists()
     suggested = re.search(r"\(python train/encode.py (.*) --out DIR\)", line)
     assert suggested and f"--text_encoder {folder / 'text_encoder'}" in line and "--image_size 16" in line, line
     encoded = tmp_path / "encoded"
@@ -311,8 +300,8 @@ def test_the_refusals_encode_command_writes_the_latents_a_fine_tune_reads(sd_dat
 
 
 def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp_path):
-    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line through the script
-    (status 2), naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
+    """Latents of images without captions cannot condition SD's text-conditioned UNet: one line from train/main.py's
+    main, naming the encode that keeps captions, before RUN_DIR/checkpoints/ or anything else is made."""
     folder, latents = sd_data
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -333,8 +322,9 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
             ]
         )
     )
-    line = refused(
-        "main.py",
+    line = refusal(
+        train_main.main,
+        train_main.parse_config,
         "--run_dir",
         run_dir,
         "--init",
@@ -345,7 +335,11 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
         "a cat",
         *STEPS,
     )
-    assert "holds latents without captions" in line and f"--dataset folder:{bare} --image_size 16" in line, line
+    assert (
+        "\n" not in line
+        and "holds latents without captions" in line
+        and f"--dataset folder:{bare} --image_size 16" in line
+    ), line
     assert f"--text_encoder {folder / 'text_encoder'}" in line
     assert not run_dir.exists()
 
@@ -367,26 +361,41 @@ def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow  # a fine-tuning run end to end
-def test_a_folder_without_vae_trains_its_unet_in_pixels(pixel_data, tmp_path):
+def test_a_folder_without_vae_fine_tunes_its_whole_unet_in_pixels_from_its_weights(pixel_data, tmp_path, capsys):
+    """Without --lora_rank the whole UNet trains, starting from the folder's weights; a folder without vae/ trains in
+    pixels. Whole or LoRA, pixels or latents: independent choices (eqxdiff/run/finetune.py's kinds never see the
+    codec), so this run (whole, pixels) and the LoRA run above (adapters, latents) cover all four (a third step
+    program, whole on latents, cost ~20 s of CI for no new code path)."""
     folder, data = pixel_data
     run_dir = tmp_path / "run"
+    dataset = f"npz:{data / 'grey.npz'}"
     train_here(
         "--run_dir",
         run_dir,
         "--init",
         f"sd:{folder / 'unet'}",
         "--dataset",
-        f"npz:{data / 'grey.npz'}",
+        dataset,
         *STEPS,
-        "--lora_rank",
-        2,
         "--steps",
-        2,
+        1,
+        "--ema_decay",
+        1.0,  # the EMA stays the start
     )
-    assert all(np.isfinite(r["train/loss"]) for r in metric_rows(run_dir))
-    config = saved_config(run_dir, 2)[1]
+    assert f"new run in {run_dir}: the UNet of sd:{folder / 'unet'} on {dataset}" in capsys.readouterr().out
+    assert np.isfinite(metric_rows(run_dir)[0]["train/loss"])
+    config = saved_config(run_dir, 1)[1]
     assert config["codec"] == {"kind": "pixels"} and config["image_shape"] == [8, 8, 1]
-    assert (run_dir / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    arrays = saved_arrays(run_dir, 1)
+    unet = SDUNet.from_diffusers(folder / "unet")
+    flat = jax.tree_util.tree_flatten_with_path(unet)[0]
+    paths = [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(p)) for p, _ in flat]  # as saved_arrays names them
+    for path, weight in zip(paths, jax.tree.leaves(unet), strict=True):
+        assert np.array_equal(arrays["['ema']" + path], weight), path
+    assert any(not np.array_equal(arrays["['model']" + p], w) for p, w in zip(paths, jax.tree.leaves(unet)))
+    # The checkpoint says what the network is: SDUNet of the folder's config (eqxdiff/run/models.py's CONSTRUCTORS).
+    unet_config = json.loads((folder / "unet" / "config.json").read_text())
+    assert config["model_args"] == {"constructor": "SDUNet", "kwargs": {"config": unet_config}}
 
 
 @pytest.mark.parametrize(
@@ -427,9 +436,10 @@ def test_the_edits_fine_tuning_kind_trains_its_part_alone_and_samples_whole(tmp_
     from runs import TINY
 
     run_dir = tmp_path / "bitfit"
-    # the grid at 2 of Heun's steps (3 network calls), not 18 (35): the whole network is sampled all the same
+    # the grid at 2 Euler steps (2 network calls; a program of one), not Heun's 18 (35): the whole network is sampled
     flags = [
         *("--run_dir", run_dir, *TINY, "--steps", 3, "--ckpt_every", 3, "--sample_every", 3, "--sample_steps", 2),
+        *("--sample_method", "euler"),
         *("--finetune", "bitfit"),
     ]
     kinds = {}

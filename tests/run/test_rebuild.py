@@ -94,7 +94,8 @@ def test_a_text_run_comes_back_with_its_tower_inside_the_ema(tmp_path, capsys):
 
     import sample  # train/sample.py
 
-    flags = ["--run_dir", str(run_dir), "--steps", "1", "--per_prompt", "2", "--eval", "--json"]
+    # one Euler step: one network call in the sampler's program (Heun's holds its corrector's too)
+    flags = ["--run_dir", str(run_dir), "--steps", "1", "--method", "euler", "--per_prompt", "2", "--eval", "--json"]
     capsys.readouterr()
     sample.main(sample.parse_args([*flags, "--num", "6", "--seed", "3", "--out", str(tmp_path / "s.npz")]))
     scores = json.loads(capsys.readouterr().out.splitlines()[-1])
