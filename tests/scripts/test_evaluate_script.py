@@ -83,9 +83,22 @@ def json_line(net, batches) -> tuple[dict, dict]:
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
         patch.setattr(frechet, "_pytorch_fid_offsets", lambda s1, s2, lam: asked.append(len(lam)) or False)
         patch.setattr(frechet, "product_eigenvalues", eigenvalues_of_low_rank)
+        patch.setattr(evaluate, "batch_features", kept(evaluate.batch_features))
         metrics = evaluate.main(evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"]), network=net)
     assert sorted(asked) == [2023, 2023, 2048, 2048]  # FID and sFID, against stored and recomputed statistics
+    assert sorted(FEATURES) == sorted(map(str, batches))
     return metrics, json.loads(out.getvalue().strip())
+
+
+FEATURES = {}  # json_line's run: each batch file's features, by path
+
+
+def kept(batch_features):
+    def keep(network, path, *args, **kwargs):
+        FEATURES[str(path)] = batch_features(network, path, *args, **kwargs)
+        return FEATURES[str(path)]
+
+    return keep
 
 
 @pytest.mark.slow
@@ -112,11 +125,15 @@ def test_the_table_says_what_each_fid_is_against(json_line, batches):
 
 
 @pytest.mark.slow  # train/evaluate.py end to end
-def test_a_reference_of_statistics_only_gives_the_stored_lines(ref, net, batches, tmp_path, capsys, monkeypatch):
+def test_a_reference_of_statistics_only_gives_the_stored_lines(
+    ref, net, batches, json_line, tmp_path, capsys, monkeypatch
+):
     # The values are test_the_table_is_adms's; here which statistics each Fréchet distance is taken
-    # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them).
+    # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them),
+    # from the sample batch's features of json_line's run (the same network on the same file: the same work).
     against = []
     monkeypatch.setattr(adm_eval, "fid_from_stats", lambda mu1, s1, mu2, s2: against.append(mu2) or float(len(against)))
+    monkeypatch.setattr(evaluate, "batch_features", lambda network, path, *args: FEATURES[str(path)])
     with np.load(batches[0]) as f:
         stats = {k: f[k] for k in ("mu", "sigma", "mu_s", "sigma_s")}
     np.savez(tmp_path / "stats.npz", **stats)
