@@ -339,8 +339,9 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "100", "--steps", "2")
     table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]
-    argv = ["--run_dir", str(whole), "--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2"]
-    posthoc_ema.sweep(posthoc_ema.parse_args([*argv, "--guidance", "1"]), whole, steps)  # main's, 0.05 made above
+    posthoc(
+        "--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--guidance", "1"
+    )  # unguided: other samples
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
     assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
