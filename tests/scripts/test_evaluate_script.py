@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -84,7 +85,13 @@ def json_line(net, batches) -> tuple[dict, dict]:
         patch.setattr(frechet, "_pytorch_fid_offsets", lambda s1, s2, lam: asked.append(len(lam)) or False)
         patch.setattr(frechet, "product_eigenvalues", eigenvalues_of_low_rank)
         patch.setattr(evaluate, "batch_features", kept(evaluate.batch_features))
-        metrics = evaluate.main(evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"]), network=net)
+        unoptimised = jax.config.values["jax_disable_most_optimizations"]
+        jax.config.update("jax_disable_most_optimizations", False)  # conftest's optimised_compile: the net at 299²
+        try:
+            args = evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"])
+            metrics = evaluate.main(args, network=net)
+        finally:
+            jax.config.update("jax_disable_most_optimizations", unoptimised)
     assert sorted(asked) == [2023, 2023, 2048, 2048]  # FID and sFID, against stored and recomputed statistics
     assert sorted(FEATURES) == sorted(map(str, batches))
     return metrics, json.loads(out.getvalue().strip())
