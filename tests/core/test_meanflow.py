@@ -299,9 +299,9 @@ MEANFLOW_DIGITS = [
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("optimised_compile")  # 150 steps and 600 samples: unoptimised they run 70 s, optimised 22 s
+@pytest.mark.usefixtures("optimised_compile")  # 125 steps and 600 samples: unoptimised they run 70 s, optimised 22 s
 def test_meanflow_on_digits_one_step_samples_improve_with_training(tmp_path):
-    """train/main.py --objective meanflow on the digits, briefly (docs/meanflow.md's job, 150 steps): the one-step
+    """train/main.py --objective meanflow on the digits, briefly (docs/meanflow.md's job, 125 steps): the one-step
     samples' scorecard moves the right way between an early checkpoint and the last, and two steps beat one. The
     whole path (flags, two-time network, jvp step on 8 devices, checkpoint, rebuild, sampler) end to end; it does
     not pin the objective (a sign flipped in the target still passes at 150 steps: the fixture test catches it)."""
@@ -316,11 +316,11 @@ def test_meanflow_on_digits_one_step_samples_improve_with_training(tmp_path):
         "--run_dir",
         run_dir,
         "--steps",
-        150,
+        125,  # the last 25 of 150 moved no margin below (100 leaves the nearest-image ratio 1.24-1.28 of its 1.3)
         "--ckpt_every",
         25,
         "--keep_checkpoints",
-        6,
+        5,
         "--warmup_steps",
         20,
         "--batch_size",
@@ -352,9 +352,10 @@ def test_meanflow_on_digits_one_step_samples_improve_with_training(tmp_path):
         with np.load(out) as drawn:
             return digits_sample_metrics(drawn["images"], drawn["labels"])
 
-    # Measured at batch 64 (8 devices, 2026-12-06): step 25 accuracy 0.14, FD 5.95; step 150 0.99, FD 3.18,
-    # nearest-image ratio 1.14; two steps FD 1.62, diversity 0.70 against one step's 0.48.
-    early, late, two = scorecard(25, 1), scorecard(150, 1), scorecard(150, 2)
+    # Measured at batch 64 (8 devices, 2026-12-07, seeds 0 and 1): step 25 accuracy 0.14/0.155, FD 5.95/5.67;
+    # step 125 0.985/0.985, FD 3.43/3.20, nearest-image ratio 1.19/1.18; two steps FD 1.83/1.86, diversity
+    # 0.66/0.66 against one step's 0.47/0.48.
+    early, late, two = scorecard(25, 1), scorecard(125, 1), scorecard(125, 2)
     assert late["class_accuracy"] > max(0.9, early["class_accuracy"] + 0.3), (early, late)
     assert late["fd"] < early["fd"] and 0.7 < late["nn_ratio"] < 1.3, (early, late)
     assert two["fd"] < late["fd"] and two["diversity_ratio"] > late["diversity_ratio"], (late, two)

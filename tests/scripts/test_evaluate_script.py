@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -54,6 +55,18 @@ def batches(ref, tmp_path_factory) -> tuple[Path, Path]:
     return folder / "ref.npz", folder / "samples.npz"
 
 
+def eigenvalues_of_low_rank(cov1: np.ndarray, cov2: np.ndarray, rank: int = 16) -> np.ndarray:
+    """frechet.product_eigenvalues' values (those of cov1^½ cov2 cov1^½, ascending, d of them) for a cov1 of rank
+    below `rank`, from `rank` × `rank` matrices: Q spans cov1's range (cov1 times `rank` random vectors), so cov1 =
+    Q B Qᵀ with B = Qᵀ cov1 Q = U w Uᵀ, cov1^½ = Q U √w Uᵀ Qᵀ, and the nonzero eigenvalues of cov1^½ cov2 cov1^½
+    are those of √w Uᵀ Qᵀ cov2 Q U √w (AB and BA share them); the other d - `rank` are 0."""
+    q, _ = np.linalg.qr(cov1 @ np.random.default_rng(0).normal(size=(len(cov1), rank)))
+    w, u = np.linalg.eigh(q.T @ cov1 @ q)
+    assert np.allclose(q @ (u * w) @ u.T @ q.T, cov1, rtol=0, atol=1e-9 * w.max()), "cov1 is not of low rank"
+    half = q @ u * np.sqrt(np.clip(w, 0.0, None))
+    return np.concatenate([np.zeros(len(cov1) - rank), np.linalg.eigvalsh(half.T @ cov2 @ half)])
+
+
 @pytest.fixture(scope="module")
 def json_line(net, batches) -> tuple[dict, dict]:
     """(the metrics main returns, its one JSON line): batches of 3 over conftest's 8 devices, padded
@@ -63,14 +76,36 @@ def json_line(net, batches) -> tuple[dict, dict]:
     takes scipy's sqrtm of a 2048² product (30 of the run's 40 s on an idle 2-core box). The reference's
     answer for these statistics is no, four times: an offset moves a FID by ~1e-3 relative, and the values
     below match the reference to 1e-4. So the stand-in gives that answer and counts the questions; the
-    decision itself is tests/eval/test_frechet.py's, against pytorch-fid's own code."""
+    decision itself is tests/eval/test_frechet.py's, against pytorch-fid's own code. The eigenvalues of
+    each FID (two d × d eigendecompositions, 4-18 s per FID on a 2-core box) come from the samples'
+    covariance of rank 9 (eigenvalues_of_low_rank), the d × d form being test_frechet.py's against pytorch-fid."""
     asked = []
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
         patch.setattr(frechet, "_pytorch_fid_offsets", lambda s1, s2, lam: asked.append(len(lam)) or False)
-        metrics = evaluate.main(evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"]), network=net)
+        patch.setattr(frechet, "product_eigenvalues", eigenvalues_of_low_rank)
+        patch.setattr(evaluate, "batch_features", kept(evaluate.batch_features))
+        unoptimised = jax.config.values["jax_disable_most_optimizations"]
+        jax.config.update("jax_disable_most_optimizations", False)  # conftest's optimised_compile: the net at 299²
+        try:
+            args = evaluate.parse_args([*map(str, batches), "--batch_size", "3", "--json"])
+            metrics = evaluate.main(args, network=net)
+        finally:
+            jax.config.update("jax_disable_most_optimizations", unoptimised)
     assert sorted(asked) == [2023, 2023, 2048, 2048]  # FID and sFID, against stored and recomputed statistics
+    assert sorted(FEATURES) == sorted(map(str, batches))
     return metrics, json.loads(out.getvalue().strip())
+
+
+FEATURES = {}  # json_line's run: each batch file's features, by path
+
+
+def kept(batch_features):
+    def keep(network, path, *args, **kwargs):
+        FEATURES[str(path)] = batch_features(network, path, *args, **kwargs)
+        return FEATURES[str(path)]
+
+    return keep
 
 
 @pytest.mark.slow
@@ -97,11 +132,15 @@ def test_the_table_says_what_each_fid_is_against(json_line, batches):
 
 
 @pytest.mark.slow  # train/evaluate.py end to end
-def test_a_reference_of_statistics_only_gives_the_stored_lines(ref, net, batches, tmp_path, capsys, monkeypatch):
+def test_a_reference_of_statistics_only_gives_the_stored_lines(
+    ref, net, batches, json_line, tmp_path, capsys, monkeypatch
+):
     # The values are test_the_table_is_adms's; here which statistics each Fréchet distance is taken
-    # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them).
+    # against (a d × d one of fewer samples than dimensions takes seconds, so a stand-in records them),
+    # from the sample batch's features of json_line's run (the same network on the same file: the same work).
     against = []
     monkeypatch.setattr(adm_eval, "fid_from_stats", lambda mu1, s1, mu2, s2: against.append(mu2) or float(len(against)))
+    monkeypatch.setattr(evaluate, "batch_features", lambda network, path, *args: FEATURES[str(path)])
     with np.load(batches[0]) as f:
         stats = {k: f[k] for k in ("mu", "sigma", "mu_s", "sigma_s")}
     np.savez(tmp_path / "stats.npz", **stats)
