@@ -64,6 +64,15 @@ def sdxl(sdxl_folder):
     return load_sd(sdxl_folder)
 
 
+@pytest.fixture
+def sd1_read_once(monkeypatch, sd1, sd1_folder):
+    """train/sample_pretrained.py's load_sd serving sd1_folder by the module's pipeline: the script's runs below read
+    that folder again and again, and each read (~2 s) would prove nothing the module's load_sd did not."""
+    import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
+
+    monkeypatch.setattr(sample_pretrained, "load_sd", lambda folder: sd1 if folder == sd1_folder else load_sd(folder))
+
+
 def reference(family: str) -> dict:
     return dict(np.load(DATA / "sd_pipeline" / family / "reference.npz"))
 
@@ -268,7 +277,7 @@ def test_cli_writes_a_png(sdxl_folder, tmp_path):
 
 
 @pytest.mark.slow  # train/sample.py's process end to end
-def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
+def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, sd1_read_once, tmp_path):
     """--per_prompt 3 (or --num 6) for two prompts: six images, prompt-major, each its own noise from --seed (the
     three of a prompt differ), the same whatever --batch_size splits them into; the default is one per prompt, image
     0 the same; a --num that the prompts do not divide is refused. The split is into calls of 2 rows, the default's
@@ -311,7 +320,7 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
         run("five", "--num", "5")
 
 
-def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
+def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, sd1_read_once, tmp_path):
     """A pipeline folder holding only `*.fp16.safetensors` samples through the script as the plain folder does, each
     model's file named in a warning (as the script's process prints it: test_cli_writes_a_png)."""
     import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
