@@ -320,6 +320,7 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, sd1_read_onc
         run("five", "--num", "5")
 
 
+@pytest.mark.slow  # the sampling of the test above: its compiles, when it runs alone
 def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, sd1_read_once, tmp_path):
     """A pipeline folder holding only `*.fp16.safetensors` samples through the script as the plain folder does, each
     model's file named in a warning (as the script's process prints it: test_cli_writes_a_png)."""
