@@ -114,18 +114,28 @@ def test_resume_on_one_process_another_mesh_steps_and_batch_then_ctrl_c(tmp_path
 
 
 @pytest.mark.slow
-def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_run):
+def test_two_process_checkpoint_restores_in_one_process(tmp_path, two_process_run, capsys):
+    """train/sample.py's main in this one process (its 8 devices: the run's 2 x 4 as one mesh; a process start
+    would add nothing to what is checked: sample.py as processes is tests/eval/test_sample_batches.py's)."""
+    import train_scripts  # noqa: F401 — train/ on sys.path: a test of the scripts
+    import sample  # train/sample.py
+
     out = tmp_path / "samples.npz"
-    result = run("sample.py", "--run_dir", two_process_run, "--num", 20, "--steps", 4, "--out", out, "--eval")
+    sample.main(
+        sample.parse_args(
+            [*map(str, ["--run_dir", two_process_run, "--num", 20, "--steps", 4, "--out", out, "--eval"])]
+        )
+    )
+    said = capsys.readouterr().out
     with np.load(out) as saved:
         images, labels = saved["images"], saved["labels"]
     assert images.dtype == np.uint8 and images.shape == (20, 8, 8, 1)
     images = images.astype(np.float32)
     assert images.std() > 10 and np.abs(images[:10] - images[10:]).mean() > 5  # varied, not one image repeated
     np.testing.assert_array_equal(labels, np.repeat(np.arange(10), 2))  # balanced by default
-    assert f"step {STEPS}: 20 samples -> {out}" in result.stdout and "class_accuracy" in result.stdout
+    assert f"step {STEPS}: 20 samples -> {out}" in said and "class_accuracy" in said
     # --eval says what it scored: the sampler, its steps, the guidance (the run's own) and the seed
-    assert f"{two_process_run} step {STEPS}: 20 samples, heun 4 steps, guidance 1.5, seed 0" in result.stdout
+    assert f"{two_process_run} step {STEPS}: 20 samples, heun 4 steps, guidance 1.5, seed 0" in said
 
 
 # What each process of the launcher's test runs: process 1 fails (status 3) once process 0 is up;

@@ -4,6 +4,7 @@ tools/make_sd_pipeline_fixtures.py, tiny random pipelines, 4 steps, cfg 5, a pro
 the folder's scheduler and on ones swapped in as `from_config` does; the refusals; the CLI writing a png."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,15 @@ def sdxl_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sdxl(sdxl_folder):
     return load_sd(sdxl_folder)
+
+
+@pytest.fixture
+def sd1_read_once(monkeypatch, sd1, sd1_folder):
+    """train/sample_pretrained.py's load_sd serving sd1_folder by the module's pipeline: the script's runs below read
+    that folder again and again, and each read (~2 s) would prove nothing the module's load_sd did not."""
+    import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
+
+    monkeypatch.setattr(sample_pretrained, "load_sd", lambda folder: sd1 if folder == sd1_folder else load_sd(folder))
 
 
 def reference(family: str) -> dict:
@@ -214,13 +224,24 @@ def test_refusals(sd1, sdxl, sd1_folder, tmp_path):
         load_sd(folder)
 
 
+def fp16_only(folder: Path, copy: Path) -> Path:
+    """A copy of the pipeline folder holding only `*.fp16.safetensors` (as `huggingface-cli download --include
+    "*.fp16.*"` leaves it)."""
+    shutil.copytree(folder, copy)
+    for file in [*copy.glob("*/diffusion_pytorch_model.safetensors"), *copy.glob("*/model.safetensors")]:
+        file.rename(file.with_name(file.name.replace(".safetensors", ".fp16.safetensors")))
+    return copy
+
+
 @pytest.mark.slow  # train/sample.py's process end to end
 def test_cli_writes_a_png(sdxl_folder, tmp_path):
-    """The script's process writes a PNG grid. SDXL only: the process's wiring is the same for SD 1.x, whose pipeline
-    runs through the script in the tests below. A missing folder is named by test_cli_refusals_name_the_fix (in
-    this process: a second process here, to see the same line, cost a Python and JAX start; a script's refusal as
+    """The script's process writes a PNG grid, from a folder of fp16 files alone, each model's file named in a
+    one-line warning at the start (the script's warning format; what the fp16 folder samples:
+    test_cli_reads_a_folder_of_fp16_files_alone). SDXL only: the process's wiring is the same for SD 1.x, whose
+    pipeline runs through the script in the tests below. A missing folder is named by test_cli_refusals_name_the_fix
+    (in this process: a second process here, to see the same line, cost a Python and JAX start; a script's refusal as
     one line with status 2 is tests/scripts/test_script_errors.py's)."""
-    out, folder = tmp_path / "grid.png", sdxl_folder
+    out, folder = tmp_path / "grid.png", fp16_only(sdxl_folder, tmp_path / "fp16_only")
     cmd = [
         sys.executable,
         str(ROOT / "train" / "sample_pretrained.py"),
@@ -241,16 +262,22 @@ def test_cli_writes_a_png(sdxl_folder, tmp_path):
         "--out",
         str(out),
     ]
-    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
+    # The test's compile setting (conftest: JAX_DISABLE_MOST_OPTIMIZATIONS), nothing else of its environment
+    optimizations = {"JAX_DISABLE_MOST_OPTIMIZATIONS": os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"]}
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", **optimizations}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 images (1 per prompt, euler, 2 steps, guidance 5)" in done.stdout
     grid = np.asarray(Image.open(out))
     assert grid.shape[0] > 2 * 32 and grid.std() > 0  # two rows of 32-pixel images (and their labels)
+    lines = [line for line in done.stderr.splitlines() if "fp16" in line]
+    parts = ("unet", "vae", "text_encoder", "text_encoder_2")
+    assert {line.partition(" holds only")[0] for line in lines} >= {f"warning: {folder / p}" for p in parts}, lines
+    assert all(line.startswith("warning: ") and line.endswith("reading those") for line in lines), lines
 
 
 @pytest.mark.slow  # train/sample.py's process end to end
-def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
+def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, sd1_read_once, tmp_path):
     """--per_prompt 3 (or --num 6) for two prompts: six images, prompt-major, each its own noise from --seed (the
     three of a prompt differ), the same whatever --batch_size splits them into; the default is one per prompt, image
     0 the same; a --num that the prompts do not divide is refused. The split is into calls of 2 rows, the default's
@@ -293,16 +320,13 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, tmp_path):
         run("five", "--num", "5")
 
 
-@pytest.mark.slow  # train/sample.py's process end to end
-def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
-    """A pipeline folder holding only `*.fp16.safetensors` (as `huggingface-cli download --include "*.fp16.*"` leaves
-    it) samples through the script as the plain folder does, each model's file named in a warning."""
+@pytest.mark.slow  # the sampling of the test above: its compiles, when it runs alone
+def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, sd1_read_once, tmp_path):
+    """A pipeline folder holding only `*.fp16.safetensors` samples through the script as the plain folder does, each
+    model's file named in a warning (as the script's process prints it: test_cli_writes_a_png)."""
     import sample_pretrained  # train/sample_pretrained.py (conftest puts train/ on the path)
 
-    fp16 = tmp_path / "fp16_only"
-    shutil.copytree(sd1_folder, fp16)
-    for file in [*fp16.glob("*/diffusion_pytorch_model.safetensors"), *fp16.glob("*/model.safetensors")]:
-        file.rename(file.with_name(file.name.replace(".safetensors", ".fp16.safetensors")))
+    fp16 = fp16_only(sd1_folder, tmp_path / "fp16_only")
 
     def run(folder) -> np.ndarray:  # the sampling of the test above ("one"): its compiled programs again
         out = tmp_path / f"{folder.name}.npz"
@@ -317,25 +341,6 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, tmp_path):
     named = {str(w.message).partition(" holds only its 'fp16' weights")[0] for w in said}
     assert {str(fp16 / part) for part in ("unet", "vae", "text_encoder")} <= named, named
     np.testing.assert_array_equal(ours, run(sd1_folder))
-    # As the script says it: one line each, at the start
-    cmd = [
-        sys.executable,
-        str(ROOT / "train" / "sample_pretrained.py"),
-        "--pretrained",
-        f"sd:{fp16}",
-        "--prompts",
-        "a cat",
-        "--steps",
-        "1",
-        "--out",
-        str(tmp_path / "cli.npz"),
-    ]
-    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line for line in done.stderr.splitlines() if "fp16" in line]
-    assert {line.partition(" holds only")[0] for line in lines} >= {f"warning: {fp16 / p}" for p in ("unet", "vae")}
-    assert all(line.startswith("warning: ") and line.endswith("reading those") for line in lines), lines
 
 
 def test_cli_refusals_name_the_fix(sd1_folder, tmp_path, capsys):
