@@ -98,6 +98,15 @@ def compile_cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_matmul_peak():
+    """The host's fp32 matmul peak measured once here and handed to every subprocess of the session (their MFU's
+    denominator, eqxdiff/training/metrics.py): each script would otherwise spend 1-4 s of its start measuring it."""
+    from eqxdiff.training.metrics import CPU_MATMUL_FLOPS_ENV, measured_cpu_matmul_flops
+
+    os.environ.setdefault(CPU_MATMUL_FLOPS_ENV, repr(measured_cpu_matmul_flops(repeats=2)))
+
+
 @pytest.fixture(scope="session")
 def eight_device_run(tmp_path_factory, compile_cache):
     """The reference job (tests/runs.py) uninterrupted, one process × 8 devices: resumed runs

@@ -41,6 +41,9 @@ PEAK_FLOPS_PER_DEVICE: dict[str, float] = {
 }
 
 _CPU_MATMUL_N = 2048  # big enough for XLA:CPU to reach its matmul peak, small enough to time quickly
+# The host's measured figure handed to child processes (a test suite's scripts, a launcher's workers): each would
+# otherwise spend 1-4 s of its start measuring the same cores again.
+CPU_MATMUL_FLOPS_ENV = "EQXDIFF_CPU_MATMUL_FLOPS"
 
 
 def _lookup(device_kind: str) -> str | None:
@@ -77,9 +80,9 @@ def peak_flops_per_device(device: Any = None, dtype: str = "bf16") -> tuple[floa
     local device. `dtype`: "bf16" (table figures) or "fp32" (only the CPU measurement has one).
 
     - accelerator in `PEAK_FLOPS_PER_DEVICE` with bf16: the datasheet figure;
-    - CPU: `measured_cpu_matmul_flops(repeats=2)` divided by the number of local CPU devices, since
-      simulated CPU devices share the same cores (XLA:CPU runs bf16 matmuls no faster than
-      fp32, so this serves for either dtype);
+    - CPU: `measured_cpu_matmul_flops(repeats=2)` (or the figure a parent process measured on this host, in
+      CPU_MATMUL_FLOPS_ENV) divided by the number of local CPU devices, since simulated CPU devices share the
+      same cores (XLA:CPU runs bf16 matmuls no faster than fp32, so this serves for either dtype);
     - otherwise (nan, reason) — MFU then logs as nan instead of crashing a run.
     """
     if dtype not in ("bf16", "fp32"):
@@ -88,8 +91,11 @@ def peak_flops_per_device(device: Any = None, dtype: str = "bf16") -> tuple[floa
     kind = str(getattr(device, "device_kind", ""))
     if device.platform == "cpu":
         n = len(jax.local_devices(backend="cpu"))
+        source = f"measured fp32 {_CPU_MATMUL_N}² matmul on CPU / {n} devices"
+        if os.environ.get(CPU_MATMUL_FLOPS_ENV):
+            return float(os.environ[CPU_MATMUL_FLOPS_ENV]) / n, f"{source} (the figure in {CPU_MATMUL_FLOPS_ENV})"
         # Best of 2, not more: every run pays for this measurement at start-up (BENCHMARKS.md, timings).
-        return measured_cpu_matmul_flops(repeats=2) / n, f"measured fp32 {_CPU_MATMUL_N}² matmul on CPU / {n} devices"
+        return measured_cpu_matmul_flops(repeats=2) / n, source
     key = _lookup(kind)
     if key is None:
         return math.nan, f"unknown device kind {kind!r}: add it to PEAK_FLOPS_PER_DEVICE"

@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from eqxdiff.nn import Conv2d, SelfAttention
-from eqxdiff.training import mfu, peak_flops_per_device, step_flops
+from eqxdiff.training import metrics, mfu, peak_flops_per_device, step_flops
+from eqxdiff.training.metrics import CPU_MATMUL_FLOPS_ENV
 
 
 def test_conv_flops_match_analytic_count():
@@ -87,7 +88,8 @@ def test_peak_flops_from_table_by_device_kind():
         peak_flops_per_device(fake("NVIDIA H200"), dtype="int4")
 
 
-def test_cpu_peak_is_measured_and_split_over_simulated_devices():
+def test_cpu_peak_is_measured_and_split_over_simulated_devices(monkeypatch):
+    monkeypatch.delenv(CPU_MATMUL_FLOPS_ENV, raising=False)  # conftest hands its figure to the suite's scripts
     value, source = peak_flops_per_device()
     assert jax.devices()[0].platform == "cpu"
     assert math.isfinite(value) and value > 0 and "measured" in source
@@ -107,3 +109,12 @@ def test_step_flops_counts_a_scan_body_once():
     a = jnp.ones((64, 64))
     scan4 = jax.jit(lambda x: jax.lax.scan(lambda c, _: (c @ a, None), x, None, length=4)[0])
     assert step_flops(scan4, a) == pytest.approx(2 * 64**3, rel=1e-4)  # +2 for the loop counter
+
+
+def test_a_parent_processs_cpu_figure_is_taken_not_measured_again(monkeypatch):
+    """A child process (the suite's scripts, conftest's figure) divides the host's handed figure by its devices."""
+    monkeypatch.setattr(metrics, "measured_cpu_matmul_flops", lambda repeats: pytest.fail("measured again"))
+    monkeypatch.setenv(CPU_MATMUL_FLOPS_ENV, "8e11")
+    value, source = peak_flops_per_device()
+    n = len(jax.local_devices(backend="cpu"))
+    assert value == 8e11 / n and CPU_MATMUL_FLOPS_ENV in source
