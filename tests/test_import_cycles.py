@@ -160,6 +160,7 @@ SCRIPT_TESTS = {
     "test_latents.py",
     "test_legacy_checkpoint.py",
     "test_model_args.py",
+    "test_multihost.py",
     "test_phema.py",
     "test_rebuild.py",
     "test_repa_training.py",
