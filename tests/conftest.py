@@ -101,7 +101,8 @@ def compile_cache(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def host_matmul_peak():
     """The host's fp32 matmul peak measured once here and handed to every subprocess of the session (their MFU's
-    denominator, eqxdiff/training/metrics.py): each script would otherwise spend 1-4 s of its start measuring it."""
+    denominator, eqxdiff/training/metrics.py): each script would otherwise spend its start measuring it again
+    (the cost: BENCHMARKS.md "Test suite")."""
     from eqxdiff.training.metrics import CPU_MATMUL_FLOPS_ENV, measured_cpu_matmul_flops
 
     os.environ.setdefault(CPU_MATMUL_FLOPS_ENV, repr(measured_cpu_matmul_flops(repeats=2)))

@@ -42,7 +42,7 @@ PEAK_FLOPS_PER_DEVICE: dict[str, float] = {
 
 _CPU_MATMUL_N = 2048  # big enough for XLA:CPU to reach its matmul peak, small enough to time quickly
 # The host's measured figure handed to child processes (a test suite's scripts, a launcher's workers): each would
-# otherwise spend 1-4 s of its start measuring the same cores again.
+# otherwise spend its start measuring the same cores again.
 CPU_MATMUL_FLOPS_ENV = "EQXDIFF_CPU_MATMUL_FLOPS"
 
 
