@@ -2,12 +2,12 @@
 sequences whose heads tile the 128 lanes (head size 32, 64 or 128: SD 2's and SDXL's UNets, head size 64).
 
 Why not Pallas' own flash kernel alone (`jax.experimental.pallas.ops.tpu.flash_attention`): it takes the heads in
-front, `[b, h, n, d]`, so every q, k, v and output crosses HBM once more as a transpose of the projections'
-layout, and its grid walks one (batch, head) pair a step: at SDXL's 4096 tokens a step is a 512×512 block of one
-head of 64, little work against a step's fixed cost (BENCHMARKS.md, SDXL's profile). Here a grid step takes one
-block of queries and keys of every head: the heads of a 128-lane window (two of 64) are read together, each head's
-logits computed from the window with the other heads' columns zeroed (exact: they add zeros; the MXU contracts 128 lanes either way, so a head of 64 costs
-what it costs alone), and `p v` of the window's masked values lands in that head's columns only.
+front, `[b, h, n, d]`, so every q, k, v and output crosses HBM once more as a transpose of the projections' layout,
+and its grid walks one (batch, head) pair a step: at SDXL's 4096 tokens a step is a 512×512 block of one head of 64,
+little work against a step's fixed cost (BENCHMARKS.md, SDXL's profile). Here a grid step takes one block of queries
+and keys of every head: the heads of a 128-lane window (two of 64) are read together, each head's logits computed from
+the window with the other heads' columns zeroed (exact: they add zeros; the MXU contracts 128 lanes either way, so a
+head of 64 costs what it costs alone), and `p v` of the window's masked values lands in that head's columns only.
 
 The forward pass alone: sampling calls it. A gradient takes the `gradient` form it is given, forward and backward
 (`custom_vjp`; `eqxdiff.nn.attention` gives Pallas' flash on the heads in front): training is what it was.
