@@ -343,26 +343,32 @@ def dit_forward(size="XL", batch=64, attention="auto"):
 
 @contextlib.contextmanager
 def flash_settings(block: int, lanes: int):
-    """Traces inside take flash attention's blocks up to `block` queries and keys (0: eqxdiff's FLASH_BLOCK) and,
-    with `lanes` 1 (0: eqxdiff's FLASH_LANES), its forward pass reading the heads side by side where they tile."""
+    """Traces inside take flash attention's forward blocks up to `block` queries and keys (0: eqxdiff's FLASH_BLOCK)
+    and its forward reading the heads side by side where they tile: `lanes` -1 as eqxdiff chooses (from
+    FLASH_LANES_FROM queries), 0 never, 1 at every length."""
     from eqxdiff.nn import attention as attention_module
 
-    before = attention_module.FLASH_BLOCK, attention_module.FLASH_LANES
-    attention_module.FLASH_BLOCK = block or before[0]
-    attention_module.FLASH_LANES = bool(lanes) or before[1]
+    names = ("FLASH_BLOCK", "FLASH_LANES", "FLASH_LANES_FROM")
+    before = {name: getattr(attention_module, name) for name in names}
+    attention_module.FLASH_BLOCK = block or before["FLASH_BLOCK"]
+    if lanes >= 0:
+        attention_module.FLASH_LANES, attention_module.FLASH_LANES_FROM = bool(lanes), 0
     try:
         yield
     finally:
-        attention_module.FLASH_BLOCK, attention_module.FLASH_LANES = before
+        for name, value in before.items():
+            setattr(attention_module, name, value)
 
 
-def attention_op(batch=32, n=256, heads=16, d=72, form="plain", calls=20, backward=1, repeat=1, flash_block=0, lanes=0):
+def attention_op(
+    batch=32, n=256, heads=16, d=72, form="plain", calls=20, backward=1, repeat=1, flash_block=0, lanes=-1
+):
     """One attention's forward and backward (the gradient of a weighted sum) in bf16 on `[batch, n, heads, d]`
     tokens, `form` forced: DiT-XL/2's layer by default (SDXL's 32² level: `n=1024,heads=20,d=64`); `backward` 0:
     the forward alone, as sampling calls it; `repeat` R: R forwards chained in one program (each output the next
     queries), so a small call's time is the chip's, not the host's dispatch (ms reported per forward);
-    `flash_block`: flash's largest block (0: eqxdiff's); `lanes` 1: flash's forward with the heads side by side
-    (eqxdiff/nn/attention_flash_lanes.py). Model FLOPs: the two matmuls forward (2·n²·d each), the four of the
+    `flash_block`: flash's largest forward block (0: eqxdiff's); `lanes` 1: flash's forward with the heads side by
+    side (eqxdiff/nn/attention_flash_lanes.py), 0: on the heads in front, -1: as eqxdiff chooses. Model FLOPs: the two matmuls forward (2·n²·d each), the four of the
     backward twice that."""
     batch = min(batch, 2) if TINY else batch
     rng = np.random.default_rng(0)
@@ -559,7 +565,7 @@ SDXL_SCHEDULER = {
 
 
 def sdxl_t2i(
-    batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0, vae_bf16=0, flash_block=0, lanes=0
+    batch=1, steps=20, guidance=8.0, size=1024, calls=2, profile=0, parts=0, vae_bf16=0, flash_block=0, lanes=-1
 ):
     """SDXL base text-to-image as its pipeline computes it, random weights of its shapes, bf16: both text towers on
     the prompts and the negative ones (penultimate layer, pooled projection), `steps` Euler steps (the folder's

@@ -14,9 +14,10 @@ of every network's attention, its form chosen here, by backend and shape (DESIGN
   "On a TPU v5e": faster than XLA's form at SD's 4096 tokens, slower at DiT's 256). GSPMD does not split a
   Pallas call: on several devices a Pallas form runs per device (`per_device`, a shard_map over the batch)
   where the traced program has a mesh in context that splits the batch evenly (the train step sets its mesh),
-  else XLA's form. Its blocks are the sequence up to FLASH_BLOCK. With FLASH_LANES its forward pass reads heads
-  that tile the 128 lanes (SD 2's and SDXL's heads of 64) side by side, all heads a grid step
-  (`eqxdiff/nn/attention_flash_lanes.py`); a gradient takes Pallas' kernel.
+  else XLA's form. Its blocks: the largest whole number of 128 tokens dividing the sequence, up to FLASH_BLOCK in
+  the forward pass and FLASH_BACKWARD_BLOCK in the backward. From FLASH_LANES_FROM queries, where the heads tile
+  the 128 lanes (SD 2's and SDXL's heads of 64), its forward pass reads them side by side, all heads a grid step
+  (`eqxdiff/nn/attention_flash_lanes.py`, blocks of FLASH_LANES_BLOCK); a gradient takes Pallas' kernel.
 - `one_block` (TPU): a Pallas kernel per pass with each head's whole sequence in one block, for short sequences
   (`eqxdiff/nn/attention_one_block.py`: no online softmax, one backward kernel, nothing but q, k, v kept).
   A TPU takes it up to ONE_BLOCK_CHOSEN_UP_TO logits a head, whole blocks of 128, unmasked (BENCHMARKS.md "On a
@@ -38,7 +39,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Bool, Float
 
-from eqxdiff.nn.attention_flash_lanes import flash_lanes
+from eqxdiff.nn.attention_flash_lanes import block_size, flash_lanes
 from eqxdiff.nn.attention_flash_lanes import takes as flash_lanes_takes
 from eqxdiff.nn.attention_one_block import one_block
 
@@ -46,10 +47,15 @@ FORMS = ("plain", "query_blocks", "flash", "one_block")
 QUERY_BLOCK = 128  # queries per block of `query_blocks`
 QUERY_BLOCKS_FROM = 2**20  # n·m logits per head from which the CPU takes query blocks (SD's 32² and 64² levels)
 FLASH_FROM = 1024  # queries from which a TPU takes flash attention
-FLASH_BLOCK = 512  # flash attention's largest query and key block
-# Whether flash's forward pass reads heads that tile the lanes side by side (attention_flash_lanes.py): off until the
-# chip measures it against Pallas' kernel at SD's shapes (BENCHMARKS.md "On a TPU v5e").
-FLASH_LANES = False
+# Flash's largest query and key block in the forward pass and in the backward: the forward takes fewer, larger grid
+# steps (BENCHMARKS.md "On a TPU v5e": 1024 faster than 512 at 1024 and 4096 tokens); the backward as trained with.
+FLASH_BLOCK = 1024
+FLASH_BACKWARD_BLOCK = 512
+# Queries from which flash's forward reads heads that tile the lanes side by side (attention_flash_lanes.py): at
+# 4096 tokens it saves the transposes and a grid step per head; at 1024 Pallas' kernel with one block is faster.
+FLASH_LANES = True
+FLASH_LANES_FROM = 4096
+FLASH_LANES_BLOCK = 512  # its blocks: at 1024 SDXL's heads' scratch and logits overflow the core's VMEM
 ONE_BLOCK_CHOSEN_UP_TO = 256 * 256  # logits a head up to which a TPU takes one_block: the shapes measured faster
 # A remat policy can keep the attention's output under this name (eqxdiff/nn/remat.py, "attention").
 ATTENTION_NAME = "attention"
@@ -180,11 +186,12 @@ def flash(
     q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"]
 ) -> Float[Array, "b n h d"]:
     """Flash attention on `[b, n, h, d]` tokens, n and m whole blocks of 128: Pallas' TPU kernel on the heads in
-    front; with FLASH_LANES, where the heads tile the 128 lanes, the forward pass reads them side by side
-    (`eqxdiff/nn/attention_flash_lanes.py`) and a gradient still takes Pallas' kernel. Off a TPU it runs inside
-    `attention_form("flash")` only, which turns Pallas' interpreter on."""
-    if FLASH_LANES and flash_lanes_takes(q.shape[1], k.shape[1], q.shape[2], q.shape[3]):
-        return flash_lanes(q, k, v, heads_in_front_flash, FLASH_BLOCK)
+    front; with FLASH_LANES, from FLASH_LANES_FROM queries where the heads tile the 128 lanes, the forward pass
+    reads them side by side (`eqxdiff/nn/attention_flash_lanes.py`) and a gradient still takes Pallas' kernel. Off a
+    TPU it runs inside `attention_form("flash")` only, which turns Pallas' interpreter on."""
+    n, m, heads, d = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+    if FLASH_LANES and n >= FLASH_LANES_FROM and flash_lanes_takes(n, m, heads, d):
+        return flash_lanes(q, k, v, heads_in_front_flash, FLASH_LANES_BLOCK)
     return heads_in_front_flash(q, k, v)
 
 
@@ -192,27 +199,26 @@ def heads_in_front_flash(
     q: Float[Array, "b n h d"], k: Float[Array, "b m h d"], v: Float[Array, "b m h d"]
 ) -> Float[Array, "b n h d"]:
     """Pallas' TPU flash attention (`[b, h, n, d]` operands: the heads moved in front and back), blocks of up to
-    FLASH_BLOCK queries and keys, its own backward pass."""
+    FLASH_BLOCK queries and keys forward and FLASH_BACKWARD_BLOCK backward, its own backward pass."""
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
     n, m, d = q.shape[1], k.shape[1], q.shape[-1]
-    bq, bk = min(n, FLASH_BLOCK), min(m, FLASH_BLOCK)
-    if n % 128 or m % 128 or n % bq or m % bk:
-        raise ValueError(
-            f"attention: flash takes whole blocks of 128 queries and keys (up to {FLASH_BLOCK}); got n={n}, m={m}"
-        )
+    if n % 128 or m % 128:
+        raise ValueError(f"attention: flash takes whole blocks of 128 queries and keys; got n={n}, m={m}")
+    bq, bk = block_size(n, FLASH_BLOCK), block_size(m, FLASH_BLOCK)
+    bq_back, bk_back = block_size(n, FLASH_BACKWARD_BLOCK), block_size(m, FLASH_BACKWARD_BLOCK)
     sizes = pallas_flash.BlockSizes(
         block_q=bq,
         block_k_major=bk,
         block_k=bk,
         block_b=1,
-        block_q_major_dkv=bq,
-        block_k_major_dkv=bk,
-        block_k_dkv=bk,
-        block_q_dkv=bq,
-        block_k_major_dq=bk,
-        block_k_dq=bk,
-        block_q_dq=bq,
+        block_q_major_dkv=bq_back,
+        block_k_major_dkv=bk_back,
+        block_k_dkv=bk_back,
+        block_q_dkv=bq_back,
+        block_k_major_dq=bk_back,
+        block_k_dq=bk_back,
+        block_q_dq=bq_back,
     )
     heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
     out = pallas_flash.flash_attention(

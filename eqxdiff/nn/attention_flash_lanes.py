@@ -87,7 +87,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, d: int, last: 
             o_ref[:, window] = (acc_ref[:, window] / l).astype(o_ref.dtype)
 
 
-def _blocks(length: int, block: int) -> int:
+def block_size(length: int, block: int) -> int:
     """The largest whole number of 128-token tiles up to `block` that divides `length` (a multiple of 128)."""
     size = min(length, block) // LANES * LANES
     while length % size:
@@ -99,7 +99,7 @@ def _forward(q: Array, k: Array, v: Array, heads: int, d: int, block: int) -> Ar
     """The kernel over `[b, n, h·d]` queries and `[b, m, h·d]` keys and values, blocks of up to `block` tokens."""
     b, n, width = q.shape
     m = k.shape[1]
-    bq, bk = _blocks(n, block), _blocks(m, block)
+    bq, bk = block_size(n, block), block_size(m, block)
     rows = pl.BlockSpec((None, bq, width), lambda i, j, t: (i, j, 0))
     keys = pl.BlockSpec((None, bk, width), lambda i, j, t: (i, t, 0))
     # the blocks double-buffered, the scratch, a head's float32 logits and probabilities, and room to spare

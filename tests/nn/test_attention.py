@@ -96,7 +96,8 @@ def test_flash_reading_the_heads_side_by_side_equals_the_plain_form(heads, d, dt
     key blocks; in bfloat16 to its rounding. Its gradient (one case: Pallas' flash kernel's, tested above) is the
     plain form's."""
     monkeypatch.setattr(attention_module, "FLASH_LANES", True)
-    monkeypatch.setattr(attention_module, "FLASH_BLOCK", 128)
+    monkeypatch.setattr(attention_module, "FLASH_LANES_FROM", 256)
+    monkeypatch.setattr(attention_module, "FLASH_LANES_BLOCK", 128)
     q, k, v = qkv(256, 384, heads=heads, d=d, dtype=dtype)
     tol = 2e-5 if dtype == jnp.float32 else 1e-2
     if dtype == jnp.bfloat16:
@@ -108,6 +109,36 @@ def test_flash_reading_the_heads_side_by_side_equals_the_plain_form(heads, d, dt
         with attention_form("flash"):
             out = jax.jit(attention)(q, k, v)
     np.testing.assert_allclose(np.asarray(out, np.float32), written_out(q, k, v), rtol=0, atol=tol)
+
+
+def test_flash_forward_takes_its_lanes_form_from_flash_lanes_from(monkeypatch):
+    """flash dispatches: the side-by-side forward where the queries reach FLASH_LANES_FROM and the heads tile the
+    lanes; Pallas' kernel on the heads in front below it, for heads of 72, and with FLASH_LANES off."""
+    calls = []
+    monkeypatch.setattr(attention_module, "flash_lanes", lambda q, *args: calls.append(q.shape) or q)
+    monkeypatch.setattr(attention_module, "heads_in_front_flash", lambda q, k, v: calls.append("front") or q)
+    shape = lambda n, heads, d: jax.ShapeDtypeStruct((2, n, heads, d), jnp.bfloat16)  # noqa: E731
+    for n, heads, d in [(4096, 10, 64), (1024, 20, 64), (4096, 16, 72), (8192, 2, 128)]:
+        jax.eval_shape(attention_module.flash, *(shape(n, heads, d),) * 3)
+    assert calls == [(2, 4096, 10, 64), "front", "front", (2, 8192, 2, 128)]
+    monkeypatch.setattr(attention_module, "FLASH_LANES", False)
+    jax.eval_shape(attention_module.flash, *(shape(4096, 4, 64),) * 3)  # a new shape: eval_shape caches traces
+    assert calls[-1] == "front"
+
+
+def test_flash_blocks_divide_lengths_off_its_largest_block(monkeypatch):
+    """640 queries and 384 keys: the blocks are the largest whole numbers of 128 dividing each length, forward (up to
+    384: 128 and 384) and backward (up to 256: 128 and 128); forward and gradient are the plain form's by Pallas'
+    interpreter."""
+    monkeypatch.setattr(attention_module, "FLASH_BLOCK", 384)
+    monkeypatch.setattr(attention_module, "FLASH_BACKWARD_BLOCK", 256)
+    assert attention_module.block_size(640, 256) == 128 and attention_module.block_size(384, 256) == 128
+    assert attention_module.block_size(1152, 512) == 384 and attention_module.block_size(4096, 1024) == 1024
+    q, k, v = qkv(640, 384, heads=1, d=8)
+    (out, g), (ref, g_ref) = grads("flash", q, k, v), grads("plain", q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * float(jnp.abs(b).max()))
 
 
 class Scale(eqx.Module):
