@@ -148,16 +148,21 @@ def last_logged_step(run_dir: Path) -> int:
     return steps[-1]
 
 
-def saved_arrays(run_dir: Path, step: int) -> dict[str, np.ndarray]:
-    """Every array of the checkpointed state, by path, as host numpy (no target: plain dicts)."""
+def saved_arrays(run_dir: Path, step: int, parts: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Every array of the checkpointed state, by path, as host numpy (no target: plain dicts). `parts`: the state's
+    fields to read ("model", "ema"), the others left unread (orbax's partial restore: each array is a read of its
+    own, and an Adam run's optimizer holds half of them); empty: all."""
     import jax
 
     path = run_dir / "checkpoints" / str(step) / "state"
     checkpointer = ocp.PyTreeCheckpointer()
-    as_numpy = jax.tree.map(
-        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree
-    )
-    tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    saved = checkpointer.metadata(path).item_metadata.tree
+    if parts:
+        assert set(parts) <= saved.keys(), f"{parts} not all among the state's fields {sorted(saved)}"
+        saved = {part: saved[part] for part in parts}
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
+    restore = ocp.args.PyTreeRestore(saved if parts else None, restore_args=as_numpy, partial_restore=bool(parts))
+    tree = checkpointer.restore(path, args=restore)
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
 

@@ -12,6 +12,7 @@ shardings come from the caller (`place`; `eqxdiff.sharding.placement(mesh, min_s
 training state's layout): a network knows nothing of meshes.
 """
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -181,20 +182,27 @@ def _read(
         raise ValueError(
             f"{key}: shape {torch_shape} in the file is {shape} in our layout, the model expects {tuple(leaf.shape)}"
         )
-    cache: dict = {}  # replicated leaves: one read per distinct slice, not one per device
+    # replicated leaves: one read per distinct slice (the {} below), not one per device
+    return jax.make_array_from_callback(
+        shape, sharding, functools.partial(_read_slice, file, key, tensor, perm, dtype, {})
+    )
 
-    def shard(index: tuple[slice, ...]) -> np.ndarray:
-        torch_index = [slice(None)] * len(perm)
-        for axis, p in enumerate(perm):
-            torch_index[p] = index[axis]
-        cache_key = tuple((s.start, s.stop, s.step) for s in torch_index)
-        if cache_key not in cache:
-            part = tensor[tuple(torch_index)] if perm else np.asarray(file.get_tensor(key))
-            # np.array, not np.ascontiguousarray: that makes a 0-d leaf (a scalar gain) 1-d.
-            cache[cache_key] = np.array(np.transpose(part, perm), dtype=dtype, order="C")
-        return cache[cache_key]
 
-    return jax.make_array_from_callback(shape, sharding, shard)
+def _read_slice(
+    file, key: str, tensor, perm: tuple[int, ...], dtype: DTypeLike, cache: dict, index: tuple
+) -> np.ndarray:
+    """`_read`'s slice `index` (our layout) of `tensor` (`file`'s `key`, torch's layout), as `dtype` in ours; each
+    distinct slice read once into `cache`. A module's function, not a closure in `_read`: the tests' import hook
+    (tests/typechecked.py) would wrap a closure anew at every leaf read."""
+    torch_index = [slice(None)] * len(perm)
+    for axis, p in enumerate(perm):
+        torch_index[p] = index[axis]
+    cache_key = tuple((s.start, s.stop, s.step) for s in torch_index)
+    if cache_key not in cache:
+        part = tensor[tuple(torch_index)] if perm else np.asarray(file.get_tensor(key))
+        # np.array, not np.ascontiguousarray: that makes a 0-d leaf (a scalar gain) 1-d.
+        cache[cache_key] = np.array(np.transpose(part, perm), dtype=dtype, order="C")
+    return cache[cache_key]
 
 
 def _read_squeezed(
