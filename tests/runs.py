@@ -148,16 +148,17 @@ def last_logged_step(run_dir: Path) -> int:
     return steps[-1]
 
 
-def saved_arrays(run_dir: Path, step: int) -> dict[str, np.ndarray]:
-    """Every array of the checkpointed state, by path, as host numpy (no target: plain dicts)."""
+def saved_arrays(run_dir: Path, step: int, parts: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Every array of the checkpointed state, by path, as host numpy (no target: plain dicts); `parts`: only those
+    fields of the state (e.g. ("ema", "model")), the others left unread (orbax's partial restore)."""
     import jax
 
     path = run_dir / "checkpoints" / str(step) / "state"
     checkpointer = ocp.PyTreeCheckpointer()
-    as_numpy = jax.tree.map(
-        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), checkpointer.metadata(path).item_metadata.tree
-    )
-    tree = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    tree = checkpointer.metadata(path).item_metadata.tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), {k: tree[k] for k in parts} or tree)
+    restore = ocp.args.PyTreeRestore(as_numpy, restore_args=as_numpy, partial_restore=True) if parts else None
+    tree = checkpointer.restore(path, args=restore or ocp.args.PyTreeRestore(restore_args=as_numpy))
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
 
