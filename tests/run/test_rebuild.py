@@ -30,12 +30,13 @@ def stored_config(run_dir, step: int) -> dict:
 def assert_ema_as_saved(run, run_dir) -> None:
     """Every leaf of the rebuilt EMA model is the checkpoint's EMA leaf of that path, and every saved EMA
     leaf has its place in it."""
-    on_disk = {path[1:]: a for path, a in leaf_paths(saved_arrays(run_dir, run.step)).items() if path[0] == "ema"}
+    saved = leaf_paths(saved_arrays(run_dir, run.step, parts=("ema", "model")))  # what is compared below, read once
+    on_disk = {path[1:]: a for path, a in saved.items() if path[0] == "ema"}
     rebuilt = leaf_paths(run.ema)
     assert rebuilt.keys() == on_disk.keys()
     for path, leaf in rebuilt.items():
         np.testing.assert_array_equal(leaf, on_disk[path], err_msg=str(path))
-    model = {path[1:]: a for path, a in leaf_paths(saved_arrays(run_dir, run.step)).items() if path[0] == "model"}
+    model = {path[1:]: a for path, a in saved.items() if path[0] == "model"}
     assert any(not np.array_equal(leaf, model[path]) for path, leaf in rebuilt.items())  # the EMA, not the model
 
 

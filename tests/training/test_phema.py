@@ -288,12 +288,18 @@ def test_the_step_tracks_edm2s_power_function_emas_sharded_like_the_params():
         assert ema.weight.sharding == state.model.weight.sharding
 
 
-def orbax_arrays(path) -> dict[str, np.ndarray]:
-    """Every array of an orbax PyTree item, by path, as host numpy (tests/runs.py's saved_arrays, any item)."""
-    checkpointer = ocp.PyTreeCheckpointer()
-    tree = checkpointer.metadata(path).item_metadata.tree
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+def orbax_restore_args(path):
+    """Restore arguments reading every array of the orbax PyTree item at `path` as host numpy (from its metadata)."""
+    tree = ocp.PyTreeCheckpointer().metadata(path).item_metadata.tree
+    return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+
+
+def orbax_arrays(path, restore_args=None) -> dict[str, np.ndarray]:
+    """Every array of an orbax PyTree item, by path, as host numpy (tests/runs.py's saved_arrays, any item).
+    `restore_args`: `orbax_restore_args` of an item of the same layout (its metadata not read again; orbax refuses
+    an item whose tree differs from them)."""
+    restore_args = orbax_restore_args(path) if restore_args is None else restore_args
+    restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
     return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
 
 
@@ -311,19 +317,22 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     import posthoc_ema  # train/posthoc_ema.py
     from eqxdiff.run.rebuild import load_run
 
-    steps, flags = 12, [*TINY, "--phema_sigma_rels", "0.05,0.07,0.10", "--phema_every", 1, "--ckpt_every", 6]
+    steps, half = 12, 6  # 0.07's rebuild measured 3.7e-4 of its bar's distance; 8 steps: 1.4e-3, over the 1e-3 bar
+    flags = [*TINY, "--phema_sigma_rels", "0.05,0.07,0.10", "--phema_every", 1, "--ckpt_every", half]
     whole, split = tmp_path / "whole", tmp_path / "split"
     train_here("--run_dir", whole, *flags, "--steps", steps)
-    shutil.copytree(whole, split)  # as if it had stopped after step 6's checkpoint and snapshot
+    shutil.copytree(whole, split)  # as if it had stopped after step half's checkpoint and snapshot
     shutil.rmtree(split / "checkpoints" / str(steps))
-    for s in range(7, steps + 1):
+    for s in range(half + 1, steps + 1):
         shutil.rmtree(split / "phema" / str(s))
-    train_here("--run_dir", split, *flags, "--steps", steps)  # resumes from step 6
+    train_here("--run_dir", split, *flags, "--steps", steps)  # resumes from step half
 
-    assert_bitwise_equal(saved_arrays(split, steps), saved_arrays(whole, steps))
+    state = saved_arrays(whole, steps)  # also the tracked EMAs and the weights the rebuilt ones are measured against
+    assert_bitwise_equal(saved_arrays(split, steps), state)
     assert sorted(int(p.name) for p in (whole / "phema").iterdir()) == list(range(1, steps + 1))
-    for s in range(7, steps + 1):  # 1..6 were copied; the resumed run wrote these
-        snapshot = lambda run: orbax_arrays(run / "phema" / str(s) / "emas")  # noqa: E731
+    like = orbax_restore_args(whole / "phema" / str(steps) / "emas")  # one layout for all: one that differs fails
+    for s in range(half + 1, steps + 1):  # 1..half were copied; the resumed run wrote these
+        snapshot = lambda run: orbax_arrays(run / "phema" / str(s) / "emas", like)  # noqa: E731
         assert_bitwise_equal(snapshot(split), snapshot(whole))
 
     def posthoc(*argv):
@@ -345,7 +354,6 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
     assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
-    state = saved_arrays(whole, steps)
     for index, sigma_rel in ((1, "0.07"), (0, "0.05")):
         rebuilt = orbax_arrays(whole / "posthoc_ema" / sigma_rel / str(steps) / "emas")
         keys = sorted(k.removeprefix("[0]") for k in rebuilt)
