@@ -187,39 +187,6 @@ def exit_on_user_error(fn) -> None:
         raise
 
 
-def _cpu_processes_write_their_cache_entries() -> None:
-    """Every process of a multi-process job on CPUs writes its compiled programs to the persistent compile cache.
-
-    jax writes cache entries from process 0 only (the others would write the same keys), but a key holds the
-    devices' topology fingerprint, which XLA:CPU makes of the calling process's own devices: on CPUs process
-    p > 0 has keys of its own for every program (the step's too), finds none of them and recompiles each one at
-    every start (a 2-process tiny UNet run: 12 s of its step's compile). Its keys being its own, it writes them.
-    The same programs compile and run; other backends keep jax's rule. jax's private `_cache_write`, wrapped:
-    tests/scripts/test_multihost.py fails when process 1 of a resumed run loads nothing from the cache."""
-    from jax._src import compilation_cache, compiler, distributed
-
-    jax_write = compiler._cache_write
-    if getattr(jax_write, "writes_every_cpu_process", False):
-        return
-
-    def cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
-        if backend.platform != "cpu" or distributed.global_state.process_id == 0 or host_callbacks:
-            return jax_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
-        if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
-            return
-        try:
-            compilation_cache.put_executable_and_time(
-                cache_key, module_name, executable, backend, int(compile_time_secs)
-            )
-        except Exception as e:  # as jax's own write: a cache that cannot be written warns, the run goes on
-            if jax.config.jax_raise_persistent_cache_errors:
-                raise
-            warnings.warn(f"Error writing persistent compilation cache entry for '{module_name}': {e!r}")
-
-    cache_write.writes_every_cpu_process = True
-    compiler._cache_write = cache_write
-
-
 def start_jax(launch: Launch | argparse.Namespace) -> None:
     """Device simulation, the compile cache, jax.distributed and the XLA:CPU workarounds: all
     before the backend starts. `launch`: the flags of `Launch` (a Config of train/ is one; train/sample.py
@@ -236,8 +203,6 @@ def start_jax(launch: Launch | argparse.Namespace) -> None:
         jax.distributed.initialize()
     elif launch.coordinator:
         jax.distributed.initialize(launch.coordinator, num_processes=launch.num_processes, process_id=launch.process_id)
-    if launch.coordinator:
-        _cpu_processes_write_their_cache_entries()
     # Same results; which pay off depends on the CPU (BENCHMARKS.md). "auto" starts with the shipped set but
     # YNNPACK's process flag, and train/main.py times its step under each candidate (train/xla_cpu_auto.py).
     auto = launch.xla_cpu == "auto"
