@@ -368,8 +368,8 @@ def attention_op(
     the forward alone, as sampling calls it; `repeat` R: R forwards chained in one program (each output the next
     queries), so a small call's time is the chip's, not the host's dispatch (ms reported per forward);
     `flash_block`: flash's largest forward block (0: eqxdiff's); `lanes` 1: flash's forward with the heads side by
-    side (eqxdiff/nn/attention_flash_lanes.py), 0: on the heads in front, -1: as eqxdiff chooses. Model FLOPs: the two matmuls forward (2·n²·d each), the four of the
-    backward twice that."""
+    side (eqxdiff/nn/attention_flash_lanes.py), 0: on the heads in front, -1: as eqxdiff chooses. Model FLOPs: the
+    two matmuls forward (2·n²·d each), the four of the backward twice that."""
     batch = min(batch, 2) if TINY else batch
     rng = np.random.default_rng(0)
     q, k, v, g = (jnp.asarray(rng.normal(size=(batch, n, heads, d)), jnp.bfloat16) for _ in range(4))

@@ -81,8 +81,8 @@ eqxdiff.xla_cpu.enable()
 
 import gc  # noqa: E402
 
-# Tracing makes millions of short-lived Python objects: at Python's default 700 allocations a young collection, the
-# cyclic collector ran ~7,000 times in three modules (BENCHMARKS.md "Test suite": 9.7 s of CPU, 2.2 s at 20,000).
+# Tracing makes millions of short-lived Python objects, few of them in cycles: at Python's default of 700 allocations
+# a young collection the cyclic collector runs thousands of times a module for little (BENCHMARKS.md "Test suite").
 gc.set_threshold(20_000, 10, 10)
 
 import pytest  # noqa: E402
