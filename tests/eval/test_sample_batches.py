@@ -15,7 +15,7 @@ import pytest
 import eqxdiff.run.sampling
 from eqxdiff.eval import sample_batches
 from eqxdiff.eval.sample_batches import balanced_labels, chunk_key, parts_dir, write_sample_batches
-from runs import ROOT, TINY, Started, kill, train_here, wait_for
+from runs import ROOT, Started, kill, wait_for
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 # A stand-in sampler: images that depend on the chunk's labels and key, as a model's do.
@@ -192,19 +192,13 @@ def test_a_killed_process_restarted_writes_the_same_batch(tmp_path, capsys):
     assert out.read_bytes() == reference
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    """A one-step tiny digits run that the --format adm tests below sample from (sampling writes nothing into it)."""
-    run_dir = tmp_path_factory.mktemp("digits_run")
-    train_here("--run_dir", run_dir, *TINY, "--dataset", "digits", "--steps", 1, "--ckpt_every", 1)
-    return run_dir
-
-
-@pytest.mark.slow  # a run trained, then sampled twice
-def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkeypatch):
+# The --format adm tests below sample conftest's eight_device_run (a tiny digits run, newest step 24), which the
+# session trains anyway: a run of their own cost a step's compile (sampling writes nothing into the run).
+@pytest.mark.slow  # a run sampled, interrupted and sampled again
+def test_sample_py_format_adm_resumes_a_run_bitwise(eight_device_run, tmp_path, monkeypatch):
     import sample  # train/sample.py
 
-    run_dir = digits_run
+    run_dir = eight_device_run
     flags = [
         "--run_dir",
         str(run_dir),
@@ -250,7 +244,10 @@ def test_sample_py_format_adm_resumes_a_run_bitwise(digits_run, tmp_path, monkey
     sample.main(sample.parse_args([*flags, "--seed", "2", "--out", str(tmp_path / "seed2.npz")]))
     with np.load(tmp_path / "seed2.npz") as other:  # the noise follows --seed (through each chunk's key)
         same_labels = other["arr_1"] == labels
-        assert same_labels.any() and (other["arr_0"][same_labels] != images[same_labels]).mean() > 0.5
+        changed = (other["arr_0"][same_labels] != images[same_labels]).reshape(int(same_labels.sum()), -1).mean(axis=1)
+    # Each image, not their mean: a chunk that kept its noise shows. Measured on eight_device_run's step 24: 0.33-0.55
+    # of each image's pixels changed (mean 0.44; its digits' flat background keeps some; a seed ignored: 0).
+    assert same_labels.any() and changed.min() > 0.25, changed
 
 
 def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold(tmp_path):
@@ -286,12 +283,12 @@ def test_sample_py_format_adm_refuses_what_its_batch_cannot_hold(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, monkeypatch):
+def test_two_processes_finish_a_batch_one_process_began(eight_device_run, tmp_path, monkeypatch):
     """Process 0 reads which chunks are done and tells process 1: both sample the same chunks (else their
     collectives pair different chunks); the result is the one-process batch."""
     import sample
 
-    run_dir = digits_run
+    run_dir = eight_device_run
     flags = [
         "--run_dir",
         str(run_dir),
@@ -340,5 +337,5 @@ def test_two_processes_finish_a_batch_one_process_began(digits_run, tmp_path, mo
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "[p0] step 1: 21 samples" in result.stdout and "[p0] samples:  38%" in result.stderr  # began at 8/21
+    assert "[p0] step 24: 21 samples" in result.stdout and "[p0] samples:  38%" in result.stderr  # began at 8/21
     assert out.read_bytes() == (tmp_path / "ref.npz").read_bytes()
