@@ -42,6 +42,13 @@ def features(detector, images):
     return detector(images)
 
 
+@pytest.fixture(scope="module")
+def detected(ref, detector) -> dict[str, np.ndarray]:
+    """The detector's features of the two image sets, computed once for the tests that compare them (each a run of
+    the tower on 48 images at 224²)."""
+    return {key: np.asarray(features(detector, ref[key])) for key in "ab"}
+
+
 def relative(ours, theirs) -> float:
     return float(np.abs(np.asarray(ours, np.float64) - theirs).max() / np.abs(theirs).max())
 
@@ -55,10 +62,10 @@ def test_resize_is_torchs_antialiased_bicubic(ref, i):
 
 
 @pytest.mark.parametrize("key", ["a", "b"])
-def test_features_are_edm2s_detector(ref, detector, key):
+def test_features_are_edm2s_detector(ref, detected, key):
     """32×32 and 40×24 uint8 images resized to 224², normalised, through the tower with the hub's position
     resize (16×16 patches from its 37×37 grid): EDM2's features."""
-    assert relative(features(detector, ref[key]), ref[f"features_{key}"]) <= 1e-4
+    assert relative(detected[key], ref[f"features_{key}"]) <= 1e-4
 
 
 def test_the_hub_position_resize_matters(ref, detector):
@@ -67,7 +74,7 @@ def test_the_hub_position_resize_matters(ref, detector):
     assert relative(features(transformers_resize, ref["a"]), ref["features_a"]) > 1e-3
 
 
-def test_statistics_and_distance_are_edm2s(ref, detector):
+def test_statistics_and_distance_are_edm2s(ref, detected):
     """EDM2 sums features and outer products in float64 and takes scipy's sqrtm; eqxdiff's FeatureStats and
     fid_from_stats give its statistics and its fd_dinov2 from its features, and within 1e-4 from ours."""
     stats = {}
@@ -75,7 +82,7 @@ def test_statistics_and_distance_are_edm2s(ref, detector):
         mu, sigma = FeatureStats(32).update(ref[f"features_{key}"]).mean_cov()
         np.testing.assert_allclose(mu, ref[f"mu_{key}"], rtol=0, atol=1e-12)
         np.testing.assert_allclose(sigma, ref[f"sigma_{key}"], rtol=0, atol=1e-12)
-        stats[key] = FeatureStats(32).update(np.asarray(features(detector, ref[key]))).mean_cov()
+        stats[key] = FeatureStats(32).update(detected[key]).mean_cov()
     assert ref["fd"] > 1  # the two sets differ
     np.testing.assert_allclose(
         fid_from_stats(ref["mu_a"], ref["sigma_a"], ref["mu_b"], ref["sigma_b"]), ref["fd"], rtol=1e-9
@@ -118,8 +125,11 @@ def test_adms_reference_batch_serves_fd_dinov2(ref, tmp_path):
         with pytest.warns(UserWarning, match="holds statistics of 40×24×3 images, the samples are 32×32×3"):
             net, reference = open_fid_flags(args, (32, 32, 3))
         assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
-        result = fid_of_samples(lambda start, size: ref["a"][start : start + size], 48, net, reference, chunk_size=16)
-        np.testing.assert_allclose(result["fid"], ref["fd"], rtol=1e-4)
+        if name == "adm.npz":  # the distance from the reference: the same for the second file's (equal above)
+            result = fid_of_samples(
+                lambda start, size: ref["a"][start : start + size], 48, net, reference, chunk_size=16
+            )
+            np.testing.assert_allclose(result["fid"], ref["fd"], rtol=1e-4)
 
 
 def test_flags_name_one_feature_network(capsys):
