@@ -24,13 +24,14 @@ from runs import ROOT
 
 
 # Each train/ script's `__main__` in turn, as `python train/SCRIPT ARGS` runs it (argv, train/ first on the path),
-# in one process: what each wrote to stdout and stderr and the status its SystemExit carries, as one JSON line.
-IN_TURN = """import contextlib, io, json, runpy, sys
+# in one process: what each wrote to stdout and stderr and the status its SystemExit carries (or the class of the
+# exception it raised), as one JSON line.
+IN_TURN = """import contextlib, io, json, os, runpy, sys
 train, cases = sys.argv[1], json.loads(sys.argv[2])
 sys.path.insert(0, train)
 results = []
 for script, args in cases:
-    sys.argv = [f"{train}/{script}", *args]
+    sys.argv = [os.path.join(train, script), *args]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -38,6 +39,8 @@ for script, args in cases:
             status = 0
         except SystemExit as e:
             status = e.code
+        except Exception as e:  # what a process would end with, a traceback: its class
+            status = type(e).__name__
     results.append({"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
@@ -415,7 +418,8 @@ def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
     on stderr, no traceback, nothing made (each one's other cases: in this process, above). main.py's: --fsdp_size
     larger than the devices (a CPU's one: the process's own) names the flag and how a CPU simulates more (its
     mistyped flags: tests/scripts/test_cli.py). The launcher (which starts no JAX) parses as every script does:
-    `--num_proc 2` is not taken as --num_processes, and nothing starts."""
+    `--num_proc 2` is not taken as --num_processes, and nothing starts. The process is tests/typechecked.py's, as
+    every script test's: a wrong shape passed to eqxdiff there fails (the import hook checks them)."""
     a_file = tmp_path / "notes"  # a plain file where a folder is expected
     a_file.write_text("")
     run_dir = fake_run(tmp_path / "run", num_classes=2, class_names=["cat", "cow"])
@@ -434,8 +438,15 @@ def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
         "sample_pretrained.py": ["--pretrained", "dit:x.pt", "--cfg", 2],
         "launch_local.py": ["--num_proc", 2, "--", "--steps", 1],
         "main.py": ["--run_dir", tmp_path / "new_run", "--fsdp_size", 8, "--steps", 2],
+        str(tmp_path / "wrong_shape.py"): [],
     }
+    (tmp_path / "wrong_shape.py").write_text(
+        "import numpy as np\nfrom eqxdiff.diffusion.denoiser import per_example\n"
+        "per_example(np.zeros((2, 3)), np.zeros((2, 3)))\nprint('unchecked')\n"
+    )
     results = dict(zip(cases, run_in_turn(tmp_path, list(cases.items())), strict=True))
+    unchecked = results.pop(str(tmp_path / "wrong_shape.py"))
+    assert unchecked["status"] == "TypeCheckError" and "unchecked" not in unchecked["stdout"], unchecked
     line = {script: one_error_line(result) for script, result in results.items()}
     assert line["fid_stats.py"] == (
         f"error: --out {fid_out}: cannot write into {a_file}: it is a file, not a folder; pass another --out (or make "
@@ -449,4 +460,9 @@ def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
     assert results["launch_local.py"]["stdout"] == ""
     assert line["main.py"].startswith("error: --fsdp_size 8: fsdp=8 must be >= 1 and divide the 1 devices.")
     assert "--cpu_devices N simulates N devices" in line["main.py"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in_turn.py", "notes", "run"]  # nothing made on the way
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in_turn.py",
+        "notes",
+        "run",
+        "wrong_shape.py",
+    ]  # nothing made
