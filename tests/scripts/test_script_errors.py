@@ -437,6 +437,7 @@ def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
         "sample.py": ["--run_dir", run_dir, "--classes", "dog", "--out", tmp_path / "grid.png"],
         "sample_pretrained.py": ["--pretrained", "dit:x.pt", "--cfg", 2],
         "launch_local.py": ["--num_proc", 2, "--", "--steps", 1],
+        "evaluate.py": [tmp_path / "none.npz", tmp_path / "samples.npz"],
         "main.py": ["--run_dir", tmp_path / "new_run", "--fsdp_size", 8, "--steps", 2],
         str(tmp_path / "wrong_shape.py"): [],
     }
@@ -458,6 +459,7 @@ def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
     assert line["sample_pretrained.py"].startswith("error: --cfg is now --guidance")
     assert line["launch_local.py"] == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"
     assert results["launch_local.py"]["stdout"] == ""
+    assert line["evaluate.py"].startswith(f"error: No batch file {tmp_path / 'samples.npz'}: ADM's batches are .npz")
     assert line["main.py"].startswith("error: --fsdp_size 8: fsdp=8 must be >= 1 and divide the 1 devices.")
     assert "--cpu_devices N simulates N devices" in line["main.py"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
