@@ -101,17 +101,11 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys,
         0.5,
         "--steps",
         STEPS,
-        "--sample_every",
-        STEPS,
-        "--sample_steps",
-        1,  # one sampler step: the grid's size is checked, not its images
         "--ckpt_every",
         STEPS,
-    )
+    )  # no grid (REFERENCE's --sample_every 0): a latent run's grids, decoded, are the AutoencoderKL test's below
     # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative
     np.testing.assert_allclose(losses(run_dir), losses(eight_device_run)[:STEPS], rtol=1e-4)
-    with Image.open(run_dir / "samples" / f"step_{STEPS:06d}.png") as grid:
-        assert grid.size == ((10 * 9 + 1) * 4,) * 2  # decoded to 8×8 digits
 
     out = tmp_path / "s.npz"
     capsys.readouterr()
