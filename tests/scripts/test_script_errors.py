@@ -383,7 +383,7 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
     taken as main.py's `--steps 3` (no prefix matching), nor anything written."""
     assert parse_refusal(train_main.parse_config, capsys, "--run_dir", tmp_path / "run", "--step", 3) == (
         "error: unrecognized arguments: --step 3 (did you mean --steps?)"
-    )  # main.py's wiring as a process: the --fsdp_size refusal below
+    )  # main.py on its command line: the --fsdp_size refusal below
     assert not (tmp_path / "run").exists()
     for parse, args, said in (
         (sample.parse_args, ["--run_dir", "r", "--stepz", "3"], "arguments: --stepz 3 (did you mean --step?)"),
