@@ -1,7 +1,7 @@
 """train/evaluate.py end to end on ADM-format batches, against ADM's table computed by its own math on
 torch-fidelity's features of the same random-weight network (tools/make_adm_eval_fixtures.py), once
 against a reference batch's stored statistics and once against recomputed ones; and its refusals of
-bad input: one line, status 2, naming the fix."""
+bad input: one line naming the fix (on its command line, status 2: tests/scripts/test_script_errors.py)."""
 
 import contextlib
 import io
@@ -18,7 +18,6 @@ import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the sc
 import evaluate  # train/evaluate.py
 from eqxdiff.eval import adm_eval, frechet
 from eqxdiff.eval.adm_inception import ADMInception
-from runs import ROOT, command
 
 DATA = Path(__file__).parents[1] / "data" / "adm_eval"
 
@@ -191,14 +190,3 @@ def test_bad_reference_batches_are_named(batches, tmp_path):
 def test_missing_weights_are_named_after_the_batches_are_checked(batches, tmp_path):
     assert refusal(*batches).startswith("--inception: pass pytorch-fid's")
     assert "does not exist" in refusal(*batches, "--inception", tmp_path / "none.pth")
-
-
-def test_the_script_refuses_in_one_line(batches, tmp_path):
-    """As a process: status 2, one line on stderr, no traceback."""
-    import subprocess
-
-    result = subprocess.run(
-        command("evaluate.py", tmp_path / "none.npz", batches[1]), cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: No batch file"), result.stderr

@@ -23,7 +23,7 @@ from eqxdiff.data import open_source
 from eqxdiff.diffusion import EDMSchedule
 from eqxdiff.images import to_uint8
 from eqxdiff.nn import AutoencoderKL, SpaceToDepth
-from runs import REFERENCE, ROOT, assert_finite_training, metric_rows, run, train_here
+from runs import REFERENCE, ROOT, assert_finite_training, metric_rows, train_here
 
 FLUX_LIKE = ROOT / "tests" / "data" / "autoencoder_kl" / "flux_like"  # 16 channels, f = 2, a shift
 
@@ -101,17 +101,11 @@ def test_latents_of_an_exact_autoencoder_train_like_the_images(tmp_path, capsys,
         0.5,
         "--steps",
         STEPS,
-        "--sample_every",
-        STEPS,
-        "--sample_steps",
-        1,  # one sampler step: the grid's size is checked, not its images
         "--ckpt_every",
         STEPS,
-    )
+    )  # no grid (REFERENCE's --sample_every 0): a latent run's grids, decoded, are the AutoencoderKL test's below
     # float16 storage of [-1, 1] pixels rounds them by < 2^-11 relative
     np.testing.assert_allclose(losses(run_dir), losses(eight_device_run)[:STEPS], rtol=1e-4)
-    with Image.open(run_dir / "samples" / f"step_{STEPS:06d}.png") as grid:
-        assert grid.size == ((10 * 9 + 1) * 4,) * 2  # decoded to 8×8 digits
 
     out = tmp_path / "s.npz"
     capsys.readouterr()
@@ -141,8 +135,9 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
     assert open_source(f"latents:{latents}").image_shape == (4, 4, 16)
 
     run_dir = tmp_path / "run"
-    run(
-        "main.py",
+    # main.py in this process (runs.train_here): nothing checked needs a process of its own (the test alone, cold,
+    # on a loaded box: 36.9 s and 26.6 s of CPU with main.py as a 1-device process, 30.4 s and 20.9 s here).
+    train_here(
         "--run_dir",
         run_dir,
         "--dataset",

@@ -1,8 +1,8 @@
 """Expected mistakes in every train/ script, as a user meets them: one line on stderr, status 2, no
 traceback, the key phrase, and nothing loaded first (each refusal comes before any dataset is read
-or anything compiles). One case per script runs as a process (the wiring: status 2, one line, no
-traceback; main.py's is in tests/scripts/test_cli.py); the rest call the script's own `main` here, the same
-code up to the exit (a process start costs seconds)."""
+or anything compiles). One case per script runs as its command line runs it (the wiring: its `__main__`, status 2,
+one line, no traceback), all in one process (test_each_script_refuses_on_its_command_line_in_one_line: a process
+start under the import hook costs ~3 s); the rest call the script's own `main` here, the same code up to the exit."""
 
 import json
 import os
@@ -17,16 +17,50 @@ import encode
 import fid_stats
 import main as train_main
 import sample
+import sample_pretrained
 from offline import open_dataset
 
-from runs import ROOT, command
+from runs import ROOT
 
 
-def refused(script: str, *args) -> str:
-    """The one stderr line of a script that must refuse `args` with status 2."""
-    result = subprocess.run(command(script, *args), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+# Each train/ script's `__main__` in turn, as `python train/SCRIPT ARGS` runs it (argv, train/ first on the path),
+# in one process: what each wrote to stdout and stderr and the status its SystemExit carries (or the class of the
+# exception it raised), as one JSON line.
+IN_TURN = """import contextlib, io, json, os, runpy, sys
+train, cases = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, train)
+results = []
+for script, args in cases:
+    sys.argv = [os.path.join(train, script), *args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            status = 0
+        except SystemExit as e:
+            status = e.code
+        except Exception as e:  # what a process would end with, a traceback: its class
+            status = type(e).__name__
+    results.append({"status": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_in_turn(folder: Path, cases: list[tuple[str, list]]) -> list[dict]:
+    """IN_TURN's results for `cases` ((script, args) each), in one process under the import hook
+    (tests/typechecked.py); the process itself exits 0 and writes nothing to stderr at exit (what a refused
+    script leaves unfinished is finalised silently: exit_on_user_error)."""
+    (folder / "in_turn.py").write_text(IN_TURN)
+    cases = [(script, [*map(str, args)]) for script, args in cases]
+    cmd = [sys.executable, str(ROOT / "tests" / "typechecked.py"), str(folder / "in_turn.py"), str(ROOT / "train")]
+    result = subprocess.run([*cmd, json.dumps(cases)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def one_error_line(result: dict) -> str:
+    lines = result["stderr"].strip().splitlines()
+    assert result["status"] == 2 and len(lines) == 1 and lines[0].startswith("error: "), result
     return lines[0]
 
 
@@ -67,8 +101,9 @@ def a_file(tmp_path) -> Path:
 
 def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_path, a_file):
     # fid_stats.py: before the dataset (which does not exist either) or the weights are read.
-    line = refused(
-        "fid_stats.py",
+    message = refusal(
+        fid_stats.main,
+        fid_stats.parse_config,
         "--dataset",
         f"folder:{tmp_path / 'none'}",
         "--inception",
@@ -76,10 +111,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_long_part(tmp_pa
         "--out",
         a_file / "fid" / "stats.npz",
     )
-    assert line == (
-        f"error: --out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
+    assert message == (
+        f"--out {a_file / 'fid' / 'stats.npz'}: cannot write into {a_file}: it is a file, not a "
         "folder; pass another --out (or make that folder writable)."
-    )
+    )  # as a process: test_each_script_refuses_on_its_command_line_in_one_line
     run_dir = fake_run(tmp_path / "run")
     message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--out", a_file / "grid.png")
     assert message.startswith(f"--out {a_file / 'grid.png'}: cannot write into {a_file}: it is a file")
@@ -158,11 +193,12 @@ def test_the_folders_a_user_expects_are_made_before_the_long_part(tmp_path):
 def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    line = refused("encode.py", "--vae", tmp_path / "sd-vea", "--out", tmp_path / "latents")
-    assert line.startswith(f"error: --vae: Autoencoder '{tmp_path / 'sd-vea'}': {tmp_path / 'sd-vea'} does not exist;")
 
     def encode_refusal(*args) -> str:
         return refusal(encode.main, encode.parse_config, "--out", tmp_path / "latents", *args)
+
+    message = encode_refusal("--vae", tmp_path / "sd-vea")  # as a process: test_each_script_refuses_on_its_command_...
+    assert message.startswith(f"--vae: Autoencoder '{tmp_path / 'sd-vea'}': {tmp_path / 'sd-vea'} does not exist;")
 
     def main_refusal(*args) -> str:
         return refusal(
@@ -198,8 +234,10 @@ def test_a_mistyped_or_empty_model_folder_is_named_in_one_line(tmp_path):
 
 def test_sampling_a_class_the_run_does_not_have_is_named_with_the_classes_it_has(tmp_path):
     run_dir = fake_run(tmp_path / "run", num_classes=2, class_names=["cat", "cow"])
-    line = refused("sample.py", "--run_dir", run_dir, "--classes", "dog", "--out", tmp_path / "grid.png")
-    assert line == "error: --classes: this run has no class 'dog'; its classes are 0=cat, 1=cow."
+    out = tmp_path / "grid.png"
+    message = refusal(sample.main, sample.parse_args, "--run_dir", run_dir, "--classes", "dog", "--out", out)
+    assert message == "--classes: this run has no class 'dog'; its classes are 0=cat, 1=cow."  # as a process too:
+    # test_each_script_refuses_on_its_command_line_in_one_line
     assert not (tmp_path / "grid.png").exists()
 
 
@@ -345,7 +383,7 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
     taken as main.py's `--steps 3` (no prefix matching), nor anything written."""
     assert parse_refusal(train_main.parse_config, capsys, "--run_dir", tmp_path / "run", "--step", 3) == (
         "error: unrecognized arguments: --step 3 (did you mean --steps?)"
-    )  # main.py's wiring as a process: the --fsdp_size refusal below
+    )  # main.py on its command line: the --fsdp_size refusal below
     assert not (tmp_path / "run").exists()
     for parse, args, said in (
         (sample.parse_args, ["--run_dir", "r", "--stepz", "3"], "arguments: --stepz 3 (did you mean --step?)"),
@@ -362,12 +400,12 @@ def test_a_mistyped_flag_is_one_line_naming_the_closest_and_no_prefix_is_taken(t
 
 def test_a_renamed_or_moved_flag_is_one_line_naming_the_new_one(capsys):
     """`--cfg` and the flags of a published checkpoint, as the scripts took them before: one line naming what to run
-    now (the flag's new name, or the script that takes it), status 2, nothing started. sample_pretrained.py's as a
-    process (its wiring); sample.py's parser here (its wiring: the unknown class refused above)."""
+    now (the flag's new name, or the script that takes it), status 2, nothing started. Both scripts' parsers here
+    (sample_pretrained.py's --cfg also on its command line: test_each_script_refuses_on_its_command_line_in_one_line)."""
     assert parse_refusal(sample.parse_args, capsys, "--run_dir", "r", "--cfg", 2) == (
         "error: --cfg is now --guidance (one name for it in every script and in the library)"
     )
-    assert refused("sample_pretrained.py", "--pretrained", "dit:x.pt", "--cfg", 2).startswith(
+    assert parse_refusal(sample_pretrained.parse_args, capsys, "--pretrained", "dit:x.pt", "--cfg", 2).startswith(
         "error: --cfg is now --guidance"
     )
     said = parse_refusal(sample.parse_args, capsys, "--pretrained", "sd:folder", "--prompts", "a cat")
@@ -375,24 +413,58 @@ def test_a_renamed_or_moved_flag_is_one_line_naming_the_new_one(capsys):
 
 
 @pytest.mark.quick  # a one-line error: the quick tier
-def test_the_launcher_takes_no_abbreviation_and_names_the_closest_flag():
-    """train/launch_local.py (which starts no JAX) parses as every script does: `--num_proc 2` is not taken as
-    --num_processes, and the mistake is one line naming it, before any process starts."""
-    done = subprocess.run(
-        command("launch_local.py", "--num_proc", 2, "--", "--steps", 1),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_each_script_refuses_on_its_command_line_in_one_line(tmp_path):
+    """One refusal per train/ script through its `__main__`, as `python train/SCRIPT ...` runs it: status 2, one line
+    on stderr, no traceback, nothing made (each one's other cases: in this process, above). main.py's: --fsdp_size
+    larger than the devices (a CPU's one: the process's own) names the flag and how a CPU simulates more (its
+    mistyped flags: tests/scripts/test_cli.py). The launcher (which starts no JAX) parses as every script does:
+    `--num_proc 2` is not taken as --num_processes, and nothing starts. The process is tests/typechecked.py's, as
+    every script test's: a wrong shape passed to eqxdiff there fails (the import hook checks them)."""
+    a_file = tmp_path / "notes"  # a plain file where a folder is expected
+    a_file.write_text("")
+    run_dir = fake_run(tmp_path / "run", num_classes=2, class_names=["cat", "cow"])
+    fid_out = a_file / "fid" / "stats.npz"
+    cases = {
+        "fid_stats.py": [
+            "--dataset",
+            f"folder:{tmp_path / 'none'}",
+            "--inception",
+            tmp_path / "no.pth",
+            "--out",
+            fid_out,
+        ],
+        "encode.py": ["--vae", tmp_path / "sd-vea", "--out", tmp_path / "latents"],
+        "sample.py": ["--run_dir", run_dir, "--classes", "dog", "--out", tmp_path / "grid.png"],
+        "sample_pretrained.py": ["--pretrained", "dit:x.pt", "--cfg", 2],
+        "launch_local.py": ["--num_proc", 2, "--", "--steps", 1],
+        "evaluate.py": [tmp_path / "none.npz", tmp_path / "samples.npz"],
+        "main.py": ["--run_dir", tmp_path / "new_run", "--fsdp_size", 8, "--steps", 2],
+        str(tmp_path / "wrong_shape.py"): [],
+    }
+    (tmp_path / "wrong_shape.py").write_text(
+        "import numpy as np\nfrom eqxdiff.diffusion.denoiser import per_example\n"
+        "per_example(np.zeros((2, 3)), np.zeros((2, 3)))\nprint('unchecked')\n"
     )
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"
-
-
-def test_more_fsdp_devices_than_the_job_has_is_one_line(tmp_path):
-    """--fsdp_size larger than the devices (a CPU's one): one line naming the flag and how a CPU simulates more,
-    before anything is written."""
-    line = refused("main.py", "--run_dir", tmp_path / "run", "--fsdp_size", 8, "--steps", 2)
-    assert line.startswith("error: --fsdp_size 8: fsdp=8 must be >= 1 and divide the 1 devices.")
-    assert "--cpu_devices N simulates N devices" in line
-    assert not (tmp_path / "run").exists()
+    results = dict(zip(cases, run_in_turn(tmp_path, list(cases.items())), strict=True))
+    unchecked = results.pop(str(tmp_path / "wrong_shape.py"))
+    assert unchecked["status"] == "TypeCheckError" and "unchecked" not in unchecked["stdout"], unchecked
+    line = {script: one_error_line(result) for script, result in results.items()}
+    assert line["fid_stats.py"] == (
+        f"error: --out {fid_out}: cannot write into {a_file}: it is a file, not a folder; pass another --out (or make "
+        "that folder writable)."
+    )
+    sd_vea = tmp_path / "sd-vea"
+    assert line["encode.py"].startswith(f"error: --vae: Autoencoder '{sd_vea}': {sd_vea} does not exist;")
+    assert line["sample.py"] == "error: --classes: this run has no class 'dog'; its classes are 0=cat, 1=cow."
+    assert line["sample_pretrained.py"].startswith("error: --cfg is now --guidance")
+    assert line["launch_local.py"] == "error: unrecognized arguments: --num_proc (did you mean --num_processes?)"
+    assert results["launch_local.py"]["stdout"] == ""
+    assert line["evaluate.py"].startswith(f"error: No batch file {tmp_path / 'samples.npz'}: ADM's batches are .npz")
+    assert line["main.py"].startswith("error: --fsdp_size 8: fsdp=8 must be >= 1 and divide the 1 devices.")
+    assert "--cpu_devices N simulates N devices" in line["main.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in_turn.py",
+        "notes",
+        "run",
+        "wrong_shape.py",
+    ]  # nothing made
