@@ -57,7 +57,7 @@ def images(ref) -> np.ndarray:
     return ref["x_uint8"].astype(np.float32) / 127.5 - 1
 
 
-@pytest.mark.slow  # diffusers' edge tiles come in 6 shapes per direction: 15 VAE compiles (2 whole decodes), ~20 s on 2 cores
+@pytest.mark.slow  # 6 edge-tile shapes per direction (diffusers'): 15 VAE compiles, 2 whole decodes, ~20 s on 2 cores
 def test_tiled_encode_and_decode_match_diffusers(vae, tiled_vae_folder, ref):
     """encode_in_pieces as train/encode.py calls it (its rows and weights over the 8 devices: the test below then
     compiles no tile of its own), and decode_in_pieces as decode_latents calls it (the scripts' grids and sample.py,

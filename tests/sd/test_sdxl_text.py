@@ -205,7 +205,8 @@ def test_the_cases_are_told_apart(ref):
 
 
 def test_bad_input_is_named(prompts, encoders, tmp_path, ref):
-    traced = lambda *args, **kwargs: eqx.filter_eval_shape(encoders, *args, **kwargs)  # noqa: E731 — the checks, no op run
+    # the checks, traced: no op compiled or run
+    traced = lambda *args, **kwargs: eqx.filter_eval_shape(encoders, *args, **kwargs)  # noqa: E731
     with pytest.raises(ValueError, match=r"clip_skip 3: this 3-layer tower takes 0\.\.2"):
         traced(ref["input_ids"], ref["input_ids_2"], clip_skip=3)
     with pytest.raises(ValueError, match=r"clip_skip -1: this 3-layer tower takes 0\.\.3"):
