@@ -175,6 +175,7 @@ SCRIPT_TESTS = {
     "test_train_main.py",
     "test_typecheck_hook.py",
     "test_vae_sizes.py",
+    "test_vae_tiling.py",
     "test_xla_cpu_auto.py",
 }
 # Benchmarks of a script itself: main.py's own step (prepare, loss_fn, its loop) for the others, through

@@ -37,9 +37,15 @@ def written_out(q, k, v, mask=None):
 
 
 def grads(form, q, k, v, mask=None):
-    loss = lambda q, k, v: jnp.sum(jnp.sin(attention(q, k, v, mask)))  # noqa: E731
+    """The form's output and the gradient of sum(sin(output)) by q, k, v (the pullback of cos(output)), in one
+    jitted program: its forward pass is the output (two programs, the forward compiled twice, took ~30% longer)."""
+
+    def both(q, k, v):
+        out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, mask), q, k, v)
+        return out, pullback(jnp.cos(out).astype(out.dtype))
+
     with attention_form(form):
-        return jax.jit(attention)(q, k, v, mask), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        return jax.jit(both)(q, k, v)
 
 
 def test_the_plain_form_is_the_softmax_written_out():
@@ -62,11 +68,11 @@ def test_query_blocks_equal_the_plain_form(masked, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize(("n", "m"), [(256, 256), (256, 128)])
-def test_flash_equals_the_plain_form_in_pallas_interpreter(n, m):
+def test_flash_equals_the_plain_form_in_pallas_interpreter():
     """Pallas' TPU flash kernel, forward and gradient, run by its interpreter on the CPU: DiT-XL's head size 72
-    (not a multiple of the TPU's 128 lanes), keys fewer than queries."""
-    q, k, v = qkv(n, m)
+    (not a multiple of the TPU's 128 lanes), keys fewer than queries (one block of each, as 256 of both would be;
+    several blocks: test_flash_blocks_divide_lengths_off_its_largest_block)."""
+    q, k, v = qkv(256, 128)
     (out, g), (ref, g_ref) = grads("flash", q, k, v), grads("plain", q, k, v)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5)
     for a, b in zip(g, g_ref):
@@ -237,18 +243,31 @@ def block_and_inputs():
     return block, x, c
 
 
-@pytest.mark.parametrize("policy", sorted(REMAT_POLICIES))
-def test_every_remat_policy_keeps_the_gradient(policy):
+def block_gradient(block, x, c, remat: bool):
+    """The DiT block's parameter gradient of sum(sin(out)), one jitted program: a fresh wrapper per call, since the
+    remat policy is read when it traces (op by op, the eager gradient compiled each of its ops: ~7 s alone)."""
+    loss = lambda blk, x: jnp.sum(jnp.sin(checkpointed(blk, remat)(x, c)))  # noqa: E731
+    return eqx.filter_jit(eqx.filter_grad(loss))(block, x)
+
+
+@pytest.fixture(scope="module")
+def plain_gradient():
     block, x, c = block_and_inputs()
-    loss = lambda blk, x, remat: jnp.sum(jnp.sin(checkpointed(blk, remat)(x, c)))  # noqa: E731
-    plain = eqx.filter_grad(loss)(block, x, False)
+    return block_gradient(block, x, c, False)
+
+
+@pytest.mark.parametrize("policy", sorted(REMAT_POLICIES))
+def test_every_remat_policy_keeps_the_gradient(policy, plain_gradient):
+    """Within 1e-5 of each leaf's largest value (measured 2.2e-6 for every policy: the two programs round
+    differently; a policy that dropped or stopped a residual's gradient moves leaves by their own size)."""
+    block, x, c = block_and_inputs()
     set_remat_policy(policy)
     try:
-        rematted = eqx.filter_grad(loss)(block, x, True)
+        rematted = block_gradient(block, x, c, True)
     finally:
         set_remat_policy(attention_module_default())
-    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(rematted)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(plain_gradient), jax.tree.leaves(rematted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
 
 
 def attention_module_default():

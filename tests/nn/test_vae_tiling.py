@@ -1,7 +1,8 @@
 """Large images through the VAE: diffusers' `enable_tiling()` reproduced on a committed fixture
-(tools/make_vae_tiling_fixture.py: 40×76 images in 32² tiles, two rows of four, edge tiles cut short),
-`enable_slicing()` equal to the whole batch, and the mid-block attention taken a block of queries at a
-time, equal to the softmax over all keys (a float64 reference) with no n×n matrix in the program."""
+(tools/make_vae_tiling_fixture.py: 40×76 images in 32² tiles, two rows of four, edge tiles cut short), also through
+`decode_latents` and train/encode.py's `--vae_tiling`; `enable_slicing()` equal to the whole batch, and the
+mid-block attention taken a block of queries at a time, equal to the softmax over all keys (a float64 reference)
+with no n×n matrix in the program."""
 
 import json
 import shutil
@@ -13,10 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import encode  # train/encode.py
+from eqxdiff.autoencoders import open_autoencoder
+from eqxdiff.data import stack_records
+from eqxdiff.data.latents import LatentSource
+from eqxdiff.data.offline import pad_rows
+from eqxdiff.generate import decode_latents
+from eqxdiff.images import from_uint8
 from eqxdiff.nn import AutoencoderKL
 from eqxdiff.nn import vae_blocks
 from eqxdiff.nn.vae_blocks import Attention, chunked_attention
 from eqxdiff.nn.vae_tiling import blend_h, blend_v, decode_in_pieces, encode_in_pieces, tiled
+from eqxdiff.sharding import batch_sharding, make_mesh
 
 DATA = Path(__file__).parents[1] / "data" / "autoencoder_kl"
 TOL = 2e-5  # the VAE parity bound of test_autoencoder_kl.py
@@ -29,36 +39,71 @@ def ref() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def vae(tmp_path_factory) -> AutoencoderKL:
+def tiled_vae_folder(tmp_path_factory) -> Path:
     """sd_like's weights (the fixture's VAE) with sample_size 32: tiles of 32² pixels, 8² latents."""
     folder = tmp_path_factory.mktemp("tiled_vae")
     shutil.copy(DATA / "sd_like" / "diffusion_pytorch_model.safetensors", folder)
     config = json.loads((DATA / "sd_like" / "config.json").read_text()) | {"sample_size": 32}
     (folder / "config.json").write_text(json.dumps(config))
-    return AutoencoderKL.from_diffusers(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vae(tiled_vae_folder) -> AutoencoderKL:
+    return AutoencoderKL.from_diffusers(tiled_vae_folder)
 
 
 def images(ref) -> np.ndarray:
     return ref["x_uint8"].astype(np.float32) / 127.5 - 1
 
 
-@pytest.mark.slow  # diffusers' edge tiles come in 6 shapes per direction: 14 VAE compiles, ~20 s on 2 cores
-def test_tiled_encode_and_decode_match_diffusers(vae, ref):
+@pytest.mark.slow  # 6 edge-tile shapes per direction (diffusers'): 15 VAE compiles, 2 whole decodes, ~20 s on 2 cores
+def test_tiled_encode_and_decode_match_diffusers(vae, tiled_vae_folder, ref):
+    """encode_in_pieces as train/encode.py calls it (its rows and weights over the 8 devices: the test below then
+    compiles no tile of its own), and decode_in_pieces as decode_latents calls it (the scripts' grids and sample.py,
+    on one device): with --vae_tiling "on" the latents as the diffusion model sees them, unscaled, decode to
+    diffusers' tiled images; "auto" leaves these small images whole, the untiled decode (one test: the decode's 6 tile
+    programs compiled once for both)."""
     assert vae.tile_sample_size == 32
-    mean, logvar = encode_in_pieces(vae, images(ref))
-    np.testing.assert_allclose(mean, ref["mean"], rtol=0, atol=TOL)
-    np.testing.assert_allclose(logvar, ref["logvar"], rtol=0, atol=TOL)
-    decoded = decode_in_pieces(vae, ref["z"])
+    devices = make_mesh(devices=jax.local_devices())  # encode.py's batch of 8: the 2 images, the last repeated
+    rows = jax.device_put(pad_rows(ref["x_uint8"], 8), batch_sharding(devices))
+    mean, logvar = encode_in_pieces(open_autoencoder(str(tiled_vae_folder), mesh=devices), from_uint8(rows))
+    np.testing.assert_allclose(mean[:2], ref["mean"], rtol=0, atol=TOL)
+    np.testing.assert_allclose(logvar[:2], ref["logvar"], rtol=0, atol=TOL)
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    scaled = (ref["z"] - vae.shift_factor) * vae.scaling_factor
+    decoded = decode_latents(vae, scaled, mesh=mesh, tiling="on")
     assert decoded.shape == (2, 40, 76, 3)
     np.testing.assert_allclose(decoded, ref["decoded"], rtol=0, atol=TOL)
+    whole = decode_latents(vae, scaled, mesh=mesh, tiling="auto")
+    np.testing.assert_allclose(whole, decode_in_pieces(vae, ref["z"], tiling=False), rtol=0, atol=1e-5)
     # The tiles are seen: the untiled VAE is far from the tiled reference.
     untiled_mean, _ = encode_in_pieces(vae, images(ref), tiling=False)
     assert np.abs(np.asarray(untiled_mean) - ref["mean"]).max() > 0.05
-    assert np.abs(np.asarray(decode_in_pieces(vae, ref["z"], tiling=False)) - ref["decoded"]).max() > 0.05
+    assert np.abs(whole - ref["decoded"]).max() > 0.05
+
+
+@pytest.mark.slow  # encode.py twice; its tiles' programs are the test above's (on its own: 6 tile compiles, ~5 s)
+def test_encode_py_tiles_as_diffusers(tiled_vae_folder, ref, tmp_path):
+    """encode.py --vae_tiling on (auto batch size) stores diffusers' tiled posterior, float16-rounded;
+    --vae_tiling auto leaves these small images whole."""
+    np.savez(tmp_path / "images.npz", images=ref["x_uint8"], labels=np.array([0, 1]))
+    stored = {}
+    for mode in ("on", "auto"):
+        out = tmp_path / mode
+        flags = ["--dataset", f"npz:{tmp_path / 'images.npz'}", "--vae", str(tiled_vae_folder), "--out", str(out)]
+        encode.main(encode.parse_config([*flags, "--vae_tiling", mode]))
+        latents = LatentSource(out, "latents:x")
+        stored[mode] = stack_records([latents[i] for i in range(len(latents))], latents.fields)
+    for name in ("mean", "logvar"):
+        got = stored["on"][name].astype(np.float32)
+        assert np.all(np.abs(got - ref[name]) <= np.abs(ref[name]) * 2**-11 + 2e-5), name
+    assert np.abs(stored["auto"]["mean"].astype(np.float32) - ref["mean"]).max() > 0.05
 
 
 def test_slicing_is_the_whole_batch_one_image_at_a_time(vae, ref):
-    x = images(ref)[:, :16, :16]
+    """At one tile's size, whose one-image program test_small_inputs_are_not_tiled then reuses."""
+    x = images(ref)[:, :32, :32]
     whole = eqx.filter_jit(lambda vae, x: vae.encode(x))(vae, x)
     sliced = encode_in_pieces(vae, x, tiling=False, slicing=True)
     for a, b in zip(sliced, whole, strict=True):

@@ -130,16 +130,16 @@ def test_cfg_is_forward_with_cfg(model):
     call = eqx.filter_jit(lambda f, *args: f(*args))  # a program per network, not op by op
     x = jax.random.normal(jax.random.key(0), (2 * B,) + Z.shape[1:])
     tau = jnp.asarray(0.3)
-    v = call(SiTVelocity(model, Y, 4.0), x, tau)
+    v = np.asarray(call(SiTVelocity(model, Y, 4.0), x, tau))  # compared in numpy: no eager op compiled
     t = jnp.full((B,), tau)
-    cond = call(model, x[:B], t, Y)[..., :4]
-    uncond = call(model, x[:B], t, model.null_cond(B))[..., :4]
+    cond = np.asarray(call(model, x[:B], t, Y))[..., :4]
+    uncond = np.asarray(call(model, x[:B], t, model.null_cond(B)))[..., :4]
     guided = uncond + 4.0 * (cond - uncond)
     np.testing.assert_allclose(v[:B, ..., :3], guided[..., :3], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(v[B:, ..., :3], guided[..., :3], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(v[:B, ..., 3], cond[..., 3], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(v[B:, ..., 3], uncond[..., 3], rtol=1e-5, atol=1e-5)
-    every = call(SiTVelocity(model, Y, 4.0, guided_channels=None), x, tau)
+    every = np.asarray(call(SiTVelocity(model, Y, 4.0, guided_channels=None), x, tau))
     np.testing.assert_allclose(every[:B], guided, rtol=1e-5, atol=1e-5)
     official = REF["ode_heun_cfg/x"][-1][:B]
     all_channels = sample_sit(model, Y, Z, **settings("ode_heun_cfg") | dict(guided_channels=None))
