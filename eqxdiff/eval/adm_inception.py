@@ -32,6 +32,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, UInt8
 
 from eqxdiff.eval.inception import SIZE, TORCH_LAYOUTS, InceptionV3, check_weights_file, max_pool, skipped_keys
 from eqxdiff.eval.resize import resize_bilinear, resize_bilinear_tf1
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.torch_weights import load_safetensors
 
 SPATIAL_CHANNELS = 7  # ADM's `spatial[..., :7]` of mixed_6/conv's 192
@@ -75,7 +76,7 @@ class ADMInception(eqx.Module):
         first device)."""
         path = Path(path).expanduser()
         check_weights_file(path)
-        abstract = eqx.filter_eval_shape(cls, key=jax.random.key(0), preprocess=preprocess)
+        abstract = abstract_network(cls, preprocess=preprocess)
         counters = {f"net.{k}" for k in skipped_keys(abstract.net) if not k.startswith("fc.")}
         rename = lambda key: key if key.startswith("fc.") else f"net.{key}"  # noqa: E731
         return load_safetensors(abstract, path, rename=rename, ignore=counters, place=place, layouts=TORCH_LAYOUTS)

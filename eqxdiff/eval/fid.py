@@ -39,6 +39,7 @@ from eqxdiff.eval.frechet import _trace_sqrt, fid_from_stats
 from eqxdiff.eval.inception import TORCH_LAYOUTS, InceptionV3, check_weights_file, skipped_keys
 from eqxdiff.eval.precision_recall import precision_recall
 from eqxdiff.local_copies import local_copy, upload
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.torch_weights import load_safetensors
 from eqxdiff.paths import as_path, is_url
 from eqxdiff.sharding import batch_sharding, make_mesh, placement
@@ -368,7 +369,7 @@ def load_inception(path: str | Path) -> InceptionV3:
     if jax.process_count() == 1:
         return InceptionV3.from_pytorch_fid(path)
     check_weights_file(path)
-    abstract = eqx.filter_eval_shape(InceptionV3, key=jax.random.key(0))
+    abstract = abstract_network(InceptionV3)
     local = make_mesh(devices=jax.local_devices()[:1])
     ignore = skipped_keys(abstract)
     return load_safetensors(abstract, path, ignore=ignore, place=placement(local), layouts=TORCH_LAYOUTS)

@@ -22,6 +22,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, UInt8
 
 from eqxdiff.eval.resize import resize_bilinear
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.layers import normal
 from eqxdiff.nn.torch_weights import LAYOUTS, TORCH_SUFFIXES, leaf_layouts, load_safetensors
 
@@ -375,7 +376,7 @@ class InceptionV3(eqx.Module):
         skipped (IGNORED_KEYS); a missing, unexpected or mis-shaped key raises naming it."""
         path = Path(path)
         check_weights_file(path)
-        abstract = eqx.filter_eval_shape(cls, key=jax.random.key(0))
+        abstract = abstract_network(cls)
         return load_safetensors(abstract, path, ignore=skipped_keys(abstract), layouts=TORCH_LAYOUTS)
 
     def pool3(self, x: Float[Array, "b 299 299 3"]) -> Float[Array, "b 2048"]:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.layers import Conv2d, GroupNorm
 from eqxdiff.nn.ldm_vae import config_from_shapes, diffusers_name, vae_prefix
 from eqxdiff.nn.torch_weights import Place, load_safetensors
@@ -225,7 +226,7 @@ class AutoencoderKL(eqx.Module):
         path = Path(path)
         weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
         return load_safetensors(abstract, weights, rename=_current_attention_name, place=place)
 
     @classmethod
@@ -266,7 +267,7 @@ class AutoencoderKL(eqx.Module):
         def rename(key: str) -> str | None:  # another model's keys in the file (an SD checkpoint's UNet): None
             return diffusers_name(key.removeprefix(prefix), levels) if key.startswith(prefix) else None
 
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
         return load_safetensors(abstract, path, rename=rename, conv1x1_as_dense=True, place=place)
 
     def encode(self, x: Float[Array, "b h w ci"]) -> tuple[Float[Array, "b hl wl c"], Float[Array, "b hl wl c"]]:

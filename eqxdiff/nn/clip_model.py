@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.clip_text import BUFFERS as TEXT_BUFFERS
 from eqxdiff.nn.clip_text import CLIPTextModel
 from eqxdiff.nn.clip_text import parse_config as text_parse_config
@@ -81,7 +82,7 @@ class CLIPModel(eqx.Module):
         """A transformers CLIPModel folder, every tensor read, as float32 parameters; `variant` and `place` as in
         `CLIPTextModel.from_transformers`."""
         config = json.loads((Path(path) / "config.json").read_text())
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
         ignore = [f"text_model.{b}" for b in TEXT_BUFFERS] + [f"vision_model.{b}" for b in VISION_BUFFERS]
         return load_safetensors(
             abstract,

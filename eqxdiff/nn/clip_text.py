@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.layers import Dense, Embedding, layer_norm
 from eqxdiff.nn.torch_weights import Place, load_safetensors
 from eqxdiff.weights.weight_files import weight_files
@@ -296,7 +297,7 @@ class CLIPTextModel(eqx.Module):
         (e.g. `eqxdiff.sharding.placement(mesh, min_size)`), each weight is read straight into its
         sharding in `place(abstract)`; without, onto the first device."""
         config, full = text_config(Path(path))
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
 
         def rename(key: str) -> str | None:  # a full CLIPModel's other towers: not read
             return None if full and key.startswith(OTHER_TOWERS) else key.removeprefix(PREFIX)

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.clip_text import BUFFERS, PREFIX, WEIGHTS_FILE, CLIPTextModel, parse_config, text_config
 from eqxdiff.nn.layers import Dense
 from eqxdiff.nn.torch_weights import Place, load_safetensors
@@ -52,7 +53,7 @@ class CLIPTextModelWithProjection(eqx.Module):
         `projection_dim` as transformers reads it), as float32 parameters; `variant` and `place`
         as in `CLIPTextModel.from_transformers`."""
         config, full = text_config(Path(path))
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
 
         def rename(key: str) -> str | None:  # transformers 5's unprefixed tower keys get the prefix
             if full and key.startswith(VISION):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.bicubic import resize_bicubic
 from eqxdiff.nn.clip_text import ACTIVATIONS, IGNORED, CLIPEncoder, CLIPEncoderLayer, LayerNorm
 from eqxdiff.nn.conv import conv2d
@@ -154,7 +155,7 @@ class CLIPVisionModel(eqx.Module):
         """A transformers CLIPVisionModel folder (keys with or without "vision_model."), or a full CLIPModel's
         vision tower, as float32 parameters; `variant` and `place` as in `CLIPTextModel.from_transformers`."""
         config, full = vision_config(Path(path))
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
 
         def rename(key: str) -> str | None:  # a full CLIPModel's text tower and heads: not read
             return None if full and key.startswith((*TEXT, "visual_projection.")) else key.removeprefix(PREFIX)
@@ -207,7 +208,7 @@ class CLIPVisionModelWithProjection(eqx.Module):
         """A CLIPVisionModelWithProjection folder, or a full CLIPModel's (its vision_config, whose `projection_dim`
         sizes the head, as transformers reads it), as float32 parameters."""
         config, full = vision_config(Path(path))
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0))
+        abstract = abstract_network(cls, config)
 
         def rename(key: str) -> str | None:  # transformers 5's unprefixed tower keys get the prefix
             if full and key.startswith(TEXT):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.bicubic import resize_bicubic
 from eqxdiff.nn.clip_text import LayerNorm, gelu
 from eqxdiff.nn.layers import Conv2d, Dense
@@ -310,7 +311,7 @@ class Dinov2Model(eqx.Module):
         facebookresearch/dinov2's hub models (EDM2's FD-DINOv2, REPA). `variant`, `place` as in
         `CLIPTextModel.from_transformers`."""
         config = json.loads((Path(path) / "config.json").read_text())
-        abstract = eqx.filter_eval_shape(cls, config, key=jax.random.key(0), interpolate_offset=interpolate_offset)
+        abstract = abstract_network(cls, config, interpolate_offset=interpolate_offset)
         return load_safetensors(abstract, weight_files(path, WEIGHTS_FILE, variant), place=place)
 
     @property

@@ -7,7 +7,8 @@ a `LoRALinear`: y = base(x) + (alpha/r)·x Aᵀ Bᵀ, A [r, in], B [out, r], or 
 convolution to r channels with the base's stride and padding, B a 1x1 one); B zero so the model is unchanged
 at init. Field names follow PEFT's (`base_layer`, `lora_A`, `lora_B`), so a wrapped leaf's path is
 `...to_q.lora_A` (PEFT's state_dict key less `.weight`). `lora_filter` gives the trainable part (the
-adapters only), `merge_lora` folds them into the base weights. Files in diffusers' format:
+adapters only), `lora_frozen` the rest without drawing the adapters, `merge_lora` folds them into the base
+weights. Files in diffusers' format:
 eqxdiff/sd/lora_files.py.
 """
 
@@ -137,6 +138,21 @@ def add_lora(
         if isinstance(node, (LoRALinear, LoRAConv2d)):
             raise ValueError(f"add_lora: {name} already has an adapter (merge_lora first to stack another)")
         return lora_init(node, rank, rank if alpha is None else alpha, key=keys[name])
+
+    return map_layers(model, wrap)
+
+
+def lora_frozen(model, rank: int, *, targets: str = DEFAULT_TARGETS, alpha: float | int | None = None) -> Any:
+    """The frozen rest of `add_lora(model, rank, ...)` (`partition_lora`'s second part: `model`'s own arrays in the
+    adapted structure, None at the adapters) without drawing any adapter: `add_lora` is traced (eval_shape), not
+    run, for a model whose adapters come from elsewhere (a checkpoint) or later. Raises as `add_lora`."""
+    adapted = eqx.filter_eval_shape(
+        lambda m: add_lora(m, rank, targets=targets, alpha=alpha, key=jax.random.key(0)), model
+    )
+    wrappers = lora_layers(partition_lora(adapted)[1])  # each adapted layer's wrapper, its base abstract
+
+    def wrap(name: str, node):
+        return eqx.tree_at(lambda m: m.base_layer, wrappers[name], node) if name in wrappers else node
 
     return map_layers(model, wrap)
 

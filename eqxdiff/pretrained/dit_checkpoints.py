@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import equinox as eqx
-import jax
 import numpy as np
 from jax.typing import DTypeLike
 from safetensors import safe_open
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.dit import DiT
 from eqxdiff.nn.layers import sincos_pos_embed_2d
 from eqxdiff.weights.tensor_readers import Tensors
@@ -194,6 +193,6 @@ def load_official(
             f"{where}: pos_embed is not {family.name}'s fixed sin-cos embedding (off by up to "
             f"{np.abs(stored - fixed).max():.3g}); eqxdiff's DiT computes that one"
         )
-    abstract = eqx.filter_eval_shape(lambda: DiT(**config, key=jax.random.key(0)))
+    abstract = abstract_network(DiT, **config)
     rename = lambda key: eqxdiff_name(key[len(prefix) :]) if key.startswith(prefix) else None  # noqa: E731
     return load_safetensors(abstract, source, rename=rename, place=place, dtype=dtype)

@@ -11,14 +11,13 @@ import json
 import re
 from pathlib import Path
 
-import equinox as eqx
-import jax
 import numpy as np
 from jax.typing import DTypeLike
 
 from eqxdiff.diffusion.denoiser import Denoiser
 from eqxdiff.diffusion.parameterization import EDMPreconditioning
 from eqxdiff.diffusion.schedules import EDMSchedule
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.edm2 import EDM2UNet
 from eqxdiff.nn.torch_weights import Place, load_safetensors
 
@@ -51,6 +50,6 @@ def load_edm2(path: str | Path, *, place: Place | None = None, dtype: DTypeLike 
     if not config_path.is_file():
         raise FileNotFoundError(f"load_edm2: no {config_path} beside {path}; tools/convert_edm2.py writes both")
     network = json.loads(config_path.read_text())["network"]
-    abstract = eqx.filter_eval_shape(lambda k: EDM2UNet(**edm2_unet_kwargs(network), key=k), jax.random.key(0))
+    abstract = abstract_network(EDM2UNet, **edm2_unet_kwargs(network))
     model = load_safetensors(abstract, path, rename=lambda k: eqxdiff_name(k, abstract), place=place, dtype=dtype)
     return Denoiser(model, EDMSchedule(), EDMPreconditioning(network.get("sigma_data", 0.5)))

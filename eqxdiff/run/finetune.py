@@ -45,7 +45,7 @@ from eqxdiff.data.latents import LatentSource
 from eqxdiff.nn.layers import TimestepEmbedding, TwoTimeEmbedding
 from eqxdiff.local_copies import upload
 from eqxdiff.sd import SDUNet
-from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, partition_lora
+from eqxdiff.nn.lora import DEFAULT_TARGETS, add_lora, lora_frozen, partition_lora
 from eqxdiff.sd.lora_files import save_lora
 from eqxdiff.paths import as_path, is_url, what_path_is
 from eqxdiff.sd.scheduler import scheduler_from_diffusers
@@ -423,21 +423,27 @@ class LoRA(Pretrained):
     def __init__(self, cfg, mesh, min_size: int, rules=(), source=None, *, base: bool = True):
         super().__init__(cfg, mesh, min_size, rules, source)
         rules = [*rules, *HEAD_LAYOUT_RULES]  # the frozen `unet`'s layout: the network's rules (`network`)
-        with self.refusing():  # the folder's UNet, the fresh adapters and the frozen base (the rest), or all None
-            self.unet, self.adapters, self.base = self.lora_base(mesh, min_size, rules) if base else (None,) * 3
+        with self.refusing():  # the folder's UNet and the frozen base (the rest), or both None
+            self.unet, self.base = self.lora_base(mesh, min_size, rules) if base else (None, None)
 
     def lora_base(self, mesh, min_size: int, rules) -> tuple:
-        """(the folder's UNet, fresh adapters, frozen base): the UNet read into the layout SHARDING_RULES give the
-        step's frozen `unet`, adapters added (--lora_rank, --lora_targets, --lora_alpha; drawn from --seed)."""
+        """(the folder's UNet, frozen base): the UNet read into the layout SHARDING_RULES give the step's frozen
+        `unet`, wrapped as the adapters wrap it (--lora_rank, --lora_targets, --lora_alpha) with none drawn: a rebuilt
+        run's come from its checkpoint, a new run's from `fresh_adapters`."""
         place = placement(mesh, min_size, rules=rules, name="unet")
         unet = SDUNet.from_diffusers(self.folders["unet"], place=place, remat=self.cfg.remat)
-        return unet, *partition_lora(self.adapted(unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))
+        return unet, lora_frozen(unet, self.cfg.lora_rank, **self.lora_options())
+
+    def lora_options(self) -> dict:
+        """add_lora's `targets` and `alpha` of --lora_targets and --lora_alpha."""
+        return {"targets": self.cfg.lora_targets or DEFAULT_TARGETS, "alpha": self.cfg.lora_alpha or None}
 
     def adapted(self, unet, key):
-        cfg = self.cfg
-        return add_lora(
-            unet, cfg.lora_rank, targets=cfg.lora_targets or DEFAULT_TARGETS, alpha=cfg.lora_alpha or None, key=key
-        )
+        return add_lora(unet, self.cfg.lora_rank, **self.lora_options(), key=key)
+
+    def fresh_adapters(self):
+        """A new run's adapters around the folder's UNet, drawn from --seed."""
+        return partition_lora(self.adapted(self.unet, jax.random.fold_in(jax.random.key(self.cfg.seed), 31)))[0]
 
     def training(self, make_model: Callable, frozen) -> Training:
         """The adapters trained (key -> the adapters of `make_model`'s UNet; with the base read, of the folder's UNet
@@ -449,7 +455,7 @@ class LoRA(Pretrained):
             return Training(adapters, frozen, None, None)
 
         def start(optimizer, shardings):
-            return state_around(jax.device_put(self.adapters, shardings.model), optimizer, shardings)
+            return state_around(jax.device_put(self.fresh_adapters(), shardings.model), optimizer, shardings)
 
         return Training(adapters, {**(frozen or {}), "unet": self.base}, with_base, start)
 

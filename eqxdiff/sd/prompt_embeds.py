@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.clip_text import CLIPTextModel, text_config
 from eqxdiff.nn.clip_text_projection import CLIPTextModelWithProjection
 from eqxdiff.nn.text_cond import TextCond
@@ -92,7 +93,7 @@ class SDXLTextEncoders(eqx.Module):
             text_config(folder / name)[0] if has else None
             for name, has in (("text_encoder", has_1), ("text_encoder_2", True))
         ]
-        abstract = eqx.filter_eval_shape(cls.from_config, *configs, key=jax.random.key(0))
+        abstract = abstract_network(cls.from_config, *configs)
         whole = None if place is None else place(abstract)
         part = lambda name: None if whole is None else lambda _: getattr(whole, name)  # noqa: E731
         tower_1 = None

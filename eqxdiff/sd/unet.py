@@ -22,6 +22,7 @@ import numpy as np
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from eqxdiff.nn.abstract_network import abstract_network
 from eqxdiff.nn.class_label_cond import ClassLabelCond
 from eqxdiff.nn.layers import Conv2d, Embedding, GroupNorm
 from eqxdiff.nn.text_cond import TextCond
@@ -154,7 +155,7 @@ class SDUNet(eqx.Module):
         path = Path(path).expanduser()
         weights = weight_files(path, WEIGHTS_FILE, variant)
         config = json.loads((path / "config.json").read_text())
-        abstract = eqx.filter_eval_shape(cls, config, remat=remat, key=jax.random.key(0))
+        abstract = abstract_network(cls, config, remat=remat)
         return load_safetensors(abstract, weights, place=place, conv1x1_as_dense=True, dtype=dtype)
 
     def null_cond(self, batch_size: int) -> Any:

@@ -16,7 +16,16 @@ from safetensors.numpy import save_file
 
 from eqxdiff.nn import Dense, TextCond
 from eqxdiff.sd import SDUNet
-from eqxdiff.nn.lora import LoRALinear, add_lora, layer_names, lora_filter, lora_layers, merge_lora, partition_lora
+from eqxdiff.nn.lora import (
+    LoRALinear,
+    add_lora,
+    layer_names,
+    lora_filter,
+    lora_frozen,
+    lora_layers,
+    merge_lora,
+    partition_lora,
+)
 from eqxdiff.sd.lora_files import load_lora, save_lora
 from eqxdiff.sharding import make_mesh, state_shardings
 
@@ -69,6 +78,18 @@ def test_targets_regex_and_no_match_refused(unet_and_inputs):
     assert len(only_k) == 4 and all(name.endswith("attn2.to_k") for name in only_k)
     with pytest.raises(ValueError, match="match no linear or conv layer"):
         add_lora(unet, 2, targets=r"to_qq$", key=jax.random.key(0))
+
+
+def test_the_frozen_rest_without_drawing_is_the_partitions(unet_and_inputs):
+    unet, _ = unet_and_inputs
+    targets = r"to_q|to_v|conv1|downsamplers\.0\.conv"  # Dense and Conv2d wrappers both
+    want = partition_lora(add_lora(unet, 4, alpha=8, targets=targets, key=jax.random.key(0)))[1]
+    frozen = lora_frozen(unet, 4, alpha=8, targets=targets)
+    assert jax.tree.structure(frozen) == jax.tree.structure(want)
+    # the UNet's own arrays, as the partition's are: none copied, none drawn
+    assert all(x is y for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(want), strict=True))
+    with pytest.raises(ValueError, match="match no linear or conv layer"):
+        lora_frozen(unet, 2, targets=r"to_qq$")
 
 
 def test_a_is_peft_kaiming_uniform_and_b_zero(unet_and_inputs):
