@@ -2,9 +2,9 @@
 
 Every loader of a published format (`from_diffusers`, `from_transformers`, `from_pytorch_fid`, `load_dit`, ...)
 reads the file's tensors into the network's abstract module, `eqx.filter_eval_shape(cls, config, key=...)`.
-That traces the whole constructor (over a second for SDXL's UNet), and one process often loads the same folder again
-(a notebook, sampling after training, the tests); `abstract_network` traces it once and hands back the same
-abstract module after that.
+That traces the whole constructor (every layer's init: BENCHMARKS.md "Test suite" has its cost), and one process
+often loads the same folder again (a notebook, sampling after training, the tests); `abstract_network` traces it
+once and hands back the same abstract module after that.
 """
 
 import json
