@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
+import main as train_main  # train/main.py
 import xla_cpu_auto
 from eqxdiff import xla_cpu
 from eqxdiff.sharding import make_mesh
@@ -43,14 +44,35 @@ def test_auto_times_each_candidate_once_then_reads_its_choice(tmp_path, capsys, 
     assert xla_cpu.switched_on() == sets[entry["choice"]]
 
     # The same step again (the run resumed from step 2, as if it had stopped there): the stored choice, nothing timed.
+    # The run stops where its step is built: the choice is read before, and the step built under it (a compile and
+    # two steps more would show nothing further).
     shutil.rmtree(tmp_path / "checkpoints" / "4")
     table = json.loads((tmp_path / xla_cpu_auto.FILE).read_text())
     (key,) = table
     table[key]["choice"] = "off"  # a stored choice (whatever was timed) shows it is read, not timed again
     (tmp_path / xla_cpu_auto.FILE).write_text(json.dumps(table))
-    train_here(*args, "--steps", 4)
-    assert "--xla_cpu auto:" not in capsys.readouterr().out
-    assert xla_cpu.switched_on() == frozenset()
+    read, built = [], []
+
+    def cached(*args):
+        read.append(real_cached(*args))
+        return read[-1]
+
+    class Built(Exception):
+        pass
+
+    def build(**kwargs):
+        built.append(xla_cpu.switched_on())
+        raise Built
+
+    real_cached = xla_cpu_auto.cached
+    monkeypatch.setattr(xla_cpu_auto, "cached", cached)
+    monkeypatch.setattr(train_main, "make_train_step", build)
+    with pytest.raises(Built):
+        train_here(*args, "--steps", 4)
+    said = capsys.readouterr().out
+    assert f"resuming {tmp_path} from step 2" in said and "--xla_cpu auto:" not in said
+    assert read == ["off"]  # found: main.py times only when nothing is stored (`timed`)
+    assert built == [frozenset()] and xla_cpu.switched_on() == frozenset()  # the step built under the stored choice
 
 
 def test_the_fastest_candidate_wins_and_is_stored(tmp_path, capsys, switches_restored, monkeypatch):
