@@ -136,9 +136,12 @@ def test_guide_run_samples_autoguidance_of_both_runs(tmp_path, main_run, eight_d
     )
     guide = ["--guide_run", eight_device_run, "--guide_step", GUIDE_STEP, "--guide_scale", "3"]
     images = drawn(tmp_path, "--run_dir", main_run, *guide)
-    np.testing.assert_allclose(images, reference(run, AutoGuidance(good, bad, 3.0, labels)), atol=2.5 / 127.5)
+    # Each scale an array, not a Python number: both references are one sampler program (and scale 1 is then
+    # D_w + 1·(D - D_w), the main model alone up to rounding).
+    expected = reference(run, AutoGuidance(good, bad, jnp.float32(3.0), labels))
+    np.testing.assert_allclose(images, expected, atol=2.5 / 127.5)
     # The weak model is seen: the conditional model alone draws other images.
-    assert np.abs(images - reference(run, AutoGuidance(good, bad, 1.0, labels))).max() > 0.1
+    assert np.abs(images - reference(run, AutoGuidance(good, bad, jnp.float32(1.0), labels))).max() > 0.1
 
 
 @pytest.mark.slow  # a run trained, then sampled
