@@ -169,15 +169,16 @@ def test_a_diffusers_vae_encodes_trains_and_decodes_samples(tmp_path):
         assert grid.size == (want.shape[1] + (10 * 9 + 1) * 4, (4 * 9 + 1) * 4) and grid.mode == "RGB"
         np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)
 
+    # As many samples as the run's grid (4 classes × 10), whose sampler and decode programs sample.py's then reuse
     out = tmp_path / "s.npz"
-    sample(run_dir, "--num", 8, "--steps", 1, "--out", out)
+    sample(run_dir, "--num", 40, "--steps", 1, "--out", out)
     with np.load(out) as saved:
         sampled, images = saved["latents"], saved["images"]
-    assert sampled.shape == (8, 4, 4, 16) and images.shape == (8, 8, 8, 3)
-    sample(run_dir, "--num", 8, "--steps", 1, "--classes", "dog,0", "--out", tmp_path / "grid.png")  # the same program
+    assert sampled.shape == (40, 4, 4, 16) and images.shape == (40, 8, 8, 3)
+    sample(run_dir, "--num", 40, "--steps", 1, "--classes", "dog,0", "--out", tmp_path / "grid.png")  # the same program
     with Image.open(tmp_path / "grid.png") as grid:
         want = row_label_margin(["dog", "ant"], 8, "RGB", grid.height)
-        assert grid.size == (want.shape[1] + (4 * 9 + 1) * 4, (2 * 9 + 1) * 4)
+        assert grid.size == (want.shape[1] + (20 * 9 + 1) * 4, (2 * 9 + 1) * 4)
         np.testing.assert_array_equal(np.asarray(grid)[:, : want.shape[1]], want)
     # The images are the VAE's decode of the unscaled latents, z / scaling_factor + shift_factor.
     vae = AutoencoderKL.from_diffusers(FLUX_LIKE)
