@@ -207,9 +207,9 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     args). Its losses are the stored trajectory of that job written before the record/conditioning redesign."""
     stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
     grid = ["--sample_every", "20", "--sample_steps", "2"]  # the later flag wins
-    # Compiled as a user's run is (conftest turns LLVM's optimisations off for the suite's programs): the default
-    # UNet's 20 steps at batch 64 run ~4× faster for a compile no longer (BENCHMARKS.md "Test suite"), and the
-    # scripts' own compile pipeline is tested here.
+    # Compiled as a user's run is (conftest turns LLVM's optimisations off for the suite's programs): here the steps,
+    # not the compile, are the cost (the default UNet at batch 64, 20 times), and unoptimised code runs them several
+    # times slower; the scripts' own compile pipeline is tested end to end too.
     shipped = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="0")
     result = run_main("--run_dir", tmp_path, *stored["args"], *grid, env=shipped)
     assert result.returncode == 0, result.stderr[-3000:]
