@@ -69,12 +69,19 @@ def encoded(out: Path, *flags) -> Path:
     return out
 
 
-def test_features_written_ahead_are_the_towers_and_a_latent_run_needs_them(tmp_path):
+@pytest.fixture(scope="module")
+def latents_with_features(tmp_path_factory) -> Path:
+    """The digits encoded (space_to_depth:1) with the tower's features written ahead: checked against the tower
+    below, trained on in the last test (one encode for both)."""
+    return encoded(tmp_path_factory.mktemp("repa") / "latents", "--repa_encoder", str(TOWER))
+
+
+def test_features_written_ahead_are_the_towers_and_a_latent_run_needs_them(tmp_path, latents_with_features):
     from eqxdiff.data import open_source
     from eqxdiff.nn import Dinov2Model
     from eqxdiff.training.repa import dinov2_targets
 
-    latents = encoded(tmp_path / "with", "--repa_encoder", str(TOWER))
+    latents = latents_with_features
     source = open_source(f"latents:{latents}")
     assert source.fields["repa_features"].shape == (16, 32)  # a 4×4 grid of DiT-patch-2 tokens on 8² latents, width 32
     images = open_source("digits").images[:2].astype(np.float32)
@@ -93,8 +100,8 @@ def test_features_written_ahead_are_the_towers_and_a_latent_run_needs_them(tmp_p
 
 
 @pytest.mark.slow
-def test_a_latent_run_trains_on_the_features_written_ahead(tmp_path):
-    latents = encoded(tmp_path / "latents", "--repa_encoder", str(TOWER))
+def test_a_latent_run_trains_on_the_features_written_ahead(tmp_path, latents_with_features):
+    latents = latents_with_features
     train_here("--run_dir", tmp_path / "run", "--dataset", f"latents:{latents}", *TINY_DIT, *REPA, "--steps", 2)
     arrays = saved_arrays(tmp_path / "run", 2)
     assert all(np.abs(v).max() > 0 for k, v in arrays.items() if "['mu']['projector']" in k)
