@@ -218,20 +218,20 @@ def test_arrayrecord_files_in_a_bucket_read_as_the_local_files(bucket, tmp_path)
 
 @pytest.mark.slow
 def test_a_run_in_a_bucket_resumes_over_a_torn_save_bitwise(bucket, eight_device_run, tmp_path, capsys):
-    """The uninterrupted run as a kill after its step-12 checkpoint leaves it, put in a bucket: its later rows in
-    metrics.jsonl (dropped on resume) and step 18's folder as a kill in the middle of its save leaves it (objects,
+    """The uninterrupted run as a kill after its step-18 checkpoint leaves it, put in a bucket: its later rows in
+    metrics.jsonl (dropped on resume) and step 24's folder as a kill in the middle of its save leaves it (objects,
     no commit_success.txt: a bucket cannot rename a finished step into place). The same command resumes from the
-    committed step, saves over the torn one, prunes to --keep_checkpoints (2 here: step 12 goes) in the bucket and
-    ends equal to the uninterrupted run. (A live run SIGKILLed and restarted: tests/scripts/test_resume.py, on
-    local disk; a copied run resumed in a bucket by 2 processes: tests/scripts/test_multihost.py. A run started and
-    killed here left the same state, a committed step and a torn one, for a process more: 29.6 -> 17.2 s, loaded box.)"""
+    newest committed step, saves over the torn one, prunes to --keep_checkpoints (2 here: step 12 goes) in the
+    bucket and ends equal to the uninterrupted run. (A live run SIGKILLed and restarted: tests/scripts/test_resume.py,
+    on local disk; a copied run resumed in a bucket by 2 processes: tests/scripts/test_multihost.py. A run started
+    and killed here left the same state, a committed step and a torn one, for a process more: 29.6 -> 17.2 s, loaded
+    box; resumed from step 18 rather than 12, 6 steps and one save to the bucket fewer.)"""
     shutil.copytree(eight_device_run, tmp_path / "run")
-    for later in (STEPS - 6, STEPS):
-        shutil.rmtree(tmp_path / "run" / "checkpoints" / str(later))
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / str(STEPS))
     run_dir = as_path(f"{bucket}/run")
     put_folder(tmp_path / "run", str(run_dir))
-    killed_at = STEPS - 12
-    assert committed(run_dir) == [killed_at] and len(metric_rows(run_dir)) == STEPS
+    killed_at = STEPS - 6
+    assert committed(run_dir) == [killed_at - 6, killed_at] and len(metric_rows(run_dir)) == STEPS
     torn = run_dir / "checkpoints" / str(killed_at + 6)
     (torn / "state" / "_METADATA").write_text("{torn")  # what a save cut short leaves: no commit_success.txt
     result = run("main.py", "--run_dir", run_dir, *ARGS, "--keep_checkpoints", 2)
