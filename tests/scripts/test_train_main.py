@@ -2,7 +2,6 @@
 that need no process of their own call the script's main here (runs.train_here)."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,14 +23,14 @@ ROOT = Path(__file__).parents[2]
 SMALL = ["--model", "unet_tiny", "--batch_size", "16", "--sample_steps", "2", "--wandb", "disabled"]
 
 
-def run_main_script(script, *args, timeout=600, env=None):
+def run_main_script(script, *args, timeout=600):
     """`python train/<script> args`, under the jaxtyping import hook (tests/typechecked.py)."""
     cmd = [sys.executable, "tests/typechecked.py", f"train/{script}", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def run_main(*args, timeout=600, env=None):
-    return run_main_script("main.py", *args, timeout=timeout, env=env)
+def run_main(*args, timeout=600):
+    return run_main_script("main.py", *args, timeout=timeout)
 
 
 def rows(run_dir):
@@ -207,11 +206,7 @@ def test_default_job_end_to_end_at_reduced_steps(tmp_path):
     args). Its losses are the stored trajectory of that job written before the record/conditioning redesign."""
     stored = json.loads((ROOT / "tests" / "data" / "default_job_20_steps.json").read_text())
     grid = ["--sample_every", "20", "--sample_steps", "2"]  # the later flag wins
-    # Compiled as a user's run is (conftest turns LLVM's optimisations off for the suite's programs): here the steps,
-    # not the compile, are the cost (the default UNet at batch 64, 20 times), and unoptimised code runs them several
-    # times slower; the scripts' own compile pipeline is tested end to end too.
-    shipped = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="0")
-    result = run_main("--run_dir", tmp_path, *stored["args"], *grid, env=shipped)
+    result = run_main("--run_dir", tmp_path, *stored["args"], *grid)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [r["train/loss"] for r in rows(tmp_path)]
     np.testing.assert_allclose(losses, stored["loss"], rtol=1e-4)  # same seed: same numbers to float rounding
