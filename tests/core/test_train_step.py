@@ -339,11 +339,14 @@ def test_remat_shrinks_the_compiled_steps_temp_memory():
     mesh = make_mesh(1, 1, jax.devices()[:1])
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), digit_batches(1)[0])
     temp = {}
-    # One level, one block per level, each step built (not build_step's shared one) under the XLA:CPU switches
-    # train/main.py ships without and with --remat: XLA's memory-optimized scheduler comes with remat.
+    # One level, one block per level, each step under the XLA:CPU switches train/main.py ships without and with
+    # --remat: XLA's memory-optimized scheduler comes with remat. Without it the switches are the suite's own
+    # (conftest's `enable()`), so that step is build_step's shared one, compiled already by the one-device parity run.
+    assert xla_cpu.switched_on() == xla_cpu.shipped(False)
     for remat, make_model in ((False, one_level_unet), (True, one_level_remat_unet)):
         with xla_cpu.only(xla_cpu.shipped(remat)):
-            _, abstract, _, step = _build_step.__wrapped__(mesh, 1, "fp32", make_model, 3e-3, 256)
+            build = build_step if not remat else _build_step.__wrapped__  # the remat step: built under its switches
+            _, abstract, _, step = build(mesh, 1, "fp32", make_model, 3e-3, 256)
             temp[remat] = step.compile(abstract, batch).memory_analysis().temp_size_in_bytes
     assert temp[True] < 0.8 * temp[False], temp  # measured 0.76 (without the scheduler 1.0: remat saves nothing)
 
