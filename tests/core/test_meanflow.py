@@ -299,7 +299,7 @@ MEANFLOW_DIGITS = [
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("optimised_compile")  # the step's 125 runs: unoptimised they took longer than its compile
+@pytest.mark.usefixtures("optimised_compile")  # the step optimised: unoptimised, its 125 runs cost more than it saves
 def test_meanflow_on_digits_one_step_samples_improve_with_training(tmp_path):
     """train/main.py --objective meanflow on the digits, briefly (docs/meanflow.md's job, 125 steps): the one-step
     samples' scorecard moves the right way between an early checkpoint and the last, and two steps beat one. The
