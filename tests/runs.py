@@ -67,6 +67,16 @@ def run(script: str, *args, timeout: float = 600) -> subprocess.CompletedProcess
     return result
 
 
+def launch_local(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python train/launch_local.py args` under the plain interpreter: the launcher imports no eqxdiff and starts
+    its processes without the import hook whatever runs it, so `run`'s hook would only import its dependencies
+    (~1.5 s of CPU) for nothing checked."""
+    cmd = [sys.executable, "-u", str(ROOT / "train" / "launch_local.py"), *map(str, args)]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
 def train_here(*args, features_fn=None) -> None:
     """train/main.py's own parse_config and main in this process: the test process's 8 devices, jit
     caches and import hook, without a process start. Runs that must be processes of their own

@@ -562,11 +562,20 @@ def test_training_takes_the_text_side_the_latents_were_encoded_with(text_setup):
 
 @pytest.mark.slow  # reason: a training step's and a sampler's compile (~10 s)
 def test_the_readme_latent_text_command_trains_and_draws_grid_prompts_from_the_stored_captions(
-    text_setup, tmp_path, capsys
+    text_setup, tmp_path, capsys, monkeypatch
 ):
     """README's `train/main.py --dataset latents:DIR` on an encode with --text_encoder --encode_text, no text
     flag given: it trains, and its grid has a row per stored caption (6 here), decoded to 16×16 images. (main.py's
-    own main in this process: a process start adds nothing checked here; main.py's processes are tests/scripts'.)"""
+    own main in this process, on one of its devices: neither a process start nor a mesh adds anything checked here,
+    and the step of an 8-device mesh compiles longer; main.py's processes and meshes are tests/scripts'.)"""
+    import functools
+
+    import jax
+    import main as train_main  # train/main.py
+
+    from eqxdiff.sharding import make_mesh
+
+    monkeypatch.setattr(train_main, "make_mesh", functools.partial(make_mesh, devices=jax.devices()[:1]))
     run_dir = tmp_path / "run"
     runs.train_here(
         "--dataset",

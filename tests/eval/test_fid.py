@@ -290,11 +290,11 @@ def test_sample_fid_end_to_end(eight_device_run, tmp_path, capsys):
 
     # The same on 2 processes × 4 devices (train/launch_local.py): every process samples its rows of
     # each chunk, the features are gathered across processes, process 0 writes the one line.
-    from runs import run
+    from runs import launch_local
 
     out2 = tmp_path / "fid_two_processes.jsonl"
     argv2 = [*argv[:-1], str(out2), "--cpu_devices", "4"]
-    result = run("launch_local.py", "--num_processes", 2, "--script", "tests/sample_stand_in.py", "--", *argv2)
+    result = launch_local("--num_processes", 2, "--script", "tests/sample_stand_in.py", "--", *argv2)
     assert "[p0] FID" in result.stdout and "[p1] FID" not in result.stdout
     (line2,) = [json.loads(s) for s in out2.read_text().splitlines()]
     assert line2["num"] == 12 and line2["step"] == 24

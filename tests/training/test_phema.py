@@ -345,13 +345,15 @@ def test_a_real_run_rebuilds_its_tracked_ema_and_resumes_bitwise(tmp_path, capsy
     phema = sorted(s for d, s in reads if d == str(whole / "phema"))
     assert phema == list(range(1, steps + 1)), phema
     monkeypatch.undo()
-    posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "100", "--steps", "2")
-    table = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
+    # 16 samples: the scorecard's sampler program at the run's guidance is the FID sweep's below (chunks of 16)
+    posthoc("--sigma_rel", "0.05,0.2", "--sweep", "--num", "16", "--steps", "2")
+    table = capsys.readouterr().out.split("sweep: 16 samples each")[1].splitlines()
     assert [line.split()[0] for line in table[2:4]] == ["0.05", "0.2"] and "lowest fd: sigma_rel" in table[4]
-    posthoc(
-        "--sigma_rel", "0.05", "--sweep", "--num", "100", "--steps", "2", "--guidance", "1"
-    )  # unguided: other samples
-    unguided = capsys.readouterr().out.split("sweep: 100 samples each")[1].splitlines()
+    unguided = posthoc_ema.parse_args(
+        ["--run_dir", str(whole), "--sigma_rel", "0.05", "--sweep", "--num", "16", "--steps", "2", "--guidance", "1"]
+    )
+    posthoc_ema.sweep(unguided, whole, steps)  # main's, minus the solve made above: other samples, unguided
+    unguided = capsys.readouterr().out.split("sweep: 16 samples each")[1].splitlines()
     assert "guidance 1" in unguided[0] and unguided[2].split()[0] == "0.05" and unguided[2] != table[2]
     assert_sweep_fid_is_sample_fid(whole, steps, tmp_path, capsys)
     for index, sigma_rel in ((1, "0.07"), (0, "0.05")):
@@ -380,7 +382,8 @@ def assert_sweep_fid_is_sample_fid(run_dir, step, tmp_path, capsys):
     from tests.eval.test_fid import projection, stand_in_reference
 
     ref = stand_in_reference(tmp_path / "ref.npz", dataset="digits", image_shape=(8, 8, 1))
-    fid = ["--fid", ref, "--inception", "unused", "--num", "12", "--batch_size", "8", "--steps", "2", "--seed", "3"]
+    # 12 samples in one chunk of 16 (the last 4 rows padding): the scorecard sweep's program above
+    fid = ["--fid", ref, "--inception", "unused", "--num", "12", "--batch_size", "16", "--steps", "2", "--seed", "3"]
     swept_out, alone_out = tmp_path / "swept.jsonl", tmp_path / "alone.jsonl"
     argv = ["--run_dir", str(run_dir), "--sigma_rel", "0.05,0.2", "--sweep", *fid, "--fid_out", str(swept_out)]
     posthoc_ema.fid_sweep(posthoc_ema.parse_args(argv), run_dir, step, projection)  # main's, minus the solve done above
