@@ -344,14 +344,24 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
     assert not run_dir.exists()
 
 
+# The sd1 UNet's first level alone (cross-attention down, mid and up; no down- or upsampling): the whole-UNet test
+# asserts what holds at any depth (every weight the folder's at the start, trained after), and its step program
+# (forward, backward and Adam over every weight, traced layer by layer) has 9 resnet and transformer blocks to trace
+# (not 12, and no samplers). Two levels train under adapters in the LoRA runs, the same code.
+ONE_LEVEL = dict(
+    block_out_channels=[8], down_block_types=["CrossAttnDownBlock2D"], up_block_types=["CrossAttnUpBlock2D"]
+)
+
+
 @pytest.fixture(scope="module")
 def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
-    """(a pixel-space folder: a random 1-channel unet/ of the sd1 config with its text_encoder/, tokenizer/ and
-    scheduler/ beside it, no vae/; an npz of 16 captioned 8×8 grey images)."""
+    """(a pixel-space folder: a random 1-channel unet/ of the sd1 config at one level (`ONE_LEVEL`) with its
+    text_encoder/, tokenizer/ and scheduler/ beside it, no vae/; an npz of 16 captioned 8×8 grey images)."""
     root = tmp_path_factory.mktemp("pixels")
     folder = root / "sd1_pixels"
     shutil.copytree(sd_data[0], folder, ignore=shutil.ignore_patterns("vae", "unet", "model_index.json"))
     config = json.loads((sd_data[0] / "unet" / "config.json").read_text()) | {"in_channels": 1, "out_channels": 1}
+    config |= ONE_LEVEL
     save_diffusers(SDUNet.from_config(config, key=jax.random.key(1)), folder / "unet")
     rng = np.random.default_rng(0)
     images, captions = rng.integers(0, 256, (16, 8, 8, 1), dtype=np.uint8), [f"a photo of {c}" for c in "ab" * 8]
