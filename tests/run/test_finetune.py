@@ -65,7 +65,7 @@ LORA = ["--lora_rank", 2, "--lora_alpha", 3, "--steps", 4, "--ckpt_every", 2, "-
 # fine-tunes here assert (the folder's weights at the start or as the frozen base, what trains, the LoRA file, the
 # resume) holds at any depth, and their step programs (traced layer by layer) have 9 resnet and transformer blocks
 # to trace, not 12 and two samplers. Two levels train under adapters in tests/run/test_finetune_sdxl.py; the
-# fixture's UNet itself against diffusers: tests/sd/test_sd_unet.py and tests/sd/test_sd_pipeline.py.
+# fixture's UNet against diffusers: tests/sd/test_sd_pipeline.py (an SD 1.x UNet's: tests/sd/test_sd_unet.py).
 ONE_LEVEL = dict(
     block_out_channels=[8], down_block_types=["CrossAttnDownBlock2D"], up_block_types=["CrossAttnUpBlock2D"]
 )

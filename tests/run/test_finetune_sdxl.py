@@ -68,8 +68,8 @@ SIZE = 32  # pixels: 8×8 latents of the fixture's factor-4 VAE (4×4 at the UNe
 # of one layer and one-deep transformers, SDXL's own parts kept (the size/crop time_ids and pooled text added to the
 # time embedding, linear projections, a head width per level): what this file asserts (the adapters alone train and
 # sample, their file, the rebuilt model and condition) holds at any depth, and the step and grid programs, traced
-# layer by layer, take a fraction of the time. The fixture's UNet itself against diffusers: tests/sd/test_sd_unet.py
-# (sdxl_like) and tests/sd/test_sd_pipeline.py.
+# layer by layer, take a fraction of the time. The fixture's UNet against diffusers: tests/sd/test_sd_pipeline.py
+# (an SDXL-like UNet's: tests/sd/test_sd_unet.py, sdxl_like).
 SMALLER = dict(
     block_out_channels=[8, 16],
     down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
