@@ -4,7 +4,8 @@ Every loader of a published format (`from_diffusers`, `from_transformers`, `from
 reads the file's tensors into the network's abstract module, `eqx.filter_eval_shape(cls, config, key=...)`.
 That traces the whole constructor (every layer's init: BENCHMARKS.md "Test suite" has its cost), and one process
 often loads the same folder again (a notebook, sampling after training, the tests); `abstract_network` traces it
-once and hands back the same abstract module after that.
+once and hands back the same abstract module after that. `remembered_structure` is the same memory for a
+structure another function traces (eqxdiff/run/rebuild.py's run network: its constructor around a condition).
 """
 
 import json
@@ -25,13 +26,19 @@ def abstract_network(constructor: Callable, *args: Any, **kwargs: Any) -> Any:
     since an abstract module is immutable (frozen fields, ShapeDtypeStruct leaves). Arguments that are not plain
     JSON values (None, bool, int, float, str, lists, tuples, dicts with str keys) are traced every call."""
     described = canonical_json((args, kwargs))
-    if described is None:
-        return eqx.filter_eval_shape(constructor, *args, key=jax.random.key(0), **kwargs)
-    cache_key = (constructor, described, jax.config.jax_enable_x64, str(jax.config.jax_default_prng_impl))
+    trace = lambda: eqx.filter_eval_shape(constructor, *args, key=jax.random.key(0), **kwargs)  # noqa: E731
+    return trace() if described is None else remembered_structure((constructor, described), trace)
+
+
+def remembered_structure(key: tuple, trace: Callable[[], Any]) -> Any:
+    """`trace()` (an abstract module), remembered per (`key`, the jax flags that change dtypes or key shapes).
+    `key` must name everything the structure depends on: hashable values compared by equality (a canonical JSON
+    string, `canonical_json`) or by identity (a constructor)."""
+    cache_key = (key, jax.config.jax_enable_x64, str(jax.config.jax_default_prng_impl))
     if cache_key in _CACHE:
         _CACHE.move_to_end(cache_key)
         return _CACHE[cache_key]
-    abstract = eqx.filter_eval_shape(constructor, *args, key=jax.random.key(0), **kwargs)
+    abstract = trace()
     _CACHE[cache_key] = abstract
     while len(_CACHE) > MAX_ENTRIES:
         _CACHE.popitem(last=False)

@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 from eqxdiff.checkpoint import Checkpoints
 from eqxdiff.diffusion import Parameterization, Schedule, parameterization_by_name, schedule_by_name
 from eqxdiff.ema_snapshots import EmaSnapshots
+from eqxdiff.nn.abstract_network import canonical_json, remembered_structure
 from eqxdiff.nn.remat import DEFAULT_REMAT_POLICY
 from eqxdiff.paths import absolute, as_path
 from eqxdiff.run.codecs import codec_from_config
@@ -188,17 +189,25 @@ def abstract_run_ema(
     """(abstract EMA, its sharding: every leaf replicated over `mesh`) of a run, from its saved config (`cfg`:
     `stored_flags(stored)`): the structure of the part its state trains, which its EMA and post-hoc EMAs copy; no
     optimizer, whose state a rebuild for sampling never reads. `tune`: its fine-tuning kind (eqxdiff/run/finetune.py's
-    `open_init`), which says that part (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s."""
+    `open_init`), which says that part (a LoRA run's adapters; None: the network); `constructors`: `load_run`'s.
+    A whole network's structure is traced once per (constructor, arguments, condition, REPA projector): sample.py
+    and the notebooks load a run again and again, and each trace runs every layer's init (an SD UNet's: seconds)."""
     image_shape = tuple(stored["image_shape"])
     args = stored.get("model_args") or model_args(cfg.model, image_shape, condition)
+    construct = (constructors or CONSTRUCTORS)[args["constructor"]]
 
     def make_model(key):
         return build_model(args, False, key, condition, constructors or CONSTRUCTORS)
 
     if "repa" in stored:  # a REPA run's state trains its projector beside the network (eqxdiff/training/repa.py)
         make_model = with_projector(make_model, **stored["repa"])
-    make_model = make_model if tune is None else tune.training(make_model, None).make_model
-    abstract = eqx.filter_eval_shape(make_model, jax.random.key(0))
+    trained = make_model if tune is None else tune.training(make_model, None).make_model
+    trace = lambda: eqx.filter_eval_shape(trained, jax.random.key(0))  # noqa: E731
+    described = canonical_json((args, condition.to_config(), stored.get("repa")))
+    if trained is not make_model or described is None:  # a part of the network (LoRA's adapters, a kind's own)
+        abstract = trace()
+    else:  # the network itself: what its constructor, arguments, condition and projector make
+        abstract = remembered_structure((abstract_run_ema, construct, type(condition), described), trace)
     return abstract, state_shardings(abstract, mesh, 2**62)  # min_size 2**62: everything replicated
 
 

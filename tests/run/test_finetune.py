@@ -1,8 +1,8 @@
-"""train/main.py --init sd:FOLDER (eqxdiff/run/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline: the
-whole UNet fine-tuned from the folder's weights; --lora_rank trains adapters alone (the checkpointed state and the
-optimizer hold adapter-sized leaves only, the base stays the folder's), resumes bitwise, and writes a diffusers LoRA
-file that loads back into the base as the trained model; a folder without vae/ trains in pixels; the flags and data
-the folder decides are refused in one line."""
+"""train/main.py --init sd:FOLDER (eqxdiff/run/finetune.py) on the tiny random SD 1.x pipeline of tests/data/sd_pipeline
+(its unet/ at one level, `ONE_LEVEL`): the whole UNet fine-tuned from the folder's weights; --lora_rank trains
+adapters alone (the checkpointed state and the optimizer hold adapter-sized leaves only, the base stays the
+folder's), resumes bitwise, and writes a diffusers LoRA file that loads back into the base as the trained model; a
+folder without vae/ trains in pixels; the flags and data the folder decides are refused in one line."""
 
 import contextlib
 import io
@@ -61,11 +61,25 @@ STEPS = [
 LORA = ["--lora_rank", 2, "--lora_alpha", 3, "--steps", 4, "--ckpt_every", 2, "--remat"]
 
 
+# The fixture's sd1 UNet cut to its first level (cross-attention down, mid and up; no down- or upsampling): what the
+# fine-tunes here assert (the folder's weights at the start or as the frozen base, what trains, the LoRA file, the
+# resume) holds at any depth, and their step programs (traced layer by layer) have 9 resnet and transformer blocks
+# to trace, not 12 and two samplers. Two levels train under adapters in tests/run/test_finetune_sdxl.py; the
+# fixture's UNet against diffusers: tests/sd/test_sd_pipeline.py (an SD 1.x UNet's: tests/sd/test_sd_unet.py).
+ONE_LEVEL = dict(
+    block_out_channels=[8], down_block_types=["CrossAttnDownBlock2D"], up_block_types=["CrossAttnUpBlock2D"]
+)
+
+
 @pytest.fixture(scope="module")
 def sd_data(tmp_path_factory) -> tuple[Path, Path]:
-    """(the sd1 pipeline folder, latents of 16 captioned 16×16 images encoded with its VAE and tokenizer)."""
+    """(the sd1 pipeline folder, its unet/ a random `ONE_LEVEL` one; latents of 16 captioned 16×16 images encoded with
+    its VAE and tokenizer)."""
     root = tmp_path_factory.mktemp("finetune")
     folder = assemble("sd1", root / "sd1")
+    config = json.loads((folder / "unet" / "config.json").read_text()) | ONE_LEVEL
+    shutil.rmtree(folder / "unet")
+    save_diffusers(SDUNet.from_config(config, key=jax.random.key(2)), folder / "unet")
     return folder, captioned_latents(root, folder, 16, [f"a photo of {['a cat', 'a dog'][i % 2]}" for i in range(16)])
 
 
@@ -346,7 +360,7 @@ def test_uncaptioned_latents_are_refused_before_anything_is_written(sd_data, tmp
 
 @pytest.fixture(scope="module")
 def pixel_data(sd_data, tmp_path_factory) -> tuple[Path, Path]:
-    """(a pixel-space folder: a random 1-channel unet/ of the sd1 config with its text_encoder/, tokenizer/ and
+    """(a pixel-space folder: a random 1-channel unet/ of sd_data's config with its text_encoder/, tokenizer/ and
     scheduler/ beside it, no vae/; an npz of 16 captioned 8×8 grey images)."""
     root = tmp_path_factory.mktemp("pixels")
     folder = root / "sd1_pixels"

@@ -1,11 +1,13 @@
-"""train/main.py --init sd:SDXL_FOLDER (eqxdiff/run/finetune.py, eqxdiff/run/sdxl_condition.py) on the tiny random SDXL pipeline
-of tests/data/sd_pipeline: the condition the step builds from a batch's captions is diffusers' (encode_prompt's
-embeddings of the fixture, time_ids written out by hand); with --lora_rank its adapters alone train,
-sample (the run's grid) and write a LoRA file that loads back as the model, and the run rebuilt as train/sample.py
-rebuilds it holds that model and a condition that encodes prompts as the pipeline does; what stays unsupported
-is refused in one line. The whole-UNet path (no --lora_rank) is the same for every folder once the condition is
-built: tests/run/test_finetune.py's SD 1.x test covers it (an SDXL copy of it cost ~37 s of CI for no new code path)."""
+"""train/main.py --init sd:SDXL_FOLDER (eqxdiff/run/finetune.py, eqxdiff/run/sdxl_condition.py) on the tiny random
+SDXL pipeline of tests/data/sd_pipeline, its unet/ a smaller random SDXL UNet (`SMALLER`): the condition the step
+builds from a batch's captions is diffusers' (encode_prompt's embeddings of the fixture, time_ids written out by
+hand); with --lora_rank its adapters alone train, sample (the run's grid) and write a LoRA file that loads back as
+the model, and the run rebuilt as train/sample.py rebuilds it holds that model and a condition that encodes prompts as
+the pipeline does; what stays unsupported is refused in one line. The whole-UNet path (no --lora_rank) is the same
+for every folder once the condition is built: tests/run/test_finetune.py's SD 1.x test covers it (an SDXL copy of it
+cost ~37 s of CI for no new code path)."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from tests.run.test_finetune import captioned_latents
 from tests.sd.test_sd_pipeline import PROMPTS, assemble, reference, relative
 
 from eqxdiff.data.latents import LatentSource
-from eqxdiff.sd import SDUNet, SDXLCond
+from eqxdiff.sd import SDUNet, SDXLCond, save_diffusers
 from eqxdiff.nn.lora import partition_lora
 from eqxdiff.sd.lora_files import load_lora
 from eqxdiff.run.sdxl_condition import SDXLText
@@ -61,16 +63,32 @@ LORA = [
     "a photo of a cat",
 ]  # its grid and checkpoint at the end: one row of ten images by one Euler step (Heun's program would hold a second
 # UNet call, its corrector's, ~4 s of compile: the grid checks the adapters' sampling, not the sampler)
-SIZE = (
-    32  # pixels: 8×8 latents of the fixture's factor-4 VAE (2×2 at the UNet's lowest level: self-attention has 4 keys)
+SIZE = 32  # pixels: 8×8 latents of the fixture's factor-4 VAE (4×4 at the UNet's lowest level)
+# The fixture's SDXL UNet (three levels, two layers a block, a two-deep transformer at the bottom) cut to two levels
+# of one layer and one-deep transformers, SDXL's own parts kept (the size/crop time_ids and pooled text added to the
+# time embedding, linear projections, a head width per level): what this file asserts (the adapters alone train and
+# sample, their file, the rebuilt model and condition) holds at any depth, and the step and grid programs, traced
+# layer by layer, take a fraction of the time. The fixture's UNet against diffusers: tests/sd/test_sd_pipeline.py
+# (an SDXL-like UNet's: tests/sd/test_sd_unet.py, sdxl_like).
+SMALLER = dict(
+    block_out_channels=[8, 16],
+    down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
+    up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"],
+    layers_per_block=1,
+    attention_head_dim=[2, 4],
+    transformer_layers_per_block=[1, 1],
 )
 
 
 @pytest.fixture(scope="module")
 def sdxl_data(tmp_path_factory) -> tuple[Path, Path]:
-    """(the sdxl pipeline folder, latents of 8 captioned 32×32 images encoded with its VAE, raw captions kept)."""
+    """(the sdxl pipeline folder with a `SMALLER` random unet/, latents of 8 captioned 32×32 images encoded with its
+    VAE, raw captions kept)."""
     root = tmp_path_factory.mktemp("finetune_sdxl")
     folder = assemble("sdxl", root / "sdxl")
+    config = json.loads((folder / "unet" / "config.json").read_text()) | SMALLER
+    shutil.rmtree(folder / "unet")
+    save_diffusers(SDUNet.from_config(config, key=jax.random.key(2)), folder / "unet")
     return folder, captioned_latents(root, folder, SIZE, [PROMPTS[i % 2] for i in range(8)])
 
 

@@ -3,21 +3,28 @@ so sample.py rebuilds what was trained after the entry is edited, and a resumed 
 (Checkpoints from before: tests/run/test_legacy_checkpoint.py.)"""
 
 import json
+import shutil
 
 import pytest
 
-from runs import TINY, train_here
+from runs import REFERENCE_STEPS, TINY, train_here
 import train_scripts  # noqa: F401 — puts train/ on sys.path: a test of the scripts
 
 
-@pytest.mark.slow  # reason: a training step's compile and a sampler's (~20 s)
-def test_sample_rebuilds_the_trained_network_after_its_entry_changed_and_resume_refuses_it(tmp_path, monkeypatch):
+@pytest.mark.slow  # reason: a sampler's compile, and the session's 8-device run (conftest) where it is made first
+def test_sample_rebuilds_the_trained_network_after_its_entry_changed_and_resume_refuses_it(
+    tmp_path, monkeypatch, eight_device_run
+):
+    """On a copy of conftest's `eight_device_run` (unet_tiny on digits, TINY's flags: what a run of its own here
+    trained, a step program fewer); its newest checkpoint alone, which both the rebuild and the resume read."""
     from eqxdiff.run import models
     import sample  # train/sample.py
 
     run_dir = tmp_path / "run"
-    train_here("--run_dir", run_dir, *TINY, "--steps", 1, "--warmup_steps", 0)
-    stored = json.loads((run_dir / "checkpoints" / "1" / "config" / "metadata").read_text())
+    shutil.copytree(
+        eight_device_run / "checkpoints" / str(REFERENCE_STEPS), run_dir / "checkpoints" / str(REFERENCE_STEPS)
+    )
+    stored = json.loads((run_dir / "checkpoints" / str(REFERENCE_STEPS) / "config" / "metadata").read_text())
     assert stored["model_args"] == {
         "constructor": "UNet",
         "kwargs": {"in_channels": 1, "channels": [16], "num_res_blocks": 1, "norm_groups": 4, "num_classes": 10},
@@ -39,5 +46,5 @@ def test_sample_rebuilds_the_trained_network_after_its_entry_changed_and_resume_
         sample.parse_args(["--run_dir", str(run_dir), "--out", str(tmp_path / "s.npz"), "--num", "8", "--steps", "1"])
     )
     assert (tmp_path / "s.npz").is_file()
-    with pytest.raises(SystemExit, match=r"channels \[16\] -> \[8\]"):
-        train_here("--run_dir", run_dir, *TINY, "--steps", 2)
+    with pytest.raises(SystemExit, match=r"channels \[16\] -> \[8\]"):  # a resume: --steps past the run's
+        train_here("--run_dir", run_dir, *TINY, "--steps", REFERENCE_STEPS + 1)

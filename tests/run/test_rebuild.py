@@ -52,7 +52,9 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
     )
     stored = stored_config(run_dir, 1)
 
-    run = load_run(run_dir, 1, mesh=make_mesh(data=-1, fsdp=1))  # not the newest
+    traced = []  # the constructor's calls: a trace of the network's structure each (nothing is drawn)
+    counted = {**CONSTRUCTORS, "UNet": lambda **kwargs: traced.append(kwargs) or UNet(**kwargs)}
+    run = load_run(run_dir, 1, mesh=make_mesh(data=-1, fsdp=1), constructors=counted)  # not the newest
     assert run.step == 1 and run.stored == stored and run.cfg.model == "unet_tiny" and run.cfg.steps == 2
     assert_ema_as_saved(run, run_dir)
     assert isinstance(run.codec, Latents) and run.codec.to_config() == stored["codec"] == {
@@ -65,10 +67,13 @@ def test_a_latent_class_run_comes_back_with_its_codec_condition_and_schedule(tmp
     }
     assert run.schedule == VPSchedule.cosine() and run.parameterization == EDMPreconditioning(0.7)  # as trained
     assert run.image_shape == (4, 4, 4) and run.image_dataset == "digits" and run.class_names is None
-    assert load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1)).step == 2  # step -1: the newest
+    newest = load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1), constructors=counted)
+    assert newest.step == 2  # step -1: the newest
+    assert len(traced) == 1  # its structure traced once: the second load (sample.py's again and again) reuses it
 
     # A network that no longer fits the EMA it saved (its constructor widened since): one line naming an EMA leaf,
-    # as train/sample.py prints it; only the EMA's leaves are compared (the EMA alone is read).
+    # as train/sample.py prints it; only the EMA's leaves are compared (the EMA alone is read). Another constructor
+    # of the same name and arguments: its own structure, not the one remembered above.
     wider = {**CONSTRUCTORS, "UNet": lambda **kwargs: UNet(**kwargs | {"channels": (32,)})}
     with pytest.raises(CheckpointError) as refused:
         load_run(run_dir, mesh=make_mesh(data=-1, fsdp=1), constructors=wider)
