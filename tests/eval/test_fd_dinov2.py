@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import equinox as eqx
+import jax
 import numpy as np
 import pytest
 
@@ -45,8 +46,16 @@ def features(detector, images):
 @pytest.fixture(scope="module")
 def detected(ref, detector) -> dict[str, np.ndarray]:
     """The detector's features of the two image sets, computed once for the tests that compare them (each a run of
-    the tower on 48 images at 224²)."""
-    return {key: np.asarray(features(detector, ref[key])) for key in "ab"}
+    the tower on 48 images at 224²: compiled optimised, as the tests running the tower here, optimised_compile in
+    tests/conftest.py: at the tests' -O0 each such run took longer than the program's optimised compile)."""
+    from jax._src.compiler import _DISABLE_MOST_OPTIMIZATIONS
+
+    before = _DISABLE_MOST_OPTIMIZATIONS.value
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        return {key: np.asarray(features(detector, ref[key])) for key in "ab"}
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 def relative(ours, theirs) -> float:
@@ -68,7 +77,7 @@ def test_features_are_edm2s_detector(ref, detected, key):
     assert relative(detected[key], ref[f"features_{key}"]) <= 1e-4
 
 
-def test_the_hub_position_resize_matters(ref, detector):
+def test_the_hub_position_resize_matters(ref, detector, optimised_compile):
     """transformers 5's resize (interpolate_offset 0) at 224² gives other features than the hub model EDM2 runs."""
     transformers_resize = eqx.tree_at(lambda d: d.model, detector, type(detector.model).from_transformers(TOWER))
     assert relative(features(transformers_resize, ref["a"]), ref["features_a"]) > 1e-3
@@ -90,7 +99,7 @@ def test_statistics_and_distance_are_edm2s(ref, detected):
     np.testing.assert_allclose(fid_from_stats(*stats["a"], *stats["b"]), ref["fd"], rtol=1e-4)
 
 
-def test_fid_stats_writes_edm2s_statistics(ref, tmp_path):
+def test_fid_stats_writes_edm2s_statistics(ref, tmp_path, optimised_compile):
     np.savez(tmp_path / "b.npz", images=ref["b"])
     out = tmp_path / "b_dinov2.npz"
     fid_stats.main(
@@ -103,7 +112,7 @@ def test_fid_stats_writes_edm2s_statistics(ref, tmp_path):
     assert relative(reference.mu, ref["mu_b"]) <= 1e-4 and relative(reference.sigma, ref["sigma_b"]) <= 1e-4
 
 
-def test_sample_fid_flags_measure_fd_dinov2(ref, tmp_path):
+def test_sample_fid_flags_measure_fd_dinov2(ref, tmp_path, optimised_compile):
     """train/sample.py --fid STATS --dinov2 FOLDER: its network and reference (sample_many.open_fid_flags) and the
     streamed distance of the samples (fid_of_samples, as measure_fid calls it) are EDM2's fd_dinov2."""
     save_stats(tmp_path / "b.npz", ref["mu_b"], ref["sigma_b"])
@@ -115,7 +124,7 @@ def test_sample_fid_flags_measure_fd_dinov2(ref, tmp_path):
         open_fid_flags(argparse.Namespace(inception="", dinov2=str(tmp_path), fid=str(tmp_path / "b.npz")), (32, 32, 3))
 
 
-def test_adms_reference_batch_serves_fd_dinov2(ref, tmp_path):
+def test_adms_reference_batch_serves_fd_dinov2(ref, tmp_path, optimised_compile):
     """ADM's reference batch stores Inception's statistics beside its images: for FD-DINOv2 the images' statistics
     are computed (and match EDM2's); an image batch without statistics serves alike."""
     np.savez(tmp_path / "adm.npz", arr_0=ref["b"], mu=np.zeros(2048), sigma=np.eye(2048))
@@ -144,7 +153,7 @@ def test_flags_name_one_feature_network(capsys):
         assert "or --dinov2 FOLDER" in capsys.readouterr().err
 
 
-def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path):
+def test_evaluate_reports_fd_dinov2_alone(ref, tmp_path, optimised_compile):
     np.savez(tmp_path / "ref.npz", arr_0=ref["b"])
     np.savez(tmp_path / "samples.npz", arr_0=ref["a"])
     out = io.StringIO()

@@ -93,21 +93,29 @@ def test_magnitude_preserving_layers_keep_unit_variance():
     MPConv of unit-variance input has unit variance whatever its weight's scale; eq. 75: cos features have RMS 1."""
     z = np.linspace(-12, 12, 200001)
     density = np.exp(-(z**2) / 2) / np.sqrt(2 * np.pi)
-    assert abs(np.sqrt(np.trapezoid(np.asarray(mp_silu(jnp.asarray(z)), np.float64) ** 2 * density, z)) - 1) < 2e-3
-    a, b = (normalize(jax.random.normal(k, (1, 4096))) for k in jax.random.split(jax.random.key(0)))
-    a, b = a - a.mean(), b - b.mean()  # uncorrelated in the sample too
-    for t in (0.3, 0.5, 0.8):  # mp_sum is (1 - t)·a + t·b over sqrt((1-t)² + t²): not symmetric in a, b
-        np.testing.assert_allclose(mp_sum(a, b, t), ((1 - t) * a + t * b) / np.sqrt((1 - t) ** 2 + t**2), atol=1e-6)
-    assert abs(float(jnp.std(mp_sum(a, b, 0.3))) - float(jnp.std(a))) < 0.03
-    u, v = (normalize(jax.random.normal(jax.random.key(i), (2, n))) for i, n in ((1, 3), (2, 5)))
-    cat = mp_cat(u, v, t=0.3)  # eq. 103: [a·(1-t)·C/sqrt(Na), b·t·C/sqrt(Nb)], C = sqrt((Na+Nb)/((1-t)²+t²))
-    c = np.sqrt(8 / (0.7**2 + 0.3**2))
-    np.testing.assert_allclose(cat, np.concatenate([u * 0.7 * c / np.sqrt(3), v * 0.3 * c / np.sqrt(5)], -1), rtol=1e-6)
     conv = MPConv(16, 8, (3, 3), key=jax.random.key(3))
     conv = eqx.tree_at(lambda m: m.weight, conv, 7.0 * conv.weight)  # the scale of the stored weight does not matter
-    x = jax.random.normal(jax.random.key(4), (8, 32, 32, 16))
-    assert abs(float(jnp.std(conv(x))) - 1) < 0.05 and abs(float(jnp.std(conv(x, gain=0.5))) - 0.5) < 0.03
-    assert abs(float(jnp.sqrt(jnp.mean(MPFourier(4096, key=jax.random.key(5))(jnp.ones(2)) ** 2))) - 1) < 0.03
+    fourier = MPFourier(4096, key=jax.random.key(5))
+
+    @eqx.filter_jit  # the layers in one program: op by op, each of their ops compiled on its own
+    def layers(z, conv, fourier):
+        a, b = (normalize(jax.random.normal(k, (1, 4096))) for k in jax.random.split(jax.random.key(0)))
+        a, b = a - a.mean(), b - b.mean()  # uncorrelated in the sample too
+        u, v = (normalize(jax.random.normal(jax.random.key(i), (2, n))) for i, n in ((1, 3), (2, 5)))
+        x = jax.random.normal(jax.random.key(4), (8, 32, 32, 16))
+        sums = [mp_sum(a, b, t) for t in (0.3, 0.5, 0.8)]
+        return mp_silu(z), a, b, sums, u, v, mp_cat(u, v, t=0.3), conv(x), conv(x, gain=0.5), fourier(jnp.ones(2))
+
+    silu, a, b, sums, u, v, cat, convolved, half, features = jax.tree.map(np.asarray, layers(z, conv, fourier))
+    assert abs(np.sqrt(np.trapezoid(np.asarray(silu, np.float64) ** 2 * density, z)) - 1) < 2e-3
+    for t, ours in zip((0.3, 0.5, 0.8), sums, strict=True):  # (1 - t)·a + t·b over sqrt((1-t)² + t²): not symmetric
+        np.testing.assert_allclose(ours, ((1 - t) * a + t * b) / np.sqrt((1 - t) ** 2 + t**2), atol=1e-6)
+    assert abs(float(np.std(sums[0])) - float(np.std(a))) < 0.03
+    # eq. 103: [a·(1-t)·C/sqrt(Na), b·t·C/sqrt(Nb)], C = sqrt((Na+Nb)/((1-t)²+t²))
+    c = np.sqrt(8 / (0.7**2 + 0.3**2))
+    np.testing.assert_allclose(cat, np.concatenate([u * 0.7 * c / np.sqrt(3), v * 0.3 * c / np.sqrt(5)], -1), rtol=1e-6)
+    assert abs(float(np.std(convolved)) - 1) < 0.05 and abs(float(np.std(half)) - 0.5) < 0.03
+    assert abs(float(np.sqrt(np.mean(features.astype(np.float64) ** 2))) - 1) < 0.03
 
 
 def test_force_weight_normalization_is_its_definition():
@@ -119,8 +127,8 @@ def test_force_weight_normalization_is_its_definition():
         "fourier": MPFourier(4, key=keys[2]),
         "gain": jnp.zeros(()),
     }
-    net = jax.tree.map(lambda a: 3.0 * a + 0.1, net)  # off the sphere, and the gain off zero
-    out = force_weight_normalization(net)
+    net = jax.tree.map(lambda a: np.asarray(a) * 3.0 + np.float32(0.1), net)  # off the sphere, the gain off zero
+    out = eqx.filter_jit(force_weight_normalization)(net)  # one program: op by op, each op compiled on its own
     is_mp = lambda m: isinstance(m, MPConv)  # noqa: E731
     pairs = zip(jax.tree.leaves(net, is_leaf=is_mp), jax.tree.leaves(out, is_leaf=is_mp), strict=True)
     convs = [(m, o) for m, o in pairs if is_mp(m)]
@@ -192,17 +200,24 @@ def test_main_loss_is_edm2_loss():
     noise, sigma = jax.random.normal(key_n, x0.shape), jnp.array([0.01, 0.3, 1.5, 40.0])
     schedule, precond, model = EDMSchedule(), EDMPreconditioning(0.5), WithLogvar()
     batch = dict(x0=x0, sigma=sigma, noise=noise, cond=None)
-    ours = train_main.loss_fn(model, batch, None, schedule=schedule, parameterization=precond)
-    s = sigma[:, None, None, None]
-    x = x0 + s * noise
-    c_in, c_skip, c_out = 1 / jnp.sqrt(0.25 + s**2), 0.25 / (s**2 + 0.25), s * 0.5 / jnp.sqrt(s**2 + 0.25)
-    denoised = c_skip * x + c_out * model(c_in * x, jnp.log(sigma) / 4)
-    u = model.logvar(jnp.log(sigma) / 4)[:, None, None, None]
-    weight = (s**2 + 0.25) / (s * 0.5) ** 2
-    np.testing.assert_allclose(ours, jnp.mean(weight / jnp.exp(u) * (denoised - x0) ** 2 + u), rtol=1e-5)
+    # Both sides jitted, each one program: op by op, each of their ops compiled on its own
+    loss_fn = lambda m, batch: train_main.loss_fn(m, batch, None, schedule=schedule, parameterization=precond)  # noqa: E731
+    ours = eqx.filter_jit(loss_fn)(model, batch)
+
+    @jax.jit
+    def edm2_loss(x0, sigma, noise):
+        s = sigma[:, None, None, None]
+        x = x0 + s * noise
+        c_in, c_skip, c_out = 1 / jnp.sqrt(0.25 + s**2), 0.25 / (s**2 + 0.25), s * 0.5 / jnp.sqrt(s**2 + 0.25)
+        denoised = c_skip * x + c_out * model(c_in * x, jnp.log(sigma) / 4)
+        u = model.logvar(jnp.log(sigma) / 4)[:, None, None, None]
+        weight = (s**2 + 0.25) / (s * 0.5) ** 2
+        return jnp.mean(weight / jnp.exp(u) * (denoised - x0) ** 2 + u)
+
+    np.testing.assert_allclose(ours, edm2_loss(x0, sigma, noise), rtol=1e-5)
     # The optimum of E[L/e^u + u] over u is u = ln E[L]; a network without the head: L unchanged.
     loss, t = jnp.array([0.2, 3.0]), jnp.zeros(2)
-    grad = jax.grad(lambda u: jnp.sum(uncertainty_weighted(ConstantLogvar(u), t, loss)))
+    grad = jax.jit(jax.grad(lambda u: jnp.sum(uncertainty_weighted(ConstantLogvar(u), t, loss))))
     np.testing.assert_allclose(grad(jnp.log(loss)), 0, atol=1e-6)
     assert np.all(np.abs(grad(jnp.log(loss) + 0.1)) > 0.05)
     np.testing.assert_array_equal(uncertainty_weighted(lambda x: x, t, loss), loss)

@@ -30,6 +30,9 @@ from eqxdiff.sd.lora_files import load_lora, save_lora
 from eqxdiff.sharding import make_mesh, state_shardings
 
 DATA = Path(__file__).parents[1] / "data" / "sd_unet" / "sd1_like"
+LORA_DATA = Path(__file__).parents[1] / "data" / "lora"
+# Max error relative to the output's max: SDUNet's own parity with diffusers is 4e-6 (tests/sd/test_sd_unet.py).
+TOL = 1e-5
 forward = eqx.filter_jit(lambda unet, x, t, cond: unet(x, t, cond))
 
 
@@ -40,10 +43,11 @@ def unet_and_inputs():
 
 
 def moved_off_zero(model, seed: int = 0):
-    """Every adapter's B drawn from N(0, 0.1²): an update that changes the output."""
-    layers = lora_layers(model)
-    keys = jax.random.split(jax.random.key(seed), len(layers))
-    new_b = [0.1 * jax.random.normal(k, layer.lora_B.shape) for k, layer in zip(keys, layers.values(), strict=True)]
+    """Every adapter's B drawn from N(0, 0.1²), an update that changes the output (numpy's draws: jax.random's, op by
+    op, compile a program for each shape)."""
+    rng = np.random.default_rng(seed)
+    layers = lora_layers(model).values()
+    new_b = [jnp.asarray(0.1 * rng.standard_normal(layer.lora_B.shape), layer.lora_B.dtype) for layer in layers]
     return eqx.tree_at(lambda m: [layer.lora_B for layer in lora_layers(m).values()], model, new_b)
 
 
@@ -53,10 +57,9 @@ def rel_err(a, b) -> float:
 
 def test_lora_linear_is_base_plus_scaled_low_rank_update():
     base = Dense(6, 5, key=jax.random.key(0))
-    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
-    a, b = jax.random.normal(k1, (3, 6)), jax.random.normal(k2, (5, 3))
-    x = jax.random.normal(k3, (4, 6))
-    out = LoRALinear(base, a, b, alpha=7.0)(x)
+    rng = np.random.default_rng(1)  # numpy's draws, the layer in one program: op by op, each op compiles
+    a, b, x = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 6), (5, 3), (4, 6)))
+    out = eqx.filter_jit(lambda layer, x: layer(x))(LoRALinear(base, jnp.asarray(a), jnp.asarray(b), alpha=7.0), x)
     x = np.asarray(x, np.float64)
     w, bias, a, b = (np.asarray(v, np.float64) for v in (base.weight, base.bias, a, b))
     want = x @ w + bias + (7.0 / 3) * x @ a.T @ b.T
@@ -101,22 +104,28 @@ def test_a_is_peft_kaiming_uniform_and_b_zero(unet_and_inputs):
 
 
 def test_zero_b_is_the_base_exactly(unet_and_inputs):
+    """The default adapters (r 4, alpha 4): the structure of the alpha_eq_r file's below, one forward program for
+    both (zero B makes the update zero at any alpha)."""
     unet, (x, t, cond) = unet_and_inputs
-    lora = add_lora(unet, 4, alpha=8, key=jax.random.key(0))
+    lora = add_lora(unet, 4, key=jax.random.key(0))
     np.testing.assert_array_equal(forward(lora, x, t, cond), forward(unet, x, t, cond))
 
 
 def test_merge_equals_unmerged(unet_and_inputs):
+    """The convs file's adapters (PEFT's, off zero: linear to_q, 3x3, 1x1 and the stride-2 downsampler's convs)
+    merged: the base UNet's structure and diffusers' output with the LoRA on (its forward programs: the base's and
+    test_diffusers_lora_file_loads_with_diffusers_output[convs]'s, none of its own)."""
     unet, (x, t, cond) = unet_and_inputs
-    targets = r"to_q|to_v|conv1|conv_shortcut|downsamplers\.0\.conv"
-    lora = add_lora(unet, 4, alpha=8, targets=targets, key=jax.random.key(0))
-    assert any(type(layer).__name__ == "LoRAConv2d" for layer in lora_layers(lora).values())
-    lora = moved_off_zero(lora)
+    lora = load_lora(unet, LORA_DATA / "convs")
+    kinds = {type(layer).__name__ for layer in lora_layers(lora).values()}
+    assert kinds == {"LoRALinear", "LoRAConv2d"} and "down_blocks.0.downsamplers.0.conv" in lora_layers(lora)
     out, base = forward(lora, x, t, cond), forward(unet, x, t, cond)
     assert rel_err(out, base) > 1e-2  # the adapters change the output
-    merged = merge_lora(lora)
+    merged = eqx.filter_jit(merge_lora)(lora)  # one program: op by op, each layer's shapes compiled on their own
     assert not lora_layers(merged) and jax.tree.structure(merged) == jax.tree.structure(unet)
-    assert rel_err(forward(merged, x, t, cond), out) < 1e-5
+    merged_out = forward(merged, x, t, cond)
+    assert rel_err(merged_out, out) < 1e-5
+    assert rel_err(merged_out, np.load(LORA_DATA / "convs" / "reference.npz")["out"]) < TOL
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +149,15 @@ def test_trainable_part_is_the_adapters_only(adapter_gradient):
     assert len(names) == 2 * len(lora_layers(lora)) and all(n.endswith((".lora_A", ".lora_B")) for n in names)
     assert jax.tree.leaves(eqx.filter(lora, lora_filter(lora))) == jax.tree.leaves(trainable)
     assert jax.tree.structure(grads) == jax.tree.structure(trainable)  # no base leaf in the gradient
-    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+    assert all(np.abs(np.asarray(g)).max() > 0 for g in jax.tree.leaves(grads))
     optimizer = optax.adam(1e-2)
-    updates, _ = optimizer.update(grads, optimizer.init(trainable), trainable)
-    stepped = eqx.combine(eqx.apply_updates(trainable, updates), frozen)
+
+    @eqx.filter_jit  # one program, not each leaf's update op by op
+    def adam_step(trainable, grads):
+        updates, _ = optimizer.update(grads, optimizer.init(trainable), trainable)
+        return eqx.apply_updates(trainable, updates)
+
+    stepped = eqx.combine(adam_step(trainable, grads), frozen)
     before, after = eqx.partition(lora, lora_filter(lora))[1], eqx.partition(stepped, lora_filter(stepped))[1]
     for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(old, new)  # the base is bitwise unchanged
@@ -151,11 +165,6 @@ def test_trainable_part_is_the_adapters_only(adapter_gradient):
         not np.array_equal(o, n)
         for o, n in zip(jax.tree.leaves(trainable), jax.tree.leaves(partition_lora(stepped)[0]), strict=True)
     )
-
-
-LORA_DATA = Path(__file__).parents[1] / "data" / "lora"
-# Max error relative to the output's max: SDUNet's own parity with diffusers is 4e-6 (tests/sd/test_sd_unet.py).
-TOL = 1e-5
 
 
 @pytest.mark.parametrize("case", ["alpha8_meta", "alpha_eq_r", "convs", "unet_adapter"])
@@ -251,7 +260,10 @@ def test_adapters_and_frozen_base_shard_by_the_same_rules(unet_and_inputs, adapt
         grads = jax.grad(lambda tr: jnp.mean(jnp.square(eqx.combine(tr, rest)(x, t, cond))))(train)
         return jax.tree.map(lambda p, g: p - 0.1 * g, train, grads)
 
-    want = jax.tree.map(lambda p, g: p - 0.1 * g, trainable, grads)  # the step unsharded, on one device
-    got = eqx.filter_jit(step)(jax.device_put(trainable, train_sh), jax.device_put(frozen, frozen_sh))
+    # the step unsharded: the one-device gradient's, in numpy (op by op on the device, each leaf's shape compiled)
+    want = jax.tree.map(lambda p, g: np.asarray(p) - np.float32(0.1) * np.asarray(g), trainable, grads)
+    # laid out from the host: a device array's shards are cut by a program compiled for each shape (~30 here)
+    host = lambda tree: jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, tree)  # noqa: E731
+    got = eqx.filter_jit(step)(jax.device_put(host(trainable), train_sh), jax.device_put(host(frozen), frozen_sh))
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)

@@ -38,10 +38,11 @@ def every_switch_on():
 # (ratio 2) has the final adaLN's shape.
 
 
-def one_level_unet(key, remat=False):
+def one_level_unet(key, remat=False, scale_shift=False):
     # Every block kind the switch reaches (convs, ResBlocks with and without a 1x1 skip under
     # remat) in fewer programs to compile; a second level adds only more of the same Conv2d.
-    return UNet(8, (8,), 1, num_middle_res_blocks=0, emb_features=8, norm_groups=4, remat=remat, key=key)
+    sizes = dict(num_middle_res_blocks=0, emb_features=8, norm_groups=4)
+    return UNet(8, (8,), 1, **sizes, scale_shift=scale_shift, remat=remat, key=key)
 
 
 def tiny_dit(key, remat=False):
@@ -61,6 +62,26 @@ def perturbed(model, scale=0.1):
 
 X = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 8)), jnp.float32)
 T = jnp.array([0.3, 2.0])
+
+
+def unet_gradient(model):
+    """The gradient of mean((model(X, T) - X)²) by every parameter, one program traced afresh (a switch is read when
+    the program traces)."""
+    return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(model)
+
+
+@pytest.fixture(scope="module")
+def plain_unet_gradient():
+    """scale_shift -> the perturbed one-level UNet's gradient with every workaround off (plain lax convs, plain
+    autodiff, no remat): the reference of the remat and the channel-sum tests, each compiled once for the module."""
+
+    @functools.cache
+    def gradient(scale_shift: bool):
+        model = perturbed(one_level_unet(jax.random.key(0), scale_shift=scale_shift))
+        with xla_cpu.disabled():
+            return unet_gradient(model)
+
+    return gradient
 
 
 def uses_custom_vjp(f, *args) -> bool:
@@ -141,21 +162,16 @@ def test_conv_matmul_weight_gradient_matches_xla_autodiff(cin, cout, kernel, str
 
 
 @pytest.mark.slow
-def test_remat_gradients_with_the_workarounds_match_plain_autodiff():
+def test_remat_gradients_with_the_workarounds_match_plain_autodiff(plain_unet_gradient):
     # Reference: no remat, workarounds off (plain lax convs, plain autodiff; remat with them off
     # is plain eqx.filter_checkpoint).
     model = perturbed(one_level_unet(jax.random.key(0)))
     remat = jax.tree.unflatten(
         jax.tree.structure(one_level_unet(jax.random.key(0), remat=True)), jax.tree.leaves(model)
     )
-
-    def grads(m):
-        return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(m)
-
-    with xla_cpu.disabled():
-        want = grads(model)
-    got = grads(remat)
-    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    want = plain_unet_gradient(False)
+    got = unet_gradient(remat)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
 
 
@@ -333,27 +349,12 @@ def test_sum_to_is_the_sum_over_the_broadcast_axes_in_the_input_dtype():
 
 
 @pytest.mark.parametrize("scale_shift", [False, True])
-def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shift):
-    unet = UNet(
-        8,
-        (8,),
-        1,
-        num_middle_res_blocks=0,
-        emb_features=8,
-        norm_groups=4,
-        scale_shift=scale_shift,
-        key=jax.random.key(0),
-    )
-    model = perturbed(unet)
-
-    def grads():
-        return eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.square(m(X, T) - X))))(model)
-
+def test_unet_gradients_with_channel_sum_matmuls_match_plain_autodiff(scale_shift, plain_unet_gradient):
+    model = perturbed(one_level_unet(jax.random.key(0), scale_shift=scale_shift))
     with xla_cpu.only({"channel_sum_matmul"}):
         assert uses_custom_vjp(lambda x: model(x, T), X)
-        got = grads()
-    with xla_cpu.disabled():
-        want = grads()
+        got = unet_gradient(model)
+    want = plain_unet_gradient(scale_shift)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
 

@@ -110,11 +110,19 @@ SD1_CASES = {
 
 @pytest.mark.parametrize("case", SD1_CASES)
 def test_sd1_latents_equal_diffusers(sd1, case):
+    """Given diffusers' initial latents, and a key as train/sample_pretrained.py passes one (these schedulers draw
+    nothing from it): [euler]'s program is then the one the script's runs below and test_drawn_latents_and_images
+    sample with."""
     ref = reference("sd1")
     scheduler, overrides, negative, cfg = SD1_CASES[case]
     pipe = sd1 if scheduler is None else sd1.with_scheduler(scheduler, **overrides)
     ours = pipe.latents(
-        PROMPTS, NEGATIVE if negative else None, steps=STEPS, guidance=cfg, initial_latents=nhwc(ref["latents"])
+        PROMPTS,
+        NEGATIVE if negative else None,
+        steps=STEPS,
+        guidance=cfg,
+        initial_latents=nhwc(ref["latents"]),
+        key=jax.random.key(0),
     )
     assert ours.shape == (2, 8, 8, 4)
     assert relative(ours, nhwc(ref[f"{case}_latents"])) < TOLERANCE
@@ -175,19 +183,20 @@ def test_the_cases_are_told_apart():
 
 
 def test_drawn_latents_and_images(sd1):
-    """Two prompts at the UNet's sample size, Euler, 2 steps, guidance 3: the sampler and decode programs of the CLI
-    tests' default run below (which then compile neither), and Euler ancestral's. Height and width drawn apart:
+    """Two prompts at the UNet's sample size, Euler, the parity tests' 4 steps and guidance 5: the sampler program of
+    test_sd1_latents_equal_diffusers[euler] and of the CLI tests' default run below, the decode program of every
+    2-image run here; and Euler ancestral's. Height and width drawn apart:
     test_sdxl_default_sizes_are_height_width_of_a_non_square_image (the same code for both families)."""
     prompts = ["a cat", "a dog"]
-    images = sd1.images(prompts, steps=2, guidance=3.0, key=jax.random.key(0), method="euler")
+    images = sd1.images(prompts, steps=STEPS, guidance=CFG, key=jax.random.key(0), method="euler")
     assert images.shape == (2, 32, 32, 3) and np.isfinite(np.asarray(images)).all()
     # from the same initial latents, Euler ancestral's step noise comes from the key (Euler's does not exist)
     noise = np.asarray(jax.random.normal(jax.random.key(5), (2, 8, 8, 4)))
     draw = lambda method, seed: np.asarray(  # noqa: E731
-        sd1.latents(prompts, steps=2, guidance=3.0, initial_latents=noise, key=jax.random.key(seed), method=method)
+        sd1.latents(prompts, steps=STEPS, guidance=CFG, initial_latents=noise, key=jax.random.key(seed), method=method)
     )
     a = draw("euler_ancestral", 0)
-    assert np.isfinite(a).all() and relative(draw("euler_ancestral", 1), a) > 0.01  # 0.026: one step's σ_up noise
+    assert np.isfinite(a).all() and relative(draw("euler_ancestral", 1), a) > 0.01  # 0.39: the steps' σ_up noise
     assert relative(draw("euler_ancestral", 0), a) == 0 and relative(draw("euler", 1), draw("euler", 0)) == 0
 
 
@@ -287,9 +296,9 @@ def test_cli_makes_per_prompt_images_each_its_own_noise(sd1_folder, sd1_read_onc
                     "a cat",
                     "a dog",
                     "--steps",
-                    "2",
+                    str(STEPS),
                     "--guidance",
-                    "3",
+                    str(CFG),
                     "--method",
                     "euler",
                     "--out",
@@ -322,7 +331,7 @@ def test_cli_reads_a_folder_of_fp16_files_alone(sd1_folder, sd1_read_once, tmp_p
 
     def run(folder) -> np.ndarray:  # the sampling of the test above ("one"): its compiled programs again
         out = tmp_path / f"{folder.name}.npz"
-        flags = ["--prompts", "a cat", "a dog", "--steps", "2", "--guidance", "3", "--method", "euler"]
+        flags = ["--prompts", "a cat", "a dog", "--steps", str(STEPS), "--guidance", str(CFG), "--method", "euler"]
         sample_pretrained.main(
             sample_pretrained.parse_args(["--pretrained", f"sd:{folder}", *flags, "--out", str(out)])
         )

@@ -254,18 +254,16 @@ def test_bfloat16_parameters_run_in_bfloat16():
 
 def test_attention_in_query_blocks_is_the_same(monkeypatch):
     """Self- and cross-attention in query blocks (the CPU's form where a head's logits leave the cache, SD's 32x32
-    and larger latents): the same output as the plain form."""
+    and larger latents): the same output as the plain form. The plain form is what the CPU chooses at this size:
+    test_matches_diffusers[sd2_like]'s program, not compiled again."""
     from eqxdiff.nn import attention
 
     ref = np.load(DATA / "sd2_like" / "reference.npz")  # only_cross_attention too: both attentions read the text
     unet = SDUNet.from_diffusers(DATA / "sd2_like")
-
-    def run(form: str) -> np.ndarray:  # a fresh trace each call: the form is chosen when the attention is traced
-        with attention.attention_form(form):
-            return np.asarray(eqx.filter_jit(lambda m, x, t, c: m(x, t, c))(unet, ref["x"], ref["t"], cond_of(ref)))
-
-    whole = run("plain")
+    assert attention.chosen_form(64, 64, False) == attention.chosen_form(64, 5, False) == "plain"  # 8x8 latents
+    whole = np.asarray(forward(unet, ref["x"], ref["t"], cond_of(ref)))
     monkeypatch.setattr(attention, "QUERY_BLOCK", 24)  # 64 pixels: blocks of 24, 24 and 16
-    blocked = run("query_blocks")
+    with attention.attention_form("query_blocks"):  # a fresh trace: the form is chosen when the attention is traced
+        blocked = np.asarray(eqx.filter_jit(lambda m, x, t, c: m(x, t, c))(unet, ref["x"], ref["t"], cond_of(ref)))
     np.testing.assert_allclose(blocked, whole, rtol=0, atol=1e-6)
     assert np.abs(blocked - ref["out"]).max() / np.abs(ref["out"]).max() < TOL
